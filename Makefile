@@ -1,0 +1,40 @@
+# Everything a newcomer needs: `make demo` and `make test` set up .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is only installed when the venv lacks it.  On a CPU-only machine point
+# TORCH_INDEX at PyTorch's CPU wheel index so pip does not fetch CUDA wheels:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PYTEST_ARGS ?=
+SCENARIO ?= healthy
+
+.PHONY: demo test check fmt clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,dev]'
+	@$(BIN)/python -c 'import torch' 2>/dev/null || \
+	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	@touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/gputop demo --scenario $(SCENARIO)
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: $(VENV)/.installed
+	$(BIN)/ruff check gputop tests demos benchmarks
+	$(BIN)/ruff format --check gputop tests demos benchmarks
+	$(BIN)/mypy gputop
+
+fmt: $(VENV)/.installed
+	$(BIN)/ruff format gputop tests demos benchmarks
+	$(BIN)/ruff check --fix gputop tests demos benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,119 @@
+"""What the dashboard-side samplers produce: immutable readings of GPUs and the host.
+
+The samplers (``gpu.py`` over NVML, ``host.py`` over psutil) fill these; the
+store keeps the latest and a short history; the recorder writes them as JSON
+lines and ``report``/``replay`` read them back.  A value that could not be read
+is None, and where the reason is known it is in ``na`` (field name -> reason),
+so the UI can show N/A with the reason one keypress away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on a GPU."""
+
+    pid: int
+    used_bytes: int | None = None
+    sm_util_pct: float | None = None  # since the previous sample
+    mem_util_pct: float | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU (or one MIG instance) at one moment."""
+
+    index: int
+    uuid: str
+    name: str = ""
+    util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    pcie_rx_bytes_s: float | None = None
+    pcie_tx_bytes_s: float | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    ecc_errors: int | None = None
+    sm_active_pct: float | None = None  # GPM, Hopper and newer
+    tensor_active_pct: float | None = None  # GPM, Hopper and newer
+    mig_parent_uuid: str | None = None  # set on a MIG instance's row
+    processes: tuple[GpuProcess, ...] = ()
+    na: dict[str, str] = field(default_factory=dict)  # field -> why it is N/A
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """Every GPU on the machine at one moment, or why there is no GPU data."""
+
+    t: float
+    gpus: tuple[GpuReading, ...] = ()
+    unavailable: str | None = None  # one line: why there is no GPU data at all
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    """CPU and memory of one training process and its DataLoader workers."""
+
+    pid: int
+    cpu_pct: float | None = None  # 100 = one core
+    rss_bytes: int | None = None
+    children: int = 0
+    children_cpu_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """The machine's CPU, memory and the rank processes at one moment."""
+
+    t: float
+    cpu_pct: float | None = None
+    per_core_pct: tuple[float, ...] = ()
+    iowait_pct: float | None = None
+    load_1m: float | None = None
+    load_5m: float | None = None
+    load_15m: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    cpu_count: int | None = None
+    processes: tuple[ProcessReading, ...] = ()
+
+
+def sample_to_dict(sample: GpuSample | HostSample) -> dict[str, Any]:
+    """The JSON object a recording stores for a sample (``type`` is gpu or host)."""
+    kind = "gpu" if isinstance(sample, GpuSample) else "host"
+    return {"type": kind, **asdict(sample)}
+
+
+def gpu_sample_from_dict(obj: dict[str, Any]) -> GpuSample:
+    gpus = []
+    for g in obj.get("gpus", ()):
+        g = dict(g)
+        g["processes"] = tuple(GpuProcess(**p) for p in g.get("processes", ()))
+        g["throttle_reasons"] = tuple(g.get("throttle_reasons", ()))
+        gpus.append(GpuReading(**g))
+    return GpuSample(
+        t=obj["t"],
+        gpus=tuple(gpus),
+        unavailable=obj.get("unavailable"),
+        driver_version=obj.get("driver_version"),
+    )
+
+
+def host_sample_from_dict(obj: dict[str, Any]) -> HostSample:
+    fields_ = {k: v for k, v in obj.items() if k != "type"}
+    fields_["per_core_pct"] = tuple(fields_.get("per_core_pct", ()))
+    fields_["processes"] = tuple(ProcessReading(**p) for p in fields_.get("processes", ()))
+    return HostSample(**fields_)

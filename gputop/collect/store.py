@@ -1,0 +1,205 @@
+"""The dashboard's memory: per run and rank, bounded histories of windows.
+
+Written by the collector thread (or by a recording being read), read by the UI,
+the recorder and the diagnosis through ``snapshot()``, which returns immutable
+views.  One lock guards the mutable state; it is held only for dict and deque
+operations, never for I/O.  Time is passed in, not read from the clock, so a
+replay drives the same code at its own pace and tests need no sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from gputop.collect.samples import GpuSample, HostSample
+from gputop.protocol import Bye, Event, Hello, Message, Window
+
+HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
+HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
+HISTORY_EVENTS = 100
+LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
+
+LIVE, LOST, DONE = "live", "lost", "done"
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank as the dashboard sees it at one moment."""
+
+    run_id: str
+    rank: int
+    hello: Hello
+    windows: tuple[Window, ...]
+    status: str  # live, lost, done
+    status_reason: str
+    last_seen_t: float
+    events: tuple[Event, ...] = ()
+
+    @property
+    def latest(self) -> Window | None:
+        return self.windows[-1] if self.windows else None
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One training job: every rank that reported under one run id."""
+
+    run_id: str
+    name: str
+    world_size: int
+    first_seen_t: float
+    ranks: tuple[RankView, ...]
+
+    @property
+    def live_ranks(self) -> int:
+        return sum(1 for r in self.ranks if r.status == LIVE)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the dashboard knows at time ``t``."""
+
+    t: float
+    runs: tuple[RunView, ...] = ()
+    gpu: GpuSample | None = None
+    host: HostSample | None = None
+    gpu_history: tuple[GpuSample, ...] = ()
+    host_history: tuple[HostSample, ...] = ()
+    listen: str = ""  # where the collector listens, for the empty-state screen
+    rejected: tuple[str, ...] = ()  # recent connections closed for bad frames, with reasons
+
+    def all_ranks(self) -> list[RankView]:
+        return [rank for run in self.runs for rank in run.ranks]
+
+
+@dataclass
+class _Rank:
+    hello: Hello
+    first_seen_t: float
+    last_seen_t: float
+    windows: deque[Window] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
+    connected: bool = True
+    done: bool = False
+    lost_reason: str = ""
+    last_seq: int = -1
+
+
+class Store:
+    """Thread-safe store of everything received; ``snapshot()`` for readers."""
+
+    def __init__(self, *, lost_after_s: float = LOST_AFTER_S, listen: str = "") -> None:
+        self._lock = threading.Lock()
+        self._ranks: dict[tuple[str, int], _Rank] = {}
+        self._gpu: deque[GpuSample] = deque(maxlen=HISTORY_SAMPLES)
+        self._host: deque[HostSample] = deque(maxlen=HISTORY_SAMPLES)
+        self._rejected: deque[str] = deque(maxlen=20)
+        self.lost_after_s = lost_after_s
+        self.listen = listen
+
+    def ingest(self, message: Message, now: float) -> None:
+        """Take one decoded message.  A window before any hello is ignored."""
+        key = (message.run_id, message.rank)
+        with self._lock:
+            rank = self._ranks.get(key)
+            if isinstance(message, Hello):
+                if rank is None:
+                    self._ranks[key] = _Rank(hello=message, first_seen_t=now, last_seen_t=now)
+                else:
+                    rank.hello = message
+                    rank.last_seen_t = now
+                    rank.connected, rank.done, rank.lost_reason = True, False, ""
+                return
+            if rank is None:
+                return
+            rank.last_seen_t = now
+            if isinstance(message, Window):
+                if message.seq <= rank.last_seq:
+                    return  # a backlog window seen before, re-sent after a reconnect
+                rank.last_seq = message.seq
+                rank.windows.append(message)
+            elif isinstance(message, Event):
+                rank.events.append(message)
+            elif isinstance(message, Bye):
+                rank.done = True
+
+    def disconnected(self, run_id: str, rank: int, reason: str) -> None:
+        """The connection a rank reported on closed (``reason`` says how)."""
+        with self._lock:
+            state = self._ranks.get((run_id, rank))
+            if state is not None:
+                state.connected = False
+                if not state.done:
+                    state.lost_reason = reason
+
+    def rejected(self, reason: str) -> None:
+        """Remember why a connection was closed for a bad frame (shown in the UI)."""
+        with self._lock:
+            self._rejected.append(reason)
+
+    def add_gpu(self, sample: GpuSample) -> None:
+        with self._lock:
+            self._gpu.append(sample)
+
+    def add_host(self, sample: HostSample) -> None:
+        with self._lock:
+            self._host.append(sample)
+
+    def snapshot(self, now: float, *, history: int | None = None) -> Snapshot:
+        """Immutable views of everything, with each rank's status as of ``now``.
+
+        ``history`` limits how many of each rank's newest windows are copied.
+        """
+        with self._lock:
+            by_run: dict[str, list[tuple[float, RankView]]] = {}
+            for (run_id, rank_no), state in self._ranks.items():
+                windows = tuple(state.windows) if history is None else tuple(list(state.windows)[-history:])
+                status, reason = self._status(state, now)
+                view = RankView(
+                    run_id=run_id,
+                    rank=rank_no,
+                    hello=state.hello,
+                    windows=windows,
+                    status=status,
+                    status_reason=reason,
+                    last_seen_t=state.last_seen_t,
+                    events=tuple(state.events),
+                )
+                by_run.setdefault(run_id, []).append((state.first_seen_t, view))
+            gpu_history, host_history = tuple(self._gpu), tuple(self._host)
+            rejected = tuple(self._rejected)
+        runs = []
+        for run_id, entries in by_run.items():
+            ranks = tuple(sorted((v for _, v in entries), key=lambda v: v.rank))
+            runs.append(
+                RunView(
+                    run_id=run_id,
+                    name=ranks[0].hello.name,
+                    world_size=max(v.hello.world_size for v in ranks),
+                    first_seen_t=min(t for t, _ in entries),
+                    ranks=ranks,
+                )
+            )
+        runs.sort(key=lambda r: r.first_seen_t)
+        return Snapshot(
+            t=now,
+            runs=tuple(runs),
+            gpu=gpu_history[-1] if gpu_history else None,
+            host=host_history[-1] if host_history else None,
+            gpu_history=gpu_history,
+            host_history=host_history,
+            listen=self.listen,
+            rejected=rejected,
+        )
+
+    def _status(self, state: _Rank, now: float) -> tuple[str, str]:
+        if state.done:
+            return DONE, "finished"
+        if not state.connected:
+            return LOST, state.lost_reason or "connection closed"
+        silent_s = now - state.last_seen_t
+        if silent_s > self.lost_after_s:
+            return LOST, f"silent for {silent_s:.0f} s"
+        return LIVE, ""
