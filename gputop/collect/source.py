@@ -1,0 +1,59 @@
+"""Where a dashboard's snapshots come from: a live collector or a recording.
+
+The UI knows only this interface: ``start()``, ``snapshot()`` (cheap, safe from
+any thread), ``stop()``, and a few facts for its header.  A live source owns the
+collector server and the samplers; a replay source feeds a recording into a
+store at the recorded pace.  Both are in ``gputop.collect.live`` and
+``gputop.collect.replay``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gputop.collect.store import Snapshot
+
+
+class SnapshotSource(Protocol):
+    """What the dashboard reads."""
+
+    kind: str  # "live" or "replay"
+    description: str  # "listening on /run/user/1000/gputop/gputop.sock", "replay of run.jsonl at 4x"
+
+    def start(self) -> None: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    def stop(self) -> None: ...
+
+    @property
+    def finished(self) -> bool:
+        """A replay that reached the end of its recording; always False live."""
+        ...
+
+
+class FixedSource:
+    """A source that always returns the same snapshot: for tests and screenshots."""
+
+    kind = "fixed"
+
+    def __init__(self, snapshot: Snapshot, description: str = "fixed data") -> None:
+        self._snapshot = snapshot
+        self.description = description
+
+    def start(self) -> None:
+        pass
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def set(self, snapshot: Snapshot) -> None:
+        """Replace the snapshot (tests use this to make a rank appear or get lost)."""
+        self._snapshot = snapshot
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def finished(self) -> bool:
+        return False

@@ -1,0 +1,70 @@
+"""What a diagnosis says: one finding per cause at work, with its evidence and a fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CAUSES = (
+    "parallelism",
+    "data_loading",
+    "model_config",
+    "memory",
+    "communication",
+    "straggler",
+    "allocation",
+    "unobserved",
+)
+SEVERITIES = ("info", "warn", "critical")  # worst last, so SEVERITIES.index() orders them
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One number that fired a rule, and the threshold it crossed."""
+
+    metric: str  # "loader_wait_pct"
+    value: float
+    threshold: float
+    unit: str = ""  # "%", "ms", "GiB"
+    op: str = ">"  # how value compared with threshold
+    rank: int | None = None
+    gpu: int | None = None
+
+    def __str__(self) -> str:
+        where = f"rank {self.rank} " if self.rank is not None else (f"GPU {self.gpu} " if self.gpu is not None else "")
+        return f"{where}{self.metric} {self.value:.3g}{self.unit} {self.op} {self.threshold:.3g}{self.unit}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A cause of low GPU utilization at work, where, why we think so, what to change."""
+
+    cause: str  # one of CAUSES
+    severity: str  # one of SEVERITIES
+    title: str  # one line: "rank 3 waits for data 41% of each step"
+    suggestion: str  # concrete: "DataLoader(num_workers=4, pin_memory=True, persistent_workers=True)"
+    evidence: tuple[Evidence, ...] = ()
+    ranks: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    run_id: str | None = None
+    doc: str = ""  # "docs/diagnosis.md#data_loading"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def severity_rank(self) -> int:
+        return SEVERITIES.index(self.severity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "severity": self.severity,
+            "title": self.title,
+            "ranks": list(self.ranks),
+            "gpus": list(self.gpus),
+            "run_id": self.run_id,
+            "evidence": [
+                {k: v for k, v in vars(e).items() if v is not None} | {"text": str(e)} for e in self.evidence
+            ],
+            "suggestion": self.suggestion,
+            "doc": self.doc,
+        }
