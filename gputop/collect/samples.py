@@ -70,6 +70,7 @@ class ProcessReading:
     rss_bytes: int | None = None
     children: int = 0
     children_cpu_pct: float | None = None
+    child_pids: tuple[int, ...] = ()  # so the rank-GPU join counts workers' GPU contexts as the rank's
 
 
 @dataclass(frozen=True)
@@ -115,5 +116,7 @@ def gpu_sample_from_dict(obj: dict[str, Any]) -> GpuSample:
 def host_sample_from_dict(obj: dict[str, Any]) -> HostSample:
     fields_ = {k: v for k, v in obj.items() if k != "type"}
     fields_["per_core_pct"] = tuple(fields_.get("per_core_pct", ()))
-    fields_["processes"] = tuple(ProcessReading(**p) for p in fields_.get("processes", ()))
+    fields_["processes"] = tuple(
+        ProcessReading(**{**p, "child_pids": tuple(p.get("child_pids", ()))}) for p in fields_.get("processes", ())
+    )
     return HostSample(**fields_)
