@@ -189,7 +189,7 @@ class Bye:
     dropped: int = 0
 
 
-Message = Union[Hello, Window, Event, Bye]
+Message = Union[Hello, Window, Event, Bye]  # noqa: UP007 - a runtime alias, Python 3.10 too
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (Hello, Window, Event, Bye)}  # type: ignore[misc]
 
 _FIELDS: dict[type, dict[str, Any]] = {cls: {f.name: f for f in fields(cls)} for cls in MESSAGE_TYPES.values()}

@@ -79,7 +79,7 @@ class _Rank:
     hello: Hello
     first_seen_t: float
     last_seen_t: float
-    windows: deque[Window] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    windows: deque[Window] = field(default_factory=deque)
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     connected: bool = True
     done: bool = False
@@ -90,8 +90,12 @@ class _Rank:
 class Store:
     """Thread-safe store of everything received; ``snapshot()`` for readers."""
 
-    def __init__(self, *, lost_after_s: float = LOST_AFTER_S, listen: str = "") -> None:
+    def __init__(
+        self, *, lost_after_s: float = LOST_AFTER_S, listen: str = "", history_windows: int | None = HISTORY_WINDOWS
+    ) -> None:
+        """``history_windows=None`` keeps every window (reading a whole recording)."""
         self._lock = threading.Lock()
+        self._history_windows = history_windows
         self._ranks: dict[tuple[str, int], _Rank] = {}
         self._gpu: deque[GpuSample] = deque(maxlen=HISTORY_SAMPLES)
         self._host: deque[HostSample] = deque(maxlen=HISTORY_SAMPLES)
@@ -106,7 +110,12 @@ class Store:
             rank = self._ranks.get(key)
             if isinstance(message, Hello):
                 if rank is None:
-                    self._ranks[key] = _Rank(hello=message, first_seen_t=now, last_seen_t=now)
+                    self._ranks[key] = _Rank(
+                        hello=message,
+                        first_seen_t=now,
+                        last_seen_t=now,
+                        windows=deque(maxlen=self._history_windows),
+                    )
                 else:
                     rank.hello = message
                     rank.last_seen_t = now

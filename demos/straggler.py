@@ -1,0 +1,10 @@
+"""Scenario `straggler` (see gputop/demos/train.py).
+
+Run: torchrun --nproc_per_node=2 demos/straggler.py --seconds 30
+"""
+
+import sys
+
+from gputop.demos.train import main
+
+raise SystemExit(main(["--scenario", "straggler", *sys.argv[1:]]))

@@ -1,0 +1,81 @@
+"""Where the dashboard listens and reporters connect: one rule for both sides.
+
+Default: a per-user Unix socket in a folder only that user can enter
+(``$XDG_RUNTIME_DIR/gputop/gputop.sock``, else ``/tmp/gputop-<uid>/gputop.sock``),
+so other users of a shared GPU server can neither read the telemetry nor feed
+the dashboard.  ``GPUTOP_PORT=N`` (reporter) / ``--port N`` (dashboard) switch
+to TCP on 127.0.0.1; ``GPUTOP_SOCKET=PATH`` / ``--socket PATH`` pick another
+Unix socket.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+class AddressError(Exception):
+    """An address that cannot be used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """A Unix socket path or a loopback TCP port."""
+
+    path: Path | None = None
+    port: int | None = None
+    host: str = LOOPBACK
+
+    @property
+    def is_tcp(self) -> bool:
+        return self.port is not None
+
+    def __str__(self) -> str:
+        return f"tcp://{self.host}:{self.port}" if self.is_tcp else f"unix://{self.path}"
+
+
+def default_socket_path(env: Mapping[str, str] = os.environ) -> Path:
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "gputop" / "gputop.sock"
+    return Path(f"/tmp/gputop-{os.getuid()}") / "gputop.sock"
+
+
+def resolve(port: int | None = None, socket_path: str | None = None, env: Mapping[str, str] = os.environ) -> Address:
+    """The address from explicit options, else the environment, else the default socket."""
+    if port is not None:
+        return Address(port=_check_port(port))
+    if socket_path:
+        return Address(path=Path(socket_path))
+    if env.get("GPUTOP_PORT"):
+        try:
+            return Address(port=_check_port(int(env["GPUTOP_PORT"])))
+        except ValueError:
+            raise AddressError(f"GPUTOP_PORT={env['GPUTOP_PORT']!r} is not a port number") from None
+    if env.get("GPUTOP_SOCKET"):
+        return Address(path=Path(env["GPUTOP_SOCKET"]))
+    return Address(path=default_socket_path(env))
+
+
+def _check_port(port: int) -> int:
+    if not 1 <= port <= 65535:
+        raise AddressError(f"port {port} is outside 1-65535")
+    return port
+
+
+def ensure_private_dir(folder: Path) -> None:
+    """Create the socket's folder as 0700, or check that an existing one is ours and private."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError as exc:
+        raise AddressError(f"cannot create {folder}: {exc.strerror}") from None
+    if info.st_uid != os.getuid():
+        raise AddressError(f"{folder} belongs to uid {info.st_uid}, not you; refusing to use it")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise AddressError(f"{folder} is readable by other users (mode {stat.S_IMODE(info.st_mode):o}); chmod 700 it")

@@ -1,0 +1,210 @@
+"""The collector: an asyncio server, on its own thread, that reporters connect to.
+
+Many reporters from many runs; each connection starts with a hello and then
+streams windows.  A malformed, oversized or wrong-version frame closes that one
+connection with a logged reason and never the collector.  The listening socket
+is bound in ``start()`` on the caller's thread, so "address in use" is an
+ordinary exception the CLI can turn into one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gputop.address import Address, AddressError, default_socket_path, ensure_private_dir
+from gputop.collect.store import Store
+from gputop.protocol import MAX_FRAME_BYTES, Bye, Hello, Message, ProtocolError, decode
+
+log = logging.getLogger("gputop.collector")
+
+# Called on the collector thread with each accepted message and its receive time.
+MessageListener = Callable[[Message, float], None]
+# Called on the collector thread when a rank's connection ends: run_id, rank, reason, time.
+DisconnectListener = Callable[[str, int, str, float], None]
+
+
+class Collector:
+    """Listens on an address and feeds every valid message into a store."""
+
+    def __init__(
+        self,
+        store: Store,
+        address: Address,
+        *,
+        on_message: MessageListener | None = None,
+        on_disconnect: DisconnectListener | None = None,
+    ) -> None:
+        self.store = store
+        self.address = address
+        self.on_message = on_message
+        self.on_disconnect = on_disconnect
+        self.connections = 0  # currently open
+        self.rejected = 0  # connections closed for a bad frame
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._server: asyncio.base_events.Server | None = None
+
+    def start(self) -> None:
+        """Bind (raising AddressError with a one-line reason) and serve on a daemon thread."""
+        self._sock = self._bind()
+        if self.address.is_tcp and self.address.port == 0:  # an ephemeral port: say which one
+            self.address = Address(host=self.address.host, port=self._sock.getsockname()[1])
+        self.store.listen = str(self.address)
+        self._thread = threading.Thread(target=self._serve_forever, name="gputop-collector", daemon=True)
+        self._thread.start()
+        self._ready.wait(5.0)
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(2.0)
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        if not self.address.is_tcp and self.address.path is not None:
+            with contextlib.suppress(OSError):
+                self.address.path.unlink()
+
+    def _bind(self) -> socket.socket:
+        address = self.address
+        if address.is_tcp:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((address.host, address.port))
+            except OSError as exc:
+                sock.close()
+                raise AddressError(f"cannot listen on {address}: {exc.strerror}") from None
+        else:
+            assert address.path is not None
+            if address.path == default_socket_path():
+                ensure_private_dir(address.path.parent)
+            else:
+                address.path.parent.mkdir(parents=True, exist_ok=True)
+            if address.path.exists():
+                if _unix_socket_answers(str(address.path)):
+                    raise AddressError(
+                        f"another gputop is already listening on {address.path}; "
+                        "attach to a run with --port N, or stop the other one"
+                    )
+                address.path.unlink()  # left behind by a dashboard that was killed
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(str(address.path))
+                os.chmod(address.path, 0o600)
+            except OSError as exc:
+                sock.close()
+                raise AddressError(f"cannot listen on {address.path}: {exc.strerror}") from None
+        sock.listen(256)
+        sock.setblocking(False)
+        return sock
+
+    def _serve_forever(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            if self.address.is_tcp:
+                start = asyncio.start_server(self._handle, sock=self._sock, limit=MAX_FRAME_BYTES)
+            else:
+                start = asyncio.start_unix_server(self._handle, sock=self._sock, limit=MAX_FRAME_BYTES)
+            self._server = loop.run_until_complete(start)
+            self._ready.set()
+            loop.run_forever()
+        finally:
+            self._ready.set()
+            with contextlib.suppress(Exception):
+                if self._server is not None:
+                    self._server.close()
+                tasks = asyncio.all_tasks(loop)
+                for task in tasks:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        peer = _peer_name(writer)
+        ranks: set[tuple[str, int]] = set()
+        reason = "connection closed"
+        try:
+            while True:
+                try:
+                    frame = await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError as exc:
+                    if exc.partial.strip():
+                        reason = "connection closed mid-frame"
+                    break
+                except asyncio.LimitOverrunError:
+                    reason = self._reject(peer, f"frame over {MAX_FRAME_BYTES} bytes")
+                    break
+                except ConnectionError:
+                    break
+                try:
+                    message = decode(frame)
+                except ProtocolError as exc:
+                    reason = self._reject(peer, str(exc))
+                    break
+                key = (message.run_id, message.rank)
+                if key not in ranks and not isinstance(message, Hello):
+                    reason = self._reject(peer, f"{message.TYPE} before hello")
+                    break
+                ranks.add(key)
+                now = time.time()
+                self.store.ingest(message, now)
+                if self.on_message is not None:
+                    self.on_message(message, now)
+                if isinstance(message, Bye):
+                    reason = "finished"
+        except asyncio.CancelledError:
+            # The dashboard is stopping; ending quietly keeps asyncio from
+            # logging every open connection's cancellation as an error.
+            reason = "dashboard stopped"
+        except Exception as exc:  # a bug in a listener must cost one connection, not the collector
+            reason = self._reject(peer, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self.connections -= 1
+            for run_id, rank in ranks:
+                self.store.disconnected(run_id, rank, reason)
+                if self.on_disconnect is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_disconnect(run_id, rank, reason, time.time())
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def _reject(self, peer: str, why: str) -> str:
+        self.rejected += 1
+        text = f"closed connection from {peer}: {why}"
+        log.warning(text)
+        self.store.rejected(text)
+        return f"rejected: {why}"
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer: Any = writer.get_extra_info("peername")
+    if isinstance(peer, tuple):
+        return f"{peer[0]}:{peer[1]}"
+    return "local socket"
+
+
+def _unix_socket_answers(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()

@@ -1,0 +1,1 @@
+"""Bundled training scripts that reproduce each cause of low GPU utilization (``gputop demo``)."""

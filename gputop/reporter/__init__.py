@@ -1,0 +1,105 @@
+"""Runs inside every training process.  Imports torch lazily; never textual.
+
+The public functions never raise into training: a failure inside gputop
+disables it for the process and leaves the training loop as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from gputop.address import AddressError, resolve
+from gputop.reporter.clock import TrackedLoader
+from gputop.reporter.reporter import DEFAULT_WINDOW_S, Reporter
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_reporter: Reporter | None = None
+_broken = False  # set when starting failed: gputop is a no-op from then on
+
+
+def _disabled() -> bool:
+    return _broken or os.environ.get("GPUTOP_DISABLE", "") not in ("", "0")
+
+
+def _warn(message: str) -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"gputop: {message}; reporting is off for this process\n")
+
+
+def _get() -> Reporter | None:
+    """The process's reporter, started on first use; None when disabled."""
+    global _reporter, _broken
+    if _disabled():
+        return None
+    reporter = _reporter
+    if reporter is not None and reporter.pid == os.getpid():
+        return reporter
+    if reporter is not None:  # a forked child (DataLoader worker): never report from it
+        return None
+    with _lock:
+        if _reporter is None:
+            try:
+                window_s = float(os.environ.get("GPUTOP_WINDOW_S", DEFAULT_WINDOW_S))
+                _reporter = Reporter(resolve(), window_s=window_s)
+                _reporter.start()
+            except AddressError as exc:
+                _broken = True
+                _warn(str(exc))
+                return None
+            except Exception as exc:
+                _broken = True
+                _warn(f"could not start ({type(exc).__name__}: {exc})")
+                return None
+    return _reporter
+
+
+def watch(model: Any = None) -> Reporter | None:
+    """Start reporting for this process; hook the model (DDP or plain) if given.
+
+    Steps are counted from ``optimizer.step()`` of any optimizer (the first one
+    seen stands for the step).  Calling it again is harmless.
+    """
+    reporter = _get()
+    if reporter is not None:
+        try:
+            reporter.attach_model(model)
+        except Exception as exc:
+            _warn(f"could not watch {type(model).__name__} ({exc})")
+    return reporter
+
+
+def track(loader: Iterable[T]) -> Iterable[T]:
+    """Yield the loader's batches, timing how long each one was waited for."""
+    reporter = _get()
+    if reporter is None:
+        return loader
+    try:
+        reporter.attach_loader(loader)
+        return TrackedLoader(loader, reporter.clock)
+    except Exception:
+        return loader
+
+
+def step() -> None:
+    """Mark the end of a training step by hand (then optimizer steps no longer count)."""
+    reporter = _get()
+    if reporter is not None:
+        reporter.mark_step()
+
+
+def _after_fork_in_child() -> None:
+    # DataLoader workers are forked from a rank: they inherit the reporter object
+    # but not its thread.  They must never report or touch the parent's socket.
+    global _reporter, _broken
+    if _reporter is not None:
+        _broken = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,169 @@
+"""Who this rank is and the static facts worth diagnosing: the hello message's content.
+
+Read once at ``watch()`` (and again when a loader is tracked or autocast is
+first seen).  Every probe is defensive: a missing attribute or a changed
+private API leaves the fact as None (N/A) and never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from gputop.protocol import Hello
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    try:
+        return int(env[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def identity(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """rank, local_rank, world_size, backend and run_id, from torch.distributed or the launcher's env."""
+    rank = _env_int(env, "RANK")
+    world = _env_int(env, "WORLD_SIZE")
+    local = _env_int(env, "LOCAL_RANK")
+    backend = None
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            backend = str(dist.get_backend())
+    except Exception:
+        pass
+    rank = rank if rank is not None else 0
+    world = world if world is not None else 1
+    local = local if local is not None else rank
+    return {"rank": rank, "world_size": world, "local_rank": local, "backend": backend, "run_id": run_id(env, world)}
+
+
+def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
+    """A name every rank of one job agrees on without talking to the others.
+
+    GPUTOP_RUN_ID wins; then torchrun's rendezvous id; then the launcher's pid
+    (torchrun's agent and mp.spawn's parent are shared by the local ranks),
+    qualified by the master port; a single process is its own run.
+    """
+    if env.get("GPUTOP_RUN_ID"):
+        return env["GPUTOP_RUN_ID"]
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    elastic = env.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none":
+        return f"{script}-{elastic}"
+    if world_size > 1 or "LOCAL_RANK" in env:
+        port = env.get("MASTER_PORT", "")
+        return f"{script}-{os.getppid()}" + (f"-{port}" if port else "")
+    return f"{script}-{os.getpid()}"
+
+
+def cpu_count() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def model_facts(model: Any) -> dict[str, Any]:
+    """Device, parameter dtype and whether it is DDP, from a module (or None)."""
+    if model is None:
+        return {}
+    facts: dict[str, Any] = {"model_name": type(model).__name__}
+    inner = getattr(model, "module", model)
+    facts["ddp"] = type(model).__name__ == "DistributedDataParallel"
+    if facts["ddp"]:
+        facts["model_name"] = type(inner).__name__
+    try:
+        dtypes: Counter[str] = Counter()
+        device = None
+        for p in model.parameters():
+            dtypes[str(p.dtype).replace("torch.", "")] += p.numel()
+            device = device or p.device
+        if dtypes:
+            facts["param_dtype"] = dtypes.most_common(1)[0][0]
+        if device is not None:
+            facts["device"] = str(device)
+    except Exception:
+        pass
+    return facts
+
+
+def device_facts(device: str | None) -> dict[str, Any]:
+    """Name, UUID and memory of a CUDA device; nothing for CPU."""
+    if not device or not device.startswith("cuda"):
+        return {}
+    try:
+        import torch
+
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        props = torch.cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
+        uuid_text = None if uuid is None else str(uuid)
+        if uuid_text and not uuid_text.upper().startswith(("GPU-", "MIG-")):
+            uuid_text = "GPU-" + uuid_text
+        return {
+            "device": f"cuda:{index}",
+            "device_name": props.name,
+            "device_uuid": uuid_text,
+            "device_total_bytes": int(props.total_memory),
+        }
+    except Exception:
+        return {}
+
+
+def torch_facts() -> dict[str, Any]:
+    """Version and the global switches that matter for speed."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    facts: dict[str, Any] = {}
+    for key, read in (
+        ("torch_version", lambda: str(torch.__version__)),
+        ("torch_threads", lambda: int(torch.get_num_threads())),
+        ("tf32_matmul", lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
+        ("tf32_cudnn", lambda: bool(torch.backends.cudnn.allow_tf32)),
+        ("cudnn_benchmark", lambda: bool(torch.backends.cudnn.benchmark)),
+    ):
+        with contextlib.suppress(Exception):
+            facts[key] = read()
+    return facts
+
+
+def loader_facts(loader: Any) -> dict[str, Any]:
+    """The DataLoader settings that decide input throughput (absent ones stay N/A)."""
+    facts: dict[str, Any] = {}
+    for attr, key, kind in (
+        ("batch_size", "loader_batch_size", int),
+        ("num_workers", "loader_num_workers", int),
+        ("pin_memory", "loader_pin_memory", bool),
+        ("persistent_workers", "loader_persistent_workers", bool),
+        ("prefetch_factor", "loader_prefetch_factor", int),
+    ):
+        value = getattr(loader, attr, None)
+        if isinstance(value, (int, bool)):
+            facts[key] = kind(value)
+    return facts
+
+
+def build_hello(base: dict[str, Any], window_s: float, started_t: float, version: str) -> Hello:
+    """A Hello from the collected facts (unknown keys are ignored)."""
+    known = set(Hello.__dataclass_fields__)
+    fields = {k: v for k, v in base.items() if k in known}
+    return Hello(
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        name=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
+        started_t=started_t or time.time(),
+        window_s=window_s,
+        gputop_version=version,
+        cpu_count=cpu_count(),
+        **fields,
+    )

@@ -1,0 +1,126 @@
+"""The reporter's link to the dashboard: a non-blocking socket and a bounded backlog.
+
+Runs on the reporter thread only.  Frames wait in ``backlog`` until a dashboard
+is connected; when the backlog is full the oldest frame is dropped and counted.
+The socket is non-blocking: a slow or frozen dashboard fills the kernel buffer,
+``send`` stops making progress, frames pile up in the backlog and the oldest are
+dropped — the reporter never waits.  After a reconnect the latest hello goes
+first, then the backlog, so a dashboard started late still sees the history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import time
+from collections import deque
+
+from gputop.address import Address
+
+BACKOFF_MIN_S = 0.25
+BACKOFF_MAX_S = 5.0
+CONNECT_TIMEOUT_S = 0.2  # loopback or a local socket answers in microseconds
+MAX_INFLIGHT_BYTES = 256 * 1024  # taken from the backlog per pump, ahead of the kernel
+
+
+class Sender:
+    """Owns the connection; ``enqueue`` frames, call ``pump`` often."""
+
+    def __init__(self, address: Address, *, backlog_frames: int) -> None:
+        self.address = address
+        self.backlog: deque[bytes] = deque()
+        self.backlog_frames = backlog_frames
+        self.dropped = 0  # frames dropped because the backlog was full
+        self.connects = 0
+        self.hello = b""
+        self._sock: socket.socket | None = None
+        self._inflight: deque[bytes] = deque()  # taken from the backlog, not yet fully sent
+        self._inflight_bytes = 0
+        self._offset = 0  # bytes of _inflight[0] already sent
+        self._next_attempt_s = 0.0
+        self._backoff_s = BACKOFF_MIN_S
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left to send."""
+        return not self.backlog and not self._inflight
+
+    def set_hello(self, frame: bytes) -> None:
+        """The hello to send first on every connection; sent now too if connected."""
+        self.hello = frame
+        if self._sock is not None:
+            self.enqueue(frame)
+
+    def enqueue(self, frame: bytes) -> None:
+        if len(self.backlog) >= self.backlog_frames:
+            self.backlog.popleft()
+            self.dropped += 1
+        self.backlog.append(frame)
+
+    def pump(self, now_s: float | None = None) -> None:
+        """Connect if due, then send as much as the socket takes without blocking."""
+        now_s = time.monotonic() if now_s is None else now_s
+        if self._sock is None and (now_s < self._next_attempt_s or not self._connect(now_s)):
+            return
+        while self.backlog and self._inflight_bytes < MAX_INFLIGHT_BYTES:
+            frame = self.backlog.popleft()
+            self._inflight.append(frame)
+            self._inflight_bytes += len(frame)
+        self._send()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+
+    def _connect(self, now_s: float) -> bool:
+        try:
+            if self.address.is_tcp:
+                sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(CONNECT_TIMEOUT_S)
+                sock.connect(str(self.address.path))
+            sock.setblocking(False)
+        except OSError:
+            self._next_attempt_s = now_s + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+            return False
+        self._sock = sock
+        self.connects += 1
+        self._backoff_s = BACKOFF_MIN_S
+        # Frames cut off by the last connection's end go again: the collector
+        # drops windows it has already seen by their sequence number.
+        for frame in reversed(self._inflight):
+            self.backlog.appendleft(frame)
+        self._inflight.clear()
+        self._inflight_bytes = self._offset = 0
+        if self.hello:
+            self.backlog.appendleft(self.hello)
+        return True
+
+    def _send(self) -> None:
+        sock = self._sock
+        while sock is not None and self._inflight:
+            frame = self._inflight[0]
+            try:
+                sent = sock.send(memoryview(frame)[self._offset :])
+            except BlockingIOError:
+                return  # kernel buffer full: the dashboard is slow; try next pump
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                self.close()
+                return
+            self._offset += sent
+            if self._offset >= len(frame):
+                self._inflight.popleft()
+                self._inflight_bytes -= len(frame)
+                self._offset = 0
