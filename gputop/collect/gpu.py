@@ -1,0 +1,462 @@
+"""GPU sampling over NVML: one ``GpuSample`` per call, and a thread that feeds the store.
+
+Per GPU: utilization, memory, power, temperature, clocks, PCIe throughput,
+clock-throttle reasons, ECC errors, GPM SM/tensor activity on Hopper and newer,
+and each process's memory and SM utilization.  MIG instances get rows of
+their own.  Whatever cannot be read is None with a reason in ``na``; with no
+NVML at all the sample says why in ``unavailable``.  Nothing here raises.
+
+Runs off the UI thread: some reads (PCIe throughput) take ~20 ms each, so
+per-process PCIe is skipped and static facts (UUID, name, handles) are cached.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gputop.collect.nvml import GPU_LOST, NOT_FOUND, Nvml, text
+from gputop.collect.periodic import PeriodicThread
+from gputop.collect.samples import GpuProcess, GpuReading, GpuSample
+from gputop.collect.store import Store
+
+# Clock-event bits (nvml.h nvmlClocksEventReason*) -> the short names the UI shows.
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "idle"),
+    (0x002, "app clocks"),
+    (0x004, "power cap"),
+    (0x008, "hw slowdown"),
+    (0x010, "sync boost"),
+    (0x020, "sw thermal"),
+    (0x040, "hw thermal"),
+    (0x080, "power brake"),
+    (0x100, "display clocks"),
+)
+
+# NVML enums, as fallbacks for a pynvml that lacks the names (values from nvml.h).
+_CONSTANTS = {
+    "NVML_TEMPERATURE_GPU": 0,
+    "NVML_CLOCK_SM": 1,
+    "NVML_CLOCK_MEM": 2,
+    "NVML_PCIE_UTIL_TX_BYTES": 0,
+    "NVML_PCIE_UTIL_RX_BYTES": 1,
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
+    "NVML_VOLATILE_ECC": 0,
+    "NVML_DEVICE_MIG_ENABLE": 1,
+    "NVML_GPM_METRIC_SM_UTIL": 2,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5,
+    "NVML_GPM_METRICS_GET_VERSION": 1,
+    "NVML_SUCCESS": 0,
+}
+
+GPM_NOT_SUPPORTED = "GPM not supported (Hopper and newer only)"
+GPM_WARMING_UP = "GPM needs two samples"
+PER_PHYSICAL_GPU = "read on the parent GPU's row"
+LISTED_PER_MIG = "listed per MIG instance"
+
+
+def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
+    """The clock-event bitmask as short names; unknown bits as hex so nothing is hidden."""
+    names = [name for bit, name in THROTTLE_REASONS if mask & bit]
+    known = 0
+    for bit, _ in THROTTLE_REASONS:
+        known |= bit
+    rest = mask & ~known
+    bit = 1
+    while rest:
+        if rest & bit:
+            names.append(f"0x{bit:x}")
+            rest &= ~bit
+        bit <<= 1
+    return tuple(names)
+
+
+def process_name(pid: int) -> str | None:
+    """A process's name for the UI, or None when it is gone or hidden from us."""
+    try:
+        import psutil
+
+        return str(psutil.Process(pid).name())
+    except Exception:  # vanished between NVML listing it and now, or another PID namespace
+        return None
+
+
+@dataclass
+class _Static:
+    """What does not change while NVML stays initialised, cached per NVML index."""
+
+    handle: Any
+    uuid: str
+    name: str
+
+
+class _Reads:
+    """The reads of one device in one sample: collects N/A reasons, stops early on a lost GPU."""
+
+    def __init__(self, nvml: Nvml, device: str, handle: Any) -> None:
+        self.nvml = nvml
+        self.device = device
+        self.handle = handle
+        self.na: dict[str, str] = {}
+        self.lost = False
+
+    def get(self, field: str, fn_name: str, *args: Any, record: bool = True) -> Any:
+        if self.lost:
+            if record:
+                self.na[field] = GPU_LOST
+            return None
+        value, why = self.nvml.call(fn_name, self.handle, *args, device=self.device, field=field)
+        if why is not None:
+            if why == GPU_LOST:
+                self.lost = True  # every further read would fail the same way, some slowly
+            if record:
+                self.na[field] = why
+        return value
+
+    def first(self, field: str, fn_names: tuple[str, ...], *args: Any) -> Any:
+        """The first of several equivalent functions this driver has (newer name first)."""
+        for fn_name in fn_names:
+            value = self.get(field, fn_name, *args)
+            if value is not None or not self.nvml.is_missing(fn_name) or self.lost:
+                return value
+            self.na.pop(field, None)
+        self.na[field] = "not in this driver or pynvml"
+        return None
+
+
+class GpuSampler:
+    """Reads every GPU through one ``Nvml``; ``sample()`` is safe to call from any thread."""
+
+    def __init__(
+        self,
+        nvml: Nvml | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        name_of_pid: Callable[[int], str | None] = process_name,
+    ) -> None:
+        self.nvml = nvml if nvml is not None else Nvml()
+        self._clock = clock
+        self._name_of_pid = name_of_pid
+        self._lock = threading.Lock()
+        self._static: dict[int, _Static] = {}
+        self._known: dict[int, tuple[str, str]] = {}  # index -> (uuid, name), kept after a GPU is lost
+        self._generation = -1
+        self._util_seen_us: dict[str, int] = {}  # device -> newest process-utilization timestamp read
+        self._gpm_supported: dict[str, bool] = {}
+        self._gpm_prev: dict[str, Any] = {}  # device -> the previous GPM sample buffer
+
+    def sample(self) -> GpuSample:
+        """Every GPU now, or ``GpuSample(unavailable=...)``; never raises."""
+        with self._lock:
+            t = self._clock()
+            try:
+                return self._sample(t)
+            except Exception as exc:  # a bug here must not take the dashboard down
+                return GpuSample(t=t, unavailable=f"GPU sampler error: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        """Free GPM buffers and shut NVML down."""
+        with self._lock:
+            for buffer in self._gpm_prev.values():
+                self.nvml.call("nvmlGpmSampleFree", buffer)
+            self._gpm_prev.clear()
+            self.nvml.shutdown()
+
+    def _sample(self, t: float) -> GpuSample:
+        why = self.nvml.start()
+        if why is not None:
+            return GpuSample(t=t, unavailable=why)
+        if self.nvml.generation != self._generation:
+            # A new NVML session: old handles and GPM buffers belong to the last one.
+            self._static.clear()
+            self._gpm_prev.clear()
+            self._generation = self.nvml.generation
+        driver, _ = self.nvml.call("nvmlSystemGetDriverVersion")
+        driver_version = text(driver) if driver is not None else None
+        count, why = self.nvml.call("nvmlDeviceGetCount")
+        if count is None:
+            return GpuSample(t=t, unavailable=f"cannot count GPUs: {why}", driver_version=driver_version)
+        if count == 0:
+            return GpuSample(t=t, unavailable="NVML sees no GPU", driver_version=driver_version)
+        gpus: list[GpuReading] = []
+        for index in range(count):
+            gpus.extend(self._read_gpu(index))
+        return GpuSample(t=t, gpus=tuple(gpus), driver_version=driver_version)
+
+    def _static_of(self, index: int) -> _Static | str:
+        static = self._static.get(index)
+        if static is not None:
+            return static
+        handle, why = self.nvml.call("nvmlDeviceGetHandleByIndex", index)
+        if handle is None:
+            return why or "no handle"
+        uuid, why = self.nvml.call("nvmlDeviceGetUUID", handle)
+        if uuid is None:
+            return why or "no UUID"
+        name, _ = self.nvml.call("nvmlDeviceGetName", handle)
+        static = _Static(handle=handle, uuid=text(uuid), name=text(name) if name is not None else "")
+        self._static[index] = static
+        self._known[index] = (static.uuid, static.name)
+        return static
+
+    def _read_gpu(self, index: int) -> list[GpuReading]:
+        static = self._static_of(index)
+        if isinstance(static, str):
+            # A GPU seen before keeps its UUID, so the UI and the join can say which rank lost it.
+            uuid, name = self._known.get(index, ("", ""))
+            return [GpuReading(index=index, uuid=uuid, name=name, na={"gpu": static})]
+        reads = _Reads(self.nvml, static.uuid, static.handle)
+        mig_mode = reads.get("mig_mode", "nvmlDeviceGetMigMode", record=False)
+        mig_on = bool(mig_mode) and mig_mode[0] == self._c("NVML_DEVICE_MIG_ENABLE")
+        fields = self._read_device_fields(reads)
+        fields.update(self._read_physical_fields(reads))
+        if mig_on:
+            processes: tuple[GpuProcess, ...] = ()
+            reads.na["processes"] = LISTED_PER_MIG
+        else:
+            processes = self._read_processes(reads)
+            fields.update(self._read_gpm(reads))
+        if reads.lost:
+            # Forget handles and answers: after a reset the GPU may come back different.
+            self._static.pop(index, None)
+            self.nvml.forget_device(static.uuid)
+            self._gpm_supported.pop(static.uuid, None)
+            stale = self._gpm_prev.pop(static.uuid, None)
+            if stale is not None:
+                self.nvml.call("nvmlGpmSampleFree", stale)
+        rows = [GpuReading(index=index, uuid=static.uuid, name=static.name, processes=processes, na=reads.na, **fields)]
+        if mig_on and not reads.lost:
+            rows.extend(self._read_mig_instances(index, static))
+        return rows
+
+    def _read_device_fields(self, reads: _Reads) -> dict[str, Any]:
+        """What a full GPU and a MIG instance both answer (or both refuse)."""
+        out: dict[str, Any] = {}
+        util = reads.get("util_pct", "nvmlDeviceGetUtilizationRates")
+        if util is not None:
+            out["util_pct"] = float(util.gpu)
+            out["mem_util_pct"] = float(util.memory)
+        elif "util_pct" in reads.na:
+            reads.na["mem_util_pct"] = reads.na["util_pct"]
+        memory = reads.get("mem_used_bytes", "nvmlDeviceGetMemoryInfo")
+        if memory is not None:
+            out["mem_used_bytes"] = int(memory.used)
+            out["mem_total_bytes"] = int(memory.total)
+        elif "mem_used_bytes" in reads.na:
+            reads.na["mem_total_bytes"] = reads.na["mem_used_bytes"]
+        return out
+
+    def _read_physical_fields(self, reads: _Reads) -> dict[str, Any]:
+        """What only the physical GPU has: power, heat, clocks, PCIe, ECC."""
+        out: dict[str, Any] = {}
+        power_mw = reads.get("power_w", "nvmlDeviceGetPowerUsage")
+        if power_mw is not None:
+            out["power_w"] = power_mw / 1000.0
+        limit_mw = reads.get("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit")
+        if limit_mw is not None:
+            out["power_limit_w"] = limit_mw / 1000.0
+        temp = reads.get("temp_c", "nvmlDeviceGetTemperature", self._c("NVML_TEMPERATURE_GPU"))
+        if temp is not None:
+            out["temp_c"] = float(temp)
+        sm_clock = reads.get("sm_clock_mhz", "nvmlDeviceGetClockInfo", self._c("NVML_CLOCK_SM"))
+        if sm_clock is not None:
+            out["sm_clock_mhz"] = int(sm_clock)
+        mem_clock = reads.get("mem_clock_mhz", "nvmlDeviceGetClockInfo", self._c("NVML_CLOCK_MEM"))
+        if mem_clock is not None:
+            out["mem_clock_mhz"] = int(mem_clock)
+        # NVML reports PCIe throughput in KiB/s over a 20 ms window.
+        rx_kib = reads.get("pcie_rx_bytes_s", "nvmlDeviceGetPcieThroughput", self._c("NVML_PCIE_UTIL_RX_BYTES"))
+        if rx_kib is not None:
+            out["pcie_rx_bytes_s"] = float(rx_kib) * 1024.0
+        tx_kib = reads.get("pcie_tx_bytes_s", "nvmlDeviceGetPcieThroughput", self._c("NVML_PCIE_UTIL_TX_BYTES"))
+        if tx_kib is not None:
+            out["pcie_tx_bytes_s"] = float(tx_kib) * 1024.0
+        mask = reads.first(
+            "throttle_reasons",
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        )
+        if mask is not None:
+            out["throttle_reasons"] = decode_throttle_reasons(int(mask))
+        # Uncorrected errors since the driver loaded: the ones that kill a job (corrected ones are routine).
+        ecc = reads.get(
+            "ecc_errors",
+            "nvmlDeviceGetTotalEccErrors",
+            self._c("NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+            self._c("NVML_VOLATILE_ECC"),
+        )
+        if ecc is not None:
+            out["ecc_errors"] = int(ecc)
+        return out
+
+    def _read_processes(self, reads: _Reads) -> tuple[GpuProcess, ...]:
+        used: dict[int, int | None] = {}
+        for fn_name, field in (
+            ("nvmlDeviceGetComputeRunningProcesses", "processes"),
+            ("nvmlDeviceGetGraphicsRunningProcesses", "graphics_processes"),
+        ):
+            listed = reads.get(field, fn_name, record=field == "processes")
+            for proc in listed or ():
+                pid = int(proc.pid)
+                used.setdefault(pid, None if proc.usedGpuMemory is None else int(proc.usedGpuMemory))
+        if not used:
+            return ()
+        sm_util, mem_util = self._read_process_utilization(reads, set(used))
+        return tuple(
+            GpuProcess(
+                pid=pid,
+                used_bytes=used_bytes,
+                sm_util_pct=sm_util.get(pid),
+                mem_util_pct=mem_util.get(pid),
+                name=self._name_of_pid(pid),
+            )
+            for pid, used_bytes in sorted(used.items())
+        )
+
+    def _read_process_utilization(self, reads: _Reads, pids: set[int]) -> tuple[dict[int, float], dict[int, float]]:
+        """Mean SM and memory utilization per process since the previous sample.
+
+        NVML keeps a short buffer of per-process samples; passing the newest
+        timestamp already read returns exactly the ones not seen yet, where a
+        fixed "now - 1 s" would drop or double-count samples whenever this
+        thread runs late.
+        """
+        since_us = self._util_seen_us.get(reads.device, 0)
+        value, why = self.nvml.call(
+            "nvmlDeviceGetProcessUtilization",
+            reads.handle,
+            since_us,
+            device=reads.device,
+            field="process_sm_util_pct",
+        )
+        if value is None:
+            if why == GPU_LOST:
+                reads.lost = True
+            # NOT_FOUND: no new samples since last time, which is news, not a failure.
+            if why not in (None, NOT_FOUND):
+                reads.na["process_sm_util_pct"] = why
+            return {}, {}
+        sums: dict[int, list[float]] = {}
+        newest = since_us
+        for s in value:
+            newest = max(newest, int(s.timeStamp))
+            pid = int(s.pid)
+            if pid in pids:  # samples of processes that exited since are dropped
+                acc = sums.setdefault(pid, [0.0, 0.0, 0.0])
+                acc[0] += float(s.smUtil)
+                acc[1] += float(s.memUtil)
+                acc[2] += 1
+        self._util_seen_us[reads.device] = newest
+        return (
+            {pid: acc[0] / acc[2] for pid, acc in sums.items()},
+            {pid: acc[1] / acc[2] for pid, acc in sums.items()},
+        )
+
+    def _read_gpm(self, reads: _Reads) -> dict[str, Any]:
+        """SM and tensor activity from GPM (Hopper+), between the previous sample and this one."""
+        device = reads.device
+        supported = self._gpm_supported.get(device)
+        if supported is None and not reads.lost:
+            support = reads.get("gpm", "nvmlGpmQueryDeviceSupport", record=False)
+            supported = bool(support is not None and getattr(support, "isSupportedDevice", 0))
+            self._gpm_supported[device] = supported
+        if not supported or reads.lost:
+            reason = GPU_LOST if reads.lost else GPM_NOT_SUPPORTED
+            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = reason
+            return {}
+        current, why = self.nvml.call("nvmlGpmSampleAlloc")
+        if current is None:
+            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = f"GPM: {why}"
+            return {}
+        _, why = self.nvml.call("nvmlGpmSampleGet", reads.handle, current)
+        if why is not None:
+            self.nvml.call("nvmlGpmSampleFree", current)
+            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = f"GPM: {why}"
+            return {}
+        previous = self._gpm_prev.pop(device, None)
+        self._gpm_prev[device] = current
+        if previous is None:
+            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = GPM_WARMING_UP
+            return {}
+        out: dict[str, Any] = {}
+        try:
+            out = self._gpm_metrics(reads, previous, current)
+        finally:
+            self.nvml.call("nvmlGpmSampleFree", previous)
+        return out
+
+    def _gpm_metrics(self, reads: _Reads, previous: Any, current: Any) -> dict[str, Any]:
+        lib = self.nvml.lib
+        wanted = (
+            ("sm_active_pct", self._c("NVML_GPM_METRIC_SM_UTIL")),
+            ("tensor_active_pct", self._c("NVML_GPM_METRIC_ANY_TENSOR_UTIL")),
+        )
+        request = lib.c_nvmlGpmMetricsGet_t()
+        request.version = self._c("NVML_GPM_METRICS_GET_VERSION")
+        request.numMetrics = len(wanted)
+        request.sample1 = previous
+        request.sample2 = current
+        for i, (_, metric_id) in enumerate(wanted):
+            request.metrics[i].metricId = metric_id
+        result, why = self.nvml.call("nvmlGpmMetricsGet", request)
+        out: dict[str, Any] = {}
+        for i, (field, _) in enumerate(wanted):
+            if result is None:
+                reads.na[field] = f"GPM: {why}"
+            elif result.metrics[i].nvmlReturn != self._c("NVML_SUCCESS"):
+                reads.na[field] = f"GPM: NVML error {result.metrics[i].nvmlReturn}"
+            else:
+                out[field] = float(result.metrics[i].value)
+        return out
+
+    def _read_mig_instances(self, index: int, parent: _Static) -> list[GpuReading]:
+        count, _ = self.nvml.call("nvmlDeviceGetMaxMigDeviceCount", parent.handle)
+        rows: list[GpuReading] = []
+        for slot in range(count or 0):
+            handle, _ = self.nvml.call("nvmlDeviceGetMigDeviceHandleByIndex", parent.handle, slot)
+            if handle is None:
+                continue  # an empty slot answers NOT_FOUND
+            uuid, _ = self.nvml.call("nvmlDeviceGetUUID", handle)
+            if uuid is None:
+                continue
+            name, _ = self.nvml.call("nvmlDeviceGetName", handle)
+            reads = _Reads(self.nvml, text(uuid), handle)
+            fields = self._read_device_fields(reads)
+            processes = self._read_processes(reads)
+            for shared in ("power_w", "temp_c", "sm_clock_mhz", "mem_clock_mhz"):
+                reads.na[shared] = PER_PHYSICAL_GPU
+            rows.append(
+                GpuReading(
+                    index=index,
+                    uuid=text(uuid),
+                    name=text(name) if name is not None else parent.name,
+                    mig_parent_uuid=parent.uuid,
+                    processes=processes,
+                    na=reads.na,
+                    **fields,
+                )
+            )
+        return rows
+
+    def _c(self, name: str) -> int:
+        return self.nvml.constant(name, _CONSTANTS[name])
+
+
+class GpuSamplerThread:
+    """Samples the GPUs every ``interval_s`` on a daemon thread and adds each sample to the store."""
+
+    def __init__(self, store: Store, interval_s: float = 1.0, *, sampler: GpuSampler | None = None) -> None:
+        self.sampler = sampler if sampler is not None else GpuSampler()
+        self._store = store
+        self._thread = PeriodicThread("gputop-gpu-sampler", interval_s, self._tick, on_stop=self.sampler.close)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._thread.stop(timeout_s)
+
+    def _tick(self) -> None:
+        self._store.add_gpu(self.sampler.sample())
