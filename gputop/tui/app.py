@@ -1,0 +1,294 @@
+"""The dashboard app and ``run_dashboard``, the entry point the CLI calls.
+
+Data flow: a timer fires every ``refresh_s``; a thread worker calls
+``source.snapshot()``, feeds the diagnoser, builds a ``DashboardView`` and
+posts it as a ``SnapshotReady`` message; the UI thread only copies the view
+into widgets.  So the UI never waits on the collector's lock, and redraws at
+most once per ``refresh_s`` however fast data arrives.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.widgets import DataTable, Footer
+
+from gputop.collect.source import SnapshotSource
+from gputop.collect.store import Snapshot
+from gputop.diagnose.findings import Finding
+from gputop.tui.messages import SnapshotReady, SourceFailed
+from gputop.tui.palette import Palette
+from gputop.tui.screens.detail import RankDetailScreen
+from gputop.tui.screens.help import HelpScreen
+from gputop.tui.view import DashboardView, build_view, rank_series
+from gputop.tui.widgets.empty_state import EmptyState
+from gputop.tui.widgets.findings import FindingsPanel
+from gputop.tui.widgets.gpu_panel import GpuPanel
+from gputop.tui.widgets.header import HeaderBar
+from gputop.tui.widgets.history import HistoryPanel
+from gputop.tui.widgets.ranks_table import RanksTable
+
+SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
+
+
+class Diagnoser(Protocol):
+    """What the dashboard needs from the diagnosis: findings for a snapshot, worst first."""
+
+    def update(self, snapshot: Snapshot) -> Sequence[Finding]: ...
+
+
+DiagnoserFactory = Callable[[], Diagnoser]
+
+
+class GputopApp(App[int]):
+    """The live dashboard over one SnapshotSource.  The caller starts and stops the source."""
+
+    CSS_PATH = "gputop.tcss"
+    TITLE = "gputop"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # noqa: RUF012 - Textual's own declaration
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_HEIGHT, "-tall")]  # noqa: RUF012
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "pause", "Pause"),
+        Binding("s", "sort", "Sort"),
+        Binding("enter", "open_rank", "Detail", show=False),
+    ]
+
+    paused: reactive[bool] = reactive(False)
+    """The view is frozen; snapshots keep being taken and the newest is shown on resume."""
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        refresh_s: float = 0.5,
+        *,
+        diagnoser_factory: DiagnoserFactory | None = None,
+    ) -> None:
+        """Build the app.
+
+        Args:
+            source: Where snapshots come from (already started, or a FixedSource).
+            refresh_s: Seconds between snapshots, and so between redraws.
+            diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
+        """
+        super().__init__()
+        self.source = source
+        self.refresh_s = refresh_s
+        self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
+        self.view: DashboardView | None = None  # what is on screen
+        self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
+        self._selected: str | None = None
+        self._fetch_lock = threading.Lock()
+        self._last_failure = ""
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(source_text=self.source.description, id="header")
+        gpus = GpuPanel(id="gpus")
+        gpus.border_title = "GPUs"
+        yield gpus
+        empty = EmptyState(id="empty")
+        empty.listen = ""
+        empty.source_text = self.source.description
+        yield empty
+        with Horizontal(id="middle"):
+            with Vertical(id="ranks-box"):
+                yield RanksTable(id="ranks")
+            with VerticalScroll(id="findings-box"):
+                yield FindingsPanel(id="findings")
+        yield HistoryPanel(id="history")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#ranks-box").border_title = "ranks"
+        self.query_one("#findings-box").border_title = "findings"
+        self.query_one("#history").border_title = "history"
+        self.query_one("#empty").border_title = "waiting for a run"
+        self.query_one(FindingsPanel).diagnosis = "off" if self.diagnoser is None else "waiting"
+        self.set_class(True, "-empty")
+        self.query_one(RanksTable).focus()
+        self._fetch()
+        self.set_interval(self.refresh_s, self._fetch)
+
+    # -- data ------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="snapshot")
+    def _fetch(self) -> None:
+        """Take a snapshot and build the view, off the UI thread."""
+        # A slow snapshot must not pile up threads, nor feed the stateful diagnoser twice at once.
+        if not self._fetch_lock.acquire(blocking=False):
+            return
+        try:
+            snapshot = self.source.snapshot()
+            findings, diagnosis = self._diagnose(snapshot)
+            view = build_view(snapshot, findings, diagnosis)
+            finished = self.source.finished
+        except Exception as exc:  # a broken source shows as a notice, the last view stays
+            self.post_message(SourceFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            self._fetch_lock.release()
+        self.post_message(SnapshotReady(view, finished=finished))
+
+    def _diagnose(self, snapshot: Snapshot) -> tuple[list[Finding], str]:
+        if self.diagnoser is None:
+            return [], "off"
+        try:
+            findings = list(self.diagnoser.update(snapshot))
+        except Exception as exc:  # a rule's bug must not take the dashboard down
+            return [], f"failed: {type(exc).__name__}: {exc}"
+        findings.sort(key=lambda f: -f.severity_rank)  # stable: keeps the diagnoser's order within a severity
+        return findings, "ok"
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        self._newest = message.view
+        self.query_one(HeaderBar).finished = message.finished
+        if not self.paused:
+            self._show(message.view)
+
+    def on_source_failed(self, message: SourceFailed) -> None:
+        if message.reason != self._last_failure:
+            self._last_failure = message.reason
+            self.notify(message.reason, title="reading data failed", severity="error", timeout=10)
+
+    # -- drawing ---------------------------------------------------------------
+
+    def _show(self, view: DashboardView) -> None:
+        self.view = view
+        snapshot = view.snapshot
+        self.query_one(HeaderBar).view = view
+        self.set_class(view.empty, "-empty")
+
+        gpus = self.query_one(GpuPanel)
+        gpus.compact = self.size.height < SHORT_HEIGHT
+        gpus.rows = view.gpu_rows
+        gpus.unavailable = view.gpu_unavailable
+        gpus.waiting = snapshot.gpu is None
+        gpus.tooltip = self._gpu_tooltip(view)
+
+        if view.empty:
+            empty = self.query_one(EmptyState)
+            empty.listen = snapshot.listen
+            empty.rejected = snapshot.rejected
+        else:
+            table = self.query_one(RanksTable)
+            table.show(view.rank_rows, Palette.from_app(self))
+            self._title_ranks(table)
+            findings = self.query_one(FindingsPanel)
+            findings.findings = view.findings
+            findings.diagnosis = view.diagnosis
+            findings.brief = self.size.height < SHORT_HEIGHT
+            box = self.query_one("#findings-box")
+            worst = view.findings[0].severity if view.findings else ""
+            box.set_class(worst == "critical", "-critical")
+            box.set_class(worst == "warn", "-warn")
+            box.border_title = f"findings ({len(view.findings)})" if view.findings else "findings"
+            if self._selected is None or view.row(self._selected) is None:
+                self._selected = table.selected_key
+            self._show_history()
+
+        if isinstance(self.screen, RankDetailScreen):
+            self.screen.show(view)
+
+    def _title_ranks(self, table: RanksTable) -> None:
+        view = self.view
+        n = len(view.rank_rows) if view else 0
+        title = f"ranks ({n}) · sort: {table.sort_key.name}"
+        if view and any(r.slowest for r in view.rank_rows):
+            title += " · ▲ slowest"
+        self.query_one("#ranks-box").border_title = title
+
+    def _show_history(self) -> None:
+        view, key = self.view, self._selected
+        history = self.query_one(HistoryPanel)
+        rank = view.rank(key) if (view is not None and key is not None) else None
+        if view is None or rank is None:
+            history.series = None
+            history.border_title = "history"
+            return
+        history.series = rank_series(view.snapshot, rank)
+        row = view.row(key) if key else None
+        where = f" · GPU {row.gpu}" if row and row.gpu not in ("-", "cpu") else ""
+        history.border_title = f"history · {row.run_name if row else ''} rank {rank.rank}{where}"
+
+    @staticmethod
+    def _gpu_tooltip(view: DashboardView) -> str | None:
+        lines = []
+        for row in view.gpu_rows:
+            g = row.reading
+            lines += [f"GPU {g.index} {name}: N/A, {why}" for name, why in g.na.items()]
+            lines += [
+                f"GPU {g.index}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ")
+                for p in row.unobserved
+            ]
+        return "\n".join(lines) or None
+
+    # -- events and actions -----------------------------------------------------
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value
+        if key is not None and key != self._selected:
+            self._selected = key
+            self._show_history()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self._selected = event.row_key.value
+            self.action_open_rank()
+
+    def action_open_rank(self) -> None:
+        """Open the selected rank's detail screen."""
+        if self.view is None or self._selected is None or self.view.rank(self._selected) is None:
+            return
+        if isinstance(self.screen, RankDetailScreen):
+            return
+        self.push_screen(RankDetailScreen(key=self._selected, view=self.view))
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+
+    def watch_paused(self, paused: bool) -> None:
+        self.query_one(HeaderBar).paused = paused
+        if not paused and self._newest is not None and self._newest is not self.view:
+            self._show(self._newest)
+
+    def action_sort(self) -> None:
+        table = self.query_one(RanksTable)
+        table.action_cycle_sort()
+        self._title_ranks(table)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+
+def run_dashboard(
+    source: SnapshotSource,
+    *,
+    refresh_s: float = 0.5,
+    diagnoser_factory: DiagnoserFactory | None = None,
+) -> int:
+    """Start ``source``, show the dashboard until the user quits, stop the source.
+
+    Returns the process exit code: 0 after a normal quit, 1 when the source
+    cannot start (the reason is printed as one line on stderr).
+    """
+    try:
+        source.start()
+    except OSError as exc:
+        print(f"gputop: cannot start the {source.kind} source: {exc}", file=sys.stderr)
+        return 1
+    try:
+        app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory)
+        result = app.run()
+    finally:
+        source.stop()
+    return result if isinstance(result, int) else (app.return_code or 0)

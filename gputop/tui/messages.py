@@ -1,0 +1,38 @@
+"""The dashboard's messages: small dataclasses, all in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from gputop.tui.view import DashboardView
+
+
+@dataclass
+class SnapshotReady(Message):
+    """A new view, built off the UI thread from one ``source.snapshot()``.
+
+    Only the newest matters: a view still queued when another arrives is replaced.
+    """
+
+    view: DashboardView
+    finished: bool = False  # a replay reached the end of its recording
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SnapshotReady)
+
+
+@dataclass
+class RankChosen(Message):
+    """The user moved to a rank (``opened`` when they asked for its detail screen)."""
+
+    key: str
+    opened: bool = False
+
+
+@dataclass
+class SourceFailed(Message):
+    """``source.snapshot()`` or the view built from it raised; the dashboard keeps the last view."""
+
+    reason: str

@@ -1,0 +1,1 @@
+"""Screens pushed over the dashboard: a rank's detail, and help."""

@@ -1,0 +1,184 @@
+"""One rank in full: its step's phases, histories, the facts it reported, and its events."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from gputop.protocol import Hello
+from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s
+from gputop.tui.view import DashboardView, phases, rank_series
+from gputop.tui.widgets.history import HistoryPanel
+from gputop.tui.widgets.phase_bar import PhaseBar
+
+Line = tuple[str, str | None]
+
+
+def _flag(value: bool | None) -> str | None:
+    return None if value is None else ("on" if value else "off")
+
+
+def _num(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _facts(hello: Hello) -> list[tuple[str, list[Line]]]:
+    """The hello's facts, grouped the way a user looks for them."""
+    return [
+        (
+            "device",
+            [
+                ("device", hello.device),
+                ("name", hello.device_name),
+                ("uuid", hello.device_uuid),
+                ("memory", fmt_bytes(hello.device_total_bytes) if hello.device_total_bytes else None),
+                ("host / pid", f"{hello.hostname} / {hello.pid}"),
+                ("local rank", str(hello.local_rank)),
+            ],
+        ),
+        (
+            "loader",
+            [
+                ("batch size", _num(hello.loader_batch_size)),
+                ("num_workers", _num(hello.loader_num_workers)),
+                ("pin_memory", _flag(hello.loader_pin_memory)),
+                ("persistent_workers", _flag(hello.loader_persistent_workers)),
+                ("prefetch_factor", _num(hello.loader_prefetch_factor)),
+            ],
+        ),
+        (
+            "precision",
+            [
+                ("autocast", _flag(hello.autocast)),
+                ("param dtype", hello.param_dtype),
+                ("TF32 matmul", _flag(hello.tf32_matmul)),
+                ("TF32 cudnn", _flag(hello.tf32_cudnn)),
+                ("cudnn.benchmark", _flag(hello.cudnn_benchmark)),
+            ],
+        ),
+        (
+            "runtime",
+            [
+                ("model", hello.model_name),
+                ("DDP", _flag(hello.ddp)),
+                ("backend", hello.backend),
+                ("torch", hello.torch_version),
+                ("torch threads / CPUs", f"{hello.torch_threads or NA} / {hello.cpu_count or NA}"),
+                ("gputop", hello.gputop_version or None),
+            ],
+        ),
+    ]
+
+
+def _section(title: str, lines: list[Line]) -> Content:
+    out = [Content.styled(title, "bold $accent")]
+    for label, value in lines:
+        out.append(
+            Content.assemble(
+                f"  {label:<20} ",
+                (value, "") if value is not None else (NA, "$text-muted"),
+            )
+        )
+    return Content("\n").join(out)
+
+
+class RankDetailScreen(Screen[None]):
+    """The rank ``key`` ("run_id:rank"); follows new snapshots while open; esc goes back."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, *, key: str, view: DashboardView) -> None:
+        """Open on one rank.
+
+        Args:
+            key: The rank's row key, "run_id:rank".
+            view: The dashboard's current view.
+        """
+        super().__init__()
+        self.key = key
+        self._view = view
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        with VerticalScroll(id="detail-body"):
+            yield Static(id="detail-stats")
+            yield PhaseBar(id="detail-phases")
+            yield HistoryPanel(id="detail-history")
+            yield Static(id="detail-na")
+            yield Static(id="detail-facts")
+            yield Static(id="detail-events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(PhaseBar).border_title = "one step, by phase"
+        self.query_one(HistoryPanel).border_title = "history"
+        self.show(self._view)
+
+    def show(self, view: DashboardView) -> None:
+        """Redraw from a newer view (the app calls this on every refresh while open)."""
+        self._view = view
+        rank, row = view.rank(self.key), view.row(self.key)
+        title = self.query_one("#detail-title", Static)
+        if rank is None or row is None:
+            title.update(Content.styled(f"rank {self.key} is gone from the data", "bold $error"))
+            return
+        s = row.stats
+        status_style = {"live": "$success", "lost": "bold $error"}.get(row.status, "$text-muted")
+        title.update(
+            Content.assemble(
+                (f"{row.run_name}  rank {row.rank}", "bold"),
+                f"  of {rank.hello.world_size}  ·  GPU {row.gpu}  ·  ",
+                (row.status, status_style),
+                (f" ({row.status_reason})" if row.status_reason else "", "$text-muted"),
+                ("   ▲ slowest rank of its run" if row.slowest else "", "bold $error"),
+            )
+        )
+        self.query_one("#detail-stats", Static).update(
+            Content.assemble(
+                ("step ", "$text-muted"),
+                f"p50 {fmt_s(s.step_time_p50_s)}  p95 {fmt_s(s.step_time_p95_s)}  max {fmt_s(s.step_time_max_s)}",
+                ("   GPU step ", "$text-muted"),
+                fmt_s(s.gpu_step_time_p50_s),
+                ("   throughput ", "$text-muted"),
+                f"{fmt_rate(s.steps_per_s)} steps/s, {fmt_rate(s.samples_per_s)} samples/s",
+                ("\nloader wait ", "$text-muted"),
+                fmt_frac(s.loader_wait_frac),
+                ("   exposed comm ", "$text-muted"),
+                fmt_frac(s.exposed_comm_frac),
+                ("   memory ", "$text-muted"),
+                (
+                    f"{fmt_bytes(s.mem_allocated_bytes)} alloc, {fmt_bytes(s.mem_reserved_bytes)} reserved, "
+                    f"{fmt_bytes(s.mem_peak_bytes)} peak, {s.alloc_retries or 0} alloc retries"
+                )
+                if s.mem_allocated_bytes is not None
+                else NA,
+                ("   CPU ", "$text-muted"),
+                f"{fmt_pct(s.cpu_pct)} + workers {fmt_pct(s.workers_cpu_pct)}",
+            )
+        )
+        self.query_one(PhaseBar).phases = tuple(phases(s))
+        self.query_one(HistoryPanel).series = rank_series(view.snapshot, rank)
+        na = self.query_one("#detail-na", Static)
+        na.display = bool(row.na)
+        na.update(
+            Content("\n").join(
+                [Content.styled("not measured", "bold $accent")]
+                + [Content.assemble("  ", (reason, "$text-muted")) for reason in row.na.values()]
+            )
+        )
+        self.query_one("#detail-facts", Static).update(
+            Content("\n\n").join(_section(title, lines) for title, lines in _facts(rank.hello))
+        )
+        events = [Content.styled("recent events", "bold $accent")]
+        for event in rank.events[-10:][::-1]:
+            ago = view.snapshot.t - event.t
+            events.append(Content.assemble(f"  {ago:>6.0f}s ago  ", (event.kind, "bold"), f"  {event.message}"))
+        if len(events) == 1:
+            events.append(Content.styled("  none", "$text-muted"))
+        self.query_one("#detail-events", Static).update(Content("\n").join(events))

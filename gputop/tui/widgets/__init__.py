@@ -1,0 +1,1 @@
+"""The dashboard's widgets; each turns part of a ``DashboardView`` into text."""

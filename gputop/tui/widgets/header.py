@@ -1,0 +1,87 @@
+"""The one-line header: what is being watched, how it is going, and whether the view is frozen."""
+
+from __future__ import annotations
+
+from textual.app import RenderResult
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from gputop.tui.format import fmt_rate, fmt_uptime
+from gputop.tui.view import DashboardView
+
+
+class HeaderBar(Widget):
+    """Runs, ranks, world size, uptime, steps/s, the source, and a paused marker."""
+
+    DEFAULT_CSS = """
+    HeaderBar {
+        height: 1;
+    }
+    """
+
+    view: reactive[DashboardView | None] = reactive(None)
+    """The view being shown (None before the first snapshot arrives)."""
+    paused: reactive[bool] = reactive(False)
+    """The user froze the view with ``p``."""
+    source_text: reactive[str] = reactive("")
+    """Where the data comes from: "listening on …", "replay of run.jsonl"."""
+    finished: reactive[bool] = reactive(False)
+    """A replay reached the end of its recording."""
+
+    def __init__(
+        self,
+        *,
+        source_text: str = "",
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        """Build the header.
+
+        Args:
+            source_text: What the source says about itself.
+            name: The widget's name.
+            id: The widget's DOM id.
+            classes: Space-separated CSS classes.
+        """
+        super().__init__(name=name, id=id, classes=classes)
+        self.source_text = source_text
+
+    def render(self) -> RenderResult:
+        parts: list[str | tuple[str, str]] = [("gputop", "bold $accent"), "  "]
+        view = self.view
+        if view is None or view.empty:
+            parts.append(("no run reporting", "$text-muted"))
+        elif len(view.runs) == 1:
+            run = view.runs[0]
+            lost = run.reporting - run.live
+            parts += [
+                (run.name, "bold"),
+                f"  {run.live}/{run.world_size} ranks",
+                (f" ({lost} not live)", "$warning") if lost else "",
+                f"  up {fmt_uptime(run.uptime_s)}",
+                "  ",
+                (fmt_rate(run.steps_per_s), "$text-muted" if run.steps_per_s is None else "bold"),
+                " steps/s",
+            ]
+        else:
+            live = sum(r.live for r in view.runs)
+            world = sum(r.world_size for r in view.runs)
+            parts += [(f"{len(view.runs)} runs", "bold"), f"  {live}/{world} ranks"]
+            oldest = max(view.runs, key=lambda r: r.uptime_s)
+            parts.append(f"  up {fmt_uptime(oldest.uptime_s)}")
+        right: list[str | tuple[str, str]] = []
+        if self.finished:
+            right.append(("■ replay finished ", "bold $warning"))
+        if self.paused:
+            right.append(("⏸ PAUSED ", "reverse bold $warning"))
+        right.append((self.source_text, "$text-muted"))
+        left = Content.assemble(*parts)
+        right_content = Content.assemble(*right)
+        gap = self.size.width - left.cell_length - right_content.cell_length
+        if gap < 2:
+            # Narrow: the paused marker must stay visible, the source description may go.
+            right_content = Content.assemble(*right[:-1])
+            gap = max(self.size.width - left.cell_length - right_content.cell_length, 1)
+        return Content.assemble(left, " " * gap, right_content).truncate(self.size.width)
