@@ -1,0 +1,220 @@
+"""Host sampling over psutil: CPU, memory, and each rank process with its DataLoader workers.
+
+CPU percentages are deltas between two samples.  The machine-wide figures
+come from ``cpu_times`` kept here, not from ``psutil.cpu_percent``, whose
+"since the last call" state is global to the process and would be disturbed by
+any other caller.  Per process, psutil keeps the previous times inside each
+``Process`` object, so those objects live from one sample to the next; a
+process seen for the first time has no CPU% yet (None, not 0).
+
+Processes that exit between two samples are dropped without a word: a rank
+ending, a worker being replaced, are normal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psutil
+
+from gputop.collect.periodic import PeriodicThread
+from gputop.collect.samples import HostSample, ProcessReading
+from gputop.collect.store import DONE, Snapshot, Store
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
+
+
+def _busy_and_total(times: Any) -> tuple[float, float, float]:
+    """(busy, iowait, total) CPU seconds, counted as psutil counts them.
+
+    On Linux guest time is already inside user time, so it is taken out of the
+    total; idle and iowait are not busy.
+    """
+    total = float(sum(times))
+    total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    iowait = float(getattr(times, "iowait", 0.0))
+    busy = total - float(times.idle) - iowait
+    return busy, iowait, total
+
+
+def _pct(part: float, whole: float) -> float:
+    return max(0.0, min(100.0, 100.0 * part / whole)) if whole > 0 else 0.0
+
+
+class HostSampler:
+    """Reads the host; ``sample()`` is safe to call from any thread (calls are serialised)."""
+
+    def __init__(
+        self,
+        pids_fn: Callable[[], Iterable[int]] = tuple,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._pids_fn = pids_fn
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._procs: dict[int, psutil.Process] = {}  # ranks and their children, kept for cpu_percent
+        # Primed now so the first sample already has a delta to report.
+        self._last_total = psutil.cpu_times()
+        self._last_per_core = psutil.cpu_times(percpu=True)
+
+    def sample(self) -> HostSample:
+        with self._lock:
+            t = self._clock()
+            try:
+                pids = [int(p) for p in self._pids_fn()]
+            except Exception:  # the caller's snapshot code failing costs the process rows, not the sample
+                pids = []
+            return HostSample(t=t, **self._machine(), processes=self._processes(pids))
+
+    def _machine(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"cpu_count": psutil.cpu_count(logical=True)}
+        total = psutil.cpu_times()
+        busy1, iowait1, total1 = _busy_and_total(total)
+        busy0, iowait0, total0 = _busy_and_total(self._last_total)
+        if total1 > total0:  # two samples within one clock tick have nothing to compare
+            out["cpu_pct"] = _pct(busy1 - busy0, total1 - total0)
+            if hasattr(total, "iowait"):
+                out["iowait_pct"] = _pct(iowait1 - iowait0, total1 - total0)
+            self._last_total = total
+        per_core = psutil.cpu_times(percpu=True)
+        if len(per_core) == len(self._last_per_core):  # a CPU hot-plugged: start over
+            deltas = []
+            for now, before in zip(per_core, self._last_per_core, strict=True):
+                b1, _, t1 = _busy_and_total(now)
+                b0, _, t0 = _busy_and_total(before)
+                deltas.append(_pct(b1 - b0, t1 - t0))
+            out["per_core_pct"] = tuple(deltas)
+        self._last_per_core = per_core
+        with contextlib.suppress(OSError):  # no load average on this platform: leave it N/A
+            out["load_1m"], out["load_5m"], out["load_15m"] = psutil.getloadavg()
+        memory = psutil.virtual_memory()
+        # total - available, not psutil's "used": page cache that the kernel can drop is not pressure.
+        out["mem_used_bytes"] = int(memory.total - memory.available)
+        out["mem_total_bytes"] = int(memory.total)
+        swap = psutil.swap_memory()
+        out["swap_used_bytes"], out["swap_total_bytes"] = int(swap.used), int(swap.total)
+        return out
+
+    def _processes(self, pids: list[int]) -> tuple[ProcessReading, ...]:
+        if not pids:
+            self._procs.clear()
+            return ()
+        children_of = _children_map()
+        readings: list[ProcessReading] = []
+        alive: dict[int, psutil.Process] = {}
+        for pid in dict.fromkeys(pids):
+            rank = self._cpu_and_rss(pid, alive)
+            if rank is None:
+                continue  # the rank process is gone
+            cpu_pct, rss_bytes = rank
+            kids = _descendants(pid, children_of)
+            kid_cpu: list[float] = []
+            live_kids: list[int] = []
+            for kid in kids:
+                got = self._cpu_and_rss(kid, alive)
+                if got is None:
+                    continue
+                live_kids.append(kid)
+                if got[0] is not None:
+                    kid_cpu.append(got[0])
+            readings.append(
+                ProcessReading(
+                    pid=pid,
+                    cpu_pct=cpu_pct,
+                    rss_bytes=rss_bytes,
+                    children=len(live_kids),
+                    # None when every worker is new: their first CPU% is unknown, not 0.
+                    children_cpu_pct=sum(kid_cpu) if kid_cpu else (0.0 if not live_kids else None),
+                    child_pids=tuple(live_kids),
+                )
+            )
+        self._procs = alive  # objects of processes not seen this time are released
+        return tuple(readings)
+
+    def _cpu_and_rss(self, pid: int, alive: dict[int, psutil.Process]) -> tuple[float | None, int | None] | None:
+        """(CPU%, RSS) of one process, None if it is gone; CPU% None on first sight."""
+        proc = self._procs.get(pid)
+        first = proc is None
+        try:
+            if proc is None or not proc.is_running():  # is_running also catches a reused pid
+                proc, first = psutil.Process(pid), True
+            with proc.oneshot():
+                cpu = proc.cpu_percent(interval=None)
+                rss: int | None = int(proc.memory_info().rss)
+        except _GONE:
+            return None
+        except psutil.AccessDenied:
+            # Another user's process (a rank started by someone else): known to exist, unreadable.
+            if proc is not None:
+                alive[pid] = proc
+            return None, None
+        alive[pid] = proc
+        return (None if first else float(cpu)), rss
+
+
+def _children_map() -> dict[int, list[int]]:
+    """ppid -> pids for every process, read once per sample (``Process.children`` rescans per call)."""
+    out: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid", "status"]):
+        ppid = proc.info.get("ppid")
+        # A zombie is a worker that died and was not reaped yet: no longer the rank's worker.
+        if ppid is not None and proc.info.get("status") != psutil.STATUS_ZOMBIE:
+            out.setdefault(int(ppid), []).append(proc.pid)
+    return out
+
+
+def _descendants(pid: int, children_of: dict[int, list[int]]) -> list[int]:
+    found: list[int] = []
+    stack = list(children_of.get(pid, ()))
+    while stack:
+        child = stack.pop()
+        if child in found or child == pid:
+            continue
+        found.append(child)
+        stack.extend(children_of.get(child, ()))
+    return sorted(found)
+
+
+def rank_pids(snapshot_fn: Callable[[], Snapshot]) -> Callable[[], list[int]]:
+    """A ``pids_fn`` for ``HostSamplerThread``: the pids of the ranks that are live on this host."""
+    import socket
+
+    here = socket.gethostname()
+
+    def pids() -> list[int]:
+        snap = snapshot_fn()
+        return [
+            r.hello.pid for r in snap.all_ranks() if r.hello.pid and r.status != DONE and r.hello.hostname in ("", here)
+        ]
+
+    return pids
+
+
+class HostSamplerThread:
+    """Samples the host every ``interval_s`` on a daemon thread and adds each sample to the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        pids_fn: Callable[[], Iterable[int]],
+        interval_s: float = 1.0,
+        *,
+        sampler: HostSampler | None = None,
+    ) -> None:
+        self.sampler = sampler if sampler is not None else HostSampler(pids_fn)
+        self._store = store
+        self._thread = PeriodicThread("gputop-host-sampler", interval_s, self._tick)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._thread.stop(timeout_s)
+
+    def _tick(self) -> None:
+        self._store.add_host(self.sampler.sample())

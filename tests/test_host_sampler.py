@@ -1,0 +1,139 @@
+"""HostSampler on this machine's real psutil, with a real rank process and a busy worker child."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from gputop.collect.host import HostSampler, HostSamplerThread, rank_pids
+from gputop.collect.samples import HostSample, ProcessReading
+from gputop.collect.store import Store
+from gputop.protocol import Bye, Hello
+
+# A stand-in rank: spawns one busy "DataLoader worker", prints its pid, then idles.
+RANK_SCRIPT = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+print(worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def rank() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    worker_pid = int(proc.stdout.readline())
+    yield proc, worker_pid
+    for pid in (worker_pid, proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def reading_until(sampler: HostSampler, pid: int, ok: object, deadline_s: float = 10.0) -> ProcessReading:
+    """Sample until the rank's reading satisfies ``ok`` (a condition, not a timing assertion)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        got = {p.pid: p for p in sampler.sample().processes}.get(pid)
+        if got is not None and ok(got):  # type: ignore[operator]
+            return got
+        assert time.monotonic() < end, f"never got the expected reading; last: {got}"
+        time.sleep(0.1)
+
+
+class TestRankProcesses:
+    """Per-rank CPU and memory, with DataLoader workers counted as the rank's."""
+
+    def test_worker_child_is_counted_and_its_cpu_summed(self, rank: tuple[subprocess.Popen[str], int]) -> None:
+        proc, worker_pid = rank
+        sampler = HostSampler(lambda: [proc.pid])
+
+        first = {p.pid: p for p in sampler.sample().processes}[proc.pid]
+        assert first.cpu_pct is None  # no previous reading yet: unknown, not 0
+        assert first.rss_bytes is not None and first.rss_bytes > 0
+        assert first.children == 1 and first.child_pids == (worker_pid,)
+
+        busy = reading_until(sampler, proc.pid, lambda r: (r.children_cpu_pct or 0) > 20)
+        assert busy.cpu_pct is not None and busy.children_cpu_pct is not None
+        assert busy.cpu_pct < busy.children_cpu_pct  # the rank idles, its worker spins
+
+    def test_vanished_processes_are_dropped_silently(self, rank: tuple[subprocess.Popen[str], int]) -> None:
+        proc, worker_pid = rank
+        sampler = HostSampler(lambda: [proc.pid])
+        sampler.sample()
+
+        os.kill(worker_pid, signal.SIGKILL)
+        reading = reading_until(sampler, proc.pid, lambda r: r.children == 0)
+        assert reading.child_pids == ()
+
+        proc.kill()
+        proc.wait()
+        assert sampler.sample().processes == ()
+
+    def test_unknown_pid_and_failing_pid_source(self) -> None:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        assert HostSampler(lambda: [dead.pid]).sample().processes == ()
+
+        def broken() -> list[int]:
+            raise RuntimeError("snapshot failed")
+
+        sample = HostSampler(broken).sample()
+        assert sample.processes == () and sample.mem_total_bytes
+
+
+class TestMachine:
+    def test_cpu_memory_and_load(self) -> None:
+        sampler = HostSampler()
+        sample = sampler.sample()
+        while sample.cpu_pct is None:  # only when called within one clock tick of construction
+            sample = sampler.sample()
+        assert sample.cpu_count == psutil.cpu_count()
+        assert len(sample.per_core_pct) == psutil.cpu_count()
+        assert 0.0 <= sample.cpu_pct <= 100.0
+        assert all(0.0 <= c <= 100.0 for c in sample.per_core_pct)
+        assert sample.iowait_pct is not None  # Linux has iowait
+        assert sample.load_1m is not None
+        assert sample.mem_total_bytes == psutil.virtual_memory().total
+        assert sample.mem_used_bytes is not None and sample.mem_total_bytes is not None
+        assert 0 < sample.mem_used_bytes <= sample.mem_total_bytes
+
+
+class TestRankPids:
+    def test_live_local_ranks_only(self) -> None:
+        import socket
+
+        store = Store()
+        store.ingest(Hello(run_id="r", rank=0, pid=11, hostname=socket.gethostname()), now=0.0)
+        store.ingest(Hello(run_id="r", rank=1, pid=12, hostname="another-node"), now=0.0)
+        store.ingest(Hello(run_id="r", rank=2, pid=13), now=0.0)
+        store.ingest(Hello(run_id="r", rank=3, pid=14), now=0.0)
+        store.ingest(Bye(run_id="r", rank=3, t=0.0), now=0.0)
+        pids = rank_pids(lambda: store.snapshot(0.0, history=1))
+        assert sorted(pids()) == [11, 13]
+
+
+def test_thread_feeds_the_store() -> None:
+    got = threading.Event()
+    samples: list[HostSample] = []
+
+    class Watching(Store):
+        def add_host(self, sample: HostSample) -> None:
+            samples.append(sample)
+            got.set()
+
+    thread = HostSamplerThread(Watching(), lambda: [os.getpid()], interval_s=0.05)
+    thread.start()
+    assert got.wait(10)
+    thread.stop()
+    assert samples[0].processes[0].pid == os.getpid()
