@@ -1,0 +1,185 @@
+"""GPU summary over a run's samples, for ``gputop report``: per GPU, how busy, how full, how hot, whose.
+
+``summarize_gpus`` returns plain JSON-ready data (the report prints it as
+text, markdown or JSON); ``format_gpu_summary_text`` turns it into lines.
+Means and maxima are over the samples where the value was read: a field
+never read is left out of the numbers and its reason is in ``na``.  Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputop.collect.join import assign_ranks, child_pids_by_rank_pid
+from gputop.collect.samples import GpuReading, GpuSample
+from gputop.collect.store import Snapshot
+
+_GIB = float(1 << 30)
+
+
+@dataclass
+class _Acc:
+    """Everything seen of one GPU across samples."""
+
+    first: GpuReading
+    last: GpuReading
+    samples: int = 0
+    util: list[float] = field(default_factory=list)
+    mem_used: list[int] = field(default_factory=list)
+    power: list[float] = field(default_factory=list)
+    temp: list[float] = field(default_factory=list)
+    sm_active: list[float] = field(default_factory=list)
+    tensor_active: list[float] = field(default_factory=list)
+    throttled: dict[str, int] = field(default_factory=dict)
+    na: dict[str, str] = field(default_factory=dict)
+    ranks: set[tuple[str, int, str]] = field(default_factory=set)
+    unobserved: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = None) -> dict[str, Any]:
+    """Per GPU over ``samples``: utilization, memory peak, power, the ranks on it (via the join).
+
+    ``snapshot`` supplies the ranks (their hellos); without it ``ranks`` is
+    empty.  With no GPU data at all, ``unavailable`` says why.
+    """
+    with_data = [s for s in samples if s.gpus]
+    driver = next((s.driver_version for s in reversed(samples) if s.driver_version), None)
+    out: dict[str, Any] = {"samples": len(samples), "driver_version": driver, "unavailable": None, "gpus": []}
+    if not with_data:
+        reasons = [s.unavailable for s in samples if s.unavailable]
+        out["unavailable"] = reasons[-1] if reasons else "no GPU samples were recorded"
+        return out
+
+    ranks = snapshot.all_ranks() if snapshot is not None else []
+    children = child_pids_by_rank_pid(snapshot.host) if snapshot is not None else {}
+    accs: dict[str, _Acc] = {}
+    for sample in with_data:
+        assignments = assign_ranks(sample.gpus, ranks, children) if ranks else None
+        for position, reading in enumerate(sample.gpus):
+            key = reading.uuid or f"#{reading.index}"
+            acc = accs.get(key)
+            if acc is None:
+                acc = accs[key] = _Acc(first=reading, last=reading)
+            _add(acc, reading)
+            if assignments is not None:
+                assignment = assignments[position]
+                acc.ranks.update((rv.run_id, rv.rank, rv.hello.hostname) for rv in assignment.ranks)
+                for proc in assignment.unobserved:
+                    blank = {"pid": proc.pid, "name": proc.name, "max_used_bytes": None}
+                    seen = acc.unobserved.setdefault(proc.pid, blank)
+                    if proc.used_bytes is not None:
+                        seen["max_used_bytes"] = max(seen["max_used_bytes"] or 0, proc.used_bytes)
+                    seen["name"] = seen["name"] or proc.name
+
+    order = {key: (acc.first.index, acc.first.mig_parent_uuid is not None, key) for key, acc in accs.items()}
+    out["gpus"] = [_gpu_summary(accs[key]) for key in sorted(accs, key=order.__getitem__)]
+    return out
+
+
+def _add(acc: _Acc, reading: GpuReading) -> None:
+    acc.last = reading
+    acc.samples += 1
+    if reading.util_pct is not None:
+        acc.util.append(reading.util_pct)
+    if reading.mem_used_bytes is not None:
+        acc.mem_used.append(reading.mem_used_bytes)
+    if reading.power_w is not None:
+        acc.power.append(reading.power_w)
+    if reading.temp_c is not None:
+        acc.temp.append(reading.temp_c)
+    if reading.sm_active_pct is not None:
+        acc.sm_active.append(reading.sm_active_pct)
+    if reading.tensor_active_pct is not None:
+        acc.tensor_active.append(reading.tensor_active_pct)
+    for reason in reading.throttle_reasons:
+        acc.throttled[reason] = acc.throttled.get(reason, 0) + 1
+    acc.na.update(reading.na)
+
+
+def _gpu_summary(acc: _Acc) -> dict[str, Any]:
+    last = acc.last
+    total = next((r.mem_total_bytes for r in (last, acc.first) if r.mem_total_bytes), None)
+    read = {
+        "util_pct": acc.util,
+        "mem_used_bytes": acc.mem_used,
+        "power_w": acc.power,
+        "temp_c": acc.temp,
+        "sm_active_pct": acc.sm_active,
+        "tensor_active_pct": acc.tensor_active,
+    }
+    # Only reasons for fields never read: a GPU lost for one sample still had readings.
+    never = {name: acc.na[name] for name, values in read.items() if not values and name in acc.na}
+    if "gpu" in last.na:
+        never["gpu"] = last.na["gpu"]
+    return {
+        "index": acc.first.index,
+        "uuid": acc.first.uuid,
+        "name": acc.first.name or last.name,
+        "mig_parent_uuid": acc.first.mig_parent_uuid,
+        "samples": acc.samples,
+        "util_mean_pct": _mean(acc.util),
+        "util_max_pct": max(acc.util, default=None),
+        "mem_peak_bytes": max(acc.mem_used, default=None),
+        "mem_total_bytes": total,
+        "power_mean_w": _mean(acc.power),
+        "power_max_w": max(acc.power, default=None),
+        "power_limit_w": last.power_limit_w if last.power_limit_w is not None else acc.first.power_limit_w,
+        "temp_max_c": max(acc.temp, default=None),
+        "sm_active_mean_pct": _mean(acc.sm_active),  # GPM
+        "tensor_active_mean_pct": _mean(acc.tensor_active),  # GPM
+        "throttle_share_pct": {r: 100.0 * n / acc.samples for r, n in sorted(acc.throttled.items())},
+        "ecc_errors": last.ecc_errors,
+        "ranks": [{"run_id": run, "rank": rank, "hostname": host} for run, rank, host in sorted(acc.ranks)],
+        "unobserved": [acc.unobserved[pid] for pid in sorted(acc.unobserved)],
+        "na": never,
+    }
+
+
+def _num(value: float | None, fmt: str, unit: str = "") -> str:
+    return "N/A" if value is None else f"{value:{fmt}}{unit}"
+
+
+def format_gpu_summary_text(summary: dict[str, Any]) -> list[str]:
+    """Lines for the text report: one headline per GPU, then what needs a second line."""
+    if not summary.get("gpus"):
+        return [f"GPUs: no data ({summary.get('unavailable') or 'no GPU samples were recorded'})"]
+    driver = f", driver {summary['driver_version']}" if summary.get("driver_version") else ""
+    lines = [f"GPUs ({summary['samples']} samples{driver})"]
+    for g in summary["gpus"]:
+        label = f"GPU {g['index']}" + (" MIG" if g["mig_parent_uuid"] else "")
+        mem_total = "?" if g["mem_total_bytes"] is None else f"{g['mem_total_bytes'] / _GIB:.1f}"
+        mem_peak = None if g["mem_peak_bytes"] is None else g["mem_peak_bytes"] / _GIB
+        limit = "" if g["power_limit_w"] is None else f" of {g['power_limit_w']:.0f} W"
+        ranks = ", ".join(f"{r['run_id']} r{r['rank']}" for r in g["ranks"]) or "none"
+        lines.append(
+            f"  {label:<9} {g['name']}  util {_num(g['util_mean_pct'], '.0f', '%')} mean"
+            f" / {_num(g['util_max_pct'], '.0f', '%')} max"
+            f"  mem peak {_num(mem_peak, '.1f')} / {mem_total} GiB"
+            f"  power {_num(g['power_mean_w'], '.0f', ' W')} mean / {_num(g['power_max_w'], '.0f', ' W')} max{limit}"
+            f"  ranks: {ranks}"
+        )
+        if g["sm_active_mean_pct"] is not None or g["tensor_active_mean_pct"] is not None:
+            lines.append(
+                f"            GPM: SM active {_num(g['sm_active_mean_pct'], '.0f', '%')},"
+                f" tensor active {_num(g['tensor_active_mean_pct'], '.0f', '%')} (means)"
+            )
+        throttled = {r: pct for r, pct in g["throttle_share_pct"].items() if r != "idle"}
+        if throttled:
+            shares = ", ".join(f"{r} {pct:.0f}%" for r, pct in throttled.items())
+            lines.append(f"            clocks held back: {shares} of samples")
+        if g["ecc_errors"]:
+            lines.append(f"            uncorrected ECC errors: {g['ecc_errors']}")
+        for proc in g["unobserved"]:
+            used = "" if proc["max_used_bytes"] is None else f", {proc['max_used_bytes'] / _GIB:.1f} GiB"
+            lines.append(f"            not a rank: pid {proc['pid']} ({proc['name'] or 'unknown'}{used})")
+        # GPM fields are N/A on every pre-Hopper GPU: saying so on each line is noise.
+        na = {k: v for k, v in g["na"].items() if k not in ("sm_active_pct", "tensor_active_pct")}
+        if na:
+            lines.append("            N/A: " + "; ".join(f"{k}: {v}" for k, v in sorted(na.items())))
+    return lines
