@@ -14,10 +14,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from gputop.collect.host import HostSampler, HostSamplerThread, rank_pids
+from gputop.collect.host import HostSampler, HostSamplerThread
 from gputop.collect.samples import HostSample, ProcessReading
 from gputop.collect.store import Store
-from gputop.protocol import Bye, Hello
 
 # A stand-in rank: spawns one busy "DataLoader worker", prints its pid, then idles.
 RANK_SCRIPT = """
@@ -107,20 +106,6 @@ class TestMachine:
         assert sample.mem_total_bytes == psutil.virtual_memory().total
         assert sample.mem_used_bytes is not None and sample.mem_total_bytes is not None
         assert 0 < sample.mem_used_bytes <= sample.mem_total_bytes
-
-
-class TestRankPids:
-    def test_live_local_ranks_only(self) -> None:
-        import socket
-
-        store = Store()
-        store.ingest(Hello(run_id="r", rank=0, pid=11, hostname=socket.gethostname()), now=0.0)
-        store.ingest(Hello(run_id="r", rank=1, pid=12, hostname="another-node"), now=0.0)
-        store.ingest(Hello(run_id="r", rank=2, pid=13), now=0.0)
-        store.ingest(Hello(run_id="r", rank=3, pid=14), now=0.0)
-        store.ingest(Bye(run_id="r", rank=3, t=0.0), now=0.0)
-        pids = rank_pids(lambda: store.snapshot(0.0, history=1))
-        assert sorted(pids()) == [11, 13]
 
 
 def test_thread_feeds_the_store() -> None:

@@ -23,7 +23,7 @@ import psutil
 
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.samples import HostSample, ProcessReading
-from gputop.collect.store import DONE, Snapshot, Store
+from gputop.collect.store import Store
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -178,21 +178,6 @@ def _descendants(pid: int, children_of: dict[int, list[int]]) -> list[int]:
         found.append(child)
         stack.extend(children_of.get(child, ()))
     return sorted(found)
-
-
-def rank_pids(snapshot_fn: Callable[[], Snapshot]) -> Callable[[], list[int]]:
-    """A ``pids_fn`` for ``HostSamplerThread``: the pids of the ranks that are live on this host."""
-    import socket
-
-    here = socket.gethostname()
-
-    def pids() -> list[int]:
-        snap = snapshot_fn()
-        return [
-            r.hello.pid for r in snap.all_ranks() if r.hello.pid and r.status != DONE and r.hello.hostname in ("", here)
-        ]
-
-    return pids
 
 
 class HostSamplerThread:
