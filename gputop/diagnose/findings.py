@@ -49,6 +49,14 @@ class Finding:
     run_id: str | None = None
     doc: str = ""  # "docs/diagnosis.md#data_loading"
     extra: dict[str, Any] = field(default_factory=dict)
+    # For ordering findings of one severity: the share of step time at stake
+    # (0..1) where the rule measures one, else how far past its threshold.
+    magnitude: float = 0.0
+
+    @property
+    def key(self) -> tuple[str | None, str, tuple[int, ...], tuple[int, ...]]:
+        """What makes two findings from successive snapshots "the same" one."""
+        return (self.run_id, self.cause, self.ranks, self.gpus)
 
     @property
     def severity_rank(self) -> int:
@@ -62,9 +70,7 @@ class Finding:
             "ranks": list(self.ranks),
             "gpus": list(self.gpus),
             "run_id": self.run_id,
-            "evidence": [
-                {k: v for k, v in vars(e).items() if v is not None} | {"text": str(e)} for e in self.evidence
-            ],
+            "evidence": [{k: v for k, v in vars(e).items() if v is not None} | {"text": str(e)} for e in self.evidence],
             "suggestion": self.suggestion,
             "doc": self.doc,
         }

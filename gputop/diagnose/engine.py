@@ -1,0 +1,56 @@
+"""diagnose(snapshot): every rule over every run, findings worst first.
+
+Pure and stateless: the same snapshot always gives the same findings.  The
+live panel wraps this in ``Diagnoser`` (persistence and hysteresis); the
+report calls it once on a recording's final snapshot with a span covering the
+whole run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from gputop.collect.store import Snapshot
+from gputop.diagnose.context import digest
+from gputop.diagnose.findings import CAUSES, Finding
+from gputop.diagnose.rules.allocation import allocation_findings
+from gputop.diagnose.rules.config import model_config_findings
+from gputop.diagnose.rules.loading import data_loading_findings
+from gputop.diagnose.rules.memory import memory_findings
+from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
+from gputop.diagnose.rules.sync import communication_findings, straggler_findings
+from gputop.diagnose.rules.unobserved import unobserved_findings
+
+DEFAULT_SPAN_S = 10.0  # 20 windows: long enough to smooth one slow step, short enough to follow a change
+
+
+def diagnose(snapshot: Snapshot, *, span_s: float = DEFAULT_SPAN_S) -> list[Finding]:
+    """The causes at work in the last ``span_s`` seconds of each run, worst first."""
+    machine = digest(snapshot, span_s)
+    ranks_on_host = Counter(r.hello.hostname for run in machine.runs for r in run.ranks)
+    findings: list[Finding] = []
+    for run in machine.runs:
+        stragglers = straggler_findings(run, ranks_on_host)
+        # A rank already named as a straggler for its own loader is not also a run-wide input problem.
+        loader_stragglers = {r for f in stragglers if f.extra.get("phase") == "loader" for r in f.ranks}
+        run_findings = stragglers + communication_findings(run)
+        run_findings += data_loading_findings(run, ranks_on_host, exclude_ranks=loader_stragglers)
+        for parallelism in parallelism_findings(run):
+            parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
+            run_findings.append(parallelism)
+        findings += run_findings
+        findings += model_config_findings(run)
+        findings += memory_findings(run)
+    allocation = allocation_findings(machine)
+    findings += allocation
+    findings += unobserved_findings(machine, gpus_already_reported={g for f in allocation for g in f.gpus})
+    return worst_first(findings)
+
+
+def worst_first(findings: Iterable[Finding]) -> list[Finding]:
+    """Critical before warn before info; within one severity the larger share of step time first."""
+    return sorted(
+        findings,
+        key=lambda f: (-f.severity_rank, -f.magnitude, CAUSES.index(f.cause), f.run_id or "", f.ranks, f.gpus),
+    )

@@ -1,0 +1,172 @@
+"""parallelism: too little work per step for the device to stay busy.
+
+Three signs, each only where its numbers are measured: the GPU is mostly idle
+although neither the loader nor the gradient exchange holds it up; the GPU is
+busy for a small part of each wall step; or steps are so short, at a small
+batch, that fixed per-step costs (Python, launches, the all-reduce's latency)
+are most of them.  All three call for more work per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gputop.diagnose.context import RankFacts, RunFacts, median, ranks_text
+from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
+from gputop.diagnose.grading import doc_anchor, grade_below
+from gputop.diagnose.thresholds import (
+    EXPOSED_COMM_WARN_FRAC,
+    GPU_STEP_OVER_WALL_STEP_RATIO,
+    GPU_UTIL_LOW_CRITICAL_PCT,
+    GPU_UTIL_LOW_WARN_PCT,
+    LOADER_WAIT_WARN_FRAC,
+    MAIN_THREAD_BUSY_PCT,
+    SMALL_BATCH_SIZE,
+    TINY_STEP_CRITICAL_S,
+    TINY_STEP_WARN_S,
+)
+
+
+def waits_are_low(rank: RankFacts) -> bool:
+    """Loader and exposed-comm shares both measured and under their lines (N/A is not low)."""
+    loader, comm = rank.stats.loader_wait_frac, rank.exposed_comm_frac
+    return (
+        loader is not None and comm is not None and loader <= LOADER_WAIT_WARN_FRAC and comm <= EXPOSED_COMM_WARN_FRAC
+    )
+
+
+def parallelism_findings(run: RunFacts) -> list[Finding]:
+    """At most one finding per run, carrying the evidence of every sign that fired."""
+    ranks = run.measured
+    if not ranks:
+        return []
+    evidence: list[Evidence] = []
+    severities: list[str] = []
+    magnitude = 0.0
+    fired: set[int] = set()
+    launch_bound = False
+    tiny_steps = False
+
+    # 1. The GPU idles while nothing the tool can see holds it up (torch-tb-profiler's < 50%).
+    idle = [r for r in ranks if r.gpu_util_pct is not None and waits_are_low(r)]
+    util = median([r.gpu_util_pct or 0.0 for r in idle])
+    severity = grade_below(util, GPU_UTIL_LOW_WARN_PCT, GPU_UTIL_LOW_CRITICAL_PCT)
+    if severity is not None and util is not None:
+        threshold = GPU_UTIL_LOW_CRITICAL_PCT if severity == "critical" else GPU_UTIL_LOW_WARN_PCT
+        evidence.append(Evidence("gpu_util_pct", util, threshold, "%", op="<"))
+        severities.append(severity)
+        magnitude = max(magnitude, 1 - util / 100)
+        fired |= {r.rank for r in idle}
+        # A main thread pegged at one core is why: the host cannot issue work faster.
+        busy = [r for r in idle if r.on_cuda and (r.stats.cpu_pct or 0.0) >= MAIN_THREAD_BUSY_PCT]
+        if busy:
+            launch_bound = True
+            worst = max(busy, key=lambda r: r.stats.cpu_pct or 0.0)
+            evidence.append(
+                Evidence(
+                    "main_cpu_pct", worst.stats.cpu_pct or 0.0, MAIN_THREAD_BUSY_PCT, "%", op=">=", rank=worst.rank
+                )
+            )
+
+    # 2. The GPU's step is a small part of the wall step.
+    ratios = [
+        (r, r.stats.gpu_step_time_p50_s / r.stats.step_time_p50_s)
+        for r in ranks
+        if r.stats.gpu_step_time_p50_s is not None and r.stats.step_time_p50_s and waits_are_low(r)
+    ]
+    ratio = median([x for _, x in ratios])
+    if ratio is not None and ratio < GPU_STEP_OVER_WALL_STEP_RATIO:
+        evidence.append(Evidence("gpu_step_over_wall_step", ratio, GPU_STEP_OVER_WALL_STEP_RATIO, "x", op="<"))
+        severities.append("warn")
+        magnitude = max(magnitude, 1 - ratio)
+        fired |= {r.rank for r, _ in ratios}
+        launch_bound = True
+
+    # 3. Tiny steps at a small batch: fixed per-step overhead dominates.
+    small = [
+        r
+        for r in ranks
+        if r.hello.loader_batch_size is not None
+        and r.hello.loader_batch_size <= SMALL_BATCH_SIZE
+        and r.stats.step_time_p50_s is not None
+    ]
+    step = median([r.stats.step_time_p50_s or 0.0 for r in small])
+    severity = grade_below(step, TINY_STEP_WARN_S, TINY_STEP_CRITICAL_S)
+    if severity is not None and step is not None and small:
+        threshold = TINY_STEP_CRITICAL_S if severity == "critical" else TINY_STEP_WARN_S
+        evidence.append(Evidence("step_time_ms", step * 1e3, threshold * 1e3, "ms", op="<"))
+        batch = min(r.hello.loader_batch_size or 0 for r in small)
+        evidence.append(Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="))
+        severities.append(severity)
+        # Below the warn line, the share of the step that is fixed overhead grows as the step shrinks.
+        magnitude = max(magnitude, 1 - step / TINY_STEP_WARN_S)
+        fired |= {r.rank for r in small}
+        tiny_steps = True
+
+    if not severities:
+        return []
+    worst_severity = max(severities, key=SEVERITIES.index)
+    return [
+        Finding(
+            cause="parallelism",
+            severity=worst_severity,
+            title=parallelism_title(sorted(fired), util, step),
+            suggestion=parallelism_suggestion(ranks[0], launch_bound=launch_bound),
+            evidence=tuple(evidence),
+            ranks=tuple(sorted(fired)),
+            run_id=run.run_id,
+            doc=doc_anchor("parallelism"),
+            magnitude=magnitude,
+            extra={"tiny_steps": tiny_steps},
+        )
+    ]
+
+
+def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Finding, list[Finding]]:
+    """Fold communication and straggler findings of a tiny-step run into its parallelism finding.
+
+    When steps last a few milliseconds at a small batch, the all-reduce's fixed
+    latency and a millisecond of scheduling jitter on one rank are large shares
+    of the step: they are symptoms of too little work per step, and the fix is
+    the same (more work per step).  They stay listed, as info, so nothing is
+    hidden; their severity and evidence move to the parallelism finding.
+    """
+    if not parallelism.extra.get("tiny_steps"):
+        return parallelism, others
+    absorbed = [f for f in others if f.cause in ("communication", "straggler")]
+    if not absorbed:
+        return parallelism, others
+    severity = max([parallelism.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index)
+    evidence = parallelism.evidence + tuple(e for f in absorbed for e in f.evidence[:1])
+    merged = replace(
+        parallelism,
+        severity=severity,
+        evidence=evidence,
+        magnitude=max([parallelism.magnitude, *(f.magnitude for f in absorbed)]),
+        title=parallelism.title + "; the all-reduce and rank jitter add up to a large share",
+    )
+    kept = [
+        replace(f, severity="info", title=f.title + " (a symptom of tiny steps, see parallelism)")
+        if f in absorbed
+        else f
+        for f in others
+    ]
+    return merged, kept
+
+
+def parallelism_title(ranks: list[int], util_pct: float | None, step_s: float | None) -> str:
+    who = ranks_text(ranks)
+    if util_pct is not None and util_pct < GPU_UTIL_LOW_WARN_PCT:
+        return f"{who}: GPU busy only {util_pct:.0f}% with no input or comm wait: too little work per step"
+    if step_s is not None and step_s < TINY_STEP_WARN_S:
+        return f"{who}: steps of {step_s * 1e3:.1f} ms at a small batch: mostly fixed per-step overhead"
+    return f"{who}: the GPU is busy for a small part of each step: too little work per step"
+
+
+def parallelism_suggestion(rank: RankFacts, *, launch_bound: bool) -> str:
+    batch = rank.hello.loader_batch_size
+    bigger = f"DataLoader(batch_size={batch * 4})" if batch else "a larger batch_size"
+    text = f"Give each step more work: {bigger}, scaling the learning rate with it"
+    if launch_bound:
+        text += "; cut per-step launch overhead with torch.compile(model, mode='reduce-overhead') (CUDA graphs)"
+    return text + "; or accumulate gradients over several micro-batches inside model.no_sync()."

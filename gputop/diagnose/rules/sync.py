@@ -1,0 +1,243 @@
+"""communication and straggler: where DDP ranks wait for each other, and why.
+
+Both show up as exposed communication (gradient all-reduce not hidden behind
+backward compute).  The difference is whether all ranks wait alike
+(communication: the exchange itself is slow) or most ranks wait for one whose
+own work takes longer (straggler: that rank is slow, and we say in which phase).
+DDP synchronizes every step, so wall step times are alike across ranks; what
+differs is how each rank's step divides into its own work and waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gputop.diagnose.context import RankFacts, RunFacts, median, pct, ranks_text
+from gputop.diagnose.findings import Evidence, Finding
+from gputop.diagnose.grading import doc_anchor, grade_above
+from gputop.diagnose.rules.loading import loader_suggestion
+from gputop.diagnose.thresholds import (
+    EXPOSED_COMM_CRITICAL_FRAC,
+    EXPOSED_COMM_WARN_FRAC,
+    STRAGGLER_OWN_EXCESS_FRAC,
+    STRAGGLER_WAIT_CRITICAL_FRAC,
+    STRAGGLER_WAIT_WARN_FRAC,
+)
+
+# The phases of a rank's own time, and how each reads in a title.
+PHASES: dict[str, Callable[[RankFacts], float | None]] = {
+    "loader": lambda r: r.stats.loader_wait_s,
+    "forward": lambda r: r.stats.forward_s,
+    "backward": lambda r: r.stats.backward_s,
+    "other": lambda r: r.stats.other_s,
+}
+PHASE_TEXT = {
+    "loader": "its loader waits {share:.0f}% of each step",
+    "forward": "its forward pass takes {share:.0f}% of each step",
+    "backward": "its backward pass takes {share:.0f}% of each step",
+    "other": "{share:.0f}% of its step is outside loader, forward, backward and comm",
+    "own": "its own work takes {share:.0f}% of each step",
+}
+
+
+@dataclass(frozen=True)
+class SlowPhase:
+    """The phase in which a slow rank loses most time against the others."""
+
+    name: str  # loader, forward, backward, other, own
+    share: float  # of the slow rank's step time
+    excess_s: float  # per step, over the other ranks' median for the same phase
+
+
+def straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Finding]:
+    """Ranks whose own time stands out while the others wait for them in communication."""
+    ranks = [r for r in run.measured if r.own_s is not None and r.exposed_comm_frac is not None]
+    if len(ranks) < 2:
+        return loader_only_straggler_findings(run, ranks_on_host)
+    slow: list[tuple[RankFacts, float]] = []
+    for rank in ranks:
+        others = median([r.own_s or 0.0 for r in ranks if r is not rank])
+        if others and rank.own_s is not None and rank.own_s > others * (1 + STRAGGLER_OWN_EXCESS_FRAC):
+            slow.append((rank, rank.own_s / others))
+    # A straggler is a minority; when most ranks are "slow" there is no typical rank to compare with.
+    if not slow or len(slow) > len(ranks) // 2:
+        return []
+    slow_ids = {r.rank for r, _ in slow}
+    waiting = [r for r in ranks if r.rank not in slow_ids]
+    worst, ratio = max(slow, key=lambda pair: pair[1])
+    # The slow rank arrives last at the all-reduce, so its own exposed comm is the
+    # exchange's base cost, which every rank pays (communication's business).  What
+    # the others wait beyond that base is what the straggler costs them.
+    others_exposed = median([r.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
+    wait_frac = max(others_exposed - (worst.exposed_comm_frac or 0.0), 0.0)
+    severity = grade_above(wait_frac, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
+    if severity is None:
+        return []
+
+    phase, others_share = slow_phase(worst, waiting)
+    threshold = STRAGGLER_WAIT_CRITICAL_FRAC if severity == "critical" else STRAGGLER_WAIT_WARN_FRAC
+    who = ranks_text(sorted(slow_ids))
+    title = (
+        f"{who} {'is' if len(slow_ids) == 1 else 'are'} slow: rank {worst.rank}: "
+        if len(slow_ids) > 1
+        else f"{who} is slow: "
+    )
+    title += PHASE_TEXT[phase.name].format(share=pct(phase.share))
+    title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
+    evidence = (
+        Evidence("own_time_vs_others", ratio, 1 + STRAGGLER_OWN_EXCESS_FRAC, "x", rank=worst.rank),
+        Evidence(f"{phase.name}_pct", pct(phase.share), pct(others_share), "%", rank=worst.rank),
+        Evidence("others_wait_pct", pct(wait_frac), pct(threshold), "%"),
+    )
+    return [
+        Finding(
+            cause="straggler",
+            severity=severity,
+            title=title,
+            suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
+            evidence=evidence,
+            ranks=tuple(sorted(slow_ids)),
+            run_id=run.run_id,
+            doc=doc_anchor("straggler"),
+            magnitude=wait_frac,
+            extra={"phase": phase.name, "waiting_ranks": [r.rank for r in waiting]},
+        )
+    ]
+
+
+def slow_phase(slow: RankFacts, others: list[RankFacts]) -> tuple[SlowPhase, float]:
+    """The phase where the slow rank spends most time beyond the others' median.
+
+    Returns it with the others' median share of step time in that same phase.
+    """
+    step = slow.stats.step_time_mean_s or 1e-9
+    best: SlowPhase | None = None
+    best_typical = 0.0
+    for name, read in PHASES.items():
+        mine = read(slow)
+        typical = median([v for v in (read(r) for r in others) if v is not None])
+        if mine is None or typical is None:
+            continue
+        excess = mine - typical
+        if best is None or excess > best.excess_s:
+            best, best_typical = SlowPhase(name, mine / step, excess), typical
+    if best is None or best.excess_s <= 0:  # phases unmeasured: report the own time as a whole
+        own = slow.own_s or 0.0
+        typical = median([r.own_s or 0.0 for r in others]) or 0.0
+        return SlowPhase("own", own / step, own - typical), typical / step
+    return best, best_typical / step
+
+
+def loader_only_straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Finding]:
+    """Without DDP's timings: one rank waits for data far longer than the others.
+
+    The others then wait for it inside the all-reduce, about the difference in
+    loader share, so that difference is graded like exposed communication.
+    """
+    ranks = [r for r in run.measured if r.stats.loader_wait_frac is not None]
+    if len(ranks) < 2 or run.world_size <= 1:
+        return []
+    found: list[tuple[RankFacts, float, float]] = []
+    for rank in ranks:
+        others = median([r.stats.loader_wait_frac or 0.0 for r in ranks if r is not rank]) or 0.0
+        mine = rank.stats.loader_wait_frac or 0.0
+        if mine > others * (1 + STRAGGLER_OWN_EXCESS_FRAC):
+            found.append((rank, mine - others, others))
+    if not found or len(found) > len(ranks) // 2:
+        return []
+    worst, gap, others = max(found, key=lambda item: item[1])
+    severity = grade_above(gap, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
+    if severity is None:
+        return []
+    threshold = STRAGGLER_WAIT_CRITICAL_FRAC if severity == "critical" else STRAGGLER_WAIT_WARN_FRAC
+    share = worst.stats.loader_wait_frac or 0.0
+    phase = SlowPhase("loader", share, gap * (worst.stats.step_time_mean_s or 0.0))
+    return [
+        Finding(
+            cause="straggler",
+            severity=severity,
+            title=f"rank {worst.rank} is slow: "
+            + PHASE_TEXT["loader"].format(share=pct(share))
+            + f"; the others {pct(others):.0f}%",
+            suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
+            evidence=(
+                Evidence("loader_wait_pct", pct(share), pct(others), "%", rank=worst.rank),
+                Evidence("loader_wait_gap_pct", pct(gap), pct(threshold), "%", rank=worst.rank),
+            ),
+            ranks=(worst.rank,),
+            run_id=run.run_id,
+            doc=doc_anchor("straggler"),
+            magnitude=gap,
+            extra={"phase": "loader", "waiting_ranks": [r.rank for r in ranks if r is not worst]},
+        )
+    ]
+
+
+def straggler_suggestion(rank: RankFacts, phase: SlowPhase, ranks_on_host: int) -> str:
+    who = f"rank {rank.rank}"
+    if phase.name == "loader":
+        return f"Find why {who}'s input is slower (its data shard, disk, host); then " + loader_suggestion(
+            rank, ranks_on_host
+        )
+    if phase.name in ("forward", "backward"):
+        return (
+            f"{who} computes slower than the others: check its GPU (clocks, thermal throttling, other processes "
+            "on it) and whether its batches are larger or longer (uneven sequence lengths across ranks)."
+        )
+    if phase.name == "other":
+        return (
+            f"{who} does extra work each step outside the model (logging, metrics, checkpointing or evaluation "
+            "on one rank only): move it off the step or spread it across ranks."
+        )
+    return f"Compare {who}'s host and device with the others': it takes longer for the same work."
+
+
+def communication_findings(run: RunFacts) -> list[Finding]:
+    """All ranks alike spend a large share of the step in exposed gradient exchange.
+
+    Graded on the rank that waits least: a straggler makes the others wait, but
+    not itself, so "all ranks alike" is the minimum, not the mean.
+    """
+    if run.world_size <= 1:
+        return []
+    ranks = [r for r in run.measured if r.stats.exposed_comm_frac is not None]
+    if len(ranks) < 2 or len(ranks) < len(run.measured):
+        return []  # "all ranks alike" needs every measured rank's figure
+    fracs = [r.stats.exposed_comm_frac or 0.0 for r in ranks]
+    least = min(fracs)
+    severity = grade_above(least, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC)
+    if severity is None:
+        return []
+    threshold = EXPOSED_COMM_CRITICAL_FRAC if severity == "critical" else EXPOSED_COMM_WARN_FRAC
+    mean = sum(fracs) / len(fracs)
+    lowest = min(ranks, key=lambda r: r.stats.exposed_comm_frac or 0.0)
+    evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank),)
+    comm = [r.stats.comm_s for r in ranks if r.stats.comm_s]
+    overlap = [r.stats.overlap_s or 0.0 for r in ranks if r.stats.comm_s]
+    hidden_frac = sum(overlap) / sum(c for c in comm if c) if comm else None
+    return [
+        Finding(
+            cause="communication",
+            severity=severity,
+            title=f"{ranks_text([r.rank for r in ranks])} wait for gradient exchange {pct(mean):.0f}% of each step",
+            suggestion=communication_suggestion(ranks[0]),
+            evidence=evidence,
+            ranks=tuple(sorted(r.rank for r in ranks)),
+            run_id=run.run_id,
+            doc=doc_anchor("communication"),
+            magnitude=mean,
+            extra={"comm_hidden_frac": hidden_frac},
+        )
+    ]
+
+
+def communication_suggestion(rank: RankFacts) -> str:
+    hello = rank.hello
+    if rank.on_cuda and hello.backend == "gloo":
+        return "Use the NCCL backend for CUDA tensors: init_process_group('nccl')."
+    return (
+        "Exchange gradients less often or in less data: accumulate gradients over k steps inside "
+        "model.no_sync(), compress them with model.register_comm_hook(None, bf16_compress_hook), or raise "
+        "the per-rank batch size; DDP(bucket_cap_mb=...) tunes how well the exchange overlaps backward."
+    )

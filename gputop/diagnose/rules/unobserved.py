@@ -1,0 +1,86 @@
+"""unobserved: what the tool cannot see, so the user knows where the picture has holes.
+
+Processes on the GPUs that report to no dashboard, a multi-rank run whose DDP
+timings never arrive (communication and straggler rules are then blind), ranks
+that stopped reporting, and NVML being unavailable altogether.  None of these
+is a slowdown by itself, so all are info; a process that competes for a job's
+GPU is an allocation finding instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from gputop.diagnose.context import MachineFacts, RunFacts, ranks_text
+from gputop.diagnose.findings import Evidence, Finding
+from gputop.diagnose.grading import doc_anchor
+from gputop.diagnose.rules.allocation import process_text
+from gputop.diagnose.thresholds import MIN_STEPS
+
+
+def unobserved_findings(machine: MachineFacts, *, gpus_already_reported: Collection[int] = ()) -> list[Finding]:
+    findings = []
+    gpu = machine.gpu
+    if gpu is not None and gpu.unavailable:
+        findings.append(info(None, f"No GPU data: {gpu.unavailable}", "GPU columns show N/A; step timings still work."))
+    for assignment in machine.assignments:
+        if not assignment.unobserved or assignment.gpu.index in gpus_already_reported:
+            continue
+        index = assignment.gpu.index
+        runs = sorted({v.run_id for v in assignment.ranks})
+        findings.append(
+            Finding(
+                cause="unobserved",
+                severity="info",
+                title=f"GPU {index}: "
+                + ", ".join(process_text(p) for p in assignment.unobserved[:3])
+                + (f" and {len(assignment.unobserved) - 3} more" if len(assignment.unobserved) > 3 else "")
+                + " not reporting",
+                suggestion="If it is a training job, add gputop.watch(model) to it to see its steps here.",
+                evidence=(Evidence("unreported_processes", len(assignment.unobserved), 0, gpu=index),),
+                gpus=(index,),
+                run_id=runs[0] if len(runs) == 1 else None,
+                doc=doc_anchor("unobserved"),
+            )
+        )
+    for run in machine.runs:
+        findings += run_blind_spots(run)
+    return findings
+
+
+def run_blind_spots(run: RunFacts) -> list[Finding]:
+    findings = []
+    if run.world_size > 1:
+        blind = [r for r in run.ranks if r.stats.steps >= MIN_STEPS and r.stats.comm_s is None]
+        if blind and len(blind) == len([r for r in run.ranks if r.stats.steps >= MIN_STEPS]):
+            findings.append(
+                info(
+                    run.run_id,
+                    f"{ranks_text([r.rank for r in blind])}: no DDP timings (forward, backward, comm)",
+                    "Communication and straggler diagnosis need them: wrap the model in "
+                    "DistributedDataParallel before gputop.watch(model).",
+                    ranks=[r.rank for r in blind],
+                )
+            )
+    if run.lost:
+        findings.append(
+            info(
+                run.run_id,
+                f"{ranks_text([v.rank for v in run.lost])} stopped reporting ({run.lost[0].status_reason})",
+                "A hung or crashed rank stalls the others in their next all-reduce: check its log.",
+                ranks=[v.rank for v in run.lost],
+            )
+        )
+    return findings
+
+
+def info(run_id: str | None, title: str, suggestion: str, *, ranks: Collection[int] = ()) -> Finding:
+    return Finding(
+        cause="unobserved",
+        severity="info",
+        title=title,
+        suggestion=suggestion,
+        ranks=tuple(sorted(ranks)),
+        run_id=run_id,
+        doc=doc_anchor("unobserved"),
+    )

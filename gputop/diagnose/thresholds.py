@@ -1,0 +1,132 @@
+"""Every number a diagnosis rule compares against, with where it comes from.
+
+A threshold is justified by its source, not by a demo.  Where the source is an
+existing tool's rule, it is named; where it is gputop's own judgement, the
+reasoning is written beside it.  docs/diagnosis.md lists the same numbers (a
+test checks that each constant named there exists here).  Shares are fractions
+of wall step time (0.05 = 5%); CPU percentages are of one core (100 = one core).
+"""
+
+from __future__ import annotations
+
+# --- evidence needed at all ----------------------------------------------------
+
+# A share of step time over fewer steps is noise (a first step that compiles,
+# one checkpoint save).  Three is the fewest that makes a median mean something.
+MIN_STEPS = 3
+
+# --- data_loading --------------------------------------------------------------
+
+# PyTorch profiler TensorBoard plugin (torch-tb-profiler, RunProfileData.analyze):
+# "This run has high time cost on input data loading" when DataLoader time is
+# more than 5% of the step.
+LOADER_WAIT_WARN_FRAC = 0.05
+# gputop: at a fifth of every step the GPU idles more than it would from any
+# other single cause we rank; four times the profiler's line.
+LOADER_WAIT_CRITICAL_FRAC = 0.20
+# gputop: a DataLoader worker is one process; at 90% of a core on average it has
+# no headroom left (psutil's per-process percentages jitter by a few points).
+WORKER_SATURATED_PCT = 90.0
+# PyTorch DataLoader docs ("Single- and Multi-process Data Loading") and the
+# performance tuning guide: start with a few workers, 4 per GPU is the common
+# starting point; we never suggest more than the rank's share of the CPUs.
+SUGGESTED_MIN_WORKERS = 4
+
+# --- communication -------------------------------------------------------------
+
+# torch-tb-profiler, RunProfileData.analyze: "This run has high time cost on
+# communication" when communication is more than 10% of the step.  We apply it
+# to *exposed* communication (not hidden behind backward compute).
+EXPOSED_COMM_WARN_FRAC = 0.10
+# gputop: beyond 30% exposed, gradient exchange costs about as much as the
+# backward pass of a typical model (backward ~ 2x forward, ~1/3 of a step).
+EXPOSED_COMM_CRITICAL_FRAC = 0.30
+
+# --- straggler -----------------------------------------------------------------
+
+# gputop: a rank is slow when its own time (step time minus exposed comm) is at
+# least 20% above the median of the other ranks.  Run-to-run noise of DDP step
+# times on a quiet machine is a few percent; 20% is well clear of it.
+STRAGGLER_OWN_EXCESS_FRAC = 0.20
+# The others' wait for the slow rank shows up as their exposed communication,
+# so the severity lines are communication's (torch-tb-profiler's 10%, and 30%).
+STRAGGLER_WAIT_WARN_FRAC = EXPOSED_COMM_WARN_FRAC
+STRAGGLER_WAIT_CRITICAL_FRAC = EXPOSED_COMM_CRITICAL_FRAC
+
+# --- parallelism ---------------------------------------------------------------
+
+# torch-tb-profiler, RunProfileData._analyze_gpu_metrics: "GPU … has low
+# utilization. You could try to increase batch size" when utilization < 50%.
+GPU_UTIL_LOW_WARN_PCT = 50.0
+# gputop: under a quarter busy, three quarters of the GPU are paid for and idle.
+GPU_UTIL_LOW_CRITICAL_PCT = 25.0
+# gputop: the Python main thread of a CUDA rank at 90% of one core cannot issue
+# kernels any faster; psutil jitter makes 100% unreachable as a test.
+MAIN_THREAD_BUSY_PCT = 90.0
+# gputop: the GPU is busy less than half of each wall step.
+GPU_STEP_OVER_WALL_STEP_RATIO = 0.5
+# CUDA kernel launches cost ~5-10 us of host time each and PyTorch eager adds
+# ~10 us of dispatch per op (PyTorch performance tuning guide, "CUDA graphs";
+# NVIDIA CUDA best practices).  A training step issues hundreds of ops, so a
+# step under 10 ms is mostly fixed per-step overhead, under 2 ms all of it.
+TINY_STEP_WARN_S = 0.010
+TINY_STEP_CRITICAL_S = 0.002
+# gputop: only call a step "too little work" when the batch is also small; a
+# long-sequence LLM step at batch 8 is not small, so the step time must agree.
+SMALL_BATCH_SIZE = 32
+
+# --- model_config --------------------------------------------------------------
+
+# torch-tb-profiler recommends Automatic Mixed Precision when tensor-core
+# eligible kernels run in fp32 on compute capability >= 7.0; TF32 exists from
+# Ampere (8.0) on (PyTorch CUDA semantics, "TensorFloat-32 (TF32) on Ampere
+# (and later) devices").  Hello has no compute capability, so these name
+# fragments stand in for it (lower-cased substrings of the device name).
+TENSOR_CORE_GPU_NAMES = (
+    "v100", "t4", "titan v", "titan rtx", "rtx 20", "quadro rtx", "a100", "a10", "a30", "a40",
+    "a16", "a2", "rtx a", "rtx 30", "rtx 40", "rtx 50", "l4", "l40", "h100", "h200", "h800",
+    "gh200", "b100", "b200", "gb200", "rtx 6000 ada",
+)  # fmt: skip
+AMPERE_OR_NEWER_GPU_NAMES = (
+    "a100", "a10", "a30", "a40", "a16", "a2", "rtx a", "rtx 30", "rtx 40", "rtx 50",
+    "l4", "l40", "h100", "h200", "h800", "gh200", "b100", "b200", "gb200", "rtx 6000 ada",
+)  # fmt: skip
+
+# --- memory --------------------------------------------------------------------
+
+# torch-tb-profiler, RunProfileData.analyze: "memory peak … is close to the GPU
+# memory" when peak > 90% of totalGlobalMem (suggests activation checkpointing).
+MEM_PEAK_WARN_FRAC = 0.90
+# gputop: past 97% the caching allocator's own rounding (2 MiB blocks, 20 MiB
+# large-block segments) leaves no room: the next larger batch is an OOM.
+MEM_PEAK_CRITICAL_FRAC = 0.97
+# PyTorch CUDA semantics / torch.cuda.memory_stats: num_alloc_retries counts
+# cudaMalloc failures that forced the allocator to free its cache and retry, a
+# synchronizing operation.  Any new retry is worth a warning; one every few
+# steps is thrashing.
+ALLOC_RETRIES_WARN = 1
+ALLOC_RETRIES_CRITICAL_PER_STEP = 0.1
+# gputop: reserved at least twice allocated, and by at least 1 GiB, is cache held
+# by fragmentation (PyTorch CUDA semantics suggests
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for this).
+RESERVED_OVER_ALLOCATED_RATIO = 2.0
+RESERVED_MINUS_ALLOCATED_MIN_BYTES = 1 << 30
+# gputop: a peak under 40% of the GPU's memory leaves room to more than double
+# the activations (the usual majority of training memory): info only.
+MEM_PEAK_UNUSED_FRAC = 0.40
+
+# --- allocation ----------------------------------------------------------------
+
+# torchrun sets OMP_NUM_THREADS=1 for each process "to avoid your system being
+# overloaded"; the PyTorch CPU performance tuning guide keeps threads <= cores.
+# More runnable torch threads than cores on a host is oversubscription (warn);
+# twice as many means each thread runs at most half of the time (critical).
+THREADS_PER_CORE_WARN = 1.0
+THREADS_PER_CORE_CRITICAL = 2.0
+# gputop: the host's CPUs at over 90% busy corroborate oversubscription (shown
+# as evidence beside the thread count; it never fires a finding on its own).
+HOST_CPU_BUSY_PCT = 90.0
+# gputop: another process on the job's GPU matters when it computes (NVML's
+# per-process SM utilization above noise) or holds real memory.
+OTHER_PROCESS_SM_PCT = 5.0
+OTHER_PROCESS_MIN_BYTES = 512 << 20
