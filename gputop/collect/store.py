@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gputop.collect.samples import GpuSample, HostSample
@@ -102,6 +103,8 @@ class Store:
         self._rejected: deque[str] = deque(maxlen=20)
         self.lost_after_s = lost_after_s
         self.listen = listen
+        # Called with each GPU or host sample after it is stored (the recorder taps here).
+        self.sample_listeners: list[Callable[[GpuSample | HostSample], None]] = []
 
     def ingest(self, message: Message, now: float) -> None:
         """Take one decoded message.  A window before any hello is ignored."""
@@ -151,10 +154,19 @@ class Store:
     def add_gpu(self, sample: GpuSample) -> None:
         with self._lock:
             self._gpu.append(sample)
+        for listener in self.sample_listeners:
+            listener(sample)
 
     def add_host(self, sample: HostSample) -> None:
         with self._lock:
             self._host.append(sample)
+        for listener in self.sample_listeners:
+            listener(sample)
+
+    def rank_pids(self) -> list[int]:
+        """Pids of the ranks still reporting (for the host sampler)."""
+        with self._lock:
+            return [r.hello.pid for r in self._ranks.values() if r.connected and not r.done and r.hello.pid]
 
     def snapshot(self, now: float, *, history: int | None = None) -> Snapshot:
         """Immutable views of everything, with each rank's status as of ``now``.

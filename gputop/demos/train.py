@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,77 +21,39 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import gputop
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """The knobs that make a run show one cause."""
-
-    about: str
-    hidden: int = 512
-    layers: int = 3
-    batch_size: int = 128
-    sample_delay_s: float = 0.0  # per sample, in the dataset: a slow decode or disk
-    slow_rank: int | None = None  # only this rank's dataset is slow
-    torch_threads: int = 1  # per rank
-    num_workers: int = 0
-    needs_gpu: bool = False
-
-
-SCENARIOS: dict[str, Scenario] = {
-    "healthy": Scenario("compute dominates each step; input and gradient exchange keep up"),
-    "slow_loader": Scenario(
-        "every rank waits for input: the dataset takes 0.3 ms a sample on the main process",
-        sample_delay_s=0.0003,
-    ),
-    "straggler": Scenario(
-        "rank 1's input is slow, so rank 0 waits for it in every all-reduce",
-        sample_delay_s=0.0003,
-        slow_rank=1,
-    ),
-    "comm_bound": Scenario(
-        "a wide model with a tiny batch: gradient exchange dwarfs compute",
-        hidden=2048,
-        layers=4,
-        batch_size=4,
-    ),
-    "small_batch": Scenario(
-        "a tiny model and batch: each step is mostly Python and launch overhead",
-        hidden=32,
-        layers=2,
-        batch_size=2,
-    ),
-    "oversubscribed": Scenario(
-        "each rank runs 4 compute threads on a machine with fewer cores than ranks x threads",
-        torch_threads=4,
-    ),
-    "memory_pressure": Scenario(
-        "activations fill the GPU: the caching allocator retries and frees",
-        hidden=8192,
-        layers=8,
-        batch_size=4096,
-        needs_gpu=True,
-    ),
-}
+from gputop.demos.scenarios import SCENARIOS, Scenario
 
 
 class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Random samples from a fixed pool, with an optional per-sample delay."""
+    """Random samples from a fixed pool, fetched a batch at a time, with an optional delay per batch.
 
-    def __init__(self, features: int, delay_s: float, size: int = 1 << 20) -> None:
+    ``__getitems__`` lets the DataLoader fetch a whole batch in one call, so
+    input costs what the scenario says and not Python's per-sample overhead.
+    """
+
+    def __init__(self, features: int, batch_delay_s: float, size: int = 1 << 24) -> None:
         generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(1024, features, generator=generator)
-        self.y = torch.randint(0, 10, (1024,), generator=generator)
-        self.delay_s = delay_s
+        self.x = torch.randn(4096, features, generator=generator)
+        self.y = torch.randint(0, 10, (4096,), generator=generator)
+        self.batch_delay_s = batch_delay_s
         self.size = size
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        return self.x[index % 1024], self.y[index % 1024]
+        return self.x[index % 4096], self.y[index % 4096]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.batch_delay_s:
+            time.sleep(self.batch_delay_s)
+        rows = torch.tensor(indices) % 4096
+        return self.x[rows], self.y[rows]
+
+
+def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The collate function: ``__getitems__`` already returns a batch."""
+    return batch
 
 
 def build_model(s: Scenario) -> nn.Module:
@@ -129,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     gputop.watch(model)  # <- gputop line 1: report this rank's steps, DDP timings, memory, CPU
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     slow = scenario.slow_rank is None or scenario.slow_rank == rank
-    data = SyntheticData(scenario.hidden, scenario.sample_delay_s if slow else 0.0)
-    loader = DataLoader(data, batch_size=scenario.batch_size, num_workers=scenario.num_workers, shuffle=False)
+    data = SyntheticData(scenario.hidden, scenario.batch_delay_s if slow else 0.0)
+    loader = DataLoader(data, batch_size=scenario.batch_size, num_workers=scenario.num_workers, collate_fn=keep_batch)
 
     deadline = time.monotonic() + args.seconds if args.seconds > 0 else float("inf")
     steps = 0

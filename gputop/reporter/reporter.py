@@ -335,17 +335,15 @@ class Reporter:
         """CPU and RSS of this process and its children (DataLoader workers)."""
         import psutil
 
-        if self._process is None:
+        first = self._process is None
+        if first:
             self._process = psutil.Process()
-            self._process.cpu_percent(None)  # the first call only sets the baseline
-            return {}
         proc = self._process
         with proc.oneshot():
-            out: dict[str, Any] = {
-                "cpu_pct": proc.cpu_percent(None),
-                "rss_bytes": proc.memory_info().rss,
-                "threads": proc.num_threads(),
-            }
+            cpu_pct = proc.cpu_percent(None)  # the first call only sets the baseline
+            out: dict[str, Any] = {"rss_bytes": proc.memory_info().rss, "threads": proc.num_threads()}
+        if not first:
+            out["cpu_pct"] = cpu_pct
         children = {c.pid: c for c in proc.children(recursive=False)}
         worker_cpu = 0.0
         for pid, child in children.items():

@@ -1,0 +1,327 @@
+"""The ``gputop`` command: attach (default), record, report, replay, demo.
+
+Errors a user can meet print one line (``gputop: ...``) and exit 1; usage
+errors exit 2 (argparse).  Tracebacks are for bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gputop import __version__
+from gputop.address import Address, AddressError, resolve
+
+EXIT_ERROR = 1
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line."""
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+    return value
+
+
+def _add_address(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--port", type=int, help="listen on TCP 127.0.0.1:PORT (runs started with GPUTOP_PORT=PORT)")
+    group.add_argument("--socket", metavar="PATH", help="listen on this Unix socket instead of the per-user default")
+
+
+def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--refresh", type=_positive, default=0.5, metavar="S", help="redraw every S seconds (default 0.5)"
+    )
+    parser.add_argument(
+        "--interval", type=_positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gputop",
+        description="See why your GPUs sit idle: a live, rank-aware dashboard for PyTorch training.",
+    )
+    parser.add_argument("--version", action="version", version=f"gputop {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    attach = commands.add_parser("attach", help="open the dashboard (the default command)")
+    _add_address(attach)
+    _add_dashboard_options(attach)
+
+    record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
+    _add_address(record)
+    record.add_argument("--seconds", type=_positive, required=True, help="stop after S seconds")
+    record.add_argument("-o", "--output", type=Path, required=True, help="the recording to write (run.jsonl)")
+    record.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="GPU/host sampling period")
+
+    report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
+    report.add_argument("recording", type=Path)
+    report.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+
+    replay = commands.add_parser("replay", help="show a recording in the dashboard")
+    replay.add_argument("recording", type=Path)
+    replay.add_argument("--speed", type=_positive, default=1.0, help="playback speed (default 1)")
+    replay.add_argument("--refresh", type=_positive, default=0.5, metavar="S", help="redraw every S seconds")
+
+    demo = commands.add_parser("demo", help="run a bundled 2-rank CPU DDP job and watch it")
+    from gputop.demos.scenarios import SCENARIO_NAMES
+
+    demo.add_argument("--scenario", choices=SCENARIO_NAMES, default="healthy")
+    demo.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    demo.add_argument("--headless", action="store_true", help="no dashboard: print a report at the end")
+    demo.add_argument("--seconds", type=_positive, default=None, help="run for S seconds (headless default 15)")
+    demo.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="headless report format")
+    demo.add_argument("--record", type=Path, default=None, help="also record the run to this file")
+    _add_dashboard_options(demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = args.command or "attach"
+    if args.command is None:  # `gputop` alone: attach with the defaults
+        args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
+    handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
+               "demo": cmd_demo}[command]  # fmt: skip
+    try:
+        return handler(args)
+    except (UserError, AddressError) as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- the dashboard -----------------------------------------------------------------
+
+
+def _run_dashboard(source: Any, refresh_s: float) -> int:
+    from gputop.diagnose import Diagnoser
+    from gputop.tui.app import run_dashboard
+
+    # The UI shows rejected connections itself; log lines would corrupt the screen.
+    logging.getLogger("gputop").addHandler(logging.NullHandler())
+    logging.getLogger("gputop").propagate = False
+    return run_dashboard(source, refresh_s=refresh_s, diagnoser_factory=Diagnoser)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from gputop.collect.live import LiveSource
+
+    source = LiveSource(resolve(args.port, args.socket), sample_interval_s=args.interval)
+    source.start()
+    try:
+        return _run_dashboard(source, args.refresh)
+    finally:
+        source.stop()
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from gputop.collect.replay import ReplaySource
+    from gputop.recording import RecordingError
+
+    try:
+        source = ReplaySource(args.recording, speed=args.speed)
+    except RecordingError as exc:
+        raise UserError(str(exc)) from None
+    source.start()
+    try:
+        return _run_dashboard(source, args.refresh)
+    finally:
+        source.stop()
+
+
+# -- headless ----------------------------------------------------------------------
+
+
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gputop: %(message)s"))
+    logger = logging.getLogger("gputop")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from gputop.collect.live import LiveSource
+    from gputop.recording import Recorder, RecordingError
+
+    _log_to_stderr()
+    address = resolve(args.port, args.socket)
+    try:
+        recorder = Recorder(args.output, source=str(address))
+    except RecordingError as exc:
+        raise UserError(str(exc)) from None
+    source = LiveSource(
+        address, sample_interval_s=args.interval, on_message=recorder.message, on_disconnect=recorder.disconnect
+    )
+    source.store.sample_listeners.append(recorder.sample)
+    try:
+        source.start()
+        print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s", file=sys.stderr)
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(args.seconds)
+    finally:
+        source.stop()
+        recorder.close()
+    ranks = len(source.snapshot().all_ranks())
+    print(f"gputop: wrote {recorder.lines} lines from {ranks} rank(s) to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _report_text(snapshot: Any, fmt: str, notes: Sequence[str] = (), span_s: float | None = None) -> str:
+    from gputop import report
+    from gputop.collect.gpu import format_gpu_summary_text, summarize_gpus
+    from gputop.diagnose import diagnose
+
+    span = span_s if span_s is not None else max((snapshot.t - r.first_seen_t for r in snapshot.runs), default=0.0)
+    findings = diagnose(snapshot, span_s=max(span, 1.0))
+    gpus = summarize_gpus(snapshot.gpu_history, snapshot)
+    data = report.build(snapshot, findings, gpus=gpus, notes=notes)
+    if fmt == "json":
+        return report.to_json(data) + "\n"
+    gpu_lines = format_gpu_summary_text(gpus)
+    if fmt == "markdown":
+        return report.to_markdown(data, gpu_lines)
+    return report.to_text(data, gpu_lines)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gputop import recording
+
+    stats = recording.ReadStats()
+    try:
+        store, last_t = recording.load(args.recording, stats)
+    except recording.RecordingError as exc:
+        raise UserError(str(exc)) from None
+    notes = []
+    if stats.skipped:
+        notes.append(
+            f"skipped {stats.skipped} damaged line(s) of {stats.lines} (first at {stats.first_skipped}); "
+            "a recorder killed mid-write leaves one"
+        )
+    sys.stdout.write(_report_text(store.snapshot(last_t, history=None), args.format, notes))
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------
+
+
+class DemoJob:
+    """The bundled training job under torchrun, in its own process group so it is always cleaned up."""
+
+    def __init__(self, *, scenario: str, nproc: int, port: int, seconds: float | None, log_path: Path) -> None:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "gputop.demos.train", "--scenario", scenario,
+        ]  # fmt: skip
+        if seconds:
+            cmd += ["--seconds", str(seconds)]
+        env = {**os.environ, "GPUTOP_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        env.pop("GPUTOP_SOCKET", None)
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left."""
+        if self.proc.poll() is None:
+            for sig, grace_s in ((signal.SIGINT, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, sig)
+                if self.wait(grace_s) is not None:
+                    break
+        with contextlib.suppress(ProcessLookupError):  # ranks orphaned by a killed launcher
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gputop.collect.live import LiveSource
+
+    if importlib.util.find_spec("torch") is None:
+        raise UserError("`gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop[torch]'")
+    if args.nproc < 1:
+        raise UserError("--nproc must be at least 1")
+    seconds = args.seconds if args.seconds is not None else (15.0 if args.headless else None)
+    recorder = None
+    if args.record is not None:
+        from gputop.recording import Recorder, RecordingError
+
+        try:
+            recorder = Recorder(args.record, source="demo")
+        except RecordingError as exc:
+            raise UserError(str(exc)) from None
+    source = LiveSource(
+        Address(port=0),
+        sample_interval_s=args.interval,
+        on_message=recorder.message if recorder else None,
+        on_disconnect=recorder.disconnect if recorder else None,
+    )
+    if recorder is not None:
+        source.store.sample_listeners.append(recorder.sample)
+    source.start()
+    port = source.address.port
+    assert port is not None
+    log_file = tempfile.NamedTemporaryFile(prefix="gputop-demo-", suffix=".log", delete=False)  # noqa: SIM115
+    log_file.close()
+    job = DemoJob(scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name))
+    try:
+        if not args.headless:
+            return _run_dashboard(source, args.refresh)
+        _log_to_stderr()
+        print(
+            f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s (job log: {job.log_path})",
+            file=sys.stderr,
+        )
+        started = time.monotonic()
+        # torch's import and the process group's start take a few seconds before the timed part.
+        code = job.wait(seconds + 90.0)
+        if code is None:
+            raise UserError(f"the demo job did not finish in {seconds + 90:.0f} s; its log: {job.log_path}")
+        time.sleep(0.3)  # the ranks' last windows are sent at exit; let the collector take them in
+        snapshot = source.snapshot()
+        if code != 0 or not snapshot.runs:
+            why = f"exited with code {code}" if code != 0 else "ran but nothing reported"
+            raise UserError(f"the demo job {why}; last lines of {job.log_path}:\n{job.log_tail()}")
+        sys.stdout.write(_report_text(snapshot, args.format, span_s=time.monotonic() - started))
+        return 0
+    finally:
+        job.stop()
+        source.stop()
+        if recorder is not None:
+            recorder.close()

@@ -1,0 +1,64 @@
+"""A live snapshot source: the collector server plus the GPU and host samplers."""
+
+from __future__ import annotations
+
+import time
+
+from gputop.address import Address
+from gputop.collect.gpu import GpuSamplerThread
+from gputop.collect.host import HostSamplerThread
+from gputop.collect.server import Collector, DisconnectListener, MessageListener
+from gputop.collect.store import Snapshot, Store
+
+
+class LiveSource:
+    """Listens for reporters and samples this machine's GPUs and CPUs."""
+
+    kind = "live"
+
+    def __init__(
+        self,
+        address: Address,
+        *,
+        sample_interval_s: float = 1.0,
+        store: Store | None = None,
+        on_message: MessageListener | None = None,
+        on_disconnect: DisconnectListener | None = None,
+    ) -> None:
+        self.store = store if store is not None else Store()
+        self.collector = Collector(self.store, address, on_message=on_message, on_disconnect=on_disconnect)
+        self._gpu = GpuSamplerThread(self.store, sample_interval_s)
+        self._host = HostSamplerThread(self.store, self.store.rank_pids, sample_interval_s)
+        self._started = False
+
+    @property
+    def description(self) -> str:
+        return f"listening on {self.collector.address}"
+
+    @property
+    def address(self) -> Address:
+        return self.collector.address
+
+    def start(self) -> None:
+        """Bind first (AddressError if taken), then start sampling.  Idempotent."""
+        if self._started:
+            return
+        self.collector.start()
+        self._gpu.start()
+        self._host.start()
+        self._started = True
+
+    def snapshot(self) -> Snapshot:
+        return self.store.snapshot(time.time())
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self._gpu.stop()
+        self._host.stop()
+        self.collector.stop()
+
+    @property
+    def finished(self) -> bool:
+        return False

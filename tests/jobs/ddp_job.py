@@ -1,0 +1,63 @@
+"""A small DDP job for the integration tests: known step count, known loader delay."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import gputop
+
+
+class SleepyData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Each batch costs a known delay (one sample per batch sleeps)."""
+
+    def __init__(self, delay_s: float, batch_size: int) -> None:
+        self.delay_s = delay_s
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay_s and index % self.batch_size == 0:
+            time.sleep(self.delay_s)
+        return torch.ones(64) * (index % 7), torch.tensor(index % 10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--no-watch", action="store_true")
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))
+    if not args.no_watch:
+        gputop.watch(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(
+        SleepyData(args.delay_ms / 1000.0, args.batch_size), batch_size=args.batch_size, num_workers=args.workers
+    )
+    steps = 0
+    for x, y in gputop.track(loader):
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        steps += 1
+        if steps == args.steps:
+            break
+    print(f"rank {dist.get_rank()} steps {steps}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Real 2-rank torchrun (gloo) jobs reporting to a real collector."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gputop import recording
+from gputop.address import Address
+from gputop.collect.server import Collector
+from gputop.collect.store import DONE, Store
+from gputop.stats import rank_stats
+from tests.conftest import finish, needs_torch, snapshot_of, torchrun, wait_for
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+
+def _all_done(collector: Collector, ranks: int = 2) -> bool:
+    views = snapshot_of(collector).all_ranks()
+    return len(views) == ranks and all(v.status == DONE for v in views)
+
+
+def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Collector) -> None:
+    """Steps equal what the script ran; a 20 ms per-batch dataset shows >= 15 ms of loader wait per step."""
+    out = finish(torchrun("ddp_job.py", "--steps", "40", "--delay-ms", "20", port=collector.address.port))
+    assert "rank 0 steps 40" in out and "rank 1 steps 40" in out
+    assert wait_for(lambda: _all_done(collector))
+    (run,) = snapshot_of(collector).runs
+    assert run.world_size == 2
+    assert [v.rank for v in run.ranks] == [0, 1]
+    for view in run.ranks:
+        stats = rank_stats(view.windows)
+        assert stats.steps == 40
+        assert stats.loader_wait_s is not None and stats.loader_wait_s >= 0.015
+        assert stats.comm_s is not None and stats.comm_s > 0
+        assert stats.forward_s is not None and stats.backward_s is not None
+        assert view.hello.backend == "gloo"
+        assert view.hello.ddp is True
+        assert view.hello.loader_batch_size == 8 and view.hello.loader_num_workers == 0
+
+
+def test_collector_started_late_still_counts_every_step() -> None:
+    """The reporter's backlog carries the steps made before any dashboard listened."""
+    probe = Collector(Store(), Address(port=0))
+    probe.start()
+    port = probe.address.port
+    assert port is not None
+    probe.stop()  # keep the port number, free the port: the job starts with nobody listening
+
+    job = torchrun("ddp_job.py", "--steps", "150", "--delay-ms", "20", port=port)
+    time.sleep(3.0)
+    late = Collector(Store(), Address(port=port))
+    late.start()
+    try:
+        finish(job)
+        assert wait_for(lambda: _all_done(late))
+        for view in snapshot_of(late).all_ranks():
+            first = view.windows[0]
+            assert first.seq == 1, "the backlog starts at the run's first window"
+            assert rank_stats(view.windows).steps == 150
+    finally:
+        late.stop()
+
+
+def test_recorder_killed_and_restarted_mid_run_job_exits_zero(tmp_path) -> None:
+    """Killing the dashboard side never hurts training, and the killed recording stays readable."""
+    probe = Collector(Store(), Address(port=0))
+    probe.start()
+    port = probe.address.port
+    probe.stop()
+
+    def record(path):
+        return subprocess.Popen(
+            [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "60", "-o", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    recorder = record(first)
+    job = torchrun("ddp_job.py", "--steps", "250", "--delay-ms", "20", port=port)
+    assert wait_for(lambda: first.exists() and first.read_text().count('"type":"window"') >= 4, timeout_s=60)
+    recorder.send_signal(signal.SIGKILL)
+    recorder.wait()
+    recorder = record(second)
+    try:
+        out = finish(job)
+        assert "rank 0 steps 250" in out and "rank 1 steps 250" in out
+        assert wait_for(lambda: second.read_text().count('"type":"bye"') == 2, timeout_s=20)
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(10)
+
+    store, last_t = recording.load(first)  # the killed one: every complete line reads back
+    assert {v.rank for v in store.snapshot(last_t).all_ranks()} == {0, 1}
+    store, last_t = recording.load(second)
+    for view in store.snapshot(last_t).all_ranks():
+        assert view.status == DONE
+        assert view.windows[-1].step_total == 250
+
+
+def test_watching_costs_nothing_when_disabled(collector: Collector) -> None:
+    """GPUTOP_DISABLE=1 makes watch/track no-ops: the job runs and nothing connects."""
+    out = finish(torchrun("ddp_job.py", "--steps", "10", port=collector.address.port, env={"GPUTOP_DISABLE": "1"}))
+    assert "rank 1 steps 10" in out
+    time.sleep(0.5)
+    assert snapshot_of(collector).runs == ()
+
+
+def test_dataloader_workers_never_report(collector: Collector) -> None:
+    """Forked DataLoader workers inherit the reporter but stay silent; the ranks report their CPU."""
+    finish(torchrun("ddp_job.py", "--steps", "150", "--delay-ms", "5", "--workers", "2", port=collector.address.port))
+    assert wait_for(lambda: _all_done(collector))
+    views = snapshot_of(collector).all_ranks()
+    assert sorted(v.hello.pid for v in views) == sorted({v.hello.pid for v in views})
+    assert len(views) == 2
+    for view in views:
+        assert view.hello.loader_num_workers == 2
+        assert any(w.workers == 2 for w in view.windows)

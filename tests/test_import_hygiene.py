@@ -1,0 +1,45 @@
+"""The three boundaries: a cheap reporter, a torch-free dashboard, a pure diagnosis."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def top_level(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def test_importing_gputop_in_a_training_process_is_cheap() -> None:
+    loaded = top_level(modules_after("import gputop"))
+    assert not loaded & {"torch", "textual", "rich", "psutil", "pynvml", "asyncio"}
+    assert "gputop.collect" not in modules_after("import gputop")
+
+
+@pytest.mark.parametrize(
+    "module", ["gputop.cli", "gputop.collect.live", "gputop.tui.app", "gputop.report", "gputop.recording"]
+)
+def test_the_dashboard_side_never_imports_torch(module: str) -> None:
+    assert "torch" not in top_level(modules_after(f"import {module}"))
+
+
+def test_building_the_cli_parser_does_not_import_torch() -> None:
+    assert "torch" not in top_level(modules_after("from gputop.cli import build_parser; build_parser()"))
+
+
+def test_diagnosis_is_pure() -> None:
+    loaded = top_level(modules_after("import gputop.diagnose"))
+    assert not loaded & {"torch", "textual", "psutil", "pynvml", "socket", "asyncio"}

@@ -1,0 +1,104 @@
+"""Framing and validation of the wire format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gputop.protocol import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    Bye,
+    Event,
+    Hello,
+    ProtocolError,
+    Window,
+    decode,
+    encode,
+    hist_bucket,
+    hist_quantile_s,
+)
+
+
+def test_every_message_type_round_trips() -> None:
+    messages = [
+        Hello(run_id="r", rank=1, world_size=2, device="cuda:0", device_uuid="GPU-abc", loader_pin_memory=True),
+        Window(run_id="r", rank=1, seq=3, t0=1.0, t1=1.5, steps=4, step_hist={40: 4}, comm_s=0.01, overlap_s=0.002),
+        Event(run_id="r", rank=1, t=2.0, kind="error", message="ddp_stats: KeyError"),
+        Bye(run_id="r", rank=1, t=3.0, step_total=40, dropped=2),
+    ]
+    for message in messages:
+        frame = encode(message)
+        assert frame.endswith(b"\n") and frame.count(b"\n") == 1
+        assert decode(frame) == message
+
+
+def test_none_means_not_measured_and_is_left_off_the_wire() -> None:
+    frame = encode(Window(run_id="r", rank=0, seq=1, t0=0.0, t1=0.5))
+    obj = json.loads(frame)
+    assert "comm_s" not in obj and "mem_peak_bytes" not in obj
+    assert decode(frame).comm_s is None
+
+
+@pytest.mark.parametrize(
+    ("frame", "complaint"),
+    [
+        (b"not json\n", "not JSON"),
+        (b"[1, 2]\n", "JSON object"),
+        (json.dumps({"v": 99, "type": "hello", "run_id": "r", "rank": 0}).encode(), "protocol version"),
+        (json.dumps({"v": PROTOCOL_VERSION, "type": "pickle", "run_id": "r", "rank": 0}).encode(), "unknown"),
+        (json.dumps({"v": PROTOCOL_VERSION, "type": "hello", "run_id": "r", "rank": "zero"}).encode(), "rank"),
+        (json.dumps({"v": PROTOCOL_VERSION, "type": "hello", "rank": 0}).encode(), "run_id"),
+        (
+            json.dumps(
+                {
+                    "v": PROTOCOL_VERSION,
+                    "type": "window",
+                    "run_id": "r",
+                    "rank": 0,
+                    "seq": 1,
+                    "t0": 0,
+                    "t1": 1,
+                    "steps": True,
+                }
+            ).encode(),
+            "steps",
+        ),  # fmt: skip
+        (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":NaN}', "t1"),
+    ],
+)
+def test_bad_frames_are_rejected_with_a_reason(frame: bytes, complaint: str) -> None:
+    with pytest.raises(ProtocolError, match=complaint):
+        decode(frame)
+
+
+def test_oversized_frame_is_rejected_before_parsing() -> None:
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(b"{" + b" " * MAX_FRAME_BYTES + b"}")
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
+    obj = json.loads(encode(Bye(run_id="r", rank=0, t=1.0)))
+    obj["from_the_future"] = {"x": 1}
+    assert decode(json.dumps(obj)) == Bye(run_id="r", rank=0, t=1.0)
+
+
+@given(st.floats(min_value=1e-5, max_value=1e4))
+def test_histogram_buckets_are_within_a_fifth_of_the_duration(seconds: float) -> None:
+    mid = hist_quantile_s({hist_bucket(seconds): 1}, 0.5)
+    assert mid is not None
+    if 1e-4 < seconds < 1e3:
+        assert abs(mid - seconds) / seconds < 0.2
+
+
+def test_histogram_quantiles_merge_across_windows() -> None:
+    hist: dict[int, int] = {}
+    for d in [0.010] * 90 + [0.100] * 10:
+        hist[hist_bucket(d)] = hist.get(hist_bucket(d), 0) + 1
+    p50, p95 = hist_quantile_s(hist, 0.5), hist_quantile_s(hist, 0.95)
+    assert p50 is not None and abs(p50 - 0.010) < 0.002
+    assert p95 is not None and abs(p95 - 0.100) < 0.02
+    assert hist_quantile_s({}, 0.5) is None

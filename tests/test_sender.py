@@ -1,0 +1,92 @@
+"""The reporter's link: backlog, drops, reconnect; it never blocks."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from gputop.address import Address
+from gputop.collect.server import Collector
+from gputop.collect.store import Store
+from gputop.protocol import Hello, Window, encode
+from gputop.reporter.sender import Sender
+from tests.conftest import snapshot_of, wait_for, window_count
+
+
+def frames(n: int, start: int = 1) -> list[bytes]:
+    return [
+        encode(Window(run_id="r", rank=0, seq=i, t0=i, t1=i + 0.5, steps=1, step_total=i))
+        for i in range(start, start + n)
+    ]
+
+
+def test_without_a_dashboard_the_backlog_keeps_the_newest_and_counts_drops() -> None:
+    sender = Sender(Address(port=1), backlog_frames=10)  # port 1: nobody listens
+    for frame in frames(25):
+        sender.enqueue(frame)
+        sender.pump()
+    assert not sender.connected
+    assert len(sender.backlog) == 10 and sender.dropped == 15
+    assert sender.backlog[0] == frames(1, start=16)[0]
+
+
+def test_late_dashboard_gets_hello_then_the_whole_backlog(collector: Collector) -> None:
+    sender = Sender(collector.address, backlog_frames=100)
+    sender.set_hello(encode(Hello(run_id="r", rank=0)))
+    for frame in frames(30):
+        sender.enqueue(frame)
+    assert wait_for(lambda: (sender.pump(), sender.idle)[1], timeout_s=5)
+    assert wait_for(lambda: window_count(collector) == 30)
+    sender.close()
+
+
+def test_frozen_dashboard_costs_drops_not_time() -> None:
+    """A listener that never reads: enqueue+pump stay fast, the backlog is bounded, drops are counted."""
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(1)
+    sender = Sender(Address(port=frozen.getsockname()[1]), backlog_frames=50)
+    sender.set_hello(encode(Hello(run_id="r", rank=0)))
+    big = encode(Hello(run_id="r", rank=0, name="x" * 60_000))
+    slowest = 0.0
+    for _ in range(400):  # ~24 MB: far more than the kernel buffers hold
+        t0 = time.perf_counter()
+        sender.enqueue(big)
+        sender.pump()
+        slowest = max(slowest, time.perf_counter() - t0)
+    assert sender.connected
+    assert len(sender.backlog) <= 50
+    assert sender.dropped > 0
+    assert slowest < 1.0  # a generous bound: the point is that it never blocks on the socket
+    sender.close()
+    frozen.close()
+
+
+def test_reconnects_after_the_dashboard_restarts() -> None:
+    first = Collector(Store(), Address(port=0))
+    first.start()
+    port = first.address.port
+    sender = Sender(first.address, backlog_frames=100)
+    sender.set_hello(encode(Hello(run_id="r", rank=0)))
+    for frame in frames(3):
+        sender.enqueue(frame)
+    assert wait_for(lambda: (sender.pump(), sender.idle)[1])
+    first.stop()
+    second = Collector(Store(), Address(port=port))
+    second.start()
+    try:
+        seq = 4
+
+        def more() -> bool:
+            nonlocal seq
+            sender.enqueue(frames(1, start=seq)[0])
+            seq += 1
+            sender.pump(time.monotonic() + 10)  # past any backoff
+            return window_count(second) > 0
+
+        assert wait_for(more, timeout_s=10, interval_s=0.1)
+        assert sender.connects == 2
+        assert snapshot_of(second).all_ranks()[0].hello.run_id == "r"
+    finally:
+        sender.close()
+        second.stop()

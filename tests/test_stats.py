@@ -1,0 +1,45 @@
+"""Per-rank figures over windows: what "loader wait %" and "steps" mean everywhere."""
+
+from __future__ import annotations
+
+from gputop.protocol import Window
+from gputop.stats import count_steps, rank_stats, recent
+
+
+def w(seq: int, steps: int, total: int, **kw: object) -> Window:
+    return Window(run_id="r", rank=0, seq=seq, t0=seq * 0.5, t1=(seq + 1) * 0.5, steps=steps, step_total=total, **kw)  # type: ignore[arg-type]
+
+
+def test_steps_count_survives_a_missing_window() -> None:
+    windows = [w(1, 5, 5), w(2, 5, 10), w(4, 5, 20)]  # window 3 (5 steps) was lost
+    assert count_steps(windows) == 20
+    assert count_steps([w(7, 3, 33)]) == 3  # a history that starts late counts only its own steps
+    assert count_steps([]) == 0
+
+
+def test_loader_wait_share_is_wait_over_wall_step_time() -> None:
+    windows = [
+        w(1, 10, 10, step_time_sum_s=1.0, loader_wait_s=0.25, loader_batches=10),
+        w(2, 10, 20, step_time_sum_s=1.0, loader_wait_s=0.15, loader_batches=10),
+    ]
+    stats = rank_stats(windows)
+    assert abs(stats.loader_wait_frac - 0.2) < 1e-9  # type: ignore[operator]
+    assert abs(stats.loader_wait_s - 0.02) < 1e-9  # type: ignore[operator]
+    assert abs(stats.step_time_mean_s - 0.1) < 1e-9  # type: ignore[operator]
+
+
+def test_untracked_loader_is_not_measured_rather_than_zero() -> None:
+    stats = rank_stats([w(1, 10, 10, step_time_sum_s=1.0)])
+    assert stats.loader_wait_frac is None and stats.loader_wait_s is None
+    assert stats.comm_s is None and stats.exposed_comm_frac is None and stats.mem_peak_bytes is None
+
+
+def test_exposed_comm_subtracts_overlap() -> None:
+    stats = rank_stats([w(1, 10, 10, step_time_sum_s=1.0, comm_s=0.03, overlap_s=0.01)])
+    assert abs(stats.exposed_comm_s - 0.02) < 1e-9  # type: ignore[operator]
+    assert abs(stats.exposed_comm_frac - 0.2) < 1e-9  # type: ignore[operator]
+
+
+def test_recent_keeps_the_newest_span() -> None:
+    windows = [w(i, 1, i) for i in range(1, 41)]
+    assert [x.seq for x in recent(windows, 2.0)] == [37, 38, 39, 40]
