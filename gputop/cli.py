@@ -304,6 +304,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not args.headless:
             return _run_dashboard(source, args.refresh)
         _log_to_stderr()
+        assert seconds is not None  # headless runs always have a length
         print(
             f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s (job log: {job.log_path})",
             file=sys.stderr,

@@ -122,7 +122,7 @@ class Reporter:
         self.clock.mark_step()
 
     def _install_step_hook(self) -> None:
-        optim = sys.modules.get("torch.optim.optimizer")
+        optim: Any = sys.modules.get("torch.optim.optimizer")
         if optim is None:
             try:
                 import torch.optim.optimizer as optim
