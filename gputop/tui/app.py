@@ -91,30 +91,36 @@ class GputopApp(App[int]):
         self._last_failure = ""
 
     def compose(self) -> ComposeResult:
-        yield HeaderBar(source_text=self.source.description, id="header")
-        gpus = GpuPanel(id="gpus")
-        gpus.border_title = "GPUs"
-        yield gpus
-        empty = EmptyState(id="empty")
-        empty.listen = ""
-        empty.source_text = self.source.description
-        yield empty
+        # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
+        self.header = HeaderBar(source_text=self.source.description, id="header")
+        self.gpus = GpuPanel(id="gpus")
+        self.empty = EmptyState(id="empty")
+        self.ranks_box = Vertical(id="ranks-box")
+        self.table = RanksTable(id="ranks")
+        self.findings_box = VerticalScroll(id="findings-box")
+        self.findings = FindingsPanel(id="findings")
+        self.history = HistoryPanel(id="history")
+        self.gpus.border_title = "GPUs"
+        self.ranks_box.border_title = "ranks"
+        self.findings_box.border_title = "findings"
+        self.history.border_title = "history"
+        self.empty.border_title = "waiting for a run"
+        self.empty.source_text = self.source.description
+        self.findings.diagnosis = "off" if self.diagnoser is None else "waiting"
+        yield self.header
+        yield self.gpus
+        yield self.empty
         with Horizontal(id="middle"):
-            with Vertical(id="ranks-box"):
-                yield RanksTable(id="ranks")
-            with VerticalScroll(id="findings-box"):
-                yield FindingsPanel(id="findings")
-        yield HistoryPanel(id="history")
+            with self.ranks_box:
+                yield self.table
+            with self.findings_box:
+                yield self.findings
+        yield self.history
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#ranks-box").border_title = "ranks"
-        self.query_one("#findings-box").border_title = "findings"
-        self.query_one("#history").border_title = "history"
-        self.query_one("#empty").border_title = "waiting for a run"
-        self.query_one(FindingsPanel).diagnosis = "off" if self.diagnoser is None else "waiting"
-        self.set_class(True, "-empty")
-        self.query_one(RanksTable).focus()
+        self.screen.set_class(True, "-empty")
+        self.table.focus()
         self._fetch()
         self.set_interval(self.refresh_s, self._fetch)
 
@@ -149,8 +155,10 @@ class GputopApp(App[int]):
         return findings, "ok"
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        if not self.table.is_attached:  # a message that arrives while the app shuts down
+            return
         self._newest = message.view
-        self.query_one(HeaderBar).finished = message.finished
+        self.header.finished = message.finished
         if not self.paused:
             self._show(message.view)
 
@@ -164,10 +172,10 @@ class GputopApp(App[int]):
     def _show(self, view: DashboardView) -> None:
         self.view = view
         snapshot = view.snapshot
-        self.query_one(HeaderBar).view = view
-        self.set_class(view.empty, "-empty")
+        self.header.view = view
+        self.table.screen.set_class(view.empty, "-empty")
 
-        gpus = self.query_one(GpuPanel)
+        gpus = self.gpus
         gpus.compact = self.size.height < SHORT_HEIGHT
         gpus.rows = view.gpu_rows
         gpus.unavailable = view.gpu_unavailable
@@ -175,18 +183,18 @@ class GputopApp(App[int]):
         gpus.tooltip = self._gpu_tooltip(view)
 
         if view.empty:
-            empty = self.query_one(EmptyState)
+            empty = self.empty
             empty.listen = snapshot.listen
             empty.rejected = snapshot.rejected
         else:
-            table = self.query_one(RanksTable)
+            table = self.table
             table.show(view.rank_rows, Palette.from_app(self))
             self._title_ranks(table)
-            findings = self.query_one(FindingsPanel)
+            findings = self.findings
             findings.findings = view.findings
             findings.diagnosis = view.diagnosis
             findings.brief = self.size.height < SHORT_HEIGHT
-            box = self.query_one("#findings-box")
+            box = self.findings_box
             worst = view.findings[0].severity if view.findings else ""
             box.set_class(worst == "critical", "-critical")
             box.set_class(worst == "warn", "-warn")
@@ -204,11 +212,11 @@ class GputopApp(App[int]):
         title = f"ranks ({n}) · sort: {table.sort_key.name}"
         if view and any(r.slowest for r in view.rank_rows):
             title += " · ▲ slowest"
-        self.query_one("#ranks-box").border_title = title
+        self.ranks_box.border_title = title
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected
-        history = self.query_one(HistoryPanel)
+        history = self.history
         rank = view.rank(key) if (view is not None and key is not None) else None
         if view is None or rank is None:
             history.series = None
@@ -256,12 +264,12 @@ class GputopApp(App[int]):
         self.paused = not self.paused
 
     def watch_paused(self, paused: bool) -> None:
-        self.query_one(HeaderBar).paused = paused
+        self.header.paused = paused
         if not paused and self._newest is not None and self._newest is not self.view:
             self._show(self._newest)
 
     def action_sort(self) -> None:
-        table = self.query_one(RanksTable)
+        table = self.table
         table.action_cycle_sort()
         self._title_ranks(table)
 

@@ -1,0 +1,244 @@
+"""The dashboard's behaviour, driven through Textual's pilot with fixed data."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import tui_fixtures as fx
+from textual.pilot import Pilot
+
+from gputop.collect.source import FixedSource
+from gputop.collect.store import Snapshot
+from gputop.diagnose.findings import Evidence, Finding
+from gputop.tui.app import GputopApp
+from gputop.tui.screens.detail import RankDetailScreen
+from gputop.tui.screens.help import HelpScreen
+from gputop.tui.widgets.findings import FindingsPanel
+from gputop.tui.widgets.gpu_panel import GpuPanel
+from gputop.tui.widgets.ranks_table import RanksTable
+
+FAST_S = 0.05  # tests poll faster than a user would, to stay quick
+
+
+async def shown(pilot: Pilot[int], snapshot: Snapshot | None = None, *, max_pauses: int = 100) -> GputopApp:
+    """Wait until the app shows ``snapshot`` (or any snapshot), and return the app."""
+    app = pilot.app
+    assert isinstance(app, GputopApp)
+    for _ in range(max_pauses):
+        view = app.view
+        if view is not None and (snapshot is None or view.snapshot is snapshot):
+            await pilot.pause()
+            return app
+        await pilot.pause(FAST_S / 2)
+    raise AssertionError("the dashboard never showed the snapshot")
+
+
+def table_text(app: GputopApp) -> list[list[str]]:
+    table = app.query_one(RanksTable)
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+class FakeDiagnoser:
+    """Returns what it is told to, and counts its calls."""
+
+    def __init__(self, findings: Sequence[Finding] = (), fail: bool = False) -> None:
+        self.findings = list(findings)
+        self.fail = fail
+        self.calls = 0
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("rule exploded")
+        return self.findings
+
+
+LOADER = Finding(
+    cause="data_loading",
+    severity="warn",
+    title="rank 1 waits for data 42% of each step",
+    suggestion="DataLoader(num_workers=8, pin_memory=True, persistent_workers=True)",
+    evidence=(Evidence("loader_wait_pct", 42.0, 5.0, "%", rank=1),),
+    ranks=(1,),
+)
+STRAGGLER = Finding(cause="straggler", severity="critical", title="rank 5 holds the others back", suggestion="x")
+
+
+class TestData:
+    """Data reaches the widgets through the worker, and changes show up."""
+
+    async def test_ranks_appear(self) -> None:
+        source = FixedSource(fx.two_ranks())
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            rows = table_text(app)
+            assert [r[0].strip(" ▲") for r in rows] == ["0", "1"]
+
+    async def test_a_rank_appearing_later(self) -> None:
+        source = FixedSource(fx.empty())
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            assert app.query_one("#empty").display
+            assert app.query_one(RanksTable).row_count == 0
+            snapshot = fx.two_ranks()
+            source.set(snapshot)
+            await shown(pilot, snapshot)
+            assert app.query_one(RanksTable).row_count == 2
+            assert not app.query_one("#empty").display
+
+    async def test_a_rank_going_lost(self) -> None:
+        source = FixedSource(fx.two_ranks())
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            assert [r[-1] for r in table_text(app)] == ["live", "live"]
+            snapshot = fx.lost_rank()
+            source.set(snapshot)
+            await shown(pilot, snapshot)
+            assert [r[-1] for r in table_text(app)] == ["live", "lost"]
+            assert "1 not live" in str(app.query_one("#header").render())
+
+    async def test_sixty_four_ranks_render_and_refresh_keeps_up(self) -> None:
+        """All 64 rows are there, and each new snapshot is shown within a few refresh periods."""
+        source = FixedSource(fx.big_run())
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            assert app.query_one(RanksTable).row_count == 64
+            assert sorted(int(r[0].strip(" ▲")) for r in table_text(app)) == list(range(64))
+            for n_windows in (21, 22, 23):
+                snapshot = fx.big_run(n_windows=n_windows)
+                source.set(snapshot)
+                await shown(pilot, snapshot, max_pauses=200)
+                assert app.query_one(RanksTable).row_count == 64
+
+    async def test_no_gpu_data_says_why(self) -> None:
+        async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            text = str(app.query_one(GpuPanel).render())
+            assert text.startswith("no GPU data: NVML library not found")
+
+    async def test_na_is_never_zero(self) -> None:
+        async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            table = app.query_one(RanksTable)
+            memory = table.get_column_index("mem")
+            assert all(row[memory] == "N/A" for row in table_text(app))
+
+    async def test_a_failing_source_keeps_the_last_view(self) -> None:
+        class Broken(FixedSource):
+            fail = False
+
+            def snapshot(self) -> Snapshot:
+                if self.fail:
+                    raise OSError("collector gone")
+                return super().snapshot()
+
+        source = Broken(fx.two_ranks())
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            source.fail = True
+            await pilot.pause(FAST_S * 4)
+            assert app.query_one(RanksTable).row_count == 2
+            assert any("collector gone" in str(n.message) for n in app._notifications)
+
+
+class TestKeys:
+    """q, ?, p, s, enter, esc."""
+
+    async def test_sort_cycles_and_keeps_runs_grouped(self) -> None:
+        async with GputopApp(FixedSource(fx.two_runs()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            table = app.query_one(RanksTable)
+            assert table.sort_key.name == "rank"
+            await pilot.press("s", "s")  # step p50, then loader wait
+            assert table.sort_key.name == "loader wait"
+            runs = [r[0] for r in table_text(app)]
+            assert runs == ["train.py", "train.py", "finetune.py"]
+            assert "sort: loader wait" in str(app.query_one("#ranks-box").border_title)
+
+    async def test_sort_by_loader_puts_the_waiting_rank_first(self) -> None:
+        async with GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            await pilot.press("s", "s")
+            assert table_text(app)[0][0].strip(" ▲") == "1"
+
+    async def test_pause_freezes_the_view(self) -> None:
+        source = FixedSource(fx.empty())
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            await pilot.press("p")
+            assert "PAUSED" in str(app.query_one("#header").render())
+            snapshot = fx.two_ranks()
+            source.set(snapshot)
+            await pilot.pause(FAST_S * 4)
+            assert app.view is not None and app.view.snapshot is not snapshot
+            assert app.query_one(RanksTable).row_count == 0
+            await pilot.press("p")
+            await shown(pilot, snapshot)
+            assert app.query_one(RanksTable).row_count == 2
+            assert "PAUSED" not in str(app.query_one("#header").render())
+
+    async def test_enter_opens_the_rank_and_esc_goes_back(self) -> None:
+        async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            await pilot.press("down", "enter")
+            assert isinstance(app.screen, RankDetailScreen)
+            assert app.screen.key == "run-cpu:1"
+            await pilot.pause()
+            title = str(app.screen.query_one("#detail-title").render())
+            assert "rank 1" in title
+            na = str(app.screen.query_one("#detail-na").render())
+            assert "memory: CPU run" in na
+            facts = str(app.screen.query_one("#detail-facts").render())
+            assert "gloo" in facts and "num_workers" in facts
+            await pilot.press("escape")
+            assert not isinstance(app.screen, RankDetailScreen)
+
+    async def test_clicking_a_row_opens_it(self) -> None:
+        async with GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            table = app.query_one(RanksTable)
+            await pilot.click(RanksTable, offset=(3, 2))  # header is line 0; rank 1 is line 2
+            await pilot.click(RanksTable, offset=(3, 2))
+            assert table.selected_key == "run-a:1"
+            assert isinstance(app.screen, RankDetailScreen)
+
+    async def test_help_and_quit(self) -> None:
+        async with GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            await shown(pilot)
+            await pilot.press("question_mark")
+            assert isinstance(pilot.app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(pilot.app.screen, HelpScreen)
+            await pilot.press("q")
+        assert pilot.app.return_code == 0
+
+
+class TestFindings:
+    """The findings panel says truthfully what the diagnosis did."""
+
+    @pytest.mark.parametrize(
+        ("diagnoser", "expected"),
+        [
+            (None, "no rules active"),
+            (FakeDiagnoser(), "no issues found"),
+            (FakeDiagnoser(fail=True), "diagnosis failed: RuntimeError: rule exploded"),
+        ],
+    )
+    async def test_nothing_to_show(self, diagnoser: FakeDiagnoser | None, expected: str) -> None:
+        factory = (lambda: diagnoser) if diagnoser is not None else None
+        app = GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S, diagnoser_factory=factory)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await shown(pilot)
+            assert expected in str(app.query_one(FindingsPanel).render())
+
+    async def test_worst_first(self) -> None:
+        diagnoser = FakeDiagnoser([LOADER, STRAGGLER])
+        app = GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S, diagnoser_factory=lambda: diagnoser)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await shown(pilot)
+            lines = str(app.query_one(FindingsPanel).render()).splitlines()
+            assert "holds the others back" in lines[0]
+            assert "waits for data" in lines[2]
+            assert "num_workers=8" in lines[3]
+            assert diagnoser.calls >= 1

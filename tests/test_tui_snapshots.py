@@ -1,0 +1,108 @@
+"""How the dashboard looks, at 80×24 and 160×48, from fixed data (pytest-textual-snapshot).
+
+Regenerate after an intended change with ``pytest tests/test_tui_snapshots.py --snapshot-update``
+and look at the SVGs before committing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import tui_fixtures as fx
+from textual.pilot import Pilot
+
+from gputop.collect.source import FixedSource
+from gputop.collect.store import Snapshot
+from gputop.diagnose.findings import Evidence, Finding
+from gputop.tui.app import GputopApp
+
+SMALL = (80, 24)
+LARGE = (160, 48)
+
+SnapCompare = Callable[..., bool]
+
+FINDINGS = [
+    Finding(
+        cause="straggler",
+        severity="critical",
+        title="rank 5 holds the others back: they wait 25% of each step for it",
+        suggestion="rank 5 waits for data 25% of its step: give its host more DataLoader workers",
+        evidence=(Evidence("loader_wait_pct", 25.0, 5.0, "%", rank=5),),
+        ranks=(5,),
+    ),
+    Finding(
+        cause="allocation",
+        severity="warn",
+        title="pid 9999 (jupyter) holds 2.0 GiB on GPU 3, which rank 3 trains on",
+        suggestion="stop the notebook kernel or move it to a GPU the job does not use",
+        gpus=(3,),
+    ),
+]
+
+
+class StaticDiagnoser:
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = findings
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        return self.findings
+
+
+def make_app(snapshot: Snapshot, name: str, findings: list[Finding] | None = None) -> GputopApp:
+    factory = (lambda: StaticDiagnoser(findings)) if findings is not None else None
+    return GputopApp(FixedSource(snapshot, description=f"fixed data: {name}"), diagnoser_factory=factory)
+
+
+def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
+    """Wait for the first snapshot to be shown, then press ``keys``."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, GputopApp)
+        for _ in range(200):
+            if app.view is not None:
+                break
+            await pilot.pause(0.01)
+        await pilot.pause()
+        if keys:
+            await pilot.press(*keys)
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
+class TestTwoRanks:
+    """A 2-rank CUDA run where rank 1 waits for data: the common case."""
+
+    def test_main(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        assert snap_compare(make_app(fx.two_ranks(), "two_ranks", []), terminal_size=size, run_before=after())
+
+    def test_detail(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        app = make_app(fx.two_ranks(), "two_ranks", [])
+        assert snap_compare(app, terminal_size=size, run_before=after("down", "enter"))
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
+class TestBigRun:
+    """64 ranks on 8 nodes, this node's 8 GPUs, a straggler and a foreign process, with findings."""
+
+    def test_main(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        assert snap_compare(make_app(fx.big_run(), "big_run", FINDINGS), terminal_size=size, run_before=after())
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
+class TestNoGpu:
+    """A CPU gloo run on a machine without NVML: one line says why, memory is N/A."""
+
+    def test_main(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        assert snap_compare(make_app(fx.no_gpu(), "no_gpu"), terminal_size=size, run_before=after())
+
+
+class TestEmpty:
+    """Nothing reports yet: where the dashboard listens and the two lines to add."""
+
+    def test_small(self, snap_compare: SnapCompare) -> None:
+        assert snap_compare(make_app(fx.empty(), "empty"), terminal_size=SMALL, run_before=after())
