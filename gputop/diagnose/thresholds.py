@@ -44,12 +44,11 @@ EXPOSED_COMM_CRITICAL_FRAC = 0.30
 
 # --- straggler -----------------------------------------------------------------
 
-# gputop: a rank is slow when its own time (step time minus exposed comm) is at
-# least 20% above the median of the other ranks.  Run-to-run noise of DDP step
-# times on a quiet machine is a few percent; 20% is well clear of it.
-STRAGGLER_OWN_EXCESS_FRAC = 0.20
-# The others' wait for the slow rank shows up as their exposed communication,
-# so the severity lines are communication's (torch-tb-profiler's 10%, and 30%).
+# A rank is slow when its own time (step time minus exposed comm) exceeds the
+# other ranks' median by more than STRAGGLER_WAIT_WARN_FRAC of its step: DDP
+# synchronizes every step, so that excess is what the others wait for it, and
+# it is graded like communication, whose cost it is.  The others' wait beyond
+# the slow rank's own exposed comm (the exchange's base cost) sets the severity.
 STRAGGLER_WAIT_WARN_FRAC = EXPOSED_COMM_WARN_FRAC
 STRAGGLER_WAIT_CRITICAL_FRAC = EXPOSED_COMM_CRITICAL_FRAC
 

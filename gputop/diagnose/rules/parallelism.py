@@ -88,9 +88,10 @@ def parallelism_findings(run: RunFacts) -> list[Finding]:
         for r in ranks
         if r.hello.loader_batch_size is not None
         and r.hello.loader_batch_size <= SMALL_BATCH_SIZE
-        and r.stats.step_time_p50_s is not None
+        and r.stats.step_time_mean_s is not None
     ]
-    step = median([r.stats.step_time_p50_s or 0.0 for r in small])
+    # The mean, not the histogram's p50: fixed per-step cost is about the average step.
+    step = median([r.stats.step_time_mean_s or 0.0 for r in small])
     severity = grade_below(step, TINY_STEP_WARN_S, TINY_STEP_CRITICAL_S)
     if severity is not None and step is not None and small:
         threshold = TINY_STEP_CRITICAL_S if severity == "critical" else TINY_STEP_WARN_S

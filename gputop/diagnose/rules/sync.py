@@ -20,7 +20,6 @@ from gputop.diagnose.rules.loading import loader_suggestion
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_CRITICAL_FRAC,
     EXPOSED_COMM_WARN_FRAC,
-    STRAGGLER_OWN_EXCESS_FRAC,
     STRAGGLER_WAIT_CRITICAL_FRAC,
     STRAGGLER_WAIT_WARN_FRAC,
 )
@@ -55,17 +54,20 @@ def straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Fin
     ranks = [r for r in run.measured if r.own_s is not None and r.exposed_comm_frac is not None]
     if len(ranks) < 2:
         return loader_only_straggler_findings(run, ranks_on_host)
-    slow: list[tuple[RankFacts, float]] = []
+    slow: list[tuple[RankFacts, float]] = []  # (rank, its own-time excess as a share of its step)
     for rank in ranks:
         others = median([r.own_s or 0.0 for r in ranks if r is not rank])
-        if others and rank.own_s is not None and rank.own_s > others * (1 + STRAGGLER_OWN_EXCESS_FRAC):
-            slow.append((rank, rank.own_s / others))
+        step = rank.stats.step_time_mean_s
+        if others is not None and rank.own_s is not None and step:
+            excess = (rank.own_s - others) / step
+            if excess > STRAGGLER_WAIT_WARN_FRAC:
+                slow.append((rank, excess))
     # A straggler is a minority; when most ranks are "slow" there is no typical rank to compare with.
     if not slow or len(slow) > len(ranks) // 2:
         return []
     slow_ids = {r.rank for r, _ in slow}
     waiting = [r for r in ranks if r.rank not in slow_ids]
-    worst, ratio = max(slow, key=lambda pair: pair[1])
+    worst, excess = max(slow, key=lambda pair: pair[1])
     # The slow rank arrives last at the all-reduce, so its own exposed comm is the
     # exchange's base cost, which every rank pays (communication's business).  What
     # the others wait beyond that base is what the straggler costs them.
@@ -86,7 +88,7 @@ def straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Fin
     title += PHASE_TEXT[phase.name].format(share=pct(phase.share))
     title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
     evidence = (
-        Evidence("own_time_vs_others", ratio, 1 + STRAGGLER_OWN_EXCESS_FRAC, "x", rank=worst.rank),
+        Evidence("own_time_excess_pct", pct(excess), pct(STRAGGLER_WAIT_WARN_FRAC), "%", rank=worst.rank),
         Evidence(f"{phase.name}_pct", pct(phase.share), pct(others_share), "%", rank=worst.rank),
         Evidence("others_wait_pct", pct(wait_frac), pct(threshold), "%"),
     )
@@ -142,7 +144,7 @@ def loader_only_straggler_findings(run: RunFacts, ranks_on_host: dict[str, int])
     for rank in ranks:
         others = median([r.stats.loader_wait_frac or 0.0 for r in ranks if r is not rank]) or 0.0
         mine = rank.stats.loader_wait_frac or 0.0
-        if mine > others * (1 + STRAGGLER_OWN_EXCESS_FRAC):
+        if mine - others > STRAGGLER_WAIT_WARN_FRAC:
             found.append((rank, mine - others, others))
     if not found or len(found) > len(ranks) // 2:
         return []

@@ -1,0 +1,181 @@
+"""Snapshots for the diagnosis tests, built from a few numbers per rank.
+
+A ``RankSpec`` says what a rank's steps look like as shares of the step
+(loader wait, forward, backward, comm, overlap); ``make_snapshot`` turns specs
+into hello and window messages fed through a real ``Store``, so the rules see
+exactly what they would see live.  A share given as None is sent as not
+measured (N/A), never as zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputop.collect.samples import GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
+from gputop.collect.store import Snapshot, Store
+from gputop.protocol import Hello, Window, hist_bucket
+
+GIB = 1 << 30
+WINDOW_S = 0.5
+T0 = 1_000_000.0
+
+
+@dataclass
+class RankSpec:
+    """One rank's steady state, as shares of wall step time."""
+
+    rank: int = 0
+    step_s: float = 0.1
+    loader_frac: float | None = 0.01  # None: the loader is not tracked
+    forward_frac: float | None = 0.3  # None: no DDP timings
+    backward_frac: float | None = 0.5
+    comm_frac: float | None = 0.1
+    overlap_frac: float | None = 0.08
+    cpu_pct: float | None = 80.0
+    workers: int | None = None
+    workers_cpu_pct: float | None = None
+    mem_peak_frac: float | None = None  # of mem_total_bytes; None: no CUDA memory figures
+    mem_total_bytes: int = 80 * GIB
+    mem_reserved_over_allocated: float = 1.1
+    alloc_retries_per_window: int = 0
+    ooms_per_window: int = 0
+    gpu_step_frac: float | None = None  # GPU step time as a share of wall step time
+    hello: dict[str, Any] = field(default_factory=dict)  # Hello field overrides
+    status: str = "live"  # "lost": the rank stops reporting long before the snapshot
+
+
+def cuda_hello(index: int = 0, **overrides: Any) -> dict[str, Any]:
+    """Hello fields of a rank on an A100 (its device UUID matches ``gpu_reading(index)``)."""
+    facts: dict[str, Any] = {
+        "device": f"cuda:{index}",
+        "device_name": "NVIDIA A100-SXM4-80GB",
+        "device_uuid": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
+        "device_total_bytes": 80 * GIB,
+        "backend": "nccl",
+    }
+    facts.update(overrides)
+    return facts
+
+
+def gpu_reading(index: int = 0, *, util_pct: float | None = 90.0, processes: Sequence[GpuProcess] = ()) -> GpuReading:
+    return GpuReading(
+        index=index,
+        uuid=f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
+        name="NVIDIA A100-SXM4-80GB",
+        util_pct=util_pct,
+        mem_total_bytes=80 * GIB,
+        processes=tuple(processes),
+    )
+
+
+def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -> list[Window]:
+    n = max(round(seconds / WINDOW_S), 1)
+    steps = max(round(WINDOW_S / spec.step_s), 1)
+    step = spec.step_s
+    out = []
+    for i in range(n):
+        t1 = t_end - (n - 1 - i) * WINDOW_S
+        peak = None
+        if spec.mem_peak_frac is not None:
+            peak = int(spec.mem_peak_frac * spec.mem_total_bytes)
+        allocated = int(0.5 * peak) if peak is not None else None
+        out.append(
+            Window(
+                run_id=run_id,
+                rank=spec.rank,
+                seq=i,
+                t0=t1 - WINDOW_S,
+                t1=t1,
+                steps=steps,
+                step_total=steps * (i + 1),
+                step_time_sum_s=steps * step,
+                step_time_p50_s=step,
+                step_time_p95_s=step,
+                step_time_max_s=step,
+                step_hist={hist_bucket(step): steps},
+                gpu_step_time_p50_s=spec.gpu_step_frac * step if spec.gpu_step_frac is not None else None,
+                loader_wait_s=(spec.loader_frac or 0.0) * steps * step,
+                loader_batches=steps if spec.loader_frac is not None else 0,
+                forward_s=_per_step(spec.forward_frac, step),
+                backward_s=_per_step(spec.backward_frac, step),
+                comm_s=_per_step(spec.comm_frac, step),
+                overlap_s=_per_step(spec.overlap_frac, step) if spec.comm_frac is not None else None,
+                mem_allocated_bytes=allocated,
+                mem_reserved_bytes=int(allocated * spec.mem_reserved_over_allocated) if allocated else None,
+                mem_peak_bytes=peak,
+                mem_total_bytes=spec.mem_total_bytes if peak is not None else None,
+                alloc_retries=spec.alloc_retries_per_window * i if peak is not None else None,
+                ooms=spec.ooms_per_window * i if peak is not None else None,
+                cpu_pct=spec.cpu_pct,
+                workers=spec.workers,
+                workers_cpu_pct=spec.workers_cpu_pct,
+            )
+        )
+    return out
+
+
+def _per_step(frac: float | None, step_s: float) -> float | None:
+    return None if frac is None else frac * step_s
+
+
+def make_snapshot(
+    specs: Sequence[RankSpec],
+    *,
+    run_id: str = "run",
+    more_runs: dict[str, Sequence[RankSpec]] | None = None,
+    seconds: float = 10.0,
+    hello: dict[str, Any] | None = None,
+    gpus: Sequence[GpuReading] | None = None,
+    gpu_unavailable: str | None = None,
+    host: HostSample | None = None,
+) -> Snapshot:
+    """A snapshot at the end of ``seconds`` of steady state for each run's ranks.
+
+    ``hello`` overrides Hello fields for every rank (a spec's own ``hello`` wins).
+    """
+    store = Store()
+    t_end = T0 + seconds
+    runs = {run_id: specs, **(more_runs or {})}
+    for rid, rank_specs in runs.items():
+        for spec in rank_specs:
+            facts: dict[str, Any] = {
+                "world_size": len(rank_specs),
+                "hostname": "node0",
+                "pid": 1000 + 10 * len(rid) + spec.rank,
+                "device": "cpu",
+                "backend": "gloo" if len(rank_specs) > 1 else None,
+                "loader_batch_size": 64,
+                "loader_num_workers": 0,
+                "torch_threads": 1,
+                "cpu_count": 16,
+            }
+            facts.update(hello or {})
+            facts.update(spec.hello)
+            store.ingest(Hello(run_id=rid, rank=spec.rank, **facts), T0)
+            # A lost rank went silent 6 s before the snapshot: past the store's 5 s LOST_AFTER_S.
+            end = t_end - 6.0 if spec.status == "lost" else t_end
+            for window in rank_windows(spec, rid, seconds=seconds if spec.status != "lost" else seconds / 2, t_end=end):
+                store.ingest(window, window.t1)
+    if gpus is not None or gpu_unavailable is not None:
+        for k in range(int(seconds)):
+            store.add_gpu(GpuSample(t=T0 + k + 1, gpus=tuple(gpus or ()), unavailable=gpu_unavailable))
+    if host is not None:
+        store.add_host(host)
+    return store.snapshot(t_end)
+
+
+def host_sample(pids: Sequence[int], *, cpu_count: int = 16, load_1m: float = 1.0, cpu_pct: float = 50.0) -> HostSample:
+    return HostSample(
+        t=T0 + 10,
+        cpu_pct=cpu_pct,
+        load_1m=load_1m,
+        cpu_count=cpu_count,
+        processes=tuple(ProcessReading(pid=pid) for pid in pids),
+    )
+
+
+def two_ranks(**shared: Any) -> list[RankSpec]:
+    """Ranks 0 and 1 with the same figures."""
+    return [RankSpec(rank=0, **shared), RankSpec(rank=1, **shared)]
