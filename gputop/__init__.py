@@ -8,13 +8,25 @@ In a training script::
         ...
 
 Then run ``gputop`` in another terminal.  Importing this package is cheap: the
-reporter imports torch lazily and never imports the dashboard.
+reporter is loaded on first use of ``watch``/``track``/``step`` (so the
+dashboard, which imports ``gputop.*`` too, never loads it); it imports torch
+lazily and never imports the dashboard.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
-
-from gputop.reporter import step, track, watch
-
 __all__ = ["__version__", "step", "track", "watch"]
+
+if TYPE_CHECKING:
+    from gputop.reporter import step, track, watch
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("watch", "track", "step"):
+        import gputop.reporter
+
+        return getattr(gputop.reporter, name)
+    raise AttributeError(f"module 'gputop' has no attribute {name!r}")

@@ -149,7 +149,7 @@ def apply(store: Store, entry: Entry) -> None:
 
 def load(path: Path, stats: ReadStats | None = None) -> tuple[Store, float]:
     """A store holding the whole recording, and the time of its last entry."""
-    store = Store(history_windows=None)
+    store = Store(history_windows=None, history_samples=None)
     store.listen = f"recording {path}"
     last_t = 0.0
     for entry in read(path, stats):

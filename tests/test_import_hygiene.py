@@ -24,9 +24,14 @@ def top_level(modules: set[str]) -> set[str]:
 
 
 def test_importing_gputop_in_a_training_process_is_cheap() -> None:
-    loaded = top_level(modules_after("import gputop"))
-    assert not loaded & {"torch", "textual", "rich", "psutil", "pynvml", "asyncio"}
-    assert "gputop.collect" not in modules_after("import gputop")
+    loaded = modules_after("import gputop; gputop.watch")
+    assert "gputop.reporter" in loaded
+    assert not top_level(loaded) & {"torch", "textual", "rich", "psutil", "pynvml", "asyncio"}
+    assert not {m for m in loaded if m.startswith(("gputop.collect", "gputop.tui", "gputop.diagnose"))}
+
+
+def test_the_dashboard_never_loads_the_reporter() -> None:
+    assert not {m for m in modules_after("import gputop.cli, gputop.collect.live") if m.startswith("gputop.reporter")}
 
 
 @pytest.mark.parametrize(

@@ -92,14 +92,19 @@ class Store:
     """Thread-safe store of everything received; ``snapshot()`` for readers."""
 
     def __init__(
-        self, *, lost_after_s: float = LOST_AFTER_S, listen: str = "", history_windows: int | None = HISTORY_WINDOWS
+        self,
+        *,
+        lost_after_s: float = LOST_AFTER_S,
+        listen: str = "",
+        history_windows: int | None = HISTORY_WINDOWS,
+        history_samples: int | None = HISTORY_SAMPLES,
     ) -> None:
-        """``history_windows=None`` keeps every window (reading a whole recording)."""
+        """``None`` histories keep everything (reading a whole recording)."""
         self._lock = threading.Lock()
         self._history_windows = history_windows
         self._ranks: dict[tuple[str, int], _Rank] = {}
-        self._gpu: deque[GpuSample] = deque(maxlen=HISTORY_SAMPLES)
-        self._host: deque[HostSample] = deque(maxlen=HISTORY_SAMPLES)
+        self._gpu: deque[GpuSample] = deque(maxlen=history_samples)
+        self._host: deque[HostSample] = deque(maxlen=history_samples)
         self._rejected: deque[str] = deque(maxlen=20)
         self.lost_after_s = lost_after_s
         self.listen = listen
@@ -176,7 +181,10 @@ class Store:
         with self._lock:
             by_run: dict[str, list[tuple[float, RankView]]] = {}
             for (run_id, rank_no), state in self._ranks.items():
-                windows = tuple(state.windows) if history is None else tuple(list(state.windows)[-history:])
+                if history is None:
+                    windows = tuple(state.windows)
+                else:
+                    windows = tuple(list(state.windows)[-history:]) if history > 0 else ()
                 status, reason = self._status(state, now)
                 view = RankView(
                     run_id=run_id,

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     data = SyntheticData(scenario.hidden, scenario.batch_delay_s if slow else 0.0)
     loader = DataLoader(data, batch_size=scenario.batch_size, num_workers=scenario.num_workers, collate_fn=keep_batch)
 
-    deadline = time.monotonic() + args.seconds if args.seconds > 0 else float("inf")
+    started = time.monotonic()
+    deadline = started + args.seconds if args.seconds > 0 else float("inf")
     steps = 0
     stop = torch.zeros(1, device=device)
     for x, y in gputop.track(loader):  # <- gputop line 2: time the waits for input
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         elif args.steps and steps >= args.steps:
             break
-    print(f"rank {rank}: {steps} steps", flush=True)
+    print(f"rank {rank}: {steps} steps in {time.monotonic() - started:.3f} s", flush=True)
     dist.destroy_process_group()
     return 0
 
