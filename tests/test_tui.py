@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-import tui_fixtures as fx
 from textual.pilot import Pilot
 
 from gputop.collect.source import FixedSource
@@ -17,6 +16,7 @@ from gputop.tui.screens.help import HelpScreen
 from gputop.tui.widgets.findings import FindingsPanel
 from gputop.tui.widgets.gpu_panel import GpuPanel
 from gputop.tui.widgets.ranks_table import RanksTable
+from tests import tui_fixtures as fx
 
 FAST_S = 0.05  # tests poll faster than a user would, to stay quick
 

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import tui_fixtures as fx
 from textual.pilot import Pilot
 
 from gputop.collect.source import FixedSource
 from gputop.collect.store import Snapshot
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.tui.app import GputopApp
+from tests import tui_fixtures as fx
 
 SMALL = (80, 24)
 LARGE = (160, 48)

@@ -36,7 +36,7 @@ COLUMNS = (
     Column("gpu", "GPU", 4),
     Column("step", "step p50", 8),
     Column("samples", "samples/s", 9),
-    Column("loader", "loader", 6),
+    Column("loader", "loader", 7),
     Column("fwdbwd", "fwd/bwd", 13, narrow=False),
     Column("comm", "comm", 6),
     Column("mem", "memory", 10),
