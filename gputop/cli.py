@@ -315,7 +315,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if code is None:
             raise UserError(f"the demo job did not finish in {seconds + 90:.0f} s; its log: {job.log_path}")
         time.sleep(0.3)  # the ranks' last windows are sent at exit; let the collector take them in
-        snapshot = source.snapshot()
+        snapshot = source.store.snapshot(time.time(), history=None)
         if code != 0 or not snapshot.runs:
             why = f"exited with code {code}" if code != 0 else "ran but nothing reported"
             raise UserError(f"the demo job {why}; last lines of {job.log_path}:\n{job.log_tail()}")

@@ -8,7 +8,7 @@ from gputop.address import Address
 from gputop.collect.gpu import GpuSamplerThread
 from gputop.collect.host import HostSamplerThread
 from gputop.collect.server import Collector, DisconnectListener, MessageListener
-from gputop.collect.store import Snapshot, Store
+from gputop.collect.store import VIEW_HISTORY_WINDOWS, Snapshot, Store
 
 
 class LiveSource:
@@ -49,7 +49,7 @@ class LiveSource:
         self._started = True
 
     def snapshot(self) -> Snapshot:
-        return self.store.snapshot(time.time())
+        return self.store.snapshot(time.time(), history=VIEW_HISTORY_WINDOWS)
 
     def stop(self) -> None:
         if not self._started:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gputop import recording
-from gputop.collect.store import Snapshot, Store
+from gputop.collect.store import VIEW_HISTORY_WINDOWS, Snapshot, Store
 
 
 class ReplaySource:
@@ -39,6 +39,9 @@ class ReplaySource:
         return f"replay of {self.path.name}{speed}"
 
     def start(self) -> None:
+        """Start playing (idempotent)."""
+        if self._thread.is_alive() or self._done.is_set():
+            return
         self._wall0 = time.monotonic()
         self._thread.start()
 
@@ -48,7 +51,7 @@ class ReplaySource:
         return min(self._start_t + played, self._end_t)
 
     def snapshot(self) -> Snapshot:
-        return self.store.snapshot(self.clock())
+        return self.store.snapshot(self.clock(), history=VIEW_HISTORY_WINDOWS)
 
     def stop(self) -> None:
         self._stop.set()

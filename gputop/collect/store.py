@@ -18,6 +18,7 @@ from gputop.collect.samples import GpuSample, HostSample
 from gputop.protocol import Bye, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
+VIEW_HISTORY_WINDOWS = 240  # what a dashboard copies per rank and refresh: 2 minutes of history
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone

@@ -1,0 +1,183 @@
+"""The reporter inside a training process: never raises, never reports from forks, off when disabled."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gputop.reporter.clock import StepClock, TrackedLoader
+from gputop.reporter.facts import loader_facts, run_id
+from tests.conftest import JOBS, finish, needs_torch, snapshot_of, wait_for
+
+
+def test_tracked_loader_yields_the_same_batches_and_times_each_wait() -> None:
+    clock = StepClock()
+    data = [1, 2, 3]
+    tracked = TrackedLoader(data, clock)
+    assert list(tracked) == [1, 2, 3]
+    assert len(tracked) == 3
+    clock.mark_step()
+    (mark,) = clock.drain()
+    assert mark.batches == 3 and mark.loader_wait_s >= 0 and mark.duration_s is None
+
+
+def test_the_loaders_own_errors_pass_through_unchanged() -> None:
+    def broken():
+        yield 1
+        raise KeyError("bad sample 7")
+
+    with pytest.raises(KeyError, match="bad sample 7"):
+        list(TrackedLoader(broken(), StepClock()))
+
+
+def test_a_failing_cuda_event_factory_is_swallowed_and_dropped() -> None:
+    clock = StepClock()
+
+    def boom() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    clock.event_factory = boom
+    clock.mark_step()  # must not raise into training
+    clock.mark_step()
+    assert clock.errors == 1 and clock.event_factory is None
+    assert len(clock.drain()) == 1  # the first mark was lost with the failure, the second kept
+
+
+def test_loader_facts_read_what_a_dataloader_has() -> None:
+    class Loader:
+        batch_size = 32
+        num_workers = 4
+        pin_memory = True
+        persistent_workers = False
+        prefetch_factor = None
+
+    assert loader_facts(Loader()) == {
+        "loader_batch_size": 32,
+        "loader_num_workers": 4,
+        "loader_pin_memory": True,
+        "loader_persistent_workers": False,
+    }
+    assert loader_facts([1, 2]) == {}
+
+
+def test_run_id_is_shared_by_the_ranks_of_one_launch() -> None:
+    assert run_id({"GPUTOP_RUN_ID": "mine"}) == "mine"
+    env = {"TORCHELASTIC_RUN_ID": "abc", "LOCAL_RANK": "1"}
+    assert run_id(env, 2).endswith("-abc")
+    spawned = {"MASTER_PORT": "29500", "LOCAL_RANK": "0"}
+    assert run_id(spawned, 2) == run_id({**spawned, "LOCAL_RANK": "1"}, 2)
+
+
+def _run_script(code: str, port: int | None, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **env}
+    if port is not None:
+        full_env["GPUTOP_PORT"] = str(port)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+@needs_torch
+def test_a_single_process_without_ddp_reports_steps_and_samples(collector) -> None:
+    code = """
+        import torch, gputop
+        model = torch.nn.Linear(4, 2)
+        gputop.watch(model)
+        gputop.watch(model)  # twice is harmless
+        opt = torch.optim.Adam(model.parameters())
+        other = torch.optim.SGD(model.parameters(), lr=0.1)  # a second optimizer must not double the steps
+        loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=4)
+        for x in gputop.track(loader):
+            model(x).sum().backward()
+            opt.step(); other.step(); opt.zero_grad()
+    """
+    result = _run_script(code, collector.address.port)
+    assert result.returncode == 0, result.stderr
+    assert wait_for(lambda: any(v.status == "done" for v in snapshot_of(collector).all_ranks()))
+    (view,) = snapshot_of(collector).all_ranks()
+    assert view.hello.world_size == 1 and view.hello.ddp is False and view.hello.device == "cpu"
+    assert view.windows[-1].step_total == 16
+    assert sum(w.samples or 0 for w in view.windows) == 64
+    assert all(w.comm_s is None for w in view.windows)  # not DDP: N/A, not zero
+
+
+@needs_torch
+def test_manual_step_marks_replace_optimizer_steps(collector) -> None:
+    code = """
+        import torch, gputop
+        model = torch.nn.Linear(4, 2)
+        gputop.watch(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(10):
+            for micro in range(3):
+                model(torch.randn(2, 4)).sum().backward()
+                gputop.step()
+            opt.step()
+    """
+    assert _run_script(code, collector.address.port).returncode == 0
+    assert wait_for(lambda: any(v.status == "done" for v in snapshot_of(collector).all_ranks()))
+    assert snapshot_of(collector).all_ranks()[0].windows[-1].step_total == 30
+
+
+@needs_torch
+def test_no_dashboard_costs_the_script_nothing_visible() -> None:
+    """Nobody listens: no output, no error, a normal exit, and exit is not held up."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    code = """
+        import torch, gputop, time
+        model = torch.nn.Linear(4, 2)
+        gputop.watch(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in gputop.track([torch.randn(2, 4)] * 50):
+            model(x).sum().backward(); opt.step()
+        t = time.monotonic()
+        print("ok")
+    """
+    result = _run_script(code, port)
+    assert result.returncode == 0
+    assert result.stdout.strip() == "ok"
+    assert "gputop" not in result.stderr
+
+
+def test_an_unusable_address_turns_gputop_off_with_one_line(tmp_path) -> None:
+    code = """
+        import gputop
+        assert gputop.watch() is None
+        assert gputop.track([1, 2]) == [1, 2]
+        gputop.step()
+        print("trained")
+    """
+    result = _run_script(code, None, GPUTOP_PORT="not-a-port")
+    assert result.returncode == 0 and result.stdout.strip() == "trained"
+    assert (
+        result.stderr.strip()
+        == "gputop: GPUTOP_PORT='not-a-port' is not a port number; reporting is off for this process"
+    )
+
+
+@needs_torch
+@pytest.mark.slow
+def test_mp_spawn_ranks_report_as_one_run_and_flush_at_exit(collector) -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    master_port = probe.getsockname()[1]
+    probe.close()
+    proc = subprocess.Popen(
+        [sys.executable, str(JOBS / "spawn_job.py"), str(master_port), "25"],
+        env={**os.environ, "GPUTOP_PORT": str(collector.address.port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    finish(proc)
+    assert wait_for(lambda: [v.status for v in snapshot_of(collector).all_ranks()] == ["done", "done"])
+    (run,) = snapshot_of(collector).runs
+    assert [v.rank for v in run.ranks] == [0, 1]
+    assert all(v.windows[-1].step_total == 25 for v in run.ranks)
