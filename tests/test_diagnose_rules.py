@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gputop.collect.samples import GpuProcess
@@ -155,7 +157,7 @@ class TestStraggler:
         assert only(findings, "communication").severity == "critical"
 
     def test_loader_fallback_without_ddp_timings(self) -> None:
-        no_ddp = {"forward_frac": None, "backward_frac": None, "comm_frac": None}
+        no_ddp: dict[str, Any] = {"forward_frac": None, "backward_frac": None, "comm_frac": None}
         specs = [RankSpec(rank=0, loader_frac=0.01, **no_ddp), RankSpec(rank=1, loader_frac=0.40, **no_ddp)]
         finding = only(diagnose(make_snapshot(specs)), "straggler")
         assert finding.ranks == (1,)
