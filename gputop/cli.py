@@ -251,16 +251,32 @@ class DemoJob:
             return None
 
     def stop(self) -> None:
-        """SIGTERM the whole process group, then SIGKILL what is left."""
+        """SIGINT torchrun (it stops its ranks), then SIGTERM, SIGKILL; then any rank left behind.
+
+        torchrun starts each rank in a session of its own, so killing
+        torchrun's process group alone can orphan ranks: they are found first.
+        """
+        ranks = self._descendants()
         if self.proc.poll() is None:
             for sig, grace_s in ((signal.SIGINT, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, sig)
                 if self.wait(grace_s) is not None:
                     break
-        with contextlib.suppress(ProcessLookupError):  # ranks orphaned by a killed launcher
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        for rank in ranks:  # orphaned by a launcher that did not get to stop them
+            with contextlib.suppress(Exception):
+                rank.kill()
         self._log.close()
+
+    def _descendants(self) -> list[Any]:
+        import psutil
+
+        try:
+            return list(psutil.Process(self.proc.pid).children(recursive=True))
+        except psutil.Error:
+            return []
 
     def log_tail(self, lines: int = 15) -> str:
         try:

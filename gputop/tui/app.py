@@ -57,6 +57,8 @@ class GputopApp(App[int]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_HEIGHT, "-tall")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
+        # Beside a training job in a terminal, Ctrl-C means "stop", as in nvitop and top.
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("p", "pause", "Pause"),
         Binding("s", "sort", "Sort"),

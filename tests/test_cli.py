@@ -1,0 +1,117 @@
+"""The gputop command as a user runs it: outputs, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gputop import cli
+from tests.conftest import needs_torch
+from tests.test_recording import write_run
+
+
+def gputop(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.fixture
+def recording_file(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_run(path, windows=6)
+    return path
+
+
+def test_report_json_has_the_documented_shape(recording_file) -> None:
+    result = gputop("report", str(recording_file), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (run,) = report["runs"]
+    assert run["run_id"] == "r" and run["world_size"] == 1
+    (rank,) = run["ranks"]
+    for key in ("rank", "steps", "step_time_p50_ms", "step_time_p95_ms", "samples_per_s", "loader_wait_pct",
+                "comm_exposed_pct", "mem_peak_bytes", "lost"):  # fmt: skip
+        assert key in rank
+    assert rank["steps"] == 12 and rank["lost"] is False
+    assert rank["comm_exposed_pct"] is None  # not measured is null, never 0
+    assert isinstance(report["findings"], list)
+    assert report["gpus"]["unavailable"] == "NVML library not found"
+
+
+@pytest.mark.parametrize(("fmt", "marker"), [("text", "Findings:"), ("markdown", "# gputop report")])
+def test_report_text_and_markdown(recording_file, fmt: str, marker: str) -> None:
+    result = gputop("report", str(recording_file), "--format", fmt)
+    assert result.returncode == 0
+    assert marker in result.stdout and "N/A" in result.stdout
+
+
+def test_report_of_a_file_that_is_not_a_recording_is_one_line(tmp_path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n")
+    for command in ("report", "replay"):
+        result = gputop(command, str(path))
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines() == [
+            f"gputop: {path} is not a gputop recording (make one with `gputop record`)"
+        ]
+
+
+def test_usage_errors_exit_2() -> None:
+    assert gputop("record", "--seconds", "-1", "-o", "x.jsonl").returncode == 2
+    assert gputop("report").returncode == 2
+    assert gputop("demo", "--scenario", "nope").returncode == 2
+
+
+def test_record_on_a_port_in_use_is_one_line(tmp_path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    result = gputop("record", "--port", str(busy.getsockname()[1]), "--seconds", "1", "-o", str(tmp_path / "r.jsonl"))
+    busy.close()
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "cannot listen" in result.stderr
+
+
+def test_record_without_a_gpu_keeps_host_samples_and_says_why_no_gpu(tmp_path) -> None:
+    out = tmp_path / "r.jsonl"
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    result = gputop("record", "--port", str(port), "--seconds", "2.5", "--interval", "0.5", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["type"] == "recording"
+    hosts = [x for x in lines if x["type"] == "host"]
+    gpus = [x for x in lines if x["type"] == "gpu"]
+    assert len(hosts) >= 2 and hosts[-1]["cpu_pct"] is not None and hosts[-1]["mem_total_bytes"] > 0
+    assert gpus and all(g["unavailable"] or g["gpus"] for g in gpus)
+    report = gputop("report", str(out))
+    assert report.returncode == 0 and "No run reported" in report.stdout
+
+
+def test_demo_without_torch_is_one_line(monkeypatch, capsys) -> None:
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert cli.main(["demo", "--headless", "--seconds", "1"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "gputop: `gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop[torch]'"
+    )
+
+
+@needs_torch
+@pytest.mark.slow
+def test_headless_demo_prints_a_two_rank_report(tmp_path) -> None:
+    record = tmp_path / "demo.jsonl"
+    result = gputop("demo", "--headless", "--seconds", "6", "--format", "json", "--record", str(record))
+    assert result.returncode == 0, result.stderr
+    (run,) = json.loads(result.stdout)["runs"]
+    assert run["world_size"] == 2
+    assert [r["rank"] for r in run["ranks"]] == [0, 1]
+    assert all(r["steps"] > 0 and r["status"] == "done" for r in run["ranks"])
+    # The recording of the same run reports the same steps.
+    replayed = json.loads(gputop("report", str(record), "--format", "json").stdout)
+    assert [r["steps"] for r in replayed["runs"][0]["ranks"]] == [r["steps"] for r in run["ranks"]]
