@@ -66,7 +66,7 @@ def test_none_means_not_measured_and_is_left_off_the_wire() -> None:
                 }
             ).encode(),
             "steps",
-        ),  # fmt: skip
+        ),
         (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":NaN}', "t1"),
     ],
 )
