@@ -6,7 +6,7 @@ import sys
 import threading
 
 import pytest
-from fake_nvml import (
+from tests.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIBRARY_NOT_FOUND,
     FakeGpu,
