@@ -15,16 +15,20 @@ class Scenario:
     about: str
     hidden: int = 256
     layers: int = 4
-    batch_size: int = 2048
+    batch_size: int = 8192
     batch_delay_s: float = 0.0  # per batch, in the dataset: a slow decode or disk
     slow_rank: int | None = None  # only this rank's dataset is slow
     torch_threads: int = 1  # per rank
     num_workers: int = 0
+    bucket_cap_mb: float = 25.0  # DDP's default; small buckets let all-reduce overlap backward
     needs_gpu: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "healthy": Scenario("compute dominates each step; input and gradient exchange keep up"),
+    "healthy": Scenario(
+        "compute dominates each step; input keeps up and gradient exchange overlaps backward",
+        bucket_cap_mb=0.25,
+    ),
     "slow_loader": Scenario(
         "every rank waits for input: each batch takes 60 ms to load in the main process",
         batch_delay_s=0.06,

@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
 
     model = nn.parallel.DistributedDataParallel(
-        build_model(scenario).to(device), device_ids=[local_rank] if use_cuda else None
+        build_model(scenario).to(device),
+        device_ids=[local_rank] if use_cuda else None,
+        bucket_cap_mb=scenario.bucket_cap_mb,
     )
     gputop.watch(model)  # <- gputop line 1: report this rank's steps, DDP timings, memory, CPU
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

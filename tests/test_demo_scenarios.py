@@ -1,0 +1,67 @@
+"""Each bundled demo, run for real (2-rank gloo) and short, is diagnosed as the cause it reproduces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import needs_torch
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+EXPECTED_TOP = {
+    "slow_loader": "data_loading",
+    "straggler": "straggler",
+    "comm_bound": "communication",
+    "small_batch": "parallelism",
+    "oversubscribed": "allocation",
+}
+
+
+def run_demo(scenario: str, seconds: float = 8.0) -> dict:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gputop",
+            "demo",
+            "--headless",
+            "--seconds",
+            str(seconds),
+            "--format",
+            "json",
+            "--scenario",
+            scenario,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(("scenario", "cause"), sorted(EXPECTED_TOP.items()))
+def test_the_top_finding_is_the_scenarios_own_cause(scenario: str, cause: str) -> None:
+    report = run_demo(scenario)
+    findings = report["findings"]
+    assert findings, f"{scenario}: no findings"
+    top = findings[0]
+    assert top["cause"] == cause, [(f["severity"], f["cause"], f["title"]) for f in findings]
+    assert top["severity"] in ("warn", "critical")
+    assert top["evidence"] and top["suggestion"]
+
+
+def test_the_straggler_is_named_with_its_own_slow_phase() -> None:
+    top = run_demo("straggler")["findings"][0]
+    assert top["ranks"] == [1]
+    assert "loader" in top["title"]
+
+
+def test_the_healthy_demo_raises_no_warning() -> None:
+    report = run_demo("healthy")
+    assert all(r["steps"] > 0 for r in report["runs"][0]["ranks"])
+    assert [f for f in report["findings"] if f["severity"] != "info"] == []
