@@ -6,6 +6,11 @@ import sys
 import threading
 
 import pytest
+
+from gputop.collect.gpu import GpuSampler, GpuSamplerThread, decode_throttle_reasons
+from gputop.collect.nvml import GPU_LOST, NOT_SUPPORTED, Nvml
+from gputop.collect.samples import GpuSample
+from gputop.collect.store import Store
 from tests.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIBRARY_NOT_FOUND,
@@ -14,11 +19,6 @@ from tests.fake_nvml import (
     FakeProcess,
     make_gpus,
 )
-
-from gputop.collect.gpu import GpuSampler, GpuSamplerThread, decode_throttle_reasons
-from gputop.collect.nvml import GPU_LOST, NOT_SUPPORTED, Nvml
-from gputop.collect.samples import GpuSample
-from gputop.collect.store import Store
 
 
 def sampler_for(backend: FakeNvml, names: dict[int, str] | None = None) -> GpuSampler:
