@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gputop.protocol import Window, hist_quantile_s
 
@@ -63,10 +64,10 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def _last(values: Sequence[int | float | None]) -> int | float | None:
-    for value in reversed(values):
-        if value is not None:
-            return value
+def _newest(windows: Sequence[Window], name: str) -> Window | None:
+    for w in reversed(windows):
+        if getattr(w, name) is not None:
+            return w
     return None
 
 
@@ -91,65 +92,111 @@ def count_steps(windows: Sequence[Window]) -> int:
 
 
 def rank_stats(windows: Sequence[Window]) -> RankStats:
-    """Summarise a rank's windows (oldest first)."""
-    steps = count_steps(windows)
-    span_s = (windows[-1].t1 - windows[0].t0) if windows else 0.0
-    with_steps = [w for w in windows if w.steps > 0]
-    step_sum_s = sum(w.step_time_sum_s for w in with_steps)
-    step_count = sum(w.steps for w in with_steps)
-    mean_step = step_sum_s / step_count if step_count else None
+    """Summarise a rank's windows (oldest first) in one pass.
 
+    DDP figures are averaged over distinct sampled iterations: DDP times only
+    every Nth iteration and each sample repeats in the windows until the next,
+    so averaging windows would weight a sample by how long it lingered.
+    """
+    step_count = 0
+    step_sum_s = 0.0
+    loader_total = 0.0
+    tracked = False
+    windows_with_steps = 0
+    last_with_steps: Window | None = None
     hist: dict[int, int] = {}
-    for w in with_steps:
-        for bucket, count in w.step_hist.items():
-            hist[bucket] = hist.get(bucket, 0) + count
-    if len(with_steps) == 1:  # one window: its exact figures beat the histogram's
-        p50, p95 = with_steps[0].step_time_p50_s, with_steps[0].step_time_p95_s
+    max_step: float | None = None
+    gpu_p50s: list[float] = []
+    samples_total = 0
+    samples_seen = False
+    active_span = 0.0
+    ddp_samples: dict[int, Window] = {}
+    peak: int | None = None
+    cpu_sum = workers_cpu_sum = 0.0
+    cpu_n = workers_cpu_n = 0
+    dropped = 0
+    for w in windows:
+        active_span += w.t1 - w.t0
+        if w.loader_batches:
+            tracked = True
+        if w.steps > 0:
+            windows_with_steps += 1
+            last_with_steps = w
+            step_count += w.steps
+            step_sum_s += w.step_time_sum_s
+            loader_total += w.loader_wait_s
+            for bucket, count in w.step_hist.items():
+                hist[bucket] = hist.get(bucket, 0) + count
+            if w.step_time_max_s is not None and (max_step is None or w.step_time_max_s > max_step):
+                max_step = w.step_time_max_s
+        if w.gpu_step_time_p50_s is not None:
+            gpu_p50s.append(w.gpu_step_time_p50_s)
+        if w.samples is not None:
+            samples_total += w.samples
+            samples_seen = True
+        if w.comm_s is not None:
+            ddp_samples[w.ddp_iteration if w.ddp_iteration is not None else -w.seq] = w
+        if w.mem_peak_bytes is not None and (peak is None or w.mem_peak_bytes > peak):
+            peak = w.mem_peak_bytes
+        if w.cpu_pct is not None:
+            cpu_sum += w.cpu_pct
+            cpu_n += 1
+        if w.workers_cpu_pct is not None:
+            workers_cpu_sum += w.workers_cpu_pct
+            workers_cpu_n += 1
+        if w.dropped > dropped:
+            dropped = w.dropped
+
+    mean_step = step_sum_s / step_count if step_count else None
+    if windows_with_steps == 1 and last_with_steps is not None:  # one window: its exact figures beat the histogram
+        p50, p95 = last_with_steps.step_time_p50_s, last_with_steps.step_time_p95_s
     else:
         p50, p95 = hist_quantile_s(hist, 0.5), hist_quantile_s(hist, 0.95)
-    maxes = [w.step_time_max_s for w in with_steps if w.step_time_max_s is not None]
-
-    loader_total = sum(w.loader_wait_s for w in with_steps)
-    tracked = any(w.loader_batches for w in windows)
-    loader_per_step = loader_total / step_count if (step_count and tracked) else None
-    loader_frac = loader_total / step_sum_s if (step_sum_s > 0 and tracked) else None
-
-    ddp = [w for w in windows if w.comm_s is not None]
+    ddp = list(ddp_samples.values())
     exposed = _mean(w.exposed_comm_s for w in ddp)
-    samples = [w.samples for w in windows if w.samples is not None]
-    active_span = sum(w.duration_s for w in windows)
+
+    # Fields a probe fills together come from the newest window that probe filled.
+    memory = _newest(windows, "mem_allocated_bytes")
+    process = _newest(windows, "rss_bytes")
+
+    def last(name: str) -> Any:
+        for source in (memory, process):
+            if source is not None and getattr(source, name) is not None:
+                return getattr(source, name)
+        newest = _newest(windows, name)  # a field its probe's usual partner left empty
+        return None if newest is None else getattr(newest, name)
 
     return RankStats(
         windows=len(windows),
-        span_s=span_s,
-        steps=steps,
-        steps_per_s=step_count / active_span if active_span > 0 and windows else None,
+        span_s=(windows[-1].t1 - windows[0].t0) if windows else 0.0,
+        steps=count_steps(windows),
+        steps_per_s=step_count / active_span if active_span > 0 else None,
         step_time_mean_s=mean_step,
         step_time_p50_s=p50,
         step_time_p95_s=p95,
-        step_time_max_s=max(maxes) if maxes else None,
-        gpu_step_time_p50_s=_median([w.gpu_step_time_p50_s for w in windows if w.gpu_step_time_p50_s is not None]),
-        samples_per_s=sum(samples) / active_span if samples and active_span > 0 else None,
-        loader_wait_s=loader_per_step,
-        loader_wait_frac=loader_frac,
+        step_time_max_s=max_step,
+        gpu_step_time_p50_s=_median(gpu_p50s),
+        samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
+        loader_wait_s=loader_total / step_count if (step_count and tracked) else None,
+        loader_wait_frac=loader_total / step_sum_s if (step_sum_s > 0 and tracked) else None,
         forward_s=_mean(w.forward_s for w in ddp),
         backward_s=_mean(w.backward_s for w in ddp),
         comm_s=_mean(w.comm_s for w in ddp),
         overlap_s=_mean(w.overlap_s for w in ddp),
         exposed_comm_s=exposed,
         exposed_comm_frac=(exposed / mean_step) if (exposed is not None and mean_step) else None,
-        mem_allocated_bytes=_last([w.mem_allocated_bytes for w in windows]),  # type: ignore[arg-type]
-        mem_reserved_bytes=_last([w.mem_reserved_bytes for w in windows]),  # type: ignore[arg-type]
-        mem_peak_bytes=max((w.mem_peak_bytes for w in windows if w.mem_peak_bytes is not None), default=None),
-        mem_total_bytes=_last([w.mem_total_bytes for w in windows]),  # type: ignore[arg-type]
-        alloc_retries=_last([w.alloc_retries for w in windows]),  # type: ignore[arg-type]
-        ooms=_last([w.ooms for w in windows]),  # type: ignore[arg-type]
-        cpu_pct=_mean(w.cpu_pct for w in windows),
-        rss_bytes=_last([w.rss_bytes for w in windows]),  # type: ignore[arg-type]
-        threads=_last([w.threads for w in windows]),  # type: ignore[arg-type]
-        workers=_last([w.workers for w in windows]),  # type: ignore[arg-type]
-        workers_cpu_pct=_mean(w.workers_cpu_pct for w in windows),
-        dropped=max((w.dropped for w in windows), default=0),
+        mem_allocated_bytes=last("mem_allocated_bytes"),
+        mem_reserved_bytes=last("mem_reserved_bytes"),
+        mem_peak_bytes=peak,
+        mem_total_bytes=last("mem_total_bytes"),
+        alloc_retries=last("alloc_retries"),
+        ooms=last("ooms"),
+        cpu_pct=cpu_sum / cpu_n if cpu_n else None,
+        rss_bytes=last("rss_bytes"),
+        threads=last("threads"),
+        workers=last("workers"),
+        workers_cpu_pct=workers_cpu_sum / workers_cpu_n if workers_cpu_n else None,
+        dropped=dropped,
     )
 
 

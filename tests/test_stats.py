@@ -43,3 +43,11 @@ def test_exposed_comm_subtracts_overlap() -> None:
 def test_recent_keeps_the_newest_span() -> None:
     windows = [w(i, 1, i) for i in range(1, 41)]
     assert [x.seq for x in recent(windows, 2.0)] == [37, 38, 39, 40]
+
+
+def test_a_ddp_sample_repeated_over_many_windows_counts_once() -> None:
+    """DDP times every Nth iteration; a sample that lingered 9 windows must not outweigh the next one."""
+    lingering = [w(i, 1, i, step_time_sum_s=0.1, comm_s=0.010, ddp_iteration=10) for i in range(1, 10)]
+    fresh = [w(10, 1, 10, step_time_sum_s=0.1, comm_s=0.030, ddp_iteration=20)]
+    stats = rank_stats(lingering + fresh)
+    assert abs(stats.comm_s - 0.020) < 1e-9  # type: ignore[operator]

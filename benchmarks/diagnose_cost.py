@@ -1,0 +1,61 @@
+"""What one diagnosis and one per-rank summary cost on a big, long run.
+
+64 ranks x 1200 windows (10 minutes at 0.5 s) with DDP figures, as the report
+sees a long recording; and the live case (the last 10 s).
+
+Run: .venv/bin/python benchmarks/diagnose_cost.py
+"""
+
+from __future__ import annotations
+
+import time
+
+from gputop.collect.store import Store
+from gputop.diagnose import diagnose
+from gputop.protocol import Hello, Window, hist_bucket
+from gputop.stats import rank_stats
+
+RANKS, WINDOWS = 64, 1200
+
+
+def build() -> Store:
+    store = Store(history_windows=None)
+    for rank in range(RANKS):
+        store.ingest(Hello(run_id="big", rank=rank, world_size=RANKS, loader_batch_size=32, ddp=True), 0.0)
+        for seq in range(1, WINDOWS + 1):
+            store.ingest(
+                Window(run_id="big", rank=rank, seq=seq, t0=seq * 0.5, t1=seq * 0.5 + 0.5, steps=5,
+                       step_total=5 * seq, step_time_sum_s=0.5, step_time_p50_s=0.1, step_time_p95_s=0.12,
+                       step_time_max_s=0.13, step_hist={hist_bucket(0.1): 5}, loader_wait_s=0.02,
+                       loader_batches=5, samples=160, forward_s=0.03, backward_s=0.05, comm_s=0.02,
+                       overlap_s=0.01, ddp_iteration=seq // 5 * 10, cpu_pct=100.0, rss_bytes=2**30),
+                seq * 0.5 + 0.5,
+            )  # fmt: skip
+    return store
+
+
+def best_of(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    store = build()
+    end = WINDOWS * 0.5 + 0.5
+    snap = store.snapshot(end)
+    print(f"{RANKS} ranks x {WINDOWS} windows")
+    print(f"  snapshot (all windows):       {best_of(lambda: store.snapshot(end)) * 1000:7.1f} ms")
+    print(f"  snapshot (last 240 windows):  {best_of(lambda: store.snapshot(end, history=240)) * 1000:7.1f} ms")
+    print(
+        f"  rank_stats, one rank:         {best_of(lambda: rank_stats(snap.runs[0].ranks[0].windows)) * 1000:7.2f} ms"
+    )
+    print(f"  diagnose, whole run:          {best_of(lambda: diagnose(snap, span_s=end)) * 1000:7.1f} ms")
+    print(f"  diagnose, live (last 10 s):   {best_of(lambda: diagnose(snap, span_s=10.0)) * 1000:7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
