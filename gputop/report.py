@@ -156,7 +156,8 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         out.append("No run reported while recording.")
     for run in report["runs"]:
         duration = f", {run['duration_s']:.1f} s" if run["duration_s"] is not None else ""
-        out.append(f"Run {run['run_id']} ({run['name']}): world size {run['world_size']}{duration}")
+        name = f" ({run['name']})" if run["name"] else ""
+        out.append(f"Run {run['run_id']}{name}: world size {run['world_size']}{duration}")
         header, rows = _rank_rows(run)
         widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
         out.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=False)))

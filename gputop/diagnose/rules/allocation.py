@@ -112,8 +112,10 @@ def gpu_allocation_findings(machine: MachineFacts) -> list[Finding]:
         for run_id in runs:
             job_gpus[run_id].append(assignment)
         gpu = assignment.gpu
+        unreadable = gpu.util_pct is None and bool(gpu.na)  # lost or refusing: we can't say it is idle
         if not ranks and not assignment.gpu.processes and gpu.uuid not in parents:
-            idle.append(assignment)
+            if not unreadable:
+                idle.append(assignment)
             continue
         for run_id in runs:
             same = sorted(v.rank for v in ranks if v.run_id == run_id)
