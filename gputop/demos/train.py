@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,7 +52,7 @@ class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x[rows], self.y[rows]
 
 
-def keep_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def keep_batch(batch: Any) -> Any:
     """The collate function: ``__getitems__`` already returns a batch."""
     return batch
 
