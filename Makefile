@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,dev]'
 	@$(BIN)/python -c 'import torch' 2>/dev/null || \
 	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	@# Lightning only after torch: installed first, it would pull the newest (CUDA) torch.
+	@$(BIN)/python -c 'import lightning' 2>/dev/null || $(BIN)/pip install -q -e '.[lightning]'
 	@touch $@
 
 demo: $(VENV)/.installed

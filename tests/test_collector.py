@@ -152,3 +152,16 @@ def test_collector_survives_a_connection_reset_mid_frame(collector: Collector) -
     other.sendall(hello("other", 0))
     assert wait_for(lambda: any(v.run_id == "other" for v in snapshot_of(collector).all_ranks()))
     other.close()
+
+
+def test_a_new_process_under_the_same_name_starts_a_fresh_history() -> None:
+    """A restarted rank (or a later job on the same port) counts its windows from 1 again."""
+    store = Store()
+    store.ingest(Hello(run_id="r", rank=0, pid=100), now=1.0)
+    for seq in (1, 2, 3):
+        store.ingest(Window(run_id="r", rank=0, seq=seq, t0=seq, t1=seq + 0.5, steps=1, step_total=seq), now=1.0)
+    store.disconnected("r", 0, "connection closed")
+    store.ingest(Hello(run_id="r", rank=0, pid=200), now=2.0)
+    store.ingest(Window(run_id="r", rank=0, seq=1, t0=9, t1=9.5, steps=1, step_total=1), now=2.0)
+    (view,) = store.snapshot(2.0).all_ranks()
+    assert view.hello.pid == 200 and [w.seq for w in view.windows] == [1] and view.status == LIVE

@@ -69,8 +69,11 @@ def test_run_id_is_shared_by_the_ranks_of_one_launch() -> None:
     assert run_id({"GPUTOP_RUN_ID": "mine"}) == "mine"
     env = {"TORCHELASTIC_RUN_ID": "abc", "LOCAL_RANK": "1"}
     assert run_id(env, 2).endswith("-abc")
-    spawned = {"MASTER_PORT": "29500", "LOCAL_RANK": "0"}
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}
+    assert run_id(torchrun, 2) == run_id({**torchrun, "LOCAL_RANK": "1"}, 2)  # same agent pid
+    spawned = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "LOCAL_RANK": "0"}
     assert run_id(spawned, 2) == run_id({**spawned, "LOCAL_RANK": "1"}, 2)
+    assert run_id(spawned, 2) != run_id({**spawned, "MASTER_PORT": "29501"}, 2)
 
 
 def _run_script(code: str, port: int | None, **env: str) -> subprocess.CompletedProcess[str]:

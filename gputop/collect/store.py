@@ -118,7 +118,9 @@ class Store:
         with self._lock:
             rank = self._ranks.get(key)
             if isinstance(message, Hello):
-                if rank is None:
+                if rank is None or (message.pid and rank.hello.pid and message.pid != rank.hello.pid):
+                    # First hello, or a new process under the same name (a restarted
+                    # rank, a later job on the same port): its windows count from 1.
                     self._ranks[key] = _Rank(
                         hello=message,
                         first_seen_t=now,

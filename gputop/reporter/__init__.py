@@ -87,6 +87,13 @@ def track(loader: Iterable[T]) -> Iterable[T]:
         return loader
 
 
+def add_loader_wait(seconds: float) -> None:
+    """Count time spent waiting for input, for loops that fetch batches themselves (Lightning)."""
+    reporter = _get()
+    if reporter is not None:
+        reporter.clock.add_loader_wait(seconds)
+
+
 def step() -> None:
     """Mark the end of a training step by hand (then optimizer steps no longer count)."""
     reporter = _get()

@@ -48,9 +48,11 @@ def identity(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
 def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     """A name every rank of one job agrees on without talking to the others.
 
-    GPUTOP_RUN_ID wins; then torchrun's rendezvous id; then the launcher's pid
-    (torchrun's agent and mp.spawn's parent are shared by the local ranks),
-    qualified by the master port; a single process is its own run.
+    GPUTOP_RUN_ID wins; then torchrun's rendezvous id; under torchrun without
+    one, its agent's pid (the parent of every local rank) and the master port;
+    then the master port alone (mp.spawn, Lightning, srun: every rank is told
+    it); a single process is its own run.  A later job reusing a name replaces
+    the earlier one's ranks in the dashboard (the store sees a new pid).
     """
     if env.get("GPUTOP_RUN_ID"):
         return env["GPUTOP_RUN_ID"]
@@ -58,9 +60,11 @@ def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     elastic = env.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return f"{script}-{elastic}"
-    if world_size > 1 or "LOCAL_RANK" in env:
-        port = env.get("MASTER_PORT", "")
+    port = env.get("MASTER_PORT", "")
+    if elastic == "none":
         return f"{script}-{os.getppid()}" + (f"-{port}" if port else "")
+    if port and world_size > 1:
+        return f"{script}-{env.get('MASTER_ADDR', 'localhost')}:{port}"
     return f"{script}-{os.getpid()}"
 
 

@@ -1,0 +1,1 @@
+"""Integrations with training frameworks that own the loop (Lightning, ...)."""

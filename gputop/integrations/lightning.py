@@ -1,0 +1,74 @@
+"""PyTorch Lightning: one callback instead of the two script lines.
+
+    import lightning as L
+    from gputop.integrations.lightning import GputopCallback
+
+    trainer = L.Trainer(..., callbacks=[GputopCallback()])
+
+The callback watches the model Lightning trains (the DDP wrapper under a DDP
+strategy, so DDP's timings are read), and counts the time between the end of
+one training batch and the start of the next as loader wait: Lightning fetches
+the next batch there.  That gap also holds Lightning's own per-batch
+bookkeeping (microseconds), so it reads slightly high, never low.  Steps are
+counted from ``optimizer.step()`` as everywhere else, so gradient accumulation
+counts one step per optimizer step.  Works with ``lightning.pytorch`` or the
+older ``pytorch_lightning`` package.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gputop
+from gputop.reporter import add_loader_wait
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package of Lightning 1.x/2.x
+    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+
+
+class GputopCallback(Callback):  # type: ignore[misc]
+    """Reports every rank of a Lightning run to gputop.  Never raises into training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._batch_end_s: float | None = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        try:
+            model = getattr(getattr(trainer, "strategy", None), "model", None) or pl_module
+            gputop.watch(model)
+        except Exception:
+            pass
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._batch_end_s = time.perf_counter()  # the first fetch of an epoch (worker start-up) counts
+        try:
+            from gputop.reporter import _get
+
+            reporter = _get()
+            loader = _first_loader(getattr(trainer, "train_dataloader", None))
+            if reporter is not None and loader is not None:
+                reporter.attach_loader(loader)
+        except Exception:
+            pass
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._batch_end_s is not None:
+            add_loader_wait(time.perf_counter() - self._batch_end_s)
+            self._batch_end_s = None
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._batch_end_s = time.perf_counter()
+
+
+def _first_loader(loaders: Any) -> Any:
+    """The DataLoader inside Lightning's CombinedLoader, a list, a dict, or itself."""
+    inner = getattr(loaders, "iterables", loaders)
+    if isinstance(inner, dict):
+        inner = next(iter(inner.values()), None)
+    if isinstance(inner, (list, tuple)):
+        inner = inner[0] if inner else None
+    return inner

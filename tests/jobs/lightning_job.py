@@ -1,0 +1,52 @@
+"""A 2-process Lightning DDP run on CPU with the gputop callback; each batch takes 10 ms to load."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from gputop.integrations.lightning import GputopCallback
+
+
+class Slow(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index % 8 == 0:
+            time.sleep(0.010)
+        return torch.randn(32)
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(32, 4)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.net(batch).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+if __name__ == "__main__":
+    steps = int(sys.argv[1])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=steps,
+        callbacks=[GputopCallback()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(Model(), DataLoader(Slow(), batch_size=8))
+    print(f"rank {trainer.global_rank} done", flush=True)

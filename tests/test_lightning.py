@@ -1,0 +1,38 @@
+"""A real 2-process Lightning DDP run reports through GputopCallback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gputop.stats import rank_stats
+from tests.conftest import JOBS, finish, snapshot_of, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed"),
+]
+
+
+def test_lightning_ddp_ranks_report_steps_ddp_stats_and_loader_wait(collector) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(JOBS / "lightning_job.py"), "40"],
+        env={**os.environ, "GPUTOP_PORT": str(collector.address.port), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    finish(proc, timeout_s=180)
+    assert wait_for(lambda: [v.status for v in snapshot_of(collector).all_ranks()] == ["done", "done"])
+    (run,) = snapshot_of(collector).runs
+    assert run.world_size == 2
+    for view in run.ranks:
+        stats = rank_stats(view.windows)
+        assert stats.steps == 40
+        assert view.hello.ddp is True and view.hello.loader_batch_size == 8
+        assert stats.comm_s is not None and stats.comm_s > 0
+        assert stats.loader_wait_s is not None and stats.loader_wait_s >= 0.008
