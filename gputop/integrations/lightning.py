@@ -26,7 +26,7 @@ from gputop.reporter import add_loader_wait
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package of Lightning 1.x/2.x
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef,assignment]
 
 
 class GputopCallback(Callback):  # type: ignore[misc]

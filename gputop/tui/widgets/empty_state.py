@@ -24,16 +24,6 @@ class EmptyState(Widget):
     rejected: reactive[tuple[str, ...]] = reactive((), layout=True)
     """Recent connections closed for bad frames."""
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
-        """Build the empty state.
-
-        Args:
-            name: The widget's name.
-            id: The widget's DOM id.
-            classes: Space-separated CSS classes.
-        """
-        super().__init__(name=name, id=id, classes=classes)
-
     def render(self) -> RenderResult:
         lines: list[Content] = [Content.styled("No training run is reporting yet.", "bold")]
         if self.listen:

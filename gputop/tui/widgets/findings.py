@@ -39,16 +39,6 @@ class FindingsPanel(Widget):
     brief: reactive[bool] = reactive(False, layout=True)
     """Titles only, no suggestions (small terminals)."""
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
-        """Build an empty panel.
-
-        Args:
-            name: The widget's name.
-            id: The widget's DOM id.
-            classes: Space-separated CSS classes.
-        """
-        super().__init__(name=name, id=id, classes=classes)
-
     def render(self) -> RenderResult:
         if self.diagnosis == "off":
             return Content.styled("no rules active (this dashboard was started without a diagnoser)", "$text-muted")

@@ -62,16 +62,6 @@ class GpuPanel(Widget):
     compact: reactive[bool] = reactive(False, layout=True)
     """Pack several GPUs per line (small terminals)."""
 
-    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
-        """Build an empty panel; the app sets ``rows`` on every refresh.
-
-        Args:
-            name: The widget's name.
-            id: The widget's DOM id.
-            classes: Space-separated CSS classes.
-        """
-        super().__init__(name=name, id=id, classes=classes)
-
     def render(self) -> RenderResult:
         if self.unavailable:
             return Content.assemble(("no GPU data: ", "bold $warning"), self.unavailable)
