@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 from gputop.address import Address
@@ -40,24 +41,27 @@ def test_late_dashboard_gets_hello_then_the_whole_backlog(collector: Collector) 
     sender.close()
 
 
-def test_frozen_dashboard_costs_drops_not_time() -> None:
-    """A listener that never reads: enqueue+pump stay fast, the backlog is bounded, drops are counted."""
+def test_frozen_dashboard_costs_drops_not_a_stall() -> None:
+    """A listener that never reads: pump() keeps returning, the backlog stays bounded, drops are counted."""
     frozen = socket.socket()
     frozen.bind(("127.0.0.1", 0))
     frozen.listen(1)
     sender = Sender(Address(port=frozen.getsockname()[1]), backlog_frames=50)
     sender.set_hello(encode(Hello(run_id="r", rank=0)))
     big = encode(Hello(run_id="r", rank=0, name="x" * 60_000))
-    slowest = 0.0
-    for _ in range(400):  # ~24 MB: far more than the kernel buffers hold
-        t0 = time.perf_counter()
-        sender.enqueue(big)
-        sender.pump()
-        slowest = max(slowest, time.perf_counter() - t0)
+
+    def flood() -> None:
+        for _ in range(400):  # ~24 MB: far more than the kernel buffers hold
+            sender.enqueue(big)
+            sender.pump()
+
+    worker = threading.Thread(target=flood, daemon=True)
+    worker.start()
+    worker.join(60)  # a blocking send would hang here for good
+    assert not worker.is_alive(), "pump() blocked on a socket nobody reads"
     assert sender.connected
     assert len(sender.backlog) <= 50
     assert sender.dropped > 0
-    assert slowest < 1.0  # a generous bound: the point is that it never blocks on the socket
     sender.close()
     frozen.close()
 
