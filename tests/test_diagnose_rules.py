@@ -140,6 +140,13 @@ class TestStraggler:
         assert finding.ranks == (2,)
         assert "its backward pass takes 70% of each step" in finding.title
         assert finding.extra["waiting_ranks"] == [0, 1, 3]
+        assert "CPU cores" in finding.suggestion and "GPU" not in finding.suggestion  # CPU ranks
+
+    def test_a_slow_gpu_rank_is_pointed_at_its_gpu(self) -> None:
+        specs = [RankSpec(rank=i, backward_frac=0.4, comm_frac=0.35, overlap_frac=0.05) for i in (0, 1, 3)]
+        specs.insert(2, RankSpec(rank=2, backward_frac=0.7, comm_frac=0.07, overlap_frac=0.05))
+        finding = only(diagnose(make_snapshot(specs, hello={"device": "cuda:0"})), "straggler")
+        assert "check its GPU" in finding.suggestion
 
     @pytest.mark.parametrize(("gap", "severity"), [(0.095, None), (0.105, "warn"), (0.305, "critical")])
     def test_wait_thresholds(self, gap: float, severity: str | None) -> None:

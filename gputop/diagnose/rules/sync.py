@@ -182,6 +182,12 @@ def straggler_suggestion(rank: RankFacts, phase: SlowPhase, ranks_on_host: int) 
         return f"Find why {who}'s input is slower (its data shard, disk, host); then " + loader_suggestion(
             rank, ranks_on_host
         )
+    if phase.name in ("forward", "backward") and not rank.on_cuda:
+        return (
+            f"{who} computes slower than the others on its CPU cores: other processes (this dashboard too, on a "
+            "small machine) take CPU time from it, or its batches are larger. Keep other work off the ranks' "
+            "cores and give each rank its own (taskset/numactl, torch.set_num_threads)."
+        )
     if phase.name in ("forward", "backward"):
         return (
             f"{who} computes slower than the others: check its GPU (clocks, thermal throttling, other processes "
