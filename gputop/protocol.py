@@ -29,6 +29,11 @@ HIST_BUCKETS_PER_OCTAVE = 4
 HIST_MAX_BUCKET = 100  # 100 us * 2**25 ~ 56 min: longer steps land in the last bucket
 
 
+# Integers beyond what a double holds exactly are nobody's step count or pid.
+MAX_INT = 2**53
+MAX_STRING_CHARS = 4096
+
+
 class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
 
@@ -43,7 +48,8 @@ def hist_bucket(seconds: float) -> int:
 
 def hist_bucket_mid_s(index: int) -> float:
     """A representative duration for a bucket (its geometric middle)."""
-    if index <= 0:
+    index = min(max(index, 0), HIST_MAX_BUCKET)
+    if index == 0:
         return HIST_BASE_S
     return float(HIST_BASE_S * 2 ** ((index - 0.5) / HIST_BUCKETS_PER_OCTAVE))
 
@@ -242,9 +248,24 @@ def from_dict(obj: Any) -> Message:
             continue
         kwargs[name] = _check(cls.TYPE, name, spec.type, obj[name])
     try:
-        return cls(**kwargs)
+        message = cls(**kwargs)
     except TypeError as exc:  # a required field is missing
         raise ProtocolError(f"{cls.TYPE}: {exc}") from None
+    _check_sense(message)
+    return message
+
+
+def _check_sense(message: Message) -> None:
+    """Values no reporter produces: negative counts or ranks, windows that end before they start."""
+    if message.rank < 0:
+        raise ProtocolError(f"{message.TYPE}.rank must not be negative")
+    if isinstance(message, Hello) and message.world_size < 1:
+        raise ProtocolError("hello.world_size must be at least 1")
+    if isinstance(message, Window):
+        if min(message.seq, message.steps, message.step_total, message.loader_batches, message.dropped) < 0:
+            raise ProtocolError("window counts must not be negative")
+        if message.t1 < message.t0 or message.step_time_sum_s < 0 or message.loader_wait_s < 0:
+            raise ProtocolError("window times must not run backwards")
 
 
 def _check(type_name: str, name: str, annotation: str, value: Any) -> Any:
@@ -256,20 +277,24 @@ def _check(type_name: str, name: str, annotation: str, value: Any) -> Any:
         raise ProtocolError(f"{type_name}.{name} must not be null")
     base = annotation.replace(" | None", "")
     if base == "str":
-        ok = isinstance(value, str)
+        ok = isinstance(value, str) and len(value) <= MAX_STRING_CHARS
     elif base == "bool":
         ok = isinstance(value, bool)
     elif base == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = isinstance(value, int) and not isinstance(value, bool) and -MAX_INT < value < MAX_INT
     elif base == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        value = float(value) if ok else value
+        try:  # an integer like 10**400 is valid JSON but no float
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            value = float(value) if ok else value
+        except OverflowError:
+            ok = False
     elif base == "dict[int, int]":
-        ok = isinstance(value, dict)
+        ok = isinstance(value, dict) and len(value) <= HIST_MAX_BUCKET + 1
         if ok:
             try:
                 value = {int(k): int(v) for k, v in value.items() if int(v) > 0}
-            except (TypeError, ValueError):
+                ok = all(0 <= k <= HIST_MAX_BUCKET and v < MAX_INT for k, v in value.items())
+            except (TypeError, ValueError, OverflowError):
                 ok = False
     else:  # pragma: no cover - a field type this function does not know is a bug here
         raise AssertionError(f"unhandled field type {annotation}")

@@ -131,7 +131,7 @@ def _decode_line(line: str) -> Entry | None:
             return Entry(float(obj["t"]), "disconnect", (str(obj["run_id"]), int(obj["rank"]), str(obj["reason"])))
         recv_t = float(obj.pop("recv_t"))
         return Entry(recv_t, "message", from_dict(obj))
-    except (ValueError, KeyError, TypeError, AttributeError, ProtocolError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, ProtocolError):
         return None
 
 

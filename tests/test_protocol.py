@@ -68,6 +68,13 @@ def test_none_means_not_measured_and_is_left_off_the_wire() -> None:
             "steps",
         ),
         (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":NaN}', "t1"),
+        (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":1,"step_hist":{"100000":1}}', "step_hist"),
+        (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":1,"step_hist":{"1":1e400}}', "step_hist"),
+        (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":1' + b"0" * 400 + b"}", "t1"),
+        (b'{"v":1,"type":"hello","run_id":"r","rank":1' + b"0" * 30 + b"}", "rank"),
+        (b'{"v":1,"type":"hello","run_id":"r","rank":-1}', "negative"),
+        (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":5,"t1":1}', "backwards"),
+        (b'{"v":1,"type":"window","run_id":"r","rank":0,"seq":1,"t0":0,"t1":1,"steps":-3}', "negative"),
     ],
 )
 def test_bad_frames_are_rejected_with_a_reason(frame: bytes, complaint: str) -> None:
