@@ -130,6 +130,9 @@ class Window:
     t1: float  # unix time, end of the window
     steps: int = 0  # optimizer steps that ended in the window
     step_total: int = 0  # steps since the reporter started, this one included
+    # Steps with a known duration: a reporter's first step has none.  The time
+    # totals (step_time_sum_s, loader_wait_s) cover these; None means all steps.
+    timed_steps: int | None = None
     step_time_sum_s: float = 0.0
     step_time_p50_s: float | None = None
     step_time_p95_s: float | None = None
@@ -160,6 +163,15 @@ class Window:
     @property
     def duration_s(self) -> float:
         return max(self.t1 - self.t0, 1e-9)
+
+    @property
+    def timed(self) -> int:
+        """How many steps the time totals cover."""
+        return self.steps if self.timed_steps is None else self.timed_steps
+
+    @property
+    def step_time_mean_s(self) -> float | None:
+        return self.step_time_sum_s / self.timed if self.timed > 0 else None
 
     @property
     def exposed_comm_s(self) -> float | None:
@@ -262,7 +274,10 @@ def _check_sense(message: Message) -> None:
     if isinstance(message, Hello) and message.world_size < 1:
         raise ProtocolError("hello.world_size must be at least 1")
     if isinstance(message, Window):
-        if min(message.seq, message.steps, message.step_total, message.loader_batches, message.dropped) < 0:
+        if (
+            min(message.seq, message.steps, message.step_total, message.loader_batches, message.dropped, message.timed)
+            < 0
+        ):
             raise ProtocolError("window counts must not be negative")
         if message.t1 < message.t0 or message.step_time_sum_s < 0 or message.loader_wait_s < 0:
             raise ProtocolError("window times must not run backwards")

@@ -99,6 +99,7 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     so averaging windows would weight a sample by how long it lingered.
     """
     step_count = 0
+    timed_count = 0  # steps the time totals cover
     step_sum_s = 0.0
     loader_total = 0.0
     tracked = False
@@ -119,10 +120,11 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         active_span += w.t1 - w.t0
         if w.loader_batches:
             tracked = True
-        if w.steps > 0:
+        step_count += w.steps
+        if w.timed > 0:
             windows_with_steps += 1
             last_with_steps = w
-            step_count += w.steps
+            timed_count += w.timed
             step_sum_s += w.step_time_sum_s
             loader_total += w.loader_wait_s
             for bucket, count in w.step_hist.items():
@@ -147,7 +149,7 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         if w.dropped > dropped:
             dropped = w.dropped
 
-    mean_step = step_sum_s / step_count if step_count else None
+    mean_step = step_sum_s / timed_count if timed_count else None
     if windows_with_steps == 1 and last_with_steps is not None:  # one window: its exact figures beat the histogram
         p50, p95 = last_with_steps.step_time_p50_s, last_with_steps.step_time_p95_s
     else:
@@ -177,7 +179,7 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         step_time_max_s=max_step,
         gpu_step_time_p50_s=_median(gpu_p50s),
         samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
-        loader_wait_s=loader_total / step_count if (step_count and tracked) else None,
+        loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
         loader_wait_frac=loader_total / step_sum_s if (step_sum_s > 0 and tracked) else None,
         forward_s=_mean(w.forward_s for w in ddp),
         backward_s=_mean(w.backward_s for w in ddp),

@@ -51,3 +51,12 @@ def test_a_ddp_sample_repeated_over_many_windows_counts_once() -> None:
     fresh = [w(10, 1, 10, step_time_sum_s=0.1, comm_s=0.030, ddp_iteration=20)]
     stats = rank_stats(lingering + fresh)
     assert abs(stats.comm_s - 0.020) < 1e-9  # type: ignore[operator]
+
+
+def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
+    """A reporter's first step has no previous mark: it counts as a step but not in the time totals."""
+    first = w(1, 5, 5, timed_steps=4, step_time_sum_s=0.4, loader_wait_s=0.04, loader_batches=5)
+    stats = rank_stats([first])
+    assert stats.steps == 5
+    assert abs(stats.step_time_mean_s - 0.1) < 1e-9  # type: ignore[operator]
+    assert abs(stats.loader_wait_s - 0.01) < 1e-9  # type: ignore[operator]

@@ -254,6 +254,7 @@ class Reporter:
         batches = sum(m.batches for m in marks)
         fields: dict[str, Any] = {
             "steps": len(marks),
+            "timed_steps": len(durations),
             "step_total": self._step_total,
             "step_time_sum_s": sum(durations),
             "step_hist": hist,

@@ -232,9 +232,7 @@ class RankSeries:
 
 
 def _window_step_s(w: Window) -> float | None:
-    if w.steps <= 0:
-        return None
-    return w.step_time_p50_s if w.step_time_p50_s is not None else w.step_time_sum_s / w.steps
+    return w.step_time_p50_s if w.step_time_p50_s is not None else w.step_time_mean_s
 
 
 def rank_series(snapshot: Snapshot, rank: RankView, points: int = HISTORY_POINTS) -> RankSeries:
@@ -244,7 +242,7 @@ def rank_series(snapshot: Snapshot, rank: RankView, points: int = HISTORY_POINTS
     for w in windows:
         step_s = _window_step_s(w)
         step.append(step_s)
-        mean_step = w.step_time_sum_s / w.steps if w.steps else None
+        mean_step = w.step_time_mean_s
         loader.append(w.loader_wait_s / w.step_time_sum_s if (w.loader_batches and w.step_time_sum_s > 0) else None)
         exposed = w.exposed_comm_s
         comm.append(exposed / mean_step if (exposed is not None and mean_step) else None)
