@@ -68,14 +68,25 @@ def _check_port(port: int) -> int:
     return port
 
 
+def private_dir_problem(folder: Path) -> str | None:
+    """Why an existing socket folder must not be used (another user's, or readable by others), or None."""
+    try:
+        info = folder.stat()
+    except OSError as exc:
+        return f"cannot read {folder}: {exc.strerror}"
+    if info.st_uid != os.getuid():
+        return f"{folder} belongs to uid {info.st_uid}, not you; refusing to use it"
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        return f"{folder} is readable by other users (mode {stat.S_IMODE(info.st_mode):o}); chmod 700 it"
+    return None
+
+
 def ensure_private_dir(folder: Path) -> None:
     """Create the socket's folder as 0700, or check that an existing one is ours and private."""
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
     except OSError as exc:
         raise AddressError(f"cannot create {folder}: {exc.strerror}") from None
-    if info.st_uid != os.getuid():
-        raise AddressError(f"{folder} belongs to uid {info.st_uid}, not you; refusing to use it")
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        raise AddressError(f"{folder} is readable by other users (mode {stat.S_IMODE(info.st_mode):o}); chmod 700 it")
+    problem = private_dir_problem(folder)
+    if problem:
+        raise AddressError(problem)

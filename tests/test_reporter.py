@@ -7,12 +7,13 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from gputop.reporter.clock import StepClock, TrackedLoader
 from gputop.reporter.facts import loader_facts, run_id
-from tests.conftest import JOBS, finish, needs_torch, snapshot_of, wait_for
+from tests.conftest import JOBS, finish, needs_torch, snapshot_of, wait_for, window_count
 
 
 def test_tracked_loader_yields_the_same_batches_and_times_each_wait() -> None:
@@ -45,7 +46,7 @@ def test_a_failing_cuda_event_factory_is_swallowed_and_dropped() -> None:
     clock.mark_step()  # must not raise into training
     clock.mark_step()
     assert clock.errors == 1 and clock.event_factory is None
-    assert len(clock.drain()) == 1  # the first mark was lost with the failure, the second kept
+    assert len(clock.drain()) == 2  # both steps counted, without GPU events
 
 
 def test_loader_facts_read_what_a_dataloader_has() -> None:
@@ -184,3 +185,46 @@ def test_mp_spawn_ranks_report_as_one_run_and_flush_at_exit(collector) -> None:
     (run,) = snapshot_of(collector).runs
     assert [v.rank for v in run.ranks] == [0, 1]
     assert all(v.windows[-1].step_total == 25 for v in run.ranks)
+
+
+def test_a_rank_that_learns_its_name_late_is_not_refused_after_reconnecting(collector) -> None:
+    """track()/step() before init_process_group name the rank by pid; the real name replaces it cleanly."""
+    from gputop.protocol import Window, encode
+    from gputop.reporter.reporter import Reporter
+
+    reporter = Reporter(collector.address)  # not started: the test drives it by hand
+    reporter.sender.close()
+    reporter._facts.update({"run_id": "script-123", "rank": 0, "world_size": 1})
+    reporter._refresh_hello()
+    reporter.sender.address = type(collector.address)(port=1)  # nobody there: frames queue up
+    reporter.sender.enqueue(encode(Window(run_id="script-123", rank=0, seq=1, t0=0, t1=0.5)))
+    reporter._facts.update({"run_id": "job", "rank": 1, "world_size": 2})
+    reporter._refresh_hello()
+    reporter.sender.address = collector.address
+    assert wait_for(lambda: (reporter.sender.pump(time.monotonic() + 60), reporter.sender.idle)[1])
+    reporter.sender.enqueue(encode(Window(run_id="job", rank=1, seq=1, t0=1, t1=1.5, steps=2, step_total=2)))
+    assert wait_for(lambda: (reporter.sender.pump(), window_count(collector) == 1)[1])
+    snap = snapshot_of(collector)
+    assert [(v.run_id, v.rank) for v in snap.all_ranks()] == [("job", 1)]
+    assert snap.rejected == ()
+    reporter.sender.close()
+
+
+def test_the_reporter_will_not_use_a_default_socket_folder_others_can_read(tmp_path, monkeypatch) -> None:
+    from gputop.address import default_socket_path, resolve
+    from gputop.reporter.sender import Sender
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("GPUTOP_PORT", raising=False)
+    monkeypatch.delenv("GPUTOP_SOCKET", raising=False)
+    folder = default_socket_path().parent
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(default_socket_path()))  # someone listens there
+    listener.listen(1)
+    sender = Sender(resolve(), backlog_frames=10)
+    sender.pump()
+    assert not sender.connected
+    assert "readable by other users" in sender.refused
+    listener.close()

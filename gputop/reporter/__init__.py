@@ -91,7 +91,8 @@ def add_loader_wait(seconds: float) -> None:
     """Count time spent waiting for input, for loops that fetch batches themselves (Lightning)."""
     reporter = _get()
     if reporter is not None:
-        reporter.clock.add_loader_wait(seconds)
+        with contextlib.suppress(Exception):
+            reporter.clock.add_loader_wait(float(seconds))
 
 
 def step() -> None:

@@ -47,21 +47,22 @@ class StepClock:
 
     def mark_step(self) -> None:
         """Close the current step.  Called from the optimizer post-hook or ``gputop.step()``."""
-        try:
-            now = time.perf_counter()
-            event = None
-            if self.event_factory is not None:
+        now = time.perf_counter()
+        event = None
+        if self.event_factory is not None:
+            try:
                 event = self.event_factory()
                 event.record()
-            last, self._last_mark_s = self._last_mark_s, now
-            self.marks.append(
-                StepMark(now, None if last is None else now - last, self._loader_wait_s, self._batches, event)
-            )
-            self._loader_wait_s = 0.0
-            self._batches = 0
-        except Exception:
-            self.errors += 1
-            self.event_factory = None  # the likely culprit; keep timing without it
+            except Exception:
+                self.errors += 1
+                self.event_factory = None  # keep timing steps without GPU events
+                event = None
+        last, self._last_mark_s = self._last_mark_s, now
+        self.marks.append(
+            StepMark(now, None if last is None else now - last, self._loader_wait_s, self._batches, event)
+        )
+        self._loader_wait_s = 0.0
+        self._batches = 0
 
     def drain(self) -> list[StepMark]:
         """Take every mark so far (reporter thread)."""

@@ -63,6 +63,8 @@ class Reporter:
         self._process: Any = None
         self._children: dict[int, Any] = {}
         self._failed_probes: set[str] = set()
+        self._clock_errors_reported = 0
+        self._refusal_said = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gputop-reporter", daemon=True)
         self._facts_changed = threading.Event()
@@ -93,9 +95,9 @@ class Reporter:
         self._facts.update(facts.identity())  # the process group may exist by now
         if self._facts.get("ddp"):
             self._ddp_model = model
-            rate = int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", DEFAULT_DDP_SAMPLE_RATE))
             try:
-                model._set_ddp_runtime_logging_sample_rate(rate)
+                rate = int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", DEFAULT_DDP_SAMPLE_RATE))
+                model._set_ddp_runtime_logging_sample_rate(max(rate, 1))
             except Exception:
                 self._failed_probes.add("ddp_sample_rate")
         device = str(self._facts.get("device", ""))
@@ -223,10 +225,21 @@ class Reporter:
         return self._hello
 
     def _refresh_hello(self) -> None:
-        hello = facts.build_hello(self._facts, self.window_s, self.started_t, __version__)
-        if hello != self._hello:
-            self._hello = hello
-            self.sender.set_hello(encode(hello))
+        # A copy: the training thread adds facts (autocast, the loader) while we read them.
+        hello = facts.build_hello(dict(self._facts), self.window_s, self.started_t, __version__)
+        if hello == self._hello:
+            return
+        old, self._hello = self._hello, hello
+        if old is not None and (old.run_id, old.rank) != (hello.run_id, hello.rank):
+            # The rank learned its real name (init_process_group ran after track() or step()).
+            # Queued frames carry the old name: on a reconnect they would follow the new
+            # hello and be refused, so they go; on a live connection the old name says bye.
+            if self.sender.connected:
+                bye = Bye(run_id=old.run_id, rank=old.rank, t=time.time(), step_total=self._step_total)
+                self.sender.enqueue(encode(bye))
+            else:
+                self.sender.forget_queued()
+        self.sender.set_hello(encode(hello))
 
     def _report_error(self, probe: str, exc: BaseException) -> None:
         if probe in self._failed_probes:
@@ -273,6 +286,12 @@ class Reporter:
                 fields.update(probe(marks))
             except Exception as exc:
                 self._report_error(probe.__name__.lstrip("_"), exc)
+        if self.clock.errors > self._clock_errors_reported:
+            self._clock_errors_reported = self.clock.errors
+            self._report_error("step_mark", RuntimeError(f"{self.clock.errors} step mark(s) failed; CUDA events off"))
+        if self.sender.refused and not self._refusal_said:
+            self._refusal_said = True
+            sys.stderr.write(f"gputop: not reporting: {self.sender.refused}\n")
         self._seq += 1
         window = Window(run_id=hello.run_id, rank=hello.rank, seq=self._seq, t0=t0, t1=t1, **fields)
         self.sender.enqueue(encode(window))

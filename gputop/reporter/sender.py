@@ -16,7 +16,7 @@ import socket
 import time
 from collections import deque
 
-from gputop.address import Address
+from gputop.address import Address, default_socket_path, private_dir_problem
 
 BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 5.0
@@ -33,6 +33,7 @@ class Sender:
         self.backlog_frames = backlog_frames
         self.dropped = 0  # frames dropped because the backlog was full
         self.connects = 0
+        self.refused = ""  # why the default socket folder was not trusted, once seen
         self.hello = b""
         self._sock: socket.socket | None = None
         self._inflight: deque[bytes] = deque()  # taken from the backlog, not yet fully sent
@@ -55,6 +56,12 @@ class Sender:
         self.hello = frame
         if self._sock is not None:
             self.enqueue(frame)
+
+    def forget_queued(self) -> None:
+        """Drop every frame not yet sent (they were made under a name the next hello replaces)."""
+        self.backlog.clear()
+        self._inflight.clear()
+        self._inflight_bytes = self._offset = 0
 
     def enqueue(self, frame: bytes) -> None:
         if len(self.backlog) >= self.backlog_frames:
@@ -85,6 +92,13 @@ class Sender:
                 sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             else:
+                path = self.address.path
+                assert path is not None
+                # Another user who made the default folder first must not get our telemetry.
+                problem = private_dir_problem(path.parent) if path == default_socket_path() else None
+                if problem is not None:
+                    self.refused = problem if path.parent.exists() else ""
+                    raise FileNotFoundError(problem)
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(CONNECT_TIMEOUT_S)
                 sock.connect(str(self.address.path))
