@@ -61,8 +61,8 @@ class Recorder:
     def sample(self, sample: GpuSample | HostSample) -> None:
         self._write(sample_to_dict(sample))
 
-    def disconnect(self, run_id: str, rank: int, reason: str, t: float) -> None:
-        self._write({"type": "disconnect", "run_id": run_id, "rank": rank, "reason": reason, "t": t})
+    def disconnect(self, run_id: str, rank: int, reason: str, t: float, pid: int = 0) -> None:
+        self._write({"type": "disconnect", "run_id": run_id, "rank": rank, "reason": reason, "t": t, "pid": pid})
 
     def close(self) -> None:
         with self._lock:
@@ -82,7 +82,7 @@ class Entry:
 
     t: float  # when it was received or sampled
     kind: str  # "message", "gpu", "host", "disconnect"
-    value: Any  # a protocol Message, GpuSample, HostSample, or (run_id, rank, reason)
+    value: Any  # a protocol Message, GpuSample, HostSample, or (run_id, rank, reason, pid)
 
 
 @dataclass
@@ -128,7 +128,8 @@ def _decode_line(line: str) -> Entry | None:
             host = host_sample_from_dict(obj)
             return Entry(host.t, "host", host)
         if kind == "disconnect":
-            return Entry(float(obj["t"]), "disconnect", (str(obj["run_id"]), int(obj["rank"]), str(obj["reason"])))
+            fields = (str(obj["run_id"]), int(obj["rank"]), str(obj["reason"]), int(obj.get("pid", 0)))
+            return Entry(float(obj["t"]), "disconnect", fields)
         recv_t = float(obj.pop("recv_t"))
         return Entry(recv_t, "message", from_dict(obj))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, ProtocolError):

@@ -165,3 +165,33 @@ def test_a_new_process_under_the_same_name_starts_a_fresh_history() -> None:
     store.ingest(Window(run_id="r", rank=0, seq=1, t0=9, t1=9.5, steps=1, step_total=1), now=2.0)
     (view,) = store.snapshot(2.0).all_ranks()
     assert view.hello.pid == 200 and [w.seq for w in view.windows] == [1] and view.status == LIVE
+
+
+def test_the_old_connection_closing_late_does_not_mark_its_successor_lost() -> None:
+    store = Store()
+    store.ingest(Hello(run_id="r", rank=0, pid=100), now=1.0)
+    store.ingest(Hello(run_id="r", rank=0, pid=200), now=2.0)  # restarted before the old EOF was seen
+    store.disconnected("r", 0, "connection closed", pid=100)
+    assert store.snapshot(2.0).all_ranks()[0].status == LIVE
+    store.disconnected("r", 0, "connection closed", pid=200)
+    assert store.snapshot(2.0).all_ranks()[0].status == LOST
+
+
+def test_one_connection_cannot_claim_many_ranks(collector: Collector) -> None:
+    s = connect(collector)
+    s.sendall(b"".join(hello("flood", rank) for rank in range(50)))
+    assert closed_by_peer(s)
+    assert len(snapshot_of(collector).all_ranks()) <= 8
+    assert any("ranks on one connection" in r for r in snapshot_of(collector).rejected)
+
+
+def test_a_long_lived_dashboard_forgets_the_oldest_finished_runs() -> None:
+    from gputop.collect.store import MAX_RUNS
+
+    store = Store()
+    for n in range(MAX_RUNS + 10):
+        store.ingest(Hello(run_id=f"run{n}", rank=0, pid=n + 1), now=float(n))
+        store.ingest(Bye(run_id=f"run{n}", rank=0, t=float(n)), now=float(n))
+    store.ingest(Hello(run_id="live", rank=0, pid=9999), now=100.0)
+    runs = [r.run_id for r in store.snapshot(100.0).runs]
+    assert len(runs) <= MAX_RUNS and "live" in runs and "run0" not in runs and f"run{MAX_RUNS + 9}" in runs

@@ -27,8 +27,10 @@ log = logging.getLogger("gputop.collector")
 
 # Called on the collector thread with each accepted message and its receive time.
 MessageListener = Callable[[Message, float], None]
-# Called on the collector thread when a rank's connection ends: run_id, rank, reason, time.
-DisconnectListener = Callable[[str, int, str, float], None]
+# Called on the collector thread when a rank's connection ends: run_id, rank, reason, time, pid.
+DisconnectListener = Callable[[str, int, str, float, int], None]
+# A reporter speaks for one rank (two while it learns its real name); more is a misbehaving peer.
+MAX_RANKS_PER_CONNECTION = 8
 
 
 class Collector:
@@ -136,7 +138,7 @@ class Collector:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         peer = _peer_name(writer)
-        ranks: set[tuple[str, int]] = set()
+        ranks: dict[tuple[str, int], int] = {}  # (run_id, rank) -> pid of its hello on this connection
         reason = "connection closed"
         try:
             while True:
@@ -157,10 +159,14 @@ class Collector:
                     reason = self._reject(peer, str(exc))
                     break
                 key = (message.run_id, message.rank)
-                if key not in ranks and not isinstance(message, Hello):
+                if isinstance(message, Hello):
+                    if key not in ranks and len(ranks) >= MAX_RANKS_PER_CONNECTION:
+                        reason = self._reject(peer, f"more than {MAX_RANKS_PER_CONNECTION} ranks on one connection")
+                        break
+                    ranks[key] = message.pid
+                elif key not in ranks:
                     reason = self._reject(peer, f"{message.TYPE} before hello")
                     break
-                ranks.add(key)
                 now = time.time()
                 self.store.ingest(message, now)
                 if self.on_message is not None:
@@ -175,11 +181,11 @@ class Collector:
             reason = self._reject(peer, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self.connections -= 1
-            for run_id, rank in ranks:
-                self.store.disconnected(run_id, rank, reason)
+            for (run_id, rank), pid in ranks.items():
+                self.store.disconnected(run_id, rank, reason, pid)
                 if self.on_disconnect is not None:
                     with contextlib.suppress(Exception):
-                        self.on_disconnect(run_id, rank, reason, time.time())
+                        self.on_disconnect(run_id, rank, reason, time.time(), pid)
             with contextlib.suppress(Exception):
                 writer.close()
 

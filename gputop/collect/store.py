@@ -21,6 +21,7 @@ HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
 VIEW_HISTORY_WINDOWS = 240  # what a dashboard copies per rank and refresh: 2 minutes of history
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
+MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
 
 LIVE, LOST, DONE = "live", "lost", "done"
@@ -118,6 +119,8 @@ class Store:
         with self._lock:
             rank = self._ranks.get(key)
             if isinstance(message, Hello):
+                if rank is None and not any(r == message.run_id for r, _ in self._ranks):
+                    self._evict_finished_runs()
                 if rank is None or (message.pid and rank.hello.pid and message.pid != rank.hello.pid):
                     # First hello, or a new process under the same name (a restarted
                     # rank, a later job on the same port): its windows count from 1.
@@ -145,14 +148,34 @@ class Store:
             elif isinstance(message, Bye):
                 rank.done = True
 
-    def disconnected(self, run_id: str, rank: int, reason: str) -> None:
-        """The connection a rank reported on closed (``reason`` says how)."""
+    def disconnected(self, run_id: str, rank: int, reason: str, pid: int | None = None) -> None:
+        """The connection a rank reported on closed (``reason`` says how).
+
+        ``pid`` is the process that said hello on that connection: the close of
+        a replaced process's connection must not mark its successor lost.
+        """
         with self._lock:
             state = self._ranks.get((run_id, rank))
-            if state is not None:
+            if state is not None and (not pid or not state.hello.pid or pid == state.hello.pid):
                 state.connected = False
                 if not state.done:
                     state.lost_reason = reason
+
+    def _evict_finished_runs(self) -> None:
+        """Keep at most MAX_RUNS runs: a dashboard open for days forgets the oldest finished ones."""
+        runs: dict[str, list[_Rank]] = {}
+        for (run_id, _), state in self._ranks.items():
+            runs.setdefault(run_id, []).append(state)
+        if len(runs) < MAX_RUNS:
+            return
+        finished = [
+            (max(s.last_seen_t for s in states), run_id)
+            for run_id, states in runs.items()
+            if all(s.done or not s.connected for s in states)
+        ]
+        for _, run_id in sorted(finished)[: len(runs) - MAX_RUNS + 1]:
+            for key in [k for k in self._ranks if k[0] == run_id]:
+                del self._ranks[key]
 
     def rejected(self, reason: str) -> None:
         """Remember why a connection was closed for a bad frame (shown in the UI)."""
