@@ -250,13 +250,13 @@ class DemoJob:
         except subprocess.TimeoutExpired:
             return None
 
-    def stop(self) -> None:
+    def stop(self, rank_pids: Sequence[int] = ()) -> None:
         """SIGINT torchrun (it stops its ranks), then SIGTERM, SIGKILL; then any rank left behind.
 
         torchrun starts each rank in a session of its own, so killing
         torchrun's process group alone can orphan ranks: they are found first.
         """
-        ranks = self._descendants()
+        ranks = self._descendants() + self._demo_processes(rank_pids)
         if self.proc.poll() is None:
             for sig, grace_s in ((signal.SIGINT, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
                 with contextlib.suppress(ProcessLookupError):
@@ -269,6 +269,19 @@ class DemoJob:
             with contextlib.suppress(Exception):
                 rank.kill()
         self._log.close()
+
+    @staticmethod
+    def _demo_processes(pids: Sequence[int]) -> list[Any]:
+        """The given pids that are still demo ranks (a pid reused by another program is left alone)."""
+        import psutil
+
+        found = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if "gputop.demos.train" in " ".join(proc.cmdline()):
+                    found.append(proc)
+        return found
 
     def _descendants(self) -> list[Any]:
         import psutil
@@ -310,24 +323,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     if recorder is not None:
         source.store.sample_listeners.append(recorder.sample)
-    source.start()
-    port = source.address.port
-    assert port is not None
-    log_file = tempfile.NamedTemporaryFile(prefix="gputop-demo-", suffix=".log", delete=False)  # noqa: SIM115
-    log_file.close()
-    job = DemoJob(scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name))
+    job: DemoJob | None = None
+    keep_log = False
     try:
+        source.start()
+        port = source.address.port
+        assert port is not None
+        log_file = tempfile.NamedTemporaryFile(prefix="gputop-demo-", suffix=".log", delete=False)  # noqa: SIM115
+        log_file.close()
+        job = DemoJob(
+            scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name)
+        )
         if not args.headless:
-            return _run_dashboard(source, args.refresh)
+            ui_code = _run_dashboard(source, args.refresh)
+            keep_log = job.proc.poll() not in (None, 0)  # the job failed while watched
+            if keep_log:
+                print(f"gputop: the demo job exited with code {job.proc.returncode}; its log: {job.log_path}")
+            return ui_code
         _log_to_stderr()
         assert seconds is not None  # headless runs always have a length
-        print(
-            f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s (job log: {job.log_path})",
-            file=sys.stderr,
-        )
+        print(f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s", file=sys.stderr)
         started = time.monotonic()
         # torch's import and the process group's start take a few seconds before the timed part.
         code = job.wait(seconds + 90.0)
+        keep_log = True
         if code is None:
             raise UserError(f"the demo job did not finish in {seconds + 90:.0f} s; its log: {job.log_path}")
         time.sleep(0.3)  # the ranks' last windows are sent at exit; let the collector take them in
@@ -335,10 +354,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if code != 0 or not snapshot.runs:
             why = f"exited with code {code}" if code != 0 else "ran but nothing reported"
             raise UserError(f"the demo job {why}; last lines of {job.log_path}:\n{job.log_tail()}")
+        keep_log = False
         sys.stdout.write(_report_text(snapshot, args.format, span_s=time.monotonic() - started))
         return 0
     finally:
-        job.stop()
+        if job is not None:
+            # Ranks reported their pids: stop those too, in case torchrun died before it could.
+            job.stop(rank_pids=source.store.rank_pids(include_finished=True))
+            if not keep_log:
+                with contextlib.suppress(OSError):
+                    job.log_path.unlink()
         source.stop()
         if recorder is not None:
             recorder.close()

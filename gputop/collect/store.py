@@ -194,10 +194,14 @@ class Store:
         for listener in self.sample_listeners:
             listener(sample)
 
-    def rank_pids(self) -> list[int]:
-        """Pids of the ranks still reporting (for the host sampler)."""
+    def rank_pids(self, *, include_finished: bool = False) -> list[int]:
+        """Pids of the ranks still reporting (for the host sampler), or of every rank seen."""
         with self._lock:
-            return [r.hello.pid for r in self._ranks.values() if r.connected and not r.done and r.hello.pid]
+            return [
+                r.hello.pid
+                for r in self._ranks.values()
+                if r.hello.pid and (include_finished or (r.connected and not r.done))
+            ]
 
     def snapshot(self, now: float, *, history: int | None = None) -> Snapshot:
         """Immutable views of everything, with each rank's status as of ``now``.
