@@ -8,8 +8,11 @@
 The callback watches the model Lightning trains (the DDP wrapper under a DDP
 strategy, so DDP's timings are read), and counts the time between the end of
 one training batch and the start of the next as loader wait: Lightning fetches
-the next batch there.  That gap also holds Lightning's own per-batch
-bookkeeping (microseconds), so it reads slightly high, never low.  Steps are
+the next batch there.  Validation inside an epoch is taken out of that gap.
+What stays in it besides the fetch: Lightning's per-batch bookkeeping
+(microseconds) and whatever other callbacks do after a batch, notably
+``ModelCheckpoint(every_n_train_steps=...)`` saving, so on steps that save a
+checkpoint the loader wait reads high.  Steps are
 counted from ``optimizer.step()`` as everywhere else, so gradient accumulation
 counts one step per optimizer step.  Works with ``lightning.pytorch`` or the
 older ``pytorch_lightning`` package.
@@ -35,6 +38,7 @@ class GputopCallback(Callback):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self._batch_end_s: float | None = None
+        self._paused_s: float | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
@@ -62,6 +66,15 @@ class GputopCallback(Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._batch_end_s = time.perf_counter()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._paused_s = self._batch_end_s  # validation is not waiting for training data
+        self._batch_end_s = None
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._paused_s is not None:
+            self._batch_end_s = time.perf_counter()
+            self._paused_s = None
 
 
 def _first_loader(loaders: Any) -> Any:

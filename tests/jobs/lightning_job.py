@@ -31,6 +31,9 @@ class Model(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         return self.net(batch).pow(2).mean()
 
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        time.sleep(0.2)  # slow validation must not show up as loader wait
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -42,11 +45,13 @@ if __name__ == "__main__":
         devices=2,
         strategy="ddp",
         max_steps=steps,
+        val_check_interval=10,
+        limit_val_batches=4,
         callbacks=[GputopCallback()],
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
         enable_checkpointing=False,
     )
-    trainer.fit(Model(), DataLoader(Slow(), batch_size=8))
+    trainer.fit(Model(), DataLoader(Slow(), batch_size=8), DataLoader(torch.randn(64, 32), batch_size=8))
     print(f"rank {trainer.global_rank} done", flush=True)
