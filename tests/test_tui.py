@@ -242,3 +242,23 @@ class TestFindings:
             assert "waits for data" in lines[2]
             assert "num_workers=8" in lines[3]
             assert diagnoser.calls >= 1
+
+
+class TestRejections:
+    """A connection closed for a bad frame is announced, also while runs are on screen."""
+
+    async def test_a_refused_connection_is_notified_once(self) -> None:
+        import dataclasses
+
+        snapshot = fx.two_ranks()
+        source = FixedSource(snapshot)
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            reason = "closed connection from 127.0.0.1:5555: not JSON: Expecting value"
+            refused = dataclasses.replace(snapshot, rejected=(reason,))
+            source.set(refused)
+            await shown(pilot, refused)
+            for _ in range(5):  # later refreshes carry the same reason: no repeat
+                await pilot.pause(FAST_S)
+            messages = [n.message for n in app._notifications]
+            assert messages.count(reason) == 1

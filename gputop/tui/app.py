@@ -91,6 +91,7 @@ class GputopApp(App[int]):
         self._selected: str | None = None
         self._fetch_lock = threading.Lock()
         self._last_failure = ""
+        self._rejections_seen: set[str] = set()
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -160,9 +161,17 @@ class GputopApp(App[int]):
         if not self.table.is_attached:  # a message that arrives while the app shuts down
             return
         self._newest = message.view
+        self._announce_rejections(message.view.snapshot.rejected)
         self.header.finished = message.finished
         if not self.paused:
             self._show(message.view)
+
+    def _announce_rejections(self, rejected: tuple[str, ...]) -> None:
+        """A connection closed for a bad frame: say so once, also while runs are showing."""
+        fresh = [reason for reason in rejected if reason not in self._rejections_seen]
+        for reason in fresh[-3:]:
+            self.notify(reason, title="connection refused", severity="warning", timeout=8)
+        self._rejections_seen = set(rejected)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         if message.reason != self._last_failure:
