@@ -226,6 +226,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 # -- demo --------------------------------------------------------------------------
 
 
+# Runs torchrun with "SIGTERM me when my parent dies" set (Linux; elsewhere it just
+# runs it). The job has a session of its own, so Ctrl-C in the dashboard is ours
+# to handle, which also means a closed terminal's SIGHUP never reaches it: when
+# tmux or SSH goes away and gputop dies, torchrun would train on, orphaned. It
+# stops its ranks on SIGTERM. Set in a fresh interpreter that then execs, because
+# a preexec_fn in a process with threads (ours has the collector's) can deadlock.
+_EXEC_WITH_PDEATHSIG = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG, kept across exec
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
 class DemoJob:
     """The bundled training job under torchrun, in its own process group so it is always cleaned up."""
 
@@ -241,7 +257,12 @@ class DemoJob:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *cmd],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait(self, timeout_s: float) -> int | None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from gputop import cli
-from tests.conftest import needs_torch
+from tests.conftest import needs_torch, wait_for
 from tests.test_recording import write_run
 
 
@@ -115,3 +117,31 @@ def test_headless_demo_prints_a_two_rank_report(tmp_path) -> None:
     # The recording of the same run reports the same steps.
     replayed = json.loads(gputop("report", str(record), "--format", "json").stdout)
     assert [r["steps"] for r in replayed["runs"][0]["ranks"]] == [r["steps"] for r in run["ranks"]]
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_the_demo_job_never_outlives_gputop(sig: int) -> None:
+    """Ctrl-C cleans up; even a gputop killed outright (a closed terminal, kill -9) takes its job with it."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gputop", "demo", "--headless", "--seconds", "120"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    parent = psutil.Process(demo.pid)
+
+    def ranks() -> list[psutil.Process]:
+        try:
+            return [p for p in parent.children(recursive=True) if "gputop.demos.train" in " ".join(p.cmdline())]
+        except psutil.Error:
+            return []
+
+    assert wait_for(lambda: len(ranks()) >= 3, timeout_s=60)  # torchrun and its 2 ranks
+    job = parent.children(recursive=True)
+    demo.send_signal(sig)
+    demo.wait(30)
+    _, alive = psutil.wait_procs(job, timeout=30)
+    for proc in alive:
+        proc.kill()
+    assert alive == [], [p.cmdline() for p in alive]
