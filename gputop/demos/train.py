@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.steps and steps >= args.steps:
             break
     print(f"rank {rank}: {steps} steps in {time.monotonic() - started:.3f} s", flush=True)
+    dist.barrier()  # no rank tears gloo down while another is still in a collective
     dist.destroy_process_group()
     return 0
 

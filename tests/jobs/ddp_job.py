@@ -56,6 +56,7 @@ def main() -> None:
         if steps == args.steps:
             break
     print(f"rank {dist.get_rank()} steps {steps}", flush=True)
+    dist.barrier()  # no rank tears gloo down while another is still in a collective
     dist.destroy_process_group()
 
 

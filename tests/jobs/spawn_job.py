@@ -22,6 +22,7 @@ def worker(rank: int, world: int, steps: int) -> None:
         model(torch.randn(8, 16)).sum().backward()
         opt.step()
         opt.zero_grad()
+    dist.barrier()  # no rank tears gloo down while another is still in a collective
     dist.destroy_process_group()
 
 
