@@ -18,10 +18,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputop import __version__
 from gputop.address import Address, AddressError, resolve
+
+if TYPE_CHECKING:
+    from gputop.recording import Recorder
 
 EXIT_ERROR = 1
 
@@ -161,20 +164,22 @@ def _log_to_stderr() -> None:
     logger.setLevel(logging.INFO)
 
 
+def _open_recorder(path: Path, *, source: str) -> Recorder:
+    from gputop.recording import Recorder, RecordingError
+
+    try:
+        return Recorder(path, source=source)
+    except RecordingError as exc:
+        raise UserError(str(exc)) from None
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
-    from gputop.recording import Recorder, RecordingError
 
     _log_to_stderr()
     address = resolve(args.port, args.socket)
-    try:
-        recorder = Recorder(args.output, source=str(address))
-    except RecordingError as exc:
-        raise UserError(str(exc)) from None
-    source = LiveSource(
-        address, sample_interval_s=args.interval, on_message=recorder.message, on_disconnect=recorder.disconnect
-    )
-    source.store.sample_listeners.append(recorder.sample)
+    recorder = _open_recorder(args.output, source=str(address))
+    source = LiveSource(address, sample_interval_s=args.interval, recorder=recorder)
     try:
         source.start()
         print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s", file=sys.stderr)
@@ -328,22 +333,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UserError("--nproc must be at least 1")
     seconds = args.seconds if args.seconds is not None else (15.0 if args.headless else None)
-    recorder = None
-    if args.record is not None:
-        from gputop.recording import Recorder, RecordingError
-
-        try:
-            recorder = Recorder(args.record, source="demo")
-        except RecordingError as exc:
-            raise UserError(str(exc)) from None
-    source = LiveSource(
-        Address(port=0),
-        sample_interval_s=args.interval,
-        on_message=recorder.message if recorder else None,
-        on_disconnect=recorder.disconnect if recorder else None,
-    )
-    if recorder is not None:
-        source.store.sample_listeners.append(recorder.sample)
+    recorder = _open_recorder(args.record, source="demo") if args.record is not None else None
+    source = LiveSource(Address(port=0), sample_interval_s=args.interval, recorder=recorder)
     job: DemoJob | None = None
     keep_log = False
     try:

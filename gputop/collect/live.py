@@ -7,8 +7,9 @@ import time
 from gputop.address import Address
 from gputop.collect.gpu import GpuSamplerThread
 from gputop.collect.host import HostSamplerThread
-from gputop.collect.server import Collector, DisconnectListener, MessageListener
+from gputop.collect.server import Collector
 from gputop.collect.store import VIEW_HISTORY_WINDOWS, Snapshot, Store
+from gputop.recording import Recorder
 
 
 class LiveSource:
@@ -21,12 +22,17 @@ class LiveSource:
         address: Address,
         *,
         sample_interval_s: float = 1.0,
-        store: Store | None = None,
-        on_message: MessageListener | None = None,
-        on_disconnect: DisconnectListener | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
-        self.store = store if store is not None else Store()
-        self.collector = Collector(self.store, address, on_message=on_message, on_disconnect=on_disconnect)
+        """``recorder`` gets everything the store does: messages, disconnects and samples."""
+        self.store = Store()
+        if recorder is None:
+            self.collector = Collector(self.store, address)
+        else:
+            self.collector = Collector(
+                self.store, address, on_message=recorder.message, on_disconnect=recorder.disconnect
+            )
+            self.store.sample_listeners.append(recorder.sample)
         self._gpu = GpuSamplerThread(self.store, sample_interval_s)
         self._host = HostSamplerThread(self.store, self.store.rank_pids, sample_interval_s)
         self._started = False

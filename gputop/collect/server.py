@@ -48,8 +48,6 @@ class Collector:
         self.address = address
         self.on_message = on_message
         self.on_disconnect = on_disconnect
-        self.connections = 0  # currently open
-        self.rejected = 0  # connections closed for a bad frame
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -136,7 +134,6 @@ class Collector:
             loop.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         peer = _peer_name(writer)
         ranks: dict[tuple[str, int], int] = {}  # (run_id, rank) -> pid of its hello on this connection
         reason = "connection closed"
@@ -180,7 +177,6 @@ class Collector:
         except Exception as exc:  # a bug in a listener must cost one connection, not the collector
             reason = self._reject(peer, f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            self.connections -= 1
             for (run_id, rank), pid in ranks.items():
                 self.store.disconnected(run_id, rank, reason, pid)
                 if self.on_disconnect is not None:
@@ -190,7 +186,6 @@ class Collector:
                 writer.close()
 
     def _reject(self, peer: str, why: str) -> str:
-        self.rejected += 1
         text = f"closed connection from {peer}: {why}"
         log.warning(text)
         self.store.rejected(text)

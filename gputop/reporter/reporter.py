@@ -63,6 +63,7 @@ class Reporter:
         self._process: Any = None
         self._children: dict[int, Any] = {}
         self._failed_probes: set[str] = set()
+        self._forward_calls = 0
         self._clock_errors_reported = 0
         self._refusal_said = False
         self._stop = threading.Event()
@@ -144,8 +145,6 @@ class Reporter:
             self._primary_optimizer = id(optimizer)
         if id(optimizer) == self._primary_optimizer:
             self.clock.mark_step()
-
-    _forward_calls = 0
 
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
