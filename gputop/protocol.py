@@ -118,7 +118,8 @@ class Window:
     Times are seconds, memory is bytes.  ``loader_wait_s`` and
     ``step_time_sum_s`` are totals over the steps that ended in the window, so
     their ratio is the loader-wait share.  The DDP figures (``forward_s`` …
-    ``overlap_s``) are per step, from DDP's latest sampled iteration.
+    ``overlap_s``) are per step: the mean over ``ddp_steps`` iterations, or,
+    when that is None, DDP's latest sampled iteration.
     """
 
     TYPE: ClassVar[str] = "window"
@@ -146,7 +147,8 @@ class Window:
     backward_s: float | None = None  # backward compute
     comm_s: float | None = None  # gradient all-reduce, start to end
     overlap_s: float | None = None  # part of comm hidden behind backward compute
-    ddp_iteration: int | None = None  # DDP's iteration the figures come from
+    ddp_iteration: int | None = None  # DDP's iteration the figures come from (the last one)
+    ddp_steps: int | None = None  # iterations the DDP figures average; None: one sampled iteration
     mem_allocated_bytes: int | None = None
     mem_reserved_bytes: int | None = None
     mem_peak_bytes: int | None = None
@@ -279,6 +281,8 @@ def _check_sense(message: Message) -> None:
             < 0
         ):
             raise ProtocolError("window counts must not be negative")
+        if message.ddp_steps is not None and message.ddp_steps < 1:
+            raise ProtocolError("window.ddp_steps must be at least 1")
         if message.t1 < message.t0 or message.step_time_sum_s < 0 or message.loader_wait_s < 0:
             raise ProtocolError("window times must not run backwards")
 

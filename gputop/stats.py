@@ -8,11 +8,15 @@ over the steps that ended inside the span.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gputop.protocol import Window, hist_quantile_s
+
+# DDP's first iteration rebuilds its gradient buckets in the order gradients
+# became ready, and pays lazy allocation: its timings are no typical step's.
+DDP_WARMUP_ITERATIONS = 1
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,22 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+def _ddp_mean(samples: Sequence[Window], read: Callable[[Window], float | None]) -> float | None:
+    """Per-iteration mean of a DDP figure, each sample weighted by the iterations it averages."""
+    total = weight = 0.0
+    for w in samples:
+        value = read(w)
+        if value is not None:
+            total += value * (w.ddp_steps or 1)
+            weight += w.ddp_steps or 1
+    return total / weight if weight else None
+
+
+def _covers_ddp_warmup(w: Window) -> bool:
+    """Whether the window's DDP figures include DDP's first iteration(s)."""
+    return w.ddp_iteration is not None and w.ddp_iteration - (w.ddp_steps or 1) < DDP_WARMUP_ITERATIONS
+
+
 def _newest(windows: Sequence[Window], name: str) -> Window | None:
     for w in reversed(windows):
         if getattr(w, name) is not None:
@@ -96,7 +116,10 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
 
     DDP figures are averaged over distinct sampled iterations: DDP times only
     every Nth iteration and each sample repeats in the windows until the next,
-    so averaging windows would weight a sample by how long it lingered.
+    so averaging windows would weight a sample by how long it lingered.  A
+    window that averages several iterations (``ddp_steps``) weighs that many.
+    DDP's first iteration is left out when later ones are known: it rebuilds
+    the gradient buckets and pays one-time allocation, so it is no typical step.
     """
     step_count = 0
     timed_count = 0  # steps the time totals cover
@@ -154,8 +177,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         p50, p95 = last_with_steps.step_time_p50_s, last_with_steps.step_time_p95_s
     else:
         p50, p95 = hist_quantile_s(hist, 0.5), hist_quantile_s(hist, 0.95)
-    ddp = list(ddp_samples.values())
-    exposed = _mean(w.exposed_comm_s for w in ddp)
+    ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
+    exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
 
     # Fields a probe fills together come from the newest window that probe filled.
     memory = _newest(windows, "mem_allocated_bytes")
@@ -181,10 +204,10 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
         loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
         loader_wait_frac=loader_total / step_sum_s if (step_sum_s > 0 and tracked) else None,
-        forward_s=_mean(w.forward_s for w in ddp),
-        backward_s=_mean(w.backward_s for w in ddp),
-        comm_s=_mean(w.comm_s for w in ddp),
-        overlap_s=_mean(w.overlap_s for w in ddp),
+        forward_s=_ddp_mean(ddp, lambda w: w.forward_s),
+        backward_s=_ddp_mean(ddp, lambda w: w.backward_s),
+        comm_s=_ddp_mean(ddp, lambda w: w.comm_s),
+        overlap_s=_ddp_mean(ddp, lambda w: w.overlap_s),
         exposed_comm_s=exposed,
         exposed_comm_frac=(exposed / mean_step) if (exposed is not None and mean_step) else None,
         mem_allocated_bytes=last("mem_allocated_bytes"),

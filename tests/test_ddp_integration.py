@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,20 @@ def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Colle
         assert view.hello.backend == "gloo"
         assert view.hello.ddp is True
         assert view.hello.loader_batch_size == 8 and view.hello.loader_num_workers == 0
+
+
+def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(collector: Collector) -> None:
+    """On the CPU DDP times every iteration; the windows split them without gaps or overlaps."""
+    out = finish(torchrun("ddp_job.py", "--steps", "120", "--delay-ms", "10", port=collector.address.port))
+    assert wait_for(lambda: _all_done(collector))
+    (run,) = snapshot_of(collector).runs
+    for view in run.ranks:
+        iteration, average_ns = re.search(rf"rank {view.rank} ddp (\d+) (\d+)", out).groups()  # type: ignore[union-attr]
+        timed = [w for w in view.windows if w.ddp_steps]
+        assert len(timed) >= 3, "the job spans several windows"
+        assert sum(w.ddp_steps or 0 for w in timed) == int(iteration)
+        mean_s = sum((w.forward_s or 0.0) * (w.ddp_steps or 0) for w in timed) / int(iteration)
+        assert mean_s == pytest.approx(int(average_ns) / 1e9, rel=1e-3)
 
 
 def test_collector_started_late_still_counts_every_step() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gputop.protocol import Window
 from gputop.stats import count_steps, rank_stats, recent
 
@@ -53,6 +55,26 @@ def test_a_ddp_sample_repeated_over_many_windows_counts_once() -> None:
     assert abs(stats.comm_s - 0.020) < 1e-9  # type: ignore[operator]
 
 
+def test_ddp_windows_weigh_the_iterations_they_average() -> None:
+    """A window averaging 3 iterations outweighs one holding a single sampled iteration."""
+    windows = [
+        w(1, 1, 1, step_time_sum_s=0.1, comm_s=0.5, ddp_iteration=1, ddp_steps=1),  # warm-up
+        w(2, 3, 4, step_time_sum_s=0.3, comm_s=0.010, ddp_iteration=4, ddp_steps=3),
+        w(3, 1, 5, step_time_sum_s=0.1, comm_s=0.050, ddp_iteration=5, ddp_steps=1),
+    ]
+    assert rank_stats(windows).comm_s == pytest.approx((3 * 0.010 + 0.050) / 4)
+
+
+def test_ddps_first_iteration_is_left_out_once_later_ones_are_known() -> None:
+    """The first iteration rebuilds DDP's buckets: alone it is all there is, later it is no typical step."""
+    warmup = w(1, 2, 2, step_time_sum_s=0.2, forward_s=0.9, comm_s=0.5, ddp_iteration=2, ddp_steps=2)
+    assert rank_stats([warmup]).forward_s == pytest.approx(0.9)
+    settled = w(2, 2, 4, step_time_sum_s=0.2, forward_s=0.1, comm_s=0.02, ddp_iteration=4, ddp_steps=2)
+    assert rank_stats([warmup, settled]).forward_s == pytest.approx(0.1)
+    sampled = w(3, 1, 5, step_time_sum_s=0.1, forward_s=0.2, comm_s=0.02, ddp_iteration=5)  # every Nth: kept
+    assert rank_stats([warmup, settled, sampled]).forward_s == pytest.approx((2 * 0.1 + 0.2) / 3)
+
+
 def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
     """A reporter's first step has no previous mark: it counts as a step but not in the time totals."""
     first = w(1, 5, 5, timed_steps=4, step_time_sum_s=0.4, loader_wait_s=0.04, loader_batches=5)
@@ -60,3 +82,4 @@ def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
     assert stats.steps == 5
     assert abs(stats.step_time_mean_s - 0.1) < 1e-9  # type: ignore[operator]
     assert abs(stats.loader_wait_s - 0.01) < 1e-9  # type: ignore[operator]
+

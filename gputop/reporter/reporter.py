@@ -29,8 +29,17 @@ TICK_S = 0.1  # how often the thread wakes to connect and flush between windows
 EXIT_FLUSH_S = 1.0  # the most process exit waits for the last window to leave
 # DDP times forward/backward/comm on every Nth iteration (PyTorch's default is
 # 100).  On CUDA a sampled iteration waits for the previous one's events at the
-# next forward, so N trades freshness for a rare short stall.
+# next forward, so N trades freshness for a rare short stall.  On the CPU the
+# timer is two clock reads, so every iteration is timed.
 DEFAULT_DDP_SAMPLE_RATE = 10
+CPU_DDP_SAMPLE_RATE = 1
+# DDP's running averages over its timed iterations, and the per-window field each becomes.
+DDP_TIMES = (
+    ("forward_compute_time", "forward_s"),
+    ("backward_compute_time", "backward_s"),
+    ("backward_comm_time", "comm_s"),
+    ("backward_compute_comm_overlap_time", "overlap_s"),
+)
 
 
 def _percentile(ordered: list[float], q: float) -> float:
@@ -58,7 +67,10 @@ class Reporter:
         self._step_total = 0
         self._pending_events: list[Any] = []  # CUDA events not yet complete
         self._last_event: Any = None
-        self._ddp_last: dict[str, Any] = {}
+        # (iteration, running averages) at the last read, while every iteration is timed
+        # from the first: then average x iteration is a running total, and the
+        # difference between two reads is the window's total.
+        self._ddp_totals_from: tuple[int, dict[str, float]] | None = None
         self._memory_on = False
         self._process: Any = None
         self._children: dict[int, Any] = {}
@@ -96,9 +108,13 @@ class Reporter:
         self._facts.update(facts.identity())  # the process group may exist by now
         if self._facts.get("ddp"):
             self._ddp_model = model
+            on_cpu = str(self._facts.get("device", "cpu")).startswith("cpu")
+            default = CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE
             try:
-                rate = int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", DEFAULT_DDP_SAMPLE_RATE))
-                model._set_ddp_runtime_logging_sample_rate(max(rate, 1))
+                rate = max(int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", default)), 1)
+                model._set_ddp_runtime_logging_sample_rate(rate)
+                if rate == 1 and model._get_ddp_logging_data().get("iteration", 0) == 0:
+                    self._ddp_totals_from = (0, {})
             except Exception:
                 self._failed_probes.add("ddp_sample_rate")
         device = str(self._facts.get("device", ""))
@@ -313,24 +329,57 @@ class Reporter:
         return {"gpu_step_time_p50_s": _percentile(gpu_times, 0.5)}
 
     def _ddp_stats(self, marks: list[StepMark]) -> dict[str, Any]:
-        """DDP's runtime logging data (private API, read defensively; ns -> s)."""
+        """DDP's runtime logging data (private API, read defensively; ns -> s).
+
+        When DDP times every iteration, the window gets the mean over its own
+        iterations; otherwise the latest sampled iteration stands for them.
+        """
         model = self._ddp_model
         if model is None:
             return {}
         data = model._get_ddp_logging_data()
         if not isinstance(data, dict) or "iteration" not in data:
             return {}
-        out: dict[str, Any] = {"ddp_iteration": int(data["iteration"])}
-        for key, name in (
-            ("forward_compute_time", "forward_s"),
-            ("backward_compute_time", "backward_s"),
-            ("backward_comm_time", "comm_s"),
-            ("backward_compute_comm_overlap_time", "overlap_s"),
-        ):
+        iteration = int(data["iteration"])
+        if self._ddp_totals_from is not None:
+            means = self._ddp_window_means(data, iteration, *self._ddp_totals_from)
+            if means is not None:
+                return means
+        out: dict[str, Any] = {"ddp_iteration": iteration}
+        for key, name in DDP_TIMES:
             value = data.get(key)
             if isinstance(value, (int, float)) and value >= 0:
                 out[name] = value / 1e9
         return out if "comm_s" in out else {}
+
+    def _ddp_window_means(
+        self, data: dict[str, Any], iteration: int, since: int, before: dict[str, float]
+    ) -> dict[str, Any] | None:
+        """Per-iteration means since the last read, from DDP's running averages.
+
+        None when they do not add up (an iteration DDP could not time, e.g.
+        under no_sync): the reporter then falls back to the latest sample for good.
+        """
+        if iteration == since:
+            return {}  # no iteration finished: no DDP figures in this window
+        raw = {name: data.get("avg_" + key) for key, name in DDP_TIMES}
+        if iteration < since or not all(isinstance(v, (int, float)) for v in raw.values()):
+            self._ddp_totals_from = None
+            return None
+        averages = {name: float(v) for name, v in raw.items()}  # type: ignore[arg-type]
+        steps = iteration - since
+        out: dict[str, Any] = {"ddp_iteration": iteration, "ddp_steps": steps}
+        for name, average in averages.items():
+            mean = (average * iteration - before.get(name, 0.0) * since) / steps / 1e9
+            if not 0.0 <= mean < 3600.0:
+                self._ddp_totals_from = None
+                return None
+            out[name] = mean
+        if out["overlap_s"] > out["comm_s"] + 1e-6:
+            self._ddp_totals_from = None
+            return None
+        self._ddp_totals_from = (iteration, averages)
+        return out
 
     def _memory(self, marks: list[StepMark]) -> dict[str, Any]:
         if not self._memory_on:

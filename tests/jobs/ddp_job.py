@@ -56,6 +56,8 @@ def main() -> None:
         if steps == args.steps:
             break
     print(f"rank {dist.get_rank()} steps {steps}", flush=True)
+    ddp = model._get_ddp_logging_data()  # DDP's own running average, for the test to check gputop's against
+    print(f"rank {dist.get_rank()} ddp {ddp.get('iteration')} {ddp.get('avg_forward_compute_time')}", flush=True)
     dist.barrier()  # no rank tears gloo down while another is still in a collective
     dist.destroy_process_group()
 
