@@ -84,6 +84,10 @@ def _covers_ddp_warmup(w: Window) -> bool:
     return w.ddp_iteration is not None and w.ddp_iteration - (w.ddp_steps or 1) < DDP_WARMUP_ITERATIONS
 
 
+def _at_most(value: float | None, limit: float | None) -> float | None:
+    return value if value is None or limit is None else min(value, limit)
+
+
 def _newest(windows: Sequence[Window], name: str) -> Window | None:
     for w in reversed(windows):
         if getattr(w, name) is not None:
@@ -176,7 +180,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     if windows_with_steps == 1 and last_with_steps is not None:  # one window: its exact figures beat the histogram
         p50, p95 = last_with_steps.step_time_p50_s, last_with_steps.step_time_p95_s
     else:
-        p50, p95 = hist_quantile_s(hist, 0.5), hist_quantile_s(hist, 0.95)
+        # A bucket's middle can lie above the slowest step in it: never report a p95 above the max.
+        p50, p95 = (_at_most(hist_quantile_s(hist, q), max_step) for q in (0.5, 0.95))
     ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
     exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputop.protocol import Window
+from gputop.protocol import Window, hist_bucket
 from gputop.stats import count_steps, rank_stats, recent
 
 
@@ -83,3 +83,14 @@ def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
     assert abs(stats.step_time_mean_s - 0.1) < 1e-9  # type: ignore[operator]
     assert abs(stats.loader_wait_s - 0.01) < 1e-9  # type: ignore[operator]
 
+
+def test_percentiles_from_the_histogram_never_exceed_the_slowest_step() -> None:
+    """Merged histograms report bucket middles; a p95 above the max would read as a contradiction."""
+    windows = [
+        w(i, 2, 2 * i, step_time_sum_s=0.6, step_time_max_s=0.304, step_hist={hist_bucket(0.3): 2})
+        for i in range(1, 4)
+    ]
+    stats = rank_stats(windows)
+    assert stats.step_time_max_s == pytest.approx(0.304)
+    assert stats.step_time_p95_s is not None and stats.step_time_p95_s <= 0.304
+    assert stats.step_time_p50_s is not None and stats.step_time_p50_s <= stats.step_time_p95_s
