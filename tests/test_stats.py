@@ -87,8 +87,7 @@ def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
 def test_percentiles_from_the_histogram_never_exceed_the_slowest_step() -> None:
     """Merged histograms report bucket middles; a p95 above the max would read as a contradiction."""
     windows = [
-        w(i, 2, 2 * i, step_time_sum_s=0.6, step_time_max_s=0.304, step_hist={hist_bucket(0.3): 2})
-        for i in range(1, 4)
+        w(i, 2, 2 * i, step_time_sum_s=0.6, step_time_max_s=0.304, step_hist={hist_bucket(0.3): 2}) for i in range(1, 4)
     ]
     stats = rank_stats(windows)
     assert stats.step_time_max_s == pytest.approx(0.304)
