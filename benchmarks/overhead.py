@@ -1,11 +1,14 @@
 """What gputop costs a training process.
 
-Three measurements, each printed with what was measured:
+Four measurements, each printed with what was measured:
 
 1. the training-thread work per step (a step mark, a tracked-loader fetch),
    against the same loop without gputop;
 2. a real ``optimizer.step()`` with and without gputop's global post-hook;
-3. a real 2-rank torchrun (gloo) job's training-loop time, gputop disabled vs
+3. what DDP's own timing costs per iteration on the CPU, timed every iteration
+   (gputop's CPU default) vs every 100th (PyTorch's default), in a 1-rank gloo
+   group;
+4. a real 2-rank torchrun (gloo) job's training-loop time, gputop disabled vs
    enabled with a collector listening vs enabled with nobody listening,
    alternated over several rounds.
 
@@ -81,6 +84,36 @@ def optimizer_step(n: int = 20_000) -> None:
           f"(+{(after - before) / 1000:.2f} us per step)")  # fmt: skip
 
 
+def ddp_timing_cost(iterations: int = 3000) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.set_num_threads(1)
+    layers = [torch.nn.Linear(64, 64) for _ in range(8)]
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
+    x = torch.randn(8, 64)
+
+    def iterations_us(rate: int) -> float:
+        model._set_ddp_runtime_logging_sample_rate(rate)
+        start = time.perf_counter()
+        for _ in range(iterations):
+            model(x).sum().backward()
+        return (time.perf_counter() - start) / iterations * 1e6
+
+    iterations_us(1)  # warm up
+    every, hundredth = [], []
+    for _ in range(5):
+        every.append(iterations_us(1))
+        hundredth.append(iterations_us(100))
+    dist.destroy_process_group()
+    a, b = statistics.median(every), statistics.median(hundredth)
+    print(f"DDP iteration (8x Linear(64, 64), batch 8, 1-rank gloo): {a:.1f} us timed every iteration, "
+          f"{b:.1f} us every 100th ({a - b:+.1f} us per iteration)")  # fmt: skip
+
+
 def ddp_loop_s(steps: int, env: dict[str, str]) -> float:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
            "gputop.demos.train", "--scenario", "healthy", "--steps", str(steps)]  # fmt: skip
@@ -120,6 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     micro()
     optimizer_step()
+    ddp_timing_cost()
     if not args.skip_ddp:
         end_to_end(args.rounds, args.steps)
 

@@ -44,12 +44,22 @@ def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Colle
         assert view.hello.loader_batch_size == 8 and view.hello.loader_num_workers == 0
 
 
-def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(collector: Collector) -> None:
-    """On the CPU DDP times every iteration; the windows split them without gaps or overlaps."""
-    out = finish(torchrun("ddp_job.py", "--steps", "120", "--delay-ms", "10", port=collector.address.port))
+@pytest.mark.parametrize("accumulate", [1, 3], ids=["every-step", "no_sync-accumulation"])
+def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(
+    collector: Collector, accumulate: int
+) -> None:
+    """On the CPU DDP times every iteration; the windows split them without gaps or overlaps.
+
+    Under gradient accumulation DDP counts only the synchronising micro-batches,
+    one per optimizer step, and gputop's steps still count optimizer steps.
+    """
+    steps = 120 // accumulate
+    args = ("--steps", str(steps), "--delay-ms", "10", "--accumulate", str(accumulate))
+    out = finish(torchrun("ddp_job.py", *args, port=collector.address.port))
     assert wait_for(lambda: _all_done(collector))
     (run,) = snapshot_of(collector).runs
     for view in run.ranks:
+        assert rank_stats(view.windows).steps == steps
         iteration, average_ns = re.search(rf"rank {view.rank} ddp (\d+) (\d+)", out).groups()  # type: ignore[union-attr]
         timed = [w for w in view.windows if w.ddp_steps]
         assert len(timed) >= 3, "the job spans several windows"

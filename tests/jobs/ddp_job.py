@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--no-watch", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -46,12 +47,17 @@ def main() -> None:
     loader = DataLoader(
         SleepyData(args.delay_ms / 1000.0, args.batch_size), batch_size=args.batch_size, num_workers=args.workers
     )
-    steps = 0
+    steps = micro = 0
     for x, y in gputop.track(loader):
+        micro += 1
+        if micro % args.accumulate:  # gradient accumulation: no all-reduce until the last micro-batch
+            with model.no_sync():
+                nn.functional.cross_entropy(model(x), y).backward()
+            continue
         loss = nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        optimizer.zero_grad()
         steps += 1
         if steps == args.steps:
             break
