@@ -32,9 +32,9 @@ class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     input costs what the scenario says and not Python's per-sample overhead.
     """
 
-    def __init__(self, features: int, batch_delay_s: float, size: int = 1 << 24) -> None:
+    def __init__(self, shape: tuple[int, ...], batch_delay_s: float, size: int = 1 << 24) -> None:
         generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(4096, features, generator=generator)
+        self.x = torch.randn(4096, *shape, generator=generator)
         self.y = torch.randint(0, 10, (4096,), generator=generator)
         self.batch_delay_s = batch_delay_s
         self.size = size
@@ -57,7 +57,25 @@ def keep_batch(batch: Any) -> Any:
     return batch
 
 
+IMAGE = (3, 32, 32)  # the convolutional model's input: CIFAR-sized images
+
+
 def build_model(s: Scenario) -> nn.Module:
+    if s.model == "cnn":
+        # Convolutions reuse each weight at every pixel: much compute for few
+        # parameters, so gradient exchange is small next to backward.
+        return nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 8 * 8, 10),
+        )
     layers: list[nn.Module] = []
     for _ in range(s.layers - 1):
         layers += [nn.Linear(s.hidden, s.hidden), nn.ReLU()]
@@ -93,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     gputop.watch(model)  # <- gputop line 1: report this rank's steps, DDP timings, memory, CPU
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     slow = scenario.slow_rank is None or scenario.slow_rank == rank
-    data = SyntheticData(scenario.hidden, scenario.batch_delay_s if slow else 0.0)
+    shape = IMAGE if scenario.model == "cnn" else (scenario.hidden,)
+    data = SyntheticData(shape, scenario.batch_delay_s if slow else 0.0)
     loader = DataLoader(data, batch_size=scenario.batch_size, num_workers=scenario.num_workers, collate_fn=keep_batch)
 
     started = time.monotonic()
