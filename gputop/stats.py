@@ -8,7 +8,7 @@ over the steps that ended inside the span.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +61,6 @@ class RankStats:
         if self.step_time_mean_s is None or any(p is None for p in parts):
             return None
         return max(self.step_time_mean_s - sum(p for p in parts if p is not None), 0.0)
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
 
 
 def _ddp_mean(samples: Sequence[Window], read: Callable[[Window], float | None]) -> float | None:
