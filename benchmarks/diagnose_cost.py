@@ -1,4 +1,4 @@
-"""What one diagnosis and one per-rank summary cost on a big, long run.
+"""What the figures, one diagnosis and one per-rank summary cost on a big, long run.
 
 64 ranks x 1200 windows (10 minutes at 0.5 s) with DDP figures, as the report
 sees a long recording; and the live case (the last 10 s).
@@ -12,8 +12,9 @@ import time
 
 from gputop.collect.store import Store
 from gputop.diagnose import diagnose
+from gputop.model.figures import summarize
+from gputop.model.stats import rank_stats
 from gputop.protocol import Hello, Window, hist_bucket
-from gputop.stats import rank_stats
 
 RANKS, WINDOWS = 64, 1200
 
@@ -53,8 +54,11 @@ def main() -> None:
     print(
         f"  rank_stats, one rank:         {best_of(lambda: rank_stats(snap.runs[0].ranks[0].windows)) * 1000:7.2f} ms"
     )
-    print(f"  diagnose, whole run:          {best_of(lambda: diagnose(snap, span_s=end)) * 1000:7.1f} ms")
-    print(f"  diagnose, live (last 10 s):   {best_of(lambda: diagnose(snap, span_s=10.0)) * 1000:7.1f} ms")
+    whole, live = summarize(snap, span_s=None), summarize(snap)
+    print(f"  figures, whole run:           {best_of(lambda: summarize(snap, span_s=None)) * 1000:7.1f} ms")
+    print(f"  figures, live (last 10 s):    {best_of(lambda: summarize(snap)) * 1000:7.1f} ms")
+    print(f"  diagnose, whole run:          {best_of(lambda: diagnose(whole)) * 1000:7.1f} ms")
+    print(f"  diagnose, live (last 10 s):   {best_of(lambda: diagnose(live)) * 1000:7.1f} ms")
 
 
 if __name__ == "__main__":

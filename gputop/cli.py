@@ -118,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_dashboard(source: Any, refresh_s: float) -> int:
+    """Show a started source until the user quits; the caller owns the source's start and stop."""
     from gputop.diagnose import Diagnoser
     from gputop.tui.app import run_dashboard
 
@@ -193,25 +194,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_text(snapshot: Any, fmt: str, notes: Sequence[str] = (), span_s: float | None = None) -> str:
-    from gputop import report
-    from gputop.collect.gpu import format_gpu_summary_text, summarize_gpus
-    from gputop.diagnose import diagnose
-
-    span = span_s if span_s is not None else max((snapshot.t - r.first_seen_t for r in snapshot.runs), default=0.0)
-    findings = diagnose(snapshot, span_s=max(span, 1.0))
-    gpus = summarize_gpus(snapshot.gpu_history, snapshot)
-    data = report.build(snapshot, findings, gpus=gpus, notes=notes)
-    if fmt == "json":
-        return report.to_json(data) + "\n"
-    gpu_lines = format_gpu_summary_text(gpus)
-    if fmt == "markdown":
-        return report.to_markdown(data, gpu_lines)
-    return report.to_text(data, gpu_lines)
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from gputop import recording
+    from gputop import recording, report
 
     stats = recording.ReadStats()
     try:
@@ -224,7 +208,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"skipped {stats.skipped} damaged line(s) of {stats.lines} (first at {stats.first_skipped}); "
             "a recorder killed mid-write leaves one"
         )
-    sys.stdout.write(_report_text(store.snapshot(last_t, history=None), args.format, notes))
+    sys.stdout.write(report.render(store.snapshot(last_t, history=None), args.format, notes))
     return 0
 
 
@@ -326,6 +310,7 @@ class DemoJob:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from gputop import report
     from gputop.collect.live import LiveSource
 
     if importlib.util.find_spec("torch") is None:
@@ -355,7 +340,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _log_to_stderr()
         assert seconds is not None  # headless runs always have a length
         print(f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s", file=sys.stderr)
-        started = time.monotonic()
         # torch's import and the process group's start take a few seconds before the timed part.
         code = job.wait(seconds + 90.0)
         keep_log = True
@@ -367,7 +351,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             why = f"exited with code {code}" if code != 0 else "ran but nothing reported"
             raise UserError(f"the demo job {why}; last lines of {job.log_path}:\n{job.log_tail()}")
         keep_log = False
-        sys.stdout.write(_report_text(snapshot, args.format, span_s=time.monotonic() - started))
+        sys.stdout.write(report.render(snapshot, args.format))
         return 0
     finally:
         if job is not None:

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from gputop import __version__
-from gputop.collect.samples import (
+from gputop.collect.store import Store
+from gputop.model.samples import (
     GpuSample,
     HostSample,
     gpu_sample_from_dict,
     host_sample_from_dict,
     sample_to_dict,
 )
-from gputop.collect.store import Store
 from gputop.protocol import Message, ProtocolError, from_dict, to_dict
 
 RECORDING_VERSION = 1

@@ -1,7 +1,9 @@
 """``gputop report``: a recording (or a live store) summarised per run, rank and GPU.
 
-``build`` turns a snapshot into plain data (what ``--format json`` prints);
-``to_text`` and ``to_markdown`` render that data.  No I/O here.
+``build`` turns the figures of a whole run (``summarize(snapshot, span_s=None)``)
+into plain data (what ``--format json`` prints); ``to_text`` and
+``to_markdown`` render that data.  The rank figures are the model's, the same
+the dashboard shows and the findings quote.  No I/O here.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gputop.collect.store import LOST, Snapshot
-from gputop.diagnose.findings import Finding
-from gputop.stats import RankStats, rank_stats
+from gputop.diagnose import Finding, diagnose
+from gputop.model.figures import Figures, RankFigures, summarize
+from gputop.model.gpu_summary import summarize_gpus
+from gputop.model.snapshot import LOST, Snapshot
+
+GIB = float(1 << 30)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -27,9 +32,11 @@ def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def rank_entry(rank: int, stats: RankStats, **extra: Any) -> dict[str, Any]:
+def rank_entry(figures: RankFigures) -> dict[str, Any]:
+    """One rank's row: its figures in the report's units (ms, %), None for N/A."""
+    stats, view = figures.stats, figures.view
     return {
-        "rank": rank,
+        "rank": figures.rank,
         "steps": stats.steps,
         "step_time_p50_ms": _ms(stats.step_time_p50_s),
         "step_time_p95_ms": _ms(stats.step_time_p95_s),
@@ -49,46 +56,38 @@ def rank_entry(rank: int, stats: RankStats, **extra: Any) -> dict[str, Any]:
         "rss_bytes": stats.rss_bytes,
         "workers": stats.workers,
         "workers_cpu_pct": _round(stats.workers_cpu_pct, 1),
+        "threads": stats.threads,
         "dropped_windows": stats.dropped,
-        **extra,
+        "host": view.hello.hostname,
+        "pid": view.hello.pid,
+        "device": view.hello.device,
+        "device_uuid": view.hello.device_uuid,
+        "status": view.status,
+        "status_reason": view.status_reason,
+        "lost": view.status == LOST,
     }
 
 
 def build(
-    snapshot: Snapshot,
+    figures: Figures,
     findings: Sequence[Finding] = (),
     *,
     gpus: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The report as plain data; rank figures cover every window in the snapshot."""
+    """The report as plain data, from the figures of the span the caller chose (usually the whole run)."""
     runs = []
-    for run in snapshot.runs:
-        ranks = []
-        for view in run.ranks:
-            stats = rank_stats(view.windows)
-            ranks.append(
-                rank_entry(
-                    view.rank,
-                    stats,
-                    host=view.hello.hostname,
-                    pid=view.hello.pid,
-                    device=view.hello.device,
-                    device_uuid=view.hello.device_uuid,
-                    status=view.status,
-                    status_reason=view.status_reason,
-                    lost=view.status == LOST,
-                )
-            )
-        t0 = min((r.windows[0].t0 for r in run.ranks if r.windows), default=None)
-        t1 = max((r.windows[-1].t1 for r in run.ranks if r.windows), default=None)
+    for run in figures.runs:
+        windows = [r.windows for r in run.ranks if r.windows]
+        t0 = min((w[0].t0 for w in windows), default=None)
+        t1 = max((w[-1].t1 for w in windows), default=None)
         runs.append(
             {
                 "run_id": run.run_id,
-                "name": run.name,
+                "name": run.view.name,
                 "world_size": run.world_size,
                 "duration_s": None if t0 is None or t1 is None else round(t1 - t0, 2),
-                "ranks": ranks,
+                "ranks": [rank_entry(r) for r in run.ranks],
             }
         )
     return {
@@ -97,6 +96,20 @@ def build(
         "gpus": gpus if gpus is not None else {},
         "notes": list(notes),
     }
+
+
+def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = ()) -> str:
+    """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
+    figures = summarize(snapshot, span_s=None)
+    findings = diagnose(figures)
+    gpus = summarize_gpus(snapshot.gpu_history, snapshot)
+    data = build(figures, findings, gpus=gpus, notes=notes)
+    if fmt == "json":
+        return to_json(data) + "\n"
+    gpu_lines = format_gpu_summary_text(gpus)
+    if fmt == "markdown":
+        return to_markdown(data, gpu_lines)
+    return to_text(data, gpu_lines)
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -202,3 +215,47 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
     for note in report["notes"]:
         out.append(f"\n> note: {note}")
     return "\n".join(out) + "\n"
+
+
+def _num(value: float | None, fmt: str, unit: str = "") -> str:
+    return "N/A" if value is None else f"{value:{fmt}}{unit}"
+
+
+def format_gpu_summary_text(summary: dict[str, Any]) -> list[str]:
+    """Lines for the text report: one headline per GPU, then what needs a second line."""
+    if not summary.get("gpus"):
+        return [f"GPUs: no data ({summary.get('unavailable') or 'no GPU samples were recorded'})"]
+    driver = f", driver {summary['driver_version']}" if summary.get("driver_version") else ""
+    lines = [f"GPUs ({summary['samples']} samples{driver})"]
+    for g in summary["gpus"]:
+        label = f"GPU {g['index']}" + (" MIG" if g["mig_parent_uuid"] else "")
+        mem_total = "?" if g["mem_total_bytes"] is None else f"{g['mem_total_bytes'] / GIB:.1f}"
+        mem_peak = None if g["mem_peak_bytes"] is None else g["mem_peak_bytes"] / GIB
+        limit = "" if g["power_limit_w"] is None else f" of {g['power_limit_w']:.0f} W"
+        ranks = ", ".join(f"{r['run_id']} r{r['rank']}" for r in g["ranks"]) or "none"
+        lines.append(
+            f"  {label:<9} {g['name']}  util {_num(g['util_mean_pct'], '.0f', '%')} mean"
+            f" / {_num(g['util_max_pct'], '.0f', '%')} max"
+            f"  mem peak {_num(mem_peak, '.1f')} / {mem_total} GiB"
+            f"  power {_num(g['power_mean_w'], '.0f', ' W')} mean / {_num(g['power_max_w'], '.0f', ' W')} max{limit}"
+            f"  ranks: {ranks}"
+        )
+        if g["sm_active_mean_pct"] is not None or g["tensor_active_mean_pct"] is not None:
+            lines.append(
+                f"            GPM: SM active {_num(g['sm_active_mean_pct'], '.0f', '%')},"
+                f" tensor active {_num(g['tensor_active_mean_pct'], '.0f', '%')} (means)"
+            )
+        throttled = {r: pct for r, pct in g["throttle_share_pct"].items() if r != "idle"}
+        if throttled:
+            shares = ", ".join(f"{r} {pct:.0f}%" for r, pct in throttled.items())
+            lines.append(f"            clocks held back: {shares} of samples")
+        if g["ecc_errors"]:
+            lines.append(f"            uncorrected ECC errors: {g['ecc_errors']}")
+        for proc in g["unobserved"]:
+            used = "" if proc["max_used_bytes"] is None else f", {proc['max_used_bytes'] / GIB:.1f} GiB"
+            lines.append(f"            not a rank: pid {proc['pid']} ({proc['name'] or 'unknown'}{used})")
+        # GPM fields are N/A on every pre-Hopper GPU: saying so on each line is noise.
+        na = {k: v for k, v in g["na"].items() if k not in ("sm_active_pct", "tensor_active_pct")}
+        if na:
+            lines.append("            N/A: " + "; ".join(f"{k}: {v}" for k, v in sorted(na.items())))
+    return lines

@@ -13,7 +13,8 @@ import pytest
 
 from gputop.address import Address
 from gputop.collect.server import Collector
-from gputop.collect.store import Snapshot, Store
+from gputop.collect.store import Store
+from gputop.model.snapshot import Snapshot
 
 JOBS = Path(__file__).parent / "jobs"
 needs_torch = pytest.mark.skipif(

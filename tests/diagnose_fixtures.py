@@ -13,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputop.collect.samples import GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
-from gputop.collect.store import Snapshot, Store
+from gputop.collect.store import Store
+from gputop.diagnose import Finding, diagnose
+from gputop.model.figures import SPAN_S, summarize
+from gputop.model.samples import GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
+from gputop.model.snapshot import Snapshot
 from gputop.protocol import Hello, Window, hist_bucket
 
 GIB = 1 << 30
@@ -179,3 +182,8 @@ def host_sample(pids: Sequence[int], *, cpu_count: int = 16, load_1m: float = 1.
 def two_ranks(**shared: Any) -> list[RankSpec]:
     """Ranks 0 and 1 with the same figures."""
     return [RankSpec(rank=0, **shared), RankSpec(rank=1, **shared)]
+
+
+def findings_of(snapshot: Snapshot, *, span_s: float = SPAN_S) -> list[Finding]:
+    """What the rules find in the snapshot's figures over a span (by default the dashboard's)."""
+    return diagnose(summarize(snapshot, span_s=span_s))

@@ -9,7 +9,8 @@ import pytest
 
 from gputop.address import Address, AddressError
 from gputop.collect.server import Collector
-from gputop.collect.store import DONE, LIVE, LOST, Store
+from gputop.collect.store import Store
+from gputop.model.snapshot import DONE, LIVE, LOST
 from gputop.protocol import MAX_FRAME_BYTES, Bye, Hello, Window, encode
 from tests.conftest import snapshot_of, wait_for
 

@@ -6,10 +6,19 @@ from typing import Any
 
 import pytest
 
-from gputop.collect.samples import GpuProcess
-from gputop.diagnose import Finding, diagnose
+from gputop.diagnose import Finding
 from gputop.diagnose import thresholds as th
-from tests.diagnose_fixtures import GIB, RankSpec, cuda_hello, gpu_reading, host_sample, make_snapshot, two_ranks
+from gputop.model.samples import GpuProcess
+from tests.diagnose_fixtures import (
+    GIB,
+    RankSpec,
+    cuda_hello,
+    findings_of,
+    gpu_reading,
+    host_sample,
+    make_snapshot,
+    two_ranks,
+)
 
 
 def by_cause(findings: list[Finding], cause: str) -> list[Finding]:
@@ -30,7 +39,9 @@ class TestHealthy:
     """A balanced run with ~1% loader wait and small exposed comm raises nothing above info."""
 
     def test_two_cpu_ranks(self) -> None:
-        assert above_info(diagnose(make_snapshot(two_ranks(loader_frac=0.01, comm_frac=0.05, overlap_frac=0.04)))) == []
+        assert (
+            above_info(findings_of(make_snapshot(two_ranks(loader_frac=0.01, comm_frac=0.05, overlap_frac=0.04)))) == []
+        )
 
     def test_eight_cuda_ranks_with_gpu_data(self) -> None:
         specs = [
@@ -38,11 +49,11 @@ class TestHealthy:
             for i in range(8)
         ]
         snapshot = make_snapshot(specs, gpus=[gpu_reading(i, util_pct=95.0) for i in range(8)])
-        assert above_info(diagnose(snapshot)) == []
+        assert above_info(findings_of(snapshot)) == []
 
     def test_single_rank_without_ddp(self) -> None:
         spec = RankSpec(forward_frac=None, backward_frac=None, comm_frac=None, overlap_frac=None)
-        assert diagnose(make_snapshot([spec])) == []
+        assert findings_of(make_snapshot([spec])) == []
 
 
 class TestDataLoading:
@@ -51,7 +62,9 @@ class TestDataLoading:
         [(0.049, None), (0.051, "warn"), (0.199, "warn"), (0.201, "critical")],
     )
     def test_thresholds(self, loader_frac: float, severity: str | None) -> None:
-        findings = by_cause(diagnose(make_snapshot(two_ranks(loader_frac=loader_frac, comm_frac=0.02))), "data_loading")
+        findings = by_cause(
+            findings_of(make_snapshot(two_ranks(loader_frac=loader_frac, comm_frac=0.02))), "data_loading"
+        )
         if severity is None:
             assert findings == []
             return
@@ -65,27 +78,27 @@ class TestDataLoading:
 
     def test_suggestion_from_facts_on_cuda(self) -> None:
         specs = [RankSpec(rank=i, loader_frac=0.3, hello=cuda_hello(i, loader_pin_memory=False)) for i in range(2)]
-        finding = only(diagnose(make_snapshot(specs)), "data_loading")
+        finding = only(findings_of(make_snapshot(specs)), "data_loading")
         assert "DataLoader(num_workers=4, pin_memory=True, persistent_workers=True)" in finding.suggestion
         assert "16 CPUs shared by 2 ranks" in finding.suggestion
 
     def test_no_pin_memory_on_cpu_and_workers_bounded_by_cpu_share(self) -> None:
         snapshot = make_snapshot(two_ranks(loader_frac=0.3), hello={"cpu_count": 6, "loader_num_workers": 2})
-        suggestion = only(diagnose(snapshot), "data_loading").suggestion
+        suggestion = only(findings_of(snapshot), "data_loading").suggestion
         assert suggestion.startswith("DataLoader(num_workers=3, persistent_workers=True)")
         assert "pin_memory" not in suggestion
 
     def test_saturated_workers_at_their_cpu_share(self) -> None:
         specs = two_ranks(loader_frac=0.3, workers=4, workers_cpu_pct=390.0)
         snapshot = make_snapshot(specs, hello={"cpu_count": 8, "loader_num_workers": 4})
-        finding = only(diagnose(snapshot), "data_loading")
+        finding = only(findings_of(snapshot), "data_loading")
         assert "make each sample cheaper" in finding.suggestion
         assert any(
             e.metric == "cpu_pct_per_worker" and e.threshold == th.WORKER_SATURATED_PCT for e in finding.evidence
         )
 
     def test_untracked_loader_is_not_zero_wait(self) -> None:
-        findings = diagnose(make_snapshot(two_ranks(loader_frac=None)))
+        findings = findings_of(make_snapshot(two_ranks(loader_frac=None)))
         assert by_cause(findings, "data_loading") == []
         assert by_cause(findings, "parallelism") == []  # N/A loader is not "low loader wait" either
 
@@ -96,7 +109,7 @@ class TestCommunication:
     )
     def test_thresholds(self, exposed: float, severity: str | None) -> None:
         snapshot = make_snapshot(two_ranks(comm_frac=exposed + 0.05, overlap_frac=0.05))
-        findings = by_cause(diagnose(snapshot), "communication")
+        findings = by_cause(findings_of(snapshot), "communication")
         if severity is None:
             assert findings == []
             return
@@ -104,17 +117,17 @@ class TestCommunication:
         assert finding.severity == severity
         line = th.EXPOSED_COMM_CRITICAL_FRAC if severity == "critical" else th.EXPOSED_COMM_WARN_FRAC
         assert finding.evidence[0].threshold == pytest.approx(line * 100)
-        assert by_cause(diagnose(snapshot), "straggler") == []
+        assert by_cause(findings_of(snapshot), "straggler") == []
 
     def test_nccl_suggested_for_gloo_on_cuda(self) -> None:
         specs = [
             RankSpec(rank=i, comm_frac=0.5, overlap_frac=0.0, hello=cuda_hello(i, backend="gloo")) for i in range(2)
         ]
-        assert "nccl" in only(diagnose(make_snapshot(specs)), "communication").suggestion
+        assert "nccl" in only(findings_of(make_snapshot(specs)), "communication").suggestion
 
     def test_one_rank_without_ddp_figures_is_not_all_alike(self) -> None:
         specs = [RankSpec(rank=0, comm_frac=0.5, overlap_frac=0.0), RankSpec(rank=1, comm_frac=None)]
-        assert by_cause(diagnose(make_snapshot(specs)), "communication") == []
+        assert by_cause(findings_of(make_snapshot(specs)), "communication") == []
 
 
 class TestStraggler:
@@ -124,7 +137,7 @@ class TestStraggler:
             RankSpec(rank=0, loader_frac=0.01, forward_frac=0.2, backward_frac=0.3, comm_frac=0.45, overlap_frac=0.05),
             RankSpec(rank=1, loader_frac=0.40, forward_frac=0.2, backward_frac=0.3, comm_frac=0.07, overlap_frac=0.05),
         ]
-        findings = diagnose(make_snapshot(specs))
+        findings = findings_of(make_snapshot(specs))
         finding = findings[0]
         assert finding.cause == "straggler"
         assert finding.ranks == (1,)
@@ -136,7 +149,7 @@ class TestStraggler:
     def test_backward_phase_among_four_ranks(self) -> None:
         specs = [RankSpec(rank=i, backward_frac=0.4, comm_frac=0.35, overlap_frac=0.05) for i in (0, 1, 3)]
         specs.insert(2, RankSpec(rank=2, backward_frac=0.7, comm_frac=0.07, overlap_frac=0.05))
-        finding = only(diagnose(make_snapshot(specs)), "straggler")
+        finding = only(findings_of(make_snapshot(specs)), "straggler")
         assert finding.ranks == (2,)
         assert "its backward pass takes 70% of each step" in finding.title
         assert finding.extra["waiting_ranks"] == [0, 1, 3]
@@ -145,7 +158,7 @@ class TestStraggler:
     def test_a_slow_gpu_rank_is_pointed_at_its_gpu(self) -> None:
         specs = [RankSpec(rank=i, backward_frac=0.4, comm_frac=0.35, overlap_frac=0.05) for i in (0, 1, 3)]
         specs.insert(2, RankSpec(rank=2, backward_frac=0.7, comm_frac=0.07, overlap_frac=0.05))
-        finding = only(diagnose(make_snapshot(specs, hello={"device": "cuda:0"})), "straggler")
+        finding = only(findings_of(make_snapshot(specs, hello={"device": "cuda:0"})), "straggler")
         assert "check its GPU" in finding.suggestion
 
     @pytest.mark.parametrize(("gap", "severity"), [(0.095, None), (0.105, "warn"), (0.305, "critical")])
@@ -154,19 +167,19 @@ class TestStraggler:
             RankSpec(rank=0, backward_frac=0.3, comm_frac=0.07 + gap, overlap_frac=0.05),
             RankSpec(rank=1, backward_frac=0.3 + gap, comm_frac=0.07, overlap_frac=0.05),
         ]
-        findings = by_cause(diagnose(make_snapshot(specs)), "straggler")
+        findings = by_cause(findings_of(make_snapshot(specs)), "straggler")
         assert [f.severity for f in findings] == ([severity] if severity else [])
 
     def test_communication_bound_is_not_a_straggler(self) -> None:
         specs = [RankSpec(rank=i, comm_frac=0.5, overlap_frac=0.05) for i in range(4)]
-        findings = diagnose(make_snapshot(specs))
+        findings = findings_of(make_snapshot(specs))
         assert by_cause(findings, "straggler") == []
         assert only(findings, "communication").severity == "critical"
 
     def test_loader_fallback_without_ddp_timings(self) -> None:
         no_ddp: dict[str, Any] = {"forward_frac": None, "backward_frac": None, "comm_frac": None}
         specs = [RankSpec(rank=0, loader_frac=0.01, **no_ddp), RankSpec(rank=1, loader_frac=0.40, **no_ddp)]
-        finding = only(diagnose(make_snapshot(specs)), "straggler")
+        finding = only(findings_of(make_snapshot(specs)), "straggler")
         assert finding.ranks == (1,)
         assert finding.title.startswith("rank 1 is slow: its loader waits 40% of each step")
 
@@ -178,40 +191,40 @@ class TestParallelism:
     )
     def test_tiny_steps_at_small_batch(self, step_s: float, batch: int, severity: str | None) -> None:
         snapshot = make_snapshot(two_ranks(step_s=step_s, comm_frac=0.05), hello={"loader_batch_size": batch})
-        findings = by_cause(diagnose(snapshot), "parallelism")
+        findings = by_cause(findings_of(snapshot), "parallelism")
         assert [f.severity for f in findings] == ([severity] if severity else [])
 
     @pytest.mark.parametrize(("util", "severity"), [(50.5, None), (49.5, "warn"), (24.5, "critical")])
     def test_low_gpu_util_with_low_waits(self, util: float, severity: str | None) -> None:
         specs = [RankSpec(rank=i, hello=cuda_hello(i)) for i in range(2)]
         snapshot = make_snapshot(specs, gpus=[gpu_reading(i, util_pct=util) for i in range(2)])
-        findings = by_cause(diagnose(snapshot), "parallelism")
+        findings = by_cause(findings_of(snapshot), "parallelism")
         assert [f.severity for f in findings] == ([severity] if severity else [])
 
     def test_low_util_explained_by_loader_is_not_parallelism(self) -> None:
         specs = [RankSpec(rank=i, loader_frac=0.5, hello=cuda_hello(i)) for i in range(2)]
-        findings = diagnose(make_snapshot(specs, gpus=[gpu_reading(i, util_pct=20.0) for i in range(2)]))
+        findings = findings_of(make_snapshot(specs, gpus=[gpu_reading(i, util_pct=20.0) for i in range(2)]))
         assert by_cause(findings, "parallelism") == []
         assert findings[0].cause == "data_loading"
 
     def test_busy_main_thread_suggests_cuda_graphs(self) -> None:
         specs = [RankSpec(rank=i, cpu_pct=99.0, hello=cuda_hello(i)) for i in range(2)]
         finding = only(
-            diagnose(make_snapshot(specs, gpus=[gpu_reading(i, util_pct=30.0) for i in range(2)])), "parallelism"
+            findings_of(make_snapshot(specs, gpus=[gpu_reading(i, util_pct=30.0) for i in range(2)])), "parallelism"
         )
         assert any(e.metric == "main_cpu_pct" for e in finding.evidence)
         assert "reduce-overhead" in finding.suggestion
 
     def test_gpu_step_much_shorter_than_wall_step(self) -> None:
         specs = [RankSpec(rank=i, gpu_step_frac=0.3, hello=cuda_hello(i)) for i in range(2)]
-        finding = only(diagnose(make_snapshot(specs)), "parallelism")
+        finding = only(findings_of(make_snapshot(specs)), "parallelism")
         assert finding.evidence[0].metric == "gpu_step_over_wall_step"
 
     def test_tiny_steps_absorb_their_comm_latency(self) -> None:
         snapshot = make_snapshot(
             two_ranks(step_s=0.003, comm_frac=0.5, overlap_frac=0.1), hello={"loader_batch_size": 2}
         )
-        findings = diagnose(snapshot)
+        findings = findings_of(snapshot)
         assert findings[0].cause == "parallelism"
         assert findings[0].severity == "critical"
         assert only(findings, "communication").severity == "info"
@@ -220,19 +233,19 @@ class TestParallelism:
 class TestModelConfig:
     def test_fp32_without_autocast_on_a100(self) -> None:
         hello = cuda_hello(0, autocast=False, param_dtype="float32", tf32_matmul=False, cudnn_benchmark=False)
-        finding = only(diagnose(make_snapshot([RankSpec(hello=hello)])), "model_config")
+        finding = only(findings_of(make_snapshot([RankSpec(hello=hello)])), "model_config")
         assert finding.severity == "warn"
         assert "torch.autocast" in finding.suggestion and "allow_tf32" in finding.suggestion
         assert {e.metric for e in finding.evidence} == {"autocast_on", "tf32_matmul_on", "cudnn_benchmark_on"}
 
     def test_autocast_on_leaves_only_info(self) -> None:
         hello = cuda_hello(0, autocast=True, param_dtype="float32", tf32_matmul=False, cudnn_benchmark=False)
-        assert only(diagnose(make_snapshot([RankSpec(hello=hello)])), "model_config").severity == "info"
+        assert only(findings_of(make_snapshot([RankSpec(hello=hello)])), "model_config").severity == "info"
 
     def test_unknown_facts_and_cpu_runs_fire_nothing(self) -> None:
-        assert by_cause(diagnose(make_snapshot([RankSpec(hello=cuda_hello(0))])), "model_config") == []
+        assert by_cause(findings_of(make_snapshot([RankSpec(hello=cuda_hello(0))])), "model_config") == []
         cpu = {"autocast": False, "param_dtype": "float32", "tf32_matmul": False, "cudnn_benchmark": False}
-        assert by_cause(diagnose(make_snapshot([RankSpec(hello=cpu)])), "model_config") == []
+        assert by_cause(findings_of(make_snapshot([RankSpec(hello=cpu)])), "model_config") == []
 
 
 class TestMemory:
@@ -240,32 +253,32 @@ class TestMemory:
         ("peak", "severity"), [(0.899, None), (0.901, "warn"), (0.969, "warn"), (0.971, "critical")]
     )
     def test_peak_near_capacity(self, peak: float, severity: str | None) -> None:
-        findings = by_cause(diagnose(make_snapshot([RankSpec(mem_peak_frac=peak, hello=cuda_hello(0))])), "memory")
+        findings = by_cause(findings_of(make_snapshot([RankSpec(mem_peak_frac=peak, hello=cuda_hello(0))])), "memory")
         assert [f.severity for f in findings if f.severity != "info"] == ([severity] if severity else [])
 
     def test_alloc_retries_rising(self) -> None:
         warn = RankSpec(mem_peak_frac=0.8, alloc_retries_per_window=1, hello=cuda_hello(0))  # 1 per 5 steps
-        assert only(diagnose(make_snapshot([warn])), "memory").severity == "critical"
+        assert only(findings_of(make_snapshot([warn])), "memory").severity == "critical"
         rare = RankSpec(mem_peak_frac=0.8, step_s=0.5, hello=cuda_hello(0))
         snapshot = make_snapshot([rare])
-        assert by_cause(diagnose(snapshot), "memory") == []
+        assert by_cause(findings_of(snapshot), "memory") == []
 
     def test_ooms_are_critical(self) -> None:
         spec = RankSpec(mem_peak_frac=0.5, ooms_per_window=1, hello=cuda_hello(0))
-        assert only(diagnose(make_snapshot([spec])), "memory").severity == "critical"
+        assert only(findings_of(make_snapshot([spec])), "memory").severity == "critical"
 
     def test_fragmentation_is_info(self) -> None:
         spec = RankSpec(mem_peak_frac=0.8, mem_reserved_over_allocated=2.5, hello=cuda_hello(0))
-        finding = only(diagnose(make_snapshot([spec])), "memory")
+        finding = only(findings_of(make_snapshot([spec])), "memory")
         assert finding.severity == "info" and "expandable_segments" in finding.suggestion
 
     def test_unused_memory_is_info(self) -> None:
         spec = RankSpec(mem_peak_frac=0.2, hello=cuda_hello(0, loader_batch_size=32))
-        finding = only(diagnose(make_snapshot([spec])), "memory")
+        finding = only(findings_of(make_snapshot([spec])), "memory")
         assert finding.severity == "info" and "batch_size=64" in finding.suggestion
 
     def test_cpu_run_has_no_memory_finding(self) -> None:
-        assert by_cause(diagnose(make_snapshot([RankSpec(mem_peak_frac=0.99)])), "memory") == []
+        assert by_cause(findings_of(make_snapshot([RankSpec(mem_peak_frac=0.99)])), "memory") == []
 
 
 class TestAllocation:
@@ -273,7 +286,7 @@ class TestAllocation:
     def test_oversubscribed_threads(self, threads: int, severity: str | None) -> None:
         # Two ranks share 16 CPUs: rank 0 runs 8 threads, rank 1 the rest of the total.
         specs = [RankSpec(rank=0, hello={"torch_threads": 8}), RankSpec(rank=1, hello={"torch_threads": threads - 8})]
-        findings = by_cause(diagnose(make_snapshot(specs)), "allocation")
+        findings = by_cause(findings_of(make_snapshot(specs)), "allocation")
         assert [f.severity for f in findings] == ([severity] if severity else [])
         if severity:
             assert findings[0].ranks == (0, 1)
@@ -284,51 +297,51 @@ class TestAllocation:
         snapshot = make_snapshot(
             specs, hello={"cpu_count": 2}, host=host_sample([1030, 1031], load_1m=7.0, cpu_pct=99.0)
         )
-        finding = only(diagnose(snapshot), "allocation")
+        finding = only(findings_of(snapshot), "allocation")
         assert {e.metric for e in finding.evidence} == {"torch_threads_per_core", "load_1m_per_cpu", "host_cpu_pct"}
 
     def test_unknown_threads_fire_nothing(self) -> None:
         snapshot = make_snapshot(two_ranks(), hello={"torch_threads": None, "cpu_count": 1})
-        assert by_cause(diagnose(snapshot), "allocation") == []
+        assert by_cause(findings_of(snapshot), "allocation") == []
 
     def test_two_ranks_on_one_gpu(self) -> None:
         specs = [RankSpec(rank=i, hello=cuda_hello(0)) for i in range(2)]
-        finding = only(diagnose(make_snapshot(specs, gpus=[gpu_reading(0)])), "allocation")
+        finding = only(findings_of(make_snapshot(specs, gpus=[gpu_reading(0)])), "allocation")
         assert finding.ranks == (0, 1) and finding.gpus == (0,)
 
     def test_other_process_on_the_jobs_gpu(self) -> None:
         intruder = GpuProcess(pid=4242, used_bytes=4 * GIB, sm_util_pct=40.0, name="python")
         snapshot = make_snapshot([RankSpec(hello=cuda_hello(0))], gpus=[gpu_reading(0, processes=[intruder])])
-        findings = diagnose(snapshot)
+        findings = findings_of(snapshot)
         finding = only(findings, "allocation")
         assert "pid 4242" in finding.title and finding.severity == "warn"
         assert by_cause(findings, "unobserved") == []  # the allocation finding already names it
 
     def test_idle_gpus_beside_a_job(self) -> None:
         gpus = [gpu_reading(0), gpu_reading(1, util_pct=0.0), gpu_reading(2, util_pct=0.0)]
-        finding = only(diagnose(make_snapshot([RankSpec(hello=cuda_hello(0))], gpus=gpus)), "allocation")
+        finding = only(findings_of(make_snapshot([RankSpec(hello=cuda_hello(0))], gpus=gpus)), "allocation")
         assert finding.gpus == (1, 2) and "--nproc_per_node=3" in finding.suggestion
 
 
 class TestUnobserved:
     def test_nvml_unavailable_is_info(self) -> None:
-        findings = diagnose(make_snapshot(two_ranks(), gpu_unavailable="NVML: driver not loaded"))
+        findings = findings_of(make_snapshot(two_ranks(), gpu_unavailable="NVML: driver not loaded"))
         assert only(findings, "unobserved").severity == "info"
 
     def test_idle_context_of_an_unreporting_process(self) -> None:
         quiet = GpuProcess(pid=77, used_bytes=100 << 20, sm_util_pct=0.0)
-        findings = diagnose(make_snapshot([RankSpec(hello=cuda_hello(0))], gpus=[gpu_reading(0, processes=[quiet])]))
+        findings = findings_of(make_snapshot([RankSpec(hello=cuda_hello(0))], gpus=[gpu_reading(0, processes=[quiet])]))
         assert "pid 77" in only(findings, "unobserved").title
 
     def test_multi_rank_run_without_ddp_timings(self) -> None:
         finding = only(
-            diagnose(make_snapshot(two_ranks(forward_frac=None, backward_frac=None, comm_frac=None))), "unobserved"
+            findings_of(make_snapshot(two_ranks(forward_frac=None, backward_frac=None, comm_frac=None))), "unobserved"
         )
         assert "no DDP timings" in finding.title
 
     def test_lost_rank_is_named_and_left_out_of_rate_rules(self) -> None:
         specs = [RankSpec(rank=0), RankSpec(rank=1, loader_frac=0.9, status="lost")]
-        findings = diagnose(make_snapshot(specs))
+        findings = findings_of(make_snapshot(specs))
         assert "rank 1 stopped reporting" in only(findings, "unobserved").title
         assert above_info(findings) == []
 
@@ -337,17 +350,17 @@ class TestOrdering:
     def test_severity_then_magnitude(self) -> None:
         specs = two_ranks(loader_frac=0.25, comm_frac=0.5, overlap_frac=0.05)  # both critical, comm larger
         snapshot = make_snapshot(specs, hello={"torch_threads": 12})  # 24 threads on 16 CPUs: warn
-        causes = [(f.severity, f.cause) for f in diagnose(snapshot)]
+        causes = [(f.severity, f.cause) for f in findings_of(snapshot)]
         assert causes[:3] == [("critical", "communication"), ("critical", "data_loading"), ("warn", "allocation")]
 
     def test_runs_are_diagnosed_separately(self) -> None:
         snapshot = make_snapshot(two_ranks(), more_runs={"slow": two_ranks(loader_frac=0.3)})
-        (finding,) = above_info(diagnose(snapshot))
+        (finding,) = above_info(findings_of(snapshot))
         assert finding.run_id == "slow" and finding.cause == "data_loading"
 
     def test_long_history_summarised_over_the_span_asked(self) -> None:
         specs = [RankSpec(rank=i, loader_frac=0.3) for i in range(64)]
         snapshot = make_snapshot(specs, seconds=600.0)
         assert len(snapshot.runs[0].ranks[0].windows) == 1200
-        finding = only(diagnose(snapshot, span_s=600.0), "data_loading")
+        finding = only(findings_of(snapshot, span_s=600.0), "data_loading")
         assert finding.ranks == tuple(range(64)) and finding.title.startswith("ranks 0-63 wait for data 30%")

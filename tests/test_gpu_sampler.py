@@ -9,8 +9,8 @@ import pytest
 
 from gputop.collect.gpu import GpuSampler, GpuSamplerThread, decode_throttle_reasons
 from gputop.collect.nvml import GPU_LOST, NOT_SUPPORTED, Nvml
-from gputop.collect.samples import GpuSample
 from gputop.collect.store import Store
+from gputop.model.samples import GpuSample
 from tests.fake_nvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIBRARY_NOT_FOUND,

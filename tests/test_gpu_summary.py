@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from gputop.collect.gpu_summary import format_gpu_summary_text, summarize_gpus
 from gputop.collect.nvml import GPU_LOST, NOT_SUPPORTED
-from gputop.collect.samples import GpuProcess, GpuReading, GpuSample
 from gputop.collect.store import Store
+from gputop.model.gpu_summary import summarize_gpus
+from gputop.model.samples import GpuProcess, GpuReading, GpuSample
 from gputop.protocol import Hello
+from gputop.report import format_gpu_summary_text
 
 
 def reading(index: int, util: float, mem_gb: int, power_w: float, *pids: int) -> GpuReading:

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from gputop.collect.host import HostSampler, HostSamplerThread
-from gputop.collect.samples import HostSample, ProcessReading
 from gputop.collect.store import Store
+from gputop.model.samples import HostSample, ProcessReading
 
 # A stand-in rank: spawns one busy "DataLoader worker", prints its pid, then idles.
 RANK_SCRIPT = """

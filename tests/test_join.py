@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gputop.collect.join import gpu_of_rank, join_ranks_to_gpus, normalize_uuid
-from gputop.collect.samples import (
+from gputop.collect.store import Store
+from gputop.model.join import join_ranks_to_gpus, normalize_uuid
+from gputop.model.samples import (
     GpuProcess,
     GpuReading,
     GpuSample,
@@ -12,8 +13,14 @@ from gputop.collect.samples import (
     host_sample_from_dict,
     sample_to_dict,
 )
-from gputop.collect.store import Snapshot, Store
+from gputop.model.snapshot import Snapshot
 from gputop.protocol import Hello
+
+
+def gpu_of_rank(snap: Snapshot) -> dict[tuple[str, int], int]:
+    """(run_id, rank) -> the NVML index of the GPU the join puts it on."""
+    return {(r.run_id, r.rank): a.gpu.index for a in join_ranks_to_gpus(snap) for r in a.ranks}
+
 
 UUIDS = [f"{i:08x}-aaaa-bbbb-cccc-dddddddddddd" for i in range(8)]
 

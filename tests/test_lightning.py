@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gputop.stats import rank_stats
+from gputop.model.stats import rank_stats
 from tests.conftest import JOBS, finish, snapshot_of, wait_for
 
 pytestmark = [

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gputop import recording
-from gputop.collect.samples import GpuSample, HostSample
+from gputop.model.samples import GpuSample, HostSample
 from gputop.protocol import Bye, Hello, Window
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gputop.model.stats import count_steps, rank_stats, recent
 from gputop.protocol import Window, hist_bucket
-from gputop.stats import count_steps, rank_stats, recent
 
 
 def w(seq: int, steps: int, total: int, **kw: object) -> Window:

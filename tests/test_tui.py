@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import pytest
 from textual.pilot import Pilot
 
-from gputop.collect.source import FixedSource
-from gputop.collect.store import Snapshot
 from gputop.diagnose.findings import Evidence, Finding
+from gputop.model.figures import Figures
+from gputop.model.snapshot import Snapshot
+from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
@@ -47,7 +48,7 @@ class FakeDiagnoser:
         self.fail = fail
         self.calls = 0
 
-    def update(self, snapshot: Snapshot) -> list[Finding]:
+    def update(self, figures: Figures) -> list[Finding]:
         self.calls += 1
         if self.fail:
             raise RuntimeError("rule exploded")

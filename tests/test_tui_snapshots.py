@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from gputop.collect.source import FixedSource
-from gputop.collect.store import Snapshot
 from gputop.diagnose.findings import Evidence, Finding
+from gputop.model.figures import Figures
+from gputop.model.snapshot import Snapshot
+from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from tests import tui_fixtures as fx
 
@@ -31,6 +32,7 @@ FINDINGS = [
         suggestion="rank 5 waits for data 25% of its step: give its host more DataLoader workers",
         evidence=(Evidence("loader_wait_pct", 25.0, 5.0, "%", rank=5),),
         ranks=(5,),
+        run_id="run-big",
     ),
     Finding(
         cause="allocation",
@@ -46,7 +48,7 @@ class StaticDiagnoser:
     def __init__(self, findings: list[Finding]) -> None:
         self.findings = findings
 
-    def update(self, snapshot: Snapshot) -> list[Finding]:
+    def update(self, figures: Figures) -> list[Finding]:
         return self.findings
 
 

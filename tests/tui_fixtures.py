@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from gputop.collect.samples import GpuProcess, GpuReading, GpuSample
-from gputop.collect.store import Snapshot, Store
+from gputop.collect.store import Store
+from gputop.model.samples import GpuProcess, GpuReading, GpuSample
+from gputop.model.snapshot import Snapshot
 from gputop.protocol import Event, Hello, Window, hist_bucket
 
 T0 = 1_700_000_000.0
@@ -260,7 +261,7 @@ FIXTURES = {
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual look, not a test
-    from gputop.collect.source import FixedSource
+    from gputop.model.source import FixedSource
     from gputop.tui.app import run_dashboard
 
     name = sys.argv[1] if len(sys.argv) > 1 else "two_ranks"

@@ -18,19 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.collect.gpu_summary import format_gpu_summary_text, summarize_gpus
 from gputop.collect.nvml import GPU_LOST, NOT_FOUND, Nvml, text
 from gputop.collect.periodic import PeriodicThread
-from gputop.collect.samples import GpuProcess, GpuReading, GpuSample
 from gputop.collect.store import Store
-
-__all__ = [
-    "GpuSampler",
-    "GpuSamplerThread",
-    "decode_throttle_reasons",
-    "format_gpu_summary_text",  # lives in gpu_summary.py; re-exported for the report command
-    "summarize_gpus",
-]
+from gputop.model.samples import GpuProcess, GpuReading, GpuSample
 
 # Clock-event bits (nvml.h nvmlClocksEventReason*) -> the short names the UI shows.
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (

@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 
 from gputop.collect.periodic import PeriodicThread
-from gputop.collect.samples import HostSample, ProcessReading
 from gputop.collect.store import Store
+from gputop.model.samples import HostSample, ProcessReading
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 

@@ -8,7 +8,8 @@ from gputop.address import Address
 from gputop.collect.gpu import GpuSamplerThread
 from gputop.collect.host import HostSamplerThread
 from gputop.collect.server import Collector
-from gputop.collect.store import VIEW_HISTORY_WINDOWS, Snapshot, Store
+from gputop.collect.store import Store
+from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
 from gputop.recording import Recorder
 
 

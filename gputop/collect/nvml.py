@@ -146,9 +146,6 @@ class Nvml:
         """Whether a function turned out to be absent from the driver or pynvml."""
         return fn_name in self._missing
 
-    def was_unsupported(self, device: str, field: str) -> bool:
-        return (device, field) in self._unsupported
-
     def forget_device(self, device: str) -> None:
         """Drop what was remembered about a device (after it was lost, a reset may change it)."""
         for key in [k for k in self._unsupported if k[0] == device]:

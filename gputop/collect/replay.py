@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from gputop import recording
-from gputop.collect.store import VIEW_HISTORY_WINDOWS, Snapshot, Store
+from gputop.collect.store import Store
+from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
 
 
 class ReplaySource:

@@ -1,8 +1,8 @@
 """The dashboard's memory: per run and rank, bounded histories of windows.
 
 Written by the collector thread (or by a recording being read), read by the UI,
-the recorder and the diagnosis through ``snapshot()``, which returns immutable
-views.  One lock guards the mutable state; it is held only for dict and deque
+the recorder and the diagnosis through ``snapshot()``, which returns the
+immutable views of ``gputop.model.snapshot``.  One lock guards the mutable state; it is held only for dict and deque
 operations, never for I/O.  Time is passed in, not read from the clock, so a
 replay drives the same code at its own pace and tests need no sleeping.
 """
@@ -14,67 +14,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gputop.collect.samples import GpuSample, HostSample
+from gputop.model.samples import GpuSample, HostSample
+from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunView, Snapshot, Status
 from gputop.protocol import Bye, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
-VIEW_HISTORY_WINDOWS = 240  # what a dashboard copies per rank and refresh: 2 minutes of history
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
-
-LIVE, LOST, DONE = "live", "lost", "done"
-
-
-@dataclass(frozen=True)
-class RankView:
-    """One rank as the dashboard sees it at one moment."""
-
-    run_id: str
-    rank: int
-    hello: Hello
-    windows: tuple[Window, ...]
-    status: str  # live, lost, done
-    status_reason: str
-    last_seen_t: float
-    events: tuple[Event, ...] = ()
-
-    @property
-    def latest(self) -> Window | None:
-        return self.windows[-1] if self.windows else None
-
-
-@dataclass(frozen=True)
-class RunView:
-    """One training job: every rank that reported under one run id."""
-
-    run_id: str
-    name: str
-    world_size: int
-    first_seen_t: float
-    ranks: tuple[RankView, ...]
-
-    @property
-    def live_ranks(self) -> int:
-        return sum(1 for r in self.ranks if r.status == LIVE)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything the dashboard knows at time ``t``."""
-
-    t: float
-    runs: tuple[RunView, ...] = ()
-    gpu: GpuSample | None = None
-    host: HostSample | None = None
-    gpu_history: tuple[GpuSample, ...] = ()
-    host_history: tuple[HostSample, ...] = ()
-    listen: str = ""  # where the collector listens, for the empty-state screen
-    rejected: tuple[str, ...] = ()  # recent connections closed for bad frames, with reasons
-
-    def all_ranks(self) -> list[RankView]:
-        return [rank for run in self.runs for rank in run.ranks]
 
 
 @dataclass
@@ -253,7 +201,7 @@ class Store:
             rejected=rejected,
         )
 
-    def _status(self, state: _Rank, now: float) -> tuple[str, str]:
+    def _status(self, state: _Rank, now: float) -> tuple[Status, str]:
         if state.done:
             return DONE, "finished"
         if not state.connected:

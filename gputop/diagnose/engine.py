@@ -1,34 +1,31 @@
-"""diagnose(snapshot): every rule over every run, findings worst first.
+"""diagnose(figures): every rule over every run, findings worst first.
 
-Pure and stateless: the same snapshot always gives the same findings.  The
-live panel wraps this in ``Diagnoser`` (persistence and hysteresis); the
-report calls it once on a recording's final snapshot with a span covering the
-whole run.
+Pure and stateless: the same figures always give the same findings.  The
+live panel wraps this in ``Diagnoser`` (persistence and hysteresis) and feeds
+it the figures of its span; the report calls it once on the figures of a
+whole recording.  The rules read ``gputop.model.figures`` and nothing else, so
+their evidence quotes the numbers the dashboard and the report show.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 
-from gputop.collect.store import Snapshot
-from gputop.diagnose.context import digest
 from gputop.diagnose.findings import CAUSES, Finding
 from gputop.diagnose.rules.allocation import allocation_findings
-from gputop.diagnose.rules.config import model_config_findings
-from gputop.diagnose.rules.loading import data_loading_findings
+from gputop.diagnose.rules.communication import communication_findings
+from gputop.diagnose.rules.data_loading import data_loading_findings
 from gputop.diagnose.rules.memory import memory_findings
+from gputop.diagnose.rules.model_config import model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
-from gputop.diagnose.rules.sync import communication_findings, straggler_findings
+from gputop.diagnose.rules.straggler import straggler_findings
 from gputop.diagnose.rules.unobserved import unobserved_findings
+from gputop.model.figures import Figures
 
-DEFAULT_SPAN_S = 10.0  # 20 windows: long enough to smooth one slow step, short enough to follow a change
 
-
-def diagnose(snapshot: Snapshot, *, span_s: float = DEFAULT_SPAN_S) -> list[Finding]:
-    """The causes at work in the last ``span_s`` seconds of each run, worst first."""
-    machine = digest(snapshot, span_s)
-    ranks_on_host = Counter(r.hello.hostname for run in machine.runs for r in run.ranks)
+def diagnose(machine: Figures) -> list[Finding]:
+    """The causes at work in each run over the figures' span, worst first."""
+    ranks_on_host = machine.ranks_on_host()
     findings: list[Finding] = []
     for run in machine.runs:
         stragglers = straggler_findings(run, ranks_on_host)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-CAUSES = (
+Cause = Literal[
     "parallelism",
     "data_loading",
     "model_config",
@@ -14,8 +14,13 @@ CAUSES = (
     "straggler",
     "allocation",
     "unobserved",
-)
-SEVERITIES = ("info", "warn", "critical")  # worst last, so SEVERITIES.index() orders them
+]
+Severity = Literal["info", "warn", "critical"]
+CAUSES: tuple[Cause, ...] = get_args(Cause)
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)  # worst last, so SEVERITIES.index() orders them
+
+
+FindingKey = tuple[str | None, Cause, tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,8 @@ class Evidence:
 class Finding:
     """A cause of low GPU utilization at work, where, why we think so, what to change."""
 
-    cause: str  # one of CAUSES
-    severity: str  # one of SEVERITIES
+    cause: Cause
+    severity: Severity
     title: str  # one line: "rank 3 waits for data 41% of each step"
     suggestion: str  # concrete: "DataLoader(num_workers=4, pin_memory=True, persistent_workers=True)"
     evidence: tuple[Evidence, ...] = ()
@@ -54,7 +59,7 @@ class Finding:
     magnitude: float = 0.0
 
     @property
-    def key(self) -> tuple[str | None, str, tuple[int, ...], tuple[int, ...]]:
+    def key(self) -> FindingKey:
         """What makes two findings from successive snapshots "the same" one."""
         return (self.run_id, self.cause, self.ranks, self.gpus)
 

@@ -1,81 +1,84 @@
 """Diagnoser: findings that persist before they show and linger before they clear.
 
-A finding is shown once its rule fired in ``show_after`` consecutive updates
-and cleared only after ``clear_after`` consecutive updates without it, so the
-panel neither flashes a one-window blip nor flickers on a value hovering at a
-threshold.  Severity has the same hysteresis: a shown finding escalates after
-``show_after`` updates at the higher level and calms down after ``clear_after``
-updates below it.  Still pure: no clock, no I/O; it is fed snapshots.
+A finding is shown once its rule has fired in every update for ``show_after_s``
+seconds (of snapshot time, so a replay at 4x behaves like the live run), and
+cleared only once it has not fired for ``clear_after_s``, so the panel neither
+flashes a one-window blip nor flickers on a value hovering at a threshold.
+Severity has the same hysteresis: a shown finding escalates once the higher
+level has held for ``show_after_s`` and calms down once the lower one has held
+for ``clear_after_s``.  Still pure: time comes with each update, no I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gputop.collect.store import Snapshot
-from gputop.diagnose.engine import DEFAULT_SPAN_S, diagnose, worst_first
-from gputop.diagnose.findings import SEVERITIES, Finding
+from gputop.diagnose.engine import diagnose, worst_first
+from gputop.diagnose.findings import SEVERITIES, Finding, FindingKey, Severity
+from gputop.model.figures import Figures
 
-SHOW_AFTER_UPDATES = 3  # at the dashboard's ~1 s refresh: a cause must hold for 3 s to appear
-CLEAR_AFTER_UPDATES = 5  # and be gone for 5 s to disappear
-
-Key = tuple[str | None, str, tuple[int, ...], tuple[int, ...]]
+# At the dashboard's default 0.5-s refresh: a cause shows after firing in 3
+# updates in a row and clears after 5 updates without it.
+SHOW_AFTER_S = 1.0
+CLEAR_AFTER_S = 2.0
+_EPSILON_S = 1e-6  # snapshot times are sums of floats: 0.1 * 3 must count as 0.3
 
 
 @dataclass
 class _Track:
     latest: Finding  # the newest firing, for its current numbers
-    hits: int = 0  # consecutive updates it fired
-    misses: int = 0  # consecutive updates it did not
+    firing_since_t: float  # the first update of the current unbroken run of firings
+    missing_since_t: float | None = None  # the first update, since the last firing, without it
     shown: bool = False
-    shown_severity: str = "info"
-    severity_streak: int = 0  # consecutive updates the fired severity differed from the shown one
+    shown_severity: Severity = "info"
+    other_severity_since_t: float | None = None  # since when the fired severity differs from the shown one
 
 
 class Diagnoser:
     """Stateful wrapper around ``diagnose`` for a live panel."""
 
-    def __init__(
-        self,
-        *,
-        span_s: float = DEFAULT_SPAN_S,
-        show_after: int = SHOW_AFTER_UPDATES,
-        clear_after: int = CLEAR_AFTER_UPDATES,
-    ) -> None:
-        if show_after < 1 or clear_after < 1:
-            raise ValueError("show_after and clear_after must be at least 1")
-        self.span_s = span_s
-        self.show_after = show_after
-        self.clear_after = clear_after
-        self._tracks: dict[Key, _Track] = {}
+    def __init__(self, *, show_after_s: float = SHOW_AFTER_S, clear_after_s: float = CLEAR_AFTER_S) -> None:
+        if show_after_s < 0 or clear_after_s < 0:
+            raise ValueError("show_after_s and clear_after_s must not be negative")
+        self.show_after_s = show_after_s
+        self.clear_after_s = clear_after_s
+        self._tracks: dict[FindingKey, _Track] = {}
 
-    def update(self, snapshot: Snapshot) -> list[Finding]:
-        """Diagnose one more snapshot; the findings to show now, worst first."""
-        return self.feed(diagnose(snapshot, span_s=self.span_s))
+    def update(self, figures: Figures) -> list[Finding]:
+        """Diagnose one more refresh's figures; the findings to show now, worst first."""
+        return self.feed(diagnose(figures), figures.t)
 
-    def feed(self, fired: list[Finding]) -> list[Finding]:
-        """The hysteresis alone, on one update's raw findings (``update`` calls this)."""
-        seen: set[Key] = set()
+    def feed(self, fired: Sequence[Finding], t: float) -> list[Finding]:
+        """The hysteresis alone, on one update's raw findings at time ``t`` (``update`` calls this)."""
+        seen: set[FindingKey] = set()
         for finding in fired:
             key = self._match(finding, seen)
             seen.add(key)
             track = self._tracks.get(key)
             if track is None:
-                track = self._tracks[key] = _Track(latest=finding)
-            track.latest, track.hits, track.misses = finding, track.hits + 1, 0
-            if not track.shown and track.hits >= self.show_after:
-                track.shown, track.shown_severity, track.severity_streak = True, finding.severity, 0
+                track = self._tracks[key] = _Track(latest=finding, firing_since_t=t)
+            elif track.missing_since_t is not None:  # fired again after a gap: a new run of firings
+                track.firing_since_t, track.missing_since_t = t, None
+            track.latest = finding
+            if not track.shown and self._held(track.firing_since_t, t, self.show_after_s):
+                track.shown, track.shown_severity, track.other_severity_since_t = True, finding.severity, None
             elif track.shown:
-                self._settle_severity(track, finding.severity)
+                self._settle_severity(track, finding.severity, t)
         for key, track in list(self._tracks.items()):
             if key in seen:
                 continue
-            track.hits, track.misses = 0, track.misses + 1
-            if not track.shown or track.misses >= self.clear_after:
+            if track.missing_since_t is None:
+                track.missing_since_t = t
+            if not track.shown or self._held(track.missing_since_t, t, self.clear_after_s):
                 del self._tracks[key]
         return worst_first(replace(t.latest, severity=t.shown_severity) for t in self._tracks.values() if t.shown)
 
-    def _match(self, finding: Finding, taken: set[Key]) -> Key:
+    @staticmethod
+    def _held(since_t: float, t: float, needed_s: float) -> bool:
+        return t - since_t >= needed_s - _EPSILON_S
+
+    def _match(self, finding: Finding, taken: set[FindingKey]) -> FindingKey:
         """The track this finding continues.
 
         Exactly the same key if tracked; otherwise a track of the same run and
@@ -95,11 +98,12 @@ class Diagnoser:
                 return key
         return key
 
-    def _settle_severity(self, track: _Track, fired: str) -> None:
+    def _settle_severity(self, track: _Track, fired: Severity, t: float) -> None:
         if fired == track.shown_severity:
-            track.severity_streak = 0
+            track.other_severity_since_t = None
             return
-        track.severity_streak += 1
+        if track.other_severity_since_t is None:
+            track.other_severity_since_t = t
         worse = SEVERITIES.index(fired) > SEVERITIES.index(track.shown_severity)
-        if track.severity_streak >= (self.show_after if worse else self.clear_after):
-            track.shown_severity, track.severity_streak = fired, 0
+        if self._held(track.other_severity_since_t, t, self.show_after_s if worse else self.clear_after_s):
+            track.shown_severity, track.other_severity_since_t = fired, None

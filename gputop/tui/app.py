@@ -1,18 +1,18 @@
 """The dashboard app and ``run_dashboard``, the entry point the CLI calls.
 
 Data flow: a timer fires every ``refresh_s``; a thread worker calls
-``source.snapshot()``, feeds the diagnoser, builds a ``DashboardView`` and
-posts it as a ``SnapshotReady`` message; the UI thread only copies the view
-into widgets.  So the UI never waits on the collector's lock, and redraws at
-most once per ``refresh_s`` however fast data arrives.
+``source.snapshot()``, computes its figures once (``summarize``), feeds them
+to the diagnoser, builds a ``DashboardView`` and posts it as a
+``SnapshotReady`` message; the UI thread only copies the view into widgets.
+So the UI never waits on the collector's lock, and redraws at most once per
+``refresh_s`` however fast data arrives.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Callable, Sequence
-from typing import ClassVar, Protocol
+from collections.abc import Callable
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -21,14 +21,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
-from gputop.collect.source import SnapshotSource
-from gputop.collect.store import Snapshot
-from gputop.diagnose.findings import Finding
+from gputop.diagnose import Diagnoser, Finding
+from gputop.model.figures import Figures, summarize
+from gputop.model.source import SnapshotSource
 from gputop.tui.messages import SnapshotReady, SourceFailed
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
-from gputop.tui.view import DashboardView, build_view, rank_series
+from gputop.tui.view import DashboardView, build_view
 from gputop.tui.widgets.empty_state import EmptyState
 from gputop.tui.widgets.findings import FindingsPanel
 from gputop.tui.widgets.gpu_panel import GpuPanel
@@ -37,13 +37,6 @@ from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.ranks_table import RanksTable
 
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
-
-
-class Diagnoser(Protocol):
-    """What the dashboard needs from the diagnosis: findings for a snapshot, worst first."""
-
-    def update(self, snapshot: Snapshot) -> Sequence[Finding]: ...
-
 
 DiagnoserFactory = Callable[[], Diagnoser]
 
@@ -136,9 +129,9 @@ class GputopApp(App[int]):
         if not self._fetch_lock.acquire(blocking=False):
             return
         try:
-            snapshot = self.source.snapshot()
-            findings, diagnosis = self._diagnose(snapshot)
-            view = build_view(snapshot, findings, diagnosis)
+            figures = summarize(self.source.snapshot())
+            findings, diagnosis = self._diagnose(figures)
+            view = build_view(figures, findings, diagnosis)
             finished = self.source.finished
         except Exception as exc:  # a broken source shows as a notice, the last view stays
             self.post_message(SourceFailed(f"{type(exc).__name__}: {exc}"))
@@ -147,11 +140,11 @@ class GputopApp(App[int]):
             self._fetch_lock.release()
         self.post_message(SnapshotReady(view, finished=finished))
 
-    def _diagnose(self, snapshot: Snapshot) -> tuple[list[Finding], str]:
+    def _diagnose(self, figures: Figures) -> tuple[list[Finding], str]:
         if self.diagnoser is None:
             return [], "off"
         try:
-            findings = list(self.diagnoser.update(snapshot))
+            findings = list(self.diagnoser.update(figures))
         except Exception as exc:  # a rule's bug must not take the dashboard down
             return [], f"failed: {type(exc).__name__}: {exc}"
         findings.sort(key=lambda f: -f.severity_rank)  # stable: keeps the diagnoser's order within a severity
@@ -228,15 +221,14 @@ class GputopApp(App[int]):
     def _show_history(self) -> None:
         view, key = self.view, self._selected
         history = self.history
-        rank = view.rank(key) if (view is not None and key is not None) else None
-        if view is None or rank is None:
+        row = view.row(key) if (view is not None and key is not None) else None
+        if view is None or key is None or row is None:
             history.series = None
             history.border_title = "history"
             return
-        history.series = rank_series(view.snapshot, rank)
-        row = view.row(key) if key else None
-        where = f" · GPU {row.gpu}" if row and row.gpu not in ("-", "cpu") else ""
-        history.border_title = f"history · {row.run_name if row else ''} rank {rank.rank}{where}"
+        history.series = view.series(key)
+        where = f" · GPU {row.gpu}" if row.gpu not in ("-", "cpu") else ""
+        history.border_title = f"history · {row.run_name} rank {row.rank}{where}"
 
     @staticmethod
     def _gpu_tooltip(view: DashboardView) -> str | None:
@@ -295,19 +287,11 @@ def run_dashboard(
     refresh_s: float = 0.5,
     diagnoser_factory: DiagnoserFactory | None = None,
 ) -> int:
-    """Start ``source``, show the dashboard until the user quits, stop the source.
+    """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
-    Returns the process exit code: 0 after a normal quit, 1 when the source
-    cannot start (the reason is printed as one line on stderr).
+    The caller owns the source: it starts it before (so "address in use"
+    is its one-line error) and stops it after.
     """
-    try:
-        source.start()
-    except OSError as exc:
-        print(f"gputop: cannot start the {source.kind} source: {exc}", file=sys.stderr)
-        return 1
-    try:
-        app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory)
-        result = app.run()
-    finally:
-        source.stop()
+    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory)
+    result = app.run()
     return result if isinstance(result, int) else (app.return_code or 0)

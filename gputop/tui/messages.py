@@ -24,14 +24,6 @@ class SnapshotReady(Message):
 
 
 @dataclass
-class RankChosen(Message):
-    """The user moved to a rank (``opened`` when they asked for its detail screen)."""
-
-    key: str
-    opened: bool = False
-
-
-@dataclass
 class SourceFailed(Message):
     """``source.snapshot()`` or the view built from it raised; the dashboard keeps the last view."""
 

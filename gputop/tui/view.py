@@ -1,10 +1,11 @@
-"""What the dashboard shows, computed from one snapshot off the UI thread.
+"""What the dashboard shows, laid out from one refresh's figures off the UI thread.
 
-``build_view`` turns a ``Snapshot`` (and the diagnosis's findings) into an
-immutable ``DashboardView``: per-rank rows with their stats and the reasons
-for every N/A, per-GPU rows with the ranks joined to them, per-run summaries.
-It is pure and knows nothing of Textual, so the worker thread can run it and
-tests can check it directly.
+``build_view`` turns the ``Figures`` of a snapshot (``gputop.model.figures``)
+and the shown findings into an immutable ``DashboardView``: per-rank rows with
+their figures and the reasons for every N/A, per-GPU rows with the ranks
+joined to them, per-run summaries.  It computes no figure of its own, so the
+table says what the report and the findings say.  Pure and free of Textual,
+so the worker thread can run it and tests can check it directly.
 """
 
 from __future__ import annotations
@@ -13,23 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
-from gputop.collect.join import join_ranks_to_gpus
-from gputop.collect.samples import GpuProcess, GpuReading, GpuSample
-from gputop.collect.store import LIVE, RankView, RunView, Snapshot
 from gputop.diagnose.findings import Finding
-from gputop.protocol import Window
-from gputop.stats import RankStats, rank_stats, recent
-
-STATS_SPAN_S = 10.0  # the table shows the last 10 s: long enough to smooth, short enough to follow a change
-HISTORY_POINTS = 240  # newest windows/samples kept for the sparklines (2 min of 0.5 s windows)
-# A rank is marked slowest only when its own busy time is this far above its run's
-# median; below that, two equal ranks would swap the marker on every refresh.
-SLOWEST_MARGIN = 1.05
+from gputop.model.figures import SPAN_S, Figures, RankFigures, RankSeries, RunFigures, rank_series
+from gputop.model.samples import GpuProcess, GpuReading
+from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
+from gputop.model.stats import RankStats
 
 
 @dataclass(frozen=True)
 class RankRow:
-    """One rank as a table row: identity, stats over the last STATS_SPAN_S, and N/A reasons."""
+    """One rank as a table row: identity, its figures over the span, and N/A reasons."""
 
     key: str  # "run_id:rank", the table's row key
     run_id: str
@@ -38,11 +32,10 @@ class RankRow:
     host: str
     gpu: str  # NVML index "3"; "(3)" CUDA index on another host; "cpu"; "-" not reported
     stats: RankStats
-    status: str
+    status: Status
     status_reason: str
     na: dict[str, str] = field(default_factory=dict)  # column -> why it is N/A
-    busy_s: float | None = None  # own time per step: step time minus exposed comm
-    slowest: bool = False
+    slowest: bool = False  # named by the straggler finding on screen
 
 
 @dataclass(frozen=True)
@@ -71,7 +64,7 @@ class RunSummary:
 class DashboardView:
     """Everything the main screen shows at one moment (compared by identity)."""
 
-    snapshot: Snapshot
+    figures: Figures
     runs: tuple[RunSummary, ...]
     rank_rows: tuple[RankRow, ...]
     gpu_rows: tuple[GpuRow, ...]
@@ -80,17 +73,25 @@ class DashboardView:
     diagnosis: str  # "off" (no rules), "ok", or "failed: <reason>"
 
     @property
+    def snapshot(self) -> Snapshot:
+        return self.figures.snapshot
+
+    @property
     def empty(self) -> bool:
         """Nothing reports yet."""
         return not self.snapshot.runs
 
     def rank(self, key: str) -> RankView | None:
         """The full RankView behind a row key."""
-        for run in self.snapshot.runs:
-            for rank in run.ranks:
-                if f"{run.run_id}:{rank.rank}" == key:
-                    return rank
-        return None
+        figures = self.figures.rank(key)
+        return figures.view if figures is not None else None
+
+    def series(self, key: str) -> RankSeries | None:
+        """The histories of one rank, for its sparklines."""
+        rank = self.rank(key)
+        if rank is None:
+            return None
+        return rank_series(rank, self.snapshot.gpu_history, VIEW_HISTORY_WINDOWS)
 
     def row(self, key: str) -> RankRow | None:
         for row in self.rank_rows:
@@ -99,17 +100,13 @@ class DashboardView:
         return None
 
 
-def row_key(rank: RankView) -> str:
-    return f"{rank.run_id}:{rank.rank}"
-
-
 def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
     """Why each N/A column of a rank is N/A, in words a user can act on."""
     hello = rank.hello
     on_cpu = (hello.device or "").startswith("cpu")
     reasons: dict[str, str] = {}
     if stats.step_time_p50_s is None:
-        reasons["step"] = f"step time: no optimizer step in the last {STATS_SPAN_S:.0f} s"
+        reasons["step"] = f"step time: no optimizer step in the last {SPAN_S:.0f} s"
     if stats.loader_wait_frac is None:
         reasons["loader"] = "loader wait: loader not tracked (iterate it with gputop.track(loader))"
     if stats.samples_per_s is None:
@@ -131,136 +128,76 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
     return reasons
 
 
-def _busy_s(stats: RankStats) -> float | None:
-    step = stats.step_time_mean_s if stats.step_time_mean_s is not None else stats.step_time_p50_s
-    if step is None:
-        return None
-    return max(step - (stats.exposed_comm_s or 0.0), 0.0)
+def straggler_keys(findings: Sequence[Finding]) -> set[str]:
+    """The ranks the straggler finding names: the table marks these, so the two never disagree."""
+    return {f"{f.run_id}:{rank}" for f in findings if f.cause == "straggler" for rank in f.ranks}
 
 
-def _rank_rows(run: RunView, gpu_index: dict[tuple[str, int], int]) -> list[RankRow]:
-    rows = []
-    for rank in run.ranks:
-        stats = rank_stats(recent(rank.windows, STATS_SPAN_S))
-        hello = rank.hello
-        device = hello.device or ""
-        if (rank.run_id, rank.rank) in gpu_index:
-            gpu = str(gpu_index[(rank.run_id, rank.rank)])
-        elif device.startswith("cpu"):
-            gpu = "cpu"
-        elif device.startswith("cuda:"):
-            gpu = f"({device[5:]})"  # a GPU this machine cannot see: the CUDA index on the rank's own host
-        else:
-            gpu = "-"
-        rows.append(
-            RankRow(
-                key=row_key(rank),
-                run_id=run.run_id,
-                run_name=run.name or run.run_id,
-                rank=rank.rank,
-                host=hello.hostname,
-                gpu=gpu,
-                stats=stats,
-                status=rank.status,
-                status_reason=rank.status_reason,
-                na=na_reasons(rank, stats),
-                busy_s=_busy_s(stats),
-            )
+def _gpu_text(rank: RankFigures) -> str:
+    """NVML index "3"; "(3)" the CUDA index on a host NVML here cannot see; "cpu"; "-" not reported."""
+    device = rank.hello.device or ""
+    if rank.gpu is not None:
+        return str(rank.gpu.index)
+    if device.startswith("cpu"):
+        return "cpu"
+    if device.startswith("cuda:"):
+        return f"({device[5:]})"
+    return "-"
+
+
+def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
+    return [
+        RankRow(
+            key=rank.key,
+            run_id=run.run_id,
+            run_name=run.name,
+            rank=rank.rank,
+            host=rank.hello.hostname,
+            gpu=_gpu_text(rank),
+            stats=rank.stats,
+            status=rank.status,
+            status_reason=rank.view.status_reason,
+            na=na_reasons(rank.view, rank.stats),
+            slowest=rank.key in slowest,
         )
-    live_busy = [r.busy_s for r in rows if r.status == LIVE and r.busy_s is not None]
-    if len(live_busy) >= 2:
-        typical = median(live_busy)
-        slowest = max((r for r in rows if r.status == LIVE and r.busy_s is not None), key=lambda r: r.busy_s or 0.0)
-        if slowest.busy_s is not None and slowest.busy_s > typical * SLOWEST_MARGIN:
-            rows = [RankRow(**{**vars(r), "slowest": True}) if r is slowest else r for r in rows]
-    return rows
+        for rank in run.ranks
+    ]
 
 
-def _run_summary(run: RunView, rows: Sequence[RankRow], t: float) -> RunSummary:
-    rates = [r.stats.steps_per_s for r in rows if r.status == LIVE and r.stats.steps_per_s is not None]
+def _run_summary(run: RunFigures, t: float) -> RunSummary:
+    rates = [r.stats.steps_per_s for r in run.ranks if r.status == LIVE and r.stats.steps_per_s is not None]
     return RunSummary(
         run_id=run.run_id,
-        name=run.name or run.run_id,
+        name=run.name,
         world_size=run.world_size,
-        live=run.live_ranks,
+        live=run.view.live_ranks,
         reporting=len(run.ranks),
-        uptime_s=t - run.first_seen_t,
+        uptime_s=t - run.view.first_seen_t,
         steps_per_s=median(rates) if rates else None,
     )
 
 
-def build_view(snapshot: Snapshot, findings: Sequence[Finding] = (), diagnosis: str = "off") -> DashboardView:
-    """The whole main screen's content for one snapshot."""
-    joined = join_ranks_to_gpus(snapshot)
-    gpu_index = {(r.run_id, r.rank): a.gpu.index for a in joined for r in a.ranks}
-    several_runs = len(snapshot.runs) > 1
-    names = {run.run_id: (run.name or run.run_id) for run in snapshot.runs}
+def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: str = "off") -> DashboardView:
+    """The whole main screen's content for one refresh."""
+    snapshot = figures.snapshot
+    several_runs = len(figures.runs) > 1
+    names = {run.run_id: run.name for run in figures.runs}
     gpu_rows = tuple(
         GpuRow(
             reading=a.gpu,
             ranks=tuple((f"{names[r.run_id]}:" if several_runs else "") + f"r{r.rank}" for r in a.ranks),
             unobserved=a.unobserved,
         )
-        for a in joined
+        for a in figures.assignments
     )
-    rank_rows: list[RankRow] = []
-    runs = []
-    for run in snapshot.runs:
-        rows = _rank_rows(run, gpu_index)
-        rank_rows.extend(rows)
-        runs.append(_run_summary(run, rows, snapshot.t))
-    sample: GpuSample | None = snapshot.gpu
+    slowest = straggler_keys(findings)
+    rank_rows = tuple(row for run in figures.runs for row in _rank_rows(run, slowest))
     return DashboardView(
-        snapshot=snapshot,
-        runs=tuple(runs),
-        rank_rows=tuple(rank_rows),
+        figures=figures,
+        runs=tuple(_run_summary(run, snapshot.t) for run in figures.runs),
+        rank_rows=rank_rows,
         gpu_rows=gpu_rows,
-        gpu_unavailable=sample.unavailable if sample is not None else None,
+        gpu_unavailable=snapshot.gpu.unavailable if snapshot.gpu is not None else None,
         findings=tuple(findings),
         diagnosis=diagnosis,
     )
-
-
-@dataclass(frozen=True)
-class RankSeries:
-    """Per-window histories of one rank for the sparklines (oldest first; None = N/A)."""
-
-    step_s: tuple[float | None, ...]
-    loader_frac: tuple[float | None, ...]
-    exposed_comm_frac: tuple[float | None, ...]
-    gpu_util_pct: tuple[float | None, ...]
-
-
-def _window_step_s(w: Window) -> float | None:
-    return w.step_time_p50_s if w.step_time_p50_s is not None else w.step_time_mean_s
-
-
-def rank_series(snapshot: Snapshot, rank: RankView, points: int = HISTORY_POINTS) -> RankSeries:
-    """The sparkline data for one rank, and its GPU's utilization when it is known."""
-    windows = rank.windows[-points:]
-    step, loader, comm = [], [], []
-    for w in windows:
-        step_s = _window_step_s(w)
-        step.append(step_s)
-        mean_step = w.step_time_mean_s
-        loader.append(w.loader_wait_s / w.step_time_sum_s if (w.loader_batches and w.step_time_sum_s > 0) else None)
-        exposed = w.exposed_comm_s
-        comm.append(exposed / mean_step if (exposed is not None and mean_step) else None)
-    util: list[float | None] = []
-    uuid = rank.hello.device_uuid
-    if uuid:
-        for sample in snapshot.gpu_history[-points:]:
-            reading = next((g for g in sample.gpus if g.uuid == uuid), None)
-            util.append(reading.util_pct if reading is not None else None)
-    return RankSeries(tuple(step), tuple(loader), tuple(comm), tuple(util))
-
-
-def phases(stats: RankStats) -> list[tuple[str, float | None]]:
-    """A step split into loader / forward / backward / exposed comm / other, seconds per step."""
-    return [
-        ("loader", stats.loader_wait_s),
-        ("forward", stats.forward_s),
-        ("backward", stats.backward_s),
-        ("exposed comm", stats.exposed_comm_s),
-        ("other", stats.other_s),
-    ]

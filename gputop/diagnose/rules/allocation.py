@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gputop.collect.join import GpuAssignment
-from gputop.collect.samples import GpuProcess, HostSample
-from gputop.diagnose.context import MachineFacts, RankFacts, RunFacts, ranks_text
-from gputop.diagnose.findings import Evidence, Finding
+from gputop.diagnose.findings import Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor, grade_above
 from gputop.diagnose.thresholds import (
     HOST_CPU_BUSY_PCT,
@@ -23,19 +20,23 @@ from gputop.diagnose.thresholds import (
     THREADS_PER_CORE_CRITICAL,
     THREADS_PER_CORE_WARN,
 )
+from gputop.diagnose.wording import ranks_text
+from gputop.model.figures import Figures, RankFigures, RunFigures
+from gputop.model.join import GpuAssignment
+from gputop.model.samples import GpuProcess, HostSample
 
 MIB = float(1 << 20)
 
 
-def allocation_findings(machine: MachineFacts) -> list[Finding]:
+def allocation_findings(machine: Figures) -> list[Finding]:
     return oversubscription_findings(machine) + gpu_allocation_findings(machine)
 
 
-def oversubscription_findings(machine: MachineFacts) -> list[Finding]:
+def oversubscription_findings(machine: Figures) -> list[Finding]:
     """Per host: torch threads of all live ranks (of every run) against the host's cores."""
-    by_host: dict[str, list[tuple[RunFacts, RankFacts]]] = defaultdict(list)
+    by_host: dict[str, list[tuple[RunFigures, RankFigures]]] = defaultdict(list)
     for run in machine.runs:
-        for rank in run.ranks:
+        for rank in run.active:
             by_host[rank.hello.hostname].append((run, rank))
     findings = []
     for hostname, members in by_host.items():
@@ -80,7 +81,7 @@ def oversubscription_findings(machine: MachineFacts) -> list[Finding]:
     return findings
 
 
-def host_load_evidence(host: HostSample | None, ranks: list[RankFacts], cores: int) -> list[Evidence]:
+def host_load_evidence(host: HostSample | None, ranks: list[RankFigures], cores: int) -> list[Evidence]:
     """The host's load as corroboration, when the host sampler watches these very ranks."""
     if host is None:
         return []
@@ -100,9 +101,9 @@ def significant(process: GpuProcess) -> bool:
     return (process.sm_util_pct or 0.0) > OTHER_PROCESS_SM_PCT or (process.used_bytes or 0) >= OTHER_PROCESS_MIN_BYTES
 
 
-def gpu_allocation_findings(machine: MachineFacts) -> list[Finding]:
+def gpu_allocation_findings(machine: Figures) -> list[Finding]:
     findings: list[Finding] = []
-    live = {(run.run_id, r.rank) for run in machine.runs for r in run.ranks}
+    live = {(run.run_id, r.rank) for run in machine.runs for r in run.active}
     parents = {a.gpu.mig_parent_uuid for a in machine.assignments if a.gpu.mig_parent_uuid}
     job_gpus: dict[str, list[GpuAssignment]] = defaultdict(list)
     idle: list[GpuAssignment] = []
@@ -172,7 +173,7 @@ def gpu_allocation_findings(machine: MachineFacts) -> list[Finding]:
 
 def gpu_finding(
     run_id: str,
-    severity: str,
+    severity: Severity,
     title: str,
     suggestion: str,
     evidence: tuple[Evidence, ...],

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gputop.diagnose.context import RankFacts, RunFacts, pct, ranks_text
-from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above
+from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
+from gputop.diagnose.grading import doc_anchor, grade_above, is_measured
 from gputop.diagnose.thresholds import (
     ALLOC_RETRIES_CRITICAL_PER_STEP,
     ALLOC_RETRIES_WARN,
@@ -22,6 +21,8 @@ from gputop.diagnose.thresholds import (
     RESERVED_MINUS_ALLOCATED_MIN_BYTES,
     RESERVED_OVER_ALLOCATED_RATIO,
 )
+from gputop.diagnose.wording import pct, ranks_text
+from gputop.model.figures import RankFigures, RunFigures
 from gputop.protocol import Window
 
 GIB = float(1 << 30)
@@ -35,16 +36,16 @@ def rise(windows: Sequence[Window], field: str) -> int | None:
     return max(values[-1] - values[0], 0) if len(values) > 1 else 0
 
 
-def capacity_bytes(rank: RankFacts) -> int | None:
+def capacity_bytes(rank: RankFigures) -> int | None:
     return (
         rank.stats.mem_total_bytes or rank.hello.device_total_bytes or (rank.gpu.mem_total_bytes if rank.gpu else None)
     )
 
 
-def rank_memory(rank: RankFacts) -> tuple[str, list[Evidence], float] | None:
+def rank_memory(rank: RankFigures) -> tuple[Severity, list[Evidence], float] | None:
     """This rank's memory trouble: severity, evidence and the peak's share of capacity."""
     evidence: list[Evidence] = []
-    severities: list[str] = []
+    severities: list[Severity] = []
     total = capacity_bytes(rank)
     peak = rank.stats.mem_peak_bytes
     peak_frac = peak / total if (peak is not None and total) else None
@@ -86,9 +87,9 @@ def rank_memory(rank: RankFacts) -> tuple[str, list[Evidence], float] | None:
     return max(severities, key=SEVERITIES.index), evidence, peak_frac or 0.0
 
 
-def memory_findings(run: RunFacts) -> list[Finding]:
+def memory_findings(run: RunFigures) -> list[Finding]:
     """One finding per run for memory pressure, or one info finding for memory left unused."""
-    cuda = [r for r in run.ranks if r.on_cuda]
+    cuda = [r for r in run.active if r.on_cuda]
     troubled = [(r, *found) for r in cuda if (found := rank_memory(r)) is not None]
     if troubled:
         severity = max((t[1] for t in troubled), key=SEVERITIES.index)
@@ -129,12 +130,12 @@ def pressure_suggestion(evidence: Sequence[Evidence]) -> str:
     )
 
 
-def unused_memory_findings(run: RunFacts, cuda: list[RankFacts]) -> list[Finding]:
+def unused_memory_findings(run: RunFigures, cuda: list[RankFigures]) -> list[Finding]:
     """Info: every measured CUDA rank peaks far below capacity, so the batch could grow."""
     fracs = []
     for rank in cuda:
         total, peak = capacity_bytes(rank), rank.stats.mem_peak_bytes
-        if not rank.measured or peak is None or not total:
+        if not is_measured(rank) or peak is None or not total:
             return []
         fracs.append(peak / total)
     if not fracs or max(fracs) >= MEM_PEAK_UNUSED_FRAC:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gputop.diagnose.context import RankFacts, RunFacts, median, ranks_text
-from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_below
+from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
+from gputop.diagnose.grading import doc_anchor, grade_below, measured
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
     GPU_STEP_OVER_WALL_STEP_RATIO,
@@ -25,23 +24,28 @@ from gputop.diagnose.thresholds import (
     TINY_STEP_CRITICAL_S,
     TINY_STEP_WARN_S,
 )
+from gputop.diagnose.wording import ranks_text
+from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.stats import median
 
 
-def waits_are_low(rank: RankFacts) -> bool:
+def waits_are_low(rank: RankFigures) -> bool:
     """Loader and exposed-comm shares both measured and under their lines (N/A is not low)."""
-    loader, comm = rank.stats.loader_wait_frac, rank.exposed_comm_frac
+    loader, comm = rank.stats.loader_wait_frac, rank.stats.exposed_comm_frac
+    if comm is None and rank.hello.world_size <= 1:
+        comm = 0.0  # a world of one rank exchanges no gradients: nothing to wait for
     return (
         loader is not None and comm is not None and loader <= LOADER_WAIT_WARN_FRAC and comm <= EXPOSED_COMM_WARN_FRAC
     )
 
 
-def parallelism_findings(run: RunFacts) -> list[Finding]:
+def parallelism_findings(run: RunFigures) -> list[Finding]:
     """At most one finding per run, carrying the evidence of every sign that fired."""
-    ranks = run.measured
+    ranks = measured(run)
     if not ranks:
         return []
     evidence: list[Evidence] = []
-    severities: list[str] = []
+    severities: list[Severity] = []
     magnitude = 0.0
     fired: set[int] = set()
     launch_bound = False
@@ -164,7 +168,7 @@ def parallelism_title(ranks: list[int], util_pct: float | None, step_s: float | 
     return f"{who}: the GPU is busy for a small part of each step: too little work per step"
 
 
-def parallelism_suggestion(rank: RankFacts, *, launch_bound: bool) -> str:
+def parallelism_suggestion(rank: RankFigures, *, launch_bound: bool) -> str:
     batch = rank.hello.loader_batch_size
     bigger = f"DataLoader(batch_size={batch * 4})" if batch else "a larger batch_size"
     text = f"Give each step more work: {bigger}, scaling the learning rate with it"

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from gputop.diagnose.context import MachineFacts, RunFacts, ranks_text
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.rules.allocation import process_text
 from gputop.diagnose.thresholds import MIN_STEPS
+from gputop.diagnose.wording import ranks_text
+from gputop.model.figures import Figures, RunFigures
 
 
-def unobserved_findings(machine: MachineFacts, *, gpus_already_reported: Collection[int] = ()) -> list[Finding]:
+def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[int] = ()) -> list[Finding]:
     findings = []
     gpu = machine.gpu
     if gpu is not None and gpu.unavailable:
@@ -48,11 +49,11 @@ def unobserved_findings(machine: MachineFacts, *, gpus_already_reported: Collect
     return findings
 
 
-def run_blind_spots(run: RunFacts) -> list[Finding]:
+def run_blind_spots(run: RunFigures) -> list[Finding]:
     findings = []
     if run.world_size > 1:
-        blind = [r for r in run.ranks if r.stats.steps >= MIN_STEPS and r.stats.comm_s is None]
-        if blind and len(blind) == len([r for r in run.ranks if r.stats.steps >= MIN_STEPS]):
+        blind = [r for r in run.active if r.stats.steps >= MIN_STEPS and r.stats.comm_s is None]
+        if blind and len(blind) == len([r for r in run.active if r.stats.steps >= MIN_STEPS]):
             findings.append(
                 info(
                     run.run_id,
@@ -66,7 +67,7 @@ def run_blind_spots(run: RunFacts) -> list[Finding]:
         findings.append(
             info(
                 run.run_id,
-                f"{ranks_text([v.rank for v in run.lost])} stopped reporting ({run.lost[0].status_reason})",
+                f"{ranks_text([v.rank for v in run.lost])} stopped reporting ({run.lost[0].view.status_reason})",
                 "A hung or crashed rank stalls the others in their next all-reduce: check its log.",
                 ranks=[v.rank for v in run.lost],
             )

@@ -11,9 +11,10 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from gputop.model.figures import phase_seconds
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s
-from gputop.tui.view import DashboardView, phases, rank_series
+from gputop.tui.view import DashboardView
 from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.phase_bar import PhaseBar
 
@@ -136,7 +137,7 @@ class RankDetailScreen(Screen[None]):
                 f"  of {rank.hello.world_size}  ·  GPU {row.gpu}  ·  ",
                 (row.status, status_style),
                 (f" ({row.status_reason})" if row.status_reason else "", "$text-muted"),
-                ("   ▲ slowest rank of its run" if row.slowest else "", "bold $error"),
+                ("   ▲ slowest: named by the straggler finding" if row.slowest else "", "bold $error"),
             )
         )
         self.query_one("#detail-stats", Static).update(
@@ -162,8 +163,8 @@ class RankDetailScreen(Screen[None]):
                 f"{fmt_pct(s.cpu_pct)} + workers {fmt_pct(s.workers_cpu_pct)}",
             )
         )
-        self.query_one(PhaseBar).phases = tuple(phases(s))
-        self.query_one(HistoryPanel).series = rank_series(view.snapshot, rank)
+        self.query_one(PhaseBar).phases = tuple(phase_seconds(s).items())
+        self.query_one(HistoryPanel).series = view.series(self.key)
         na = self.query_one("#detail-na", Static)
         na.display = bool(row.na)
         na.update(

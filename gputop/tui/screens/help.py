@@ -29,8 +29,8 @@ HELP = """\
 *comm*: gradient exchange not hidden behind backward compute, as a share of the step.
 *memory*: CUDA memory allocated / device total. *CPU%*: the rank process (100 = one core).
 
-**▲** marks the slowest rank of a run: the most time of its own per step
-(step time minus exposed comm), 5% or more above the run's median.
+**▲** marks the rank the straggler finding names: its own time per step
+(step time minus exposed comm) stands out while the others wait for it.
 
 **N/A** means not measured, never zero; the rank's detail screen says why.
 """

@@ -7,7 +7,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputop.collect.samples import GpuProcess
+from gputop.model.samples import GpuProcess
 from gputop.tui.format import NA, bar, fmt_bytes, fmt_gib, fmt_pct
 from gputop.tui.view import GpuRow
 

@@ -10,13 +10,13 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Label, Sparkline
 
+from gputop.model.figures import RankSeries
 from gputop.tui.format import NA, fmt_frac, fmt_pct, fmt_s
-from gputop.tui.view import RankSeries
 
 # (id, label, series attribute, how the newest value reads)
 _LINES: tuple[tuple[str, str, str, Callable[[float | None], str]], ...] = (
     ("step", "step time", "step_s", fmt_s),
-    ("loader", "loader wait", "loader_frac", fmt_frac),
+    ("loader", "loader wait", "loader_wait_frac", fmt_frac),
     ("comm", "exposed comm", "exposed_comm_frac", fmt_frac),
     ("util", "GPU util", "gpu_util_pct", fmt_pct),
 )

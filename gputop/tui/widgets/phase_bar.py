@@ -7,16 +7,18 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gputop.model.figures import Phase
 from gputop.tui.format import NA, fmt_s
 
 # Theme variables, so the phases stay distinguishable on light and dark themes.
-PHASE_STYLES = {
+PHASE_STYLES: dict[Phase, str] = {
     "loader": "$error",
     "forward": "$primary",
     "backward": "$secondary",
-    "exposed comm": "$warning",
+    "exposed_comm": "$warning",
     "other": "$text-muted",
 }
+PHASE_LABELS: dict[Phase, str] = {"exposed_comm": "exposed comm"}
 
 
 class PhaseBar(Widget):
@@ -28,13 +30,13 @@ class PhaseBar(Widget):
     }
     """
 
-    phases: reactive[tuple[tuple[str, float | None], ...]] = reactive(())
+    phases: reactive[tuple[tuple[Phase, float | None], ...]] = reactive(())
     """(phase, seconds per step) in order; None = not measured."""
 
     def __init__(
         self,
         *,
-        phases: tuple[tuple[str, float | None], ...] = (),
+        phases: tuple[tuple[Phase, float | None], ...] = (),
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -67,10 +69,10 @@ class PhaseBar(Widget):
         legend: list[str | tuple[str, str]] = []
         for name, phase_s in self.phases:
             share = f" {phase_s / total * 100:.0f}%" if (phase_s is not None and total > 0) else ""
-            legend += [("■ ", PHASE_STYLES.get(name, "")), f"{name} "]
+            legend += [("■ ", PHASE_STYLES.get(name, "")), f"{PHASE_LABELS.get(name, name)} "]
             legend.append((fmt_s(phase_s) if phase_s is not None else NA, "" if phase_s is not None else "$text-muted"))
             legend.append(f"{share}   ")
-        missing = [name for name, phase_s in self.phases if phase_s is None]
+        missing = [PHASE_LABELS.get(name, name) for name, phase_s in self.phases if phase_s is None]
         note = (
             Content.styled(f"not measured: {', '.join(missing)} (see 'not measured' below)", "$text-muted")
             if missing

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from gputop.collect.store import DONE, LIVE
+from gputop.model.snapshot import DONE, LIVE
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
 from gputop.tui.view import RankRow

@@ -8,22 +8,34 @@ settings only exist for CUDA devices.
 
 from __future__ import annotations
 
-from gputop.diagnose.context import RankFacts, RunFacts, name_matches, ranks_text
-from gputop.diagnose.findings import Evidence, Finding
+import re
+from collections.abc import Sequence
+
+from gputop.diagnose.findings import Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
+from gputop.diagnose.wording import ranks_text
+from gputop.model.figures import RankFigures, RunFigures
 
 FULL_PRECISION = ("float32", "torch.float32", "float64", "torch.float64")
 
 
-def full_precision(rank: RankFacts) -> bool:
+def name_matches(device_name: str | None, fragments: Sequence[str]) -> bool | None:
+    """Whether a GPU name contains one of the fragments at a word start; None if no name."""
+    if not device_name:
+        return None
+    name = device_name.lower()
+    return any(re.search(r"(?<![a-z0-9])" + re.escape(fragment), name) for fragment in fragments)
+
+
+def full_precision(rank: RankFigures) -> bool:
     """Autocast seen off and the parameters in fp32: every matmul runs in full precision."""
     return rank.hello.autocast is False and rank.hello.param_dtype in FULL_PRECISION
 
 
-def model_config_findings(run: RunFacts) -> list[Finding]:
+def model_config_findings(run: RunFigures) -> list[Finding]:
     """One finding per run naming every setting that is off, worst severity first."""
-    cuda = [r for r in run.ranks if r.on_cuda]
+    cuda = [r for r in run.active if r.on_cuda]
     if not cuda:
         return []
     rank = cuda[0]  # settings are per script, so the ranks agree; the first speaks for all
@@ -31,7 +43,7 @@ def model_config_findings(run: RunFacts) -> list[Finding]:
     tensor_cores = name_matches(gpu_name, TENSOR_CORE_GPU_NAMES)
     ampere = name_matches(gpu_name, AMPERE_OR_NEWER_GPU_NAMES)
 
-    problems: list[tuple[str, str, str, str]] = []  # severity, fact, what, fix
+    problems: list[tuple[Severity, str, str, str]] = []  # severity, fact, what, fix
     if full_precision(rank):
         problems.append(
             (
@@ -56,7 +68,7 @@ def model_config_findings(run: RunFacts) -> list[Finding]:
         )
     if not problems:
         return []
-    severity = "warn" if any(p[0] == "warn" for p in problems) else "info"
+    severity: Severity = "warn" if any(p[0] == "warn" for p in problems) else "info"
     problems.sort(key=lambda p: p[0] != "warn")
     on = f" on {gpu_name}" if gpu_name else ""
     return [

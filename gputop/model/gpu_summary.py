@@ -1,7 +1,7 @@
 """GPU summary over a run's samples, for ``gputop report``: per GPU, how busy, how full, how hot, whose.
 
-``summarize_gpus`` returns plain JSON-ready data (the report prints it as
-text, markdown or JSON); ``format_gpu_summary_text`` turns it into lines.
+``summarize_gpus`` returns plain JSON-ready data; ``gputop.report`` prints it
+as text, markdown or JSON.
 Means and maxima are over the samples where the value was read: a field
 never read is left out of the numbers and its reason is in ``na``.  Pure.
 """
@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputop.collect.join import assign_ranks, child_pids_by_rank_pid
-from gputop.collect.samples import GpuReading, GpuSample
-from gputop.collect.store import Snapshot
-
-_GIB = float(1 << 30)
+from gputop.model.join import assign_ranks, child_pids_by_rank_pid
+from gputop.model.samples import GpuReading, GpuSample
+from gputop.model.snapshot import Snapshot
 
 
 @dataclass
@@ -139,47 +137,3 @@ def _gpu_summary(acc: _Acc) -> dict[str, Any]:
         "unobserved": [acc.unobserved[pid] for pid in sorted(acc.unobserved)],
         "na": never,
     }
-
-
-def _num(value: float | None, fmt: str, unit: str = "") -> str:
-    return "N/A" if value is None else f"{value:{fmt}}{unit}"
-
-
-def format_gpu_summary_text(summary: dict[str, Any]) -> list[str]:
-    """Lines for the text report: one headline per GPU, then what needs a second line."""
-    if not summary.get("gpus"):
-        return [f"GPUs: no data ({summary.get('unavailable') or 'no GPU samples were recorded'})"]
-    driver = f", driver {summary['driver_version']}" if summary.get("driver_version") else ""
-    lines = [f"GPUs ({summary['samples']} samples{driver})"]
-    for g in summary["gpus"]:
-        label = f"GPU {g['index']}" + (" MIG" if g["mig_parent_uuid"] else "")
-        mem_total = "?" if g["mem_total_bytes"] is None else f"{g['mem_total_bytes'] / _GIB:.1f}"
-        mem_peak = None if g["mem_peak_bytes"] is None else g["mem_peak_bytes"] / _GIB
-        limit = "" if g["power_limit_w"] is None else f" of {g['power_limit_w']:.0f} W"
-        ranks = ", ".join(f"{r['run_id']} r{r['rank']}" for r in g["ranks"]) or "none"
-        lines.append(
-            f"  {label:<9} {g['name']}  util {_num(g['util_mean_pct'], '.0f', '%')} mean"
-            f" / {_num(g['util_max_pct'], '.0f', '%')} max"
-            f"  mem peak {_num(mem_peak, '.1f')} / {mem_total} GiB"
-            f"  power {_num(g['power_mean_w'], '.0f', ' W')} mean / {_num(g['power_max_w'], '.0f', ' W')} max{limit}"
-            f"  ranks: {ranks}"
-        )
-        if g["sm_active_mean_pct"] is not None or g["tensor_active_mean_pct"] is not None:
-            lines.append(
-                f"            GPM: SM active {_num(g['sm_active_mean_pct'], '.0f', '%')},"
-                f" tensor active {_num(g['tensor_active_mean_pct'], '.0f', '%')} (means)"
-            )
-        throttled = {r: pct for r, pct in g["throttle_share_pct"].items() if r != "idle"}
-        if throttled:
-            shares = ", ".join(f"{r} {pct:.0f}%" for r, pct in throttled.items())
-            lines.append(f"            clocks held back: {shares} of samples")
-        if g["ecc_errors"]:
-            lines.append(f"            uncorrected ECC errors: {g['ecc_errors']}")
-        for proc in g["unobserved"]:
-            used = "" if proc["max_used_bytes"] is None else f", {proc['max_used_bytes'] / _GIB:.1f} GiB"
-            lines.append(f"            not a rank: pid {proc['pid']} ({proc['name'] or 'unknown'}{used})")
-        # GPM fields are N/A on every pre-Hopper GPU: saying so on each line is noise.
-        na = {k: v for k, v in g["na"].items() if k not in ("sm_active_pct", "tensor_active_pct")}
-        if na:
-            lines.append("            N/A: " + "; ".join(f"{k}: {v}" for k, v in sorted(na.items())))
-    return lines

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from gputop.diagnose.context import RankFacts, RunFacts, pct, ranks_text
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above
+from gputop.diagnose.grading import doc_anchor, grade_above, measured
 from gputop.diagnose.thresholds import (
     LOADER_WAIT_CRITICAL_FRAC,
     LOADER_WAIT_WARN_FRAC,
     SUGGESTED_MIN_WORKERS,
     WORKER_SATURATED_PCT,
 )
+from gputop.diagnose.wording import pct, ranks_text
+from gputop.model.figures import RankFigures, RunFigures
 
 
 def data_loading_findings(
-    run: RunFacts, ranks_on_host: Mapping[str, int], *, exclude_ranks: Collection[int] = ()
+    run: RunFigures, ranks_on_host: Mapping[str, int], *, exclude_ranks: Collection[int] = ()
 ) -> list[Finding]:
     """One finding per run when its ranks, on average, wait for data past the threshold.
 
     ``exclude_ranks`` are ranks a straggler finding already blamed on their own
     loader: one slow rank is a straggler, not a run-wide input problem.
     """
-    ranks = [r for r in run.measured if r.stats.loader_wait_frac is not None and r.rank not in exclude_ranks]
+    ranks = [r for r in measured(run) if r.stats.loader_wait_frac is not None and r.rank not in exclude_ranks]
     if not ranks:
         return []
     mean_frac = sum(r.stats.loader_wait_frac or 0.0 for r in ranks) / len(ranks)
@@ -62,7 +63,7 @@ def data_loading_findings(
     ]
 
 
-def worker_evidence(rank: RankFacts) -> list[Evidence]:
+def worker_evidence(rank: RankFigures) -> list[Evidence]:
     """The workers' CPU use, when they are saturated: the loader is CPU-bound."""
     per_worker = per_worker_cpu_pct(rank)
     if per_worker is None or per_worker <= WORKER_SATURATED_PCT:
@@ -70,14 +71,14 @@ def worker_evidence(rank: RankFacts) -> list[Evidence]:
     return [Evidence("cpu_pct_per_worker", per_worker, WORKER_SATURATED_PCT, "%", rank=rank.rank)]
 
 
-def per_worker_cpu_pct(rank: RankFacts) -> float | None:
+def per_worker_cpu_pct(rank: RankFigures) -> float | None:
     workers = rank.stats.workers
     if rank.stats.workers_cpu_pct is None or not workers:
         return None
     return rank.stats.workers_cpu_pct / workers
 
 
-def loader_suggestion(rank: RankFacts, ranks_on_host: int) -> str:
+def loader_suggestion(rank: RankFigures, ranks_on_host: int) -> str:
     """A DataLoader call with more workers than now, bounded by this rank's share of the CPUs."""
     hello = rank.hello
     workers_now = hello.loader_num_workers if hello.loader_num_workers is not None else rank.stats.workers

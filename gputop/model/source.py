@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gputop.collect.store import Snapshot
+from gputop.model.snapshot import Snapshot
 
 
 class SnapshotSource(Protocol):

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gputop.collect.samples import GpuProcess, GpuReading, HostSample
-from gputop.collect.store import RankView, Snapshot
+from gputop.model.samples import GpuProcess, GpuReading, HostSample
+from gputop.model.snapshot import RankView, Snapshot
 
 _UUID_PREFIXES = ("gpu-", "mig-")
 
@@ -101,15 +101,6 @@ def join_ranks_to_gpus(snapshot: Snapshot) -> list[GpuAssignment]:
     if snapshot.gpu is None or not snapshot.gpu.gpus:
         return []
     return assign_ranks(snapshot.gpu.gpus, snapshot.all_ranks(), child_pids_by_rank_pid(snapshot.host))
-
-
-def gpu_of_rank(snapshot: Snapshot) -> dict[tuple[str, int], int]:
-    """(run_id, rank) -> the NVML index of its GPU (a MIG instance's row carries its parent's index)."""
-    return {
-        (rank.run_id, rank.rank): assignment.gpu.index
-        for assignment in join_ranks_to_gpus(snapshot)
-        for rank in assignment.ranks
-    }
 
 
 def _pids_of(rank: RankView, children: Mapping[int, frozenset[int]]) -> set[int]:

@@ -1,11 +1,10 @@
-"""communication and straggler: where DDP ranks wait for each other, and why.
+"""straggler: most ranks wait for one whose own work takes longer, and in which phase.
 
-Both show up as exposed communication (gradient all-reduce not hidden behind
-backward compute).  The difference is whether all ranks wait alike
-(communication: the exchange itself is slow) or most ranks wait for one whose
-own work takes longer (straggler: that rank is slow, and we say in which phase).
-DDP synchronizes every step, so wall step times are alike across ranks; what
-differs is how each rank's step divides into its own work and waiting.
+Like communication, it shows up as exposed communication (gradient all-reduce
+not hidden behind backward compute); the difference is that the others wait
+for one rank, not for the exchange.  DDP synchronizes every step, so wall step
+times are alike across ranks; what differs is how each rank's step divides
+into its own work (``RankFigures.own_s``) and waiting.
 """
 
 from __future__ import annotations
@@ -13,19 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gputop.diagnose.context import RankFacts, RunFacts, median, pct, ranks_text
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above
-from gputop.diagnose.rules.loading import loader_suggestion
+from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.rules.data_loading import loader_suggestion
 from gputop.diagnose.thresholds import (
-    EXPOSED_COMM_CRITICAL_FRAC,
-    EXPOSED_COMM_WARN_FRAC,
     STRAGGLER_WAIT_CRITICAL_FRAC,
     STRAGGLER_WAIT_WARN_FRAC,
 )
+from gputop.diagnose.wording import pct, ranks_text
+from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.stats import median
 
 # The phases of a rank's own time, and how each reads in a title.
-PHASES: dict[str, Callable[[RankFacts], float | None]] = {
+PHASES: dict[str, Callable[[RankFigures], float | None]] = {
     "loader": lambda r: r.stats.loader_wait_s,
     "forward": lambda r: r.stats.forward_s,
     "backward": lambda r: r.stats.backward_s,
@@ -49,12 +48,12 @@ class SlowPhase:
     excess_s: float  # per step, over the other ranks' median for the same phase
 
 
-def straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Finding]:
+def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[Finding]:
     """Ranks whose own time stands out while the others wait for them in communication."""
-    ranks = [r for r in run.measured if r.own_s is not None and r.exposed_comm_frac is not None]
+    ranks = [r for r in measured(run) if r.own_s is not None and r.stats.exposed_comm_frac is not None]
     if len(ranks) < 2:
         return loader_only_straggler_findings(run, ranks_on_host)
-    slow: list[tuple[RankFacts, float]] = []  # (rank, its own-time excess as a share of its step)
+    slow: list[tuple[RankFigures, float]] = []  # (rank, its own-time excess as a share of its step)
     for rank in ranks:
         others = median([r.own_s or 0.0 for r in ranks if r is not rank])
         step = rank.stats.step_time_mean_s
@@ -71,8 +70,8 @@ def straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Fin
     # The slow rank arrives last at the all-reduce, so its own exposed comm is the
     # exchange's base cost, which every rank pays (communication's business).  What
     # the others wait beyond that base is what the straggler costs them.
-    others_exposed = median([r.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
-    wait_frac = max(others_exposed - (worst.exposed_comm_frac or 0.0), 0.0)
+    others_exposed = median([r.stats.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
+    wait_frac = max(others_exposed - (worst.stats.exposed_comm_frac or 0.0), 0.0)
     severity = grade_above(wait_frac, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
     if severity is None:
         return []
@@ -108,7 +107,7 @@ def straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Fin
     ]
 
 
-def slow_phase(slow: RankFacts, others: list[RankFacts]) -> tuple[SlowPhase, float]:
+def slow_phase(slow: RankFigures, others: list[RankFigures]) -> tuple[SlowPhase, float]:
     """The phase where the slow rank spends most time beyond the others' median.
 
     Returns it with the others' median share of step time in that same phase.
@@ -131,16 +130,16 @@ def slow_phase(slow: RankFacts, others: list[RankFacts]) -> tuple[SlowPhase, flo
     return best, best_typical / step
 
 
-def loader_only_straggler_findings(run: RunFacts, ranks_on_host: dict[str, int]) -> list[Finding]:
+def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[Finding]:
     """Without DDP's timings: one rank waits for data far longer than the others.
 
     The others then wait for it inside the all-reduce, about the difference in
     loader share, so that difference is graded like exposed communication.
     """
-    ranks = [r for r in run.measured if r.stats.loader_wait_frac is not None]
+    ranks = [r for r in measured(run) if r.stats.loader_wait_frac is not None]
     if len(ranks) < 2 or run.world_size <= 1:
         return []
-    found: list[tuple[RankFacts, float, float]] = []
+    found: list[tuple[RankFigures, float, float]] = []
     for rank in ranks:
         others = median([r.stats.loader_wait_frac or 0.0 for r in ranks if r is not rank]) or 0.0
         mine = rank.stats.loader_wait_frac or 0.0
@@ -176,7 +175,7 @@ def loader_only_straggler_findings(run: RunFacts, ranks_on_host: dict[str, int])
     ]
 
 
-def straggler_suggestion(rank: RankFacts, phase: SlowPhase, ranks_on_host: int) -> str:
+def straggler_suggestion(rank: RankFigures, phase: SlowPhase, ranks_on_host: int) -> str:
     who = f"rank {rank.rank}"
     if phase.name == "loader":
         return f"Find why {who}'s input is slower (its data shard, disk, host); then " + loader_suggestion(
@@ -199,53 +198,3 @@ def straggler_suggestion(rank: RankFacts, phase: SlowPhase, ranks_on_host: int) 
             "on one rank only): move it off the step or spread it across ranks."
         )
     return f"Compare {who}'s host and device with the others': it takes longer for the same work."
-
-
-def communication_findings(run: RunFacts) -> list[Finding]:
-    """All ranks alike spend a large share of the step in exposed gradient exchange.
-
-    Graded on the rank that waits least: a straggler makes the others wait, but
-    not itself, so "all ranks alike" is the minimum, not the mean.
-    """
-    if run.world_size <= 1:
-        return []
-    ranks = [r for r in run.measured if r.stats.exposed_comm_frac is not None]
-    if len(ranks) < 2 or len(ranks) < len(run.measured):
-        return []  # "all ranks alike" needs every measured rank's figure
-    fracs = [r.stats.exposed_comm_frac or 0.0 for r in ranks]
-    least = min(fracs)
-    severity = grade_above(least, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC)
-    if severity is None:
-        return []
-    threshold = EXPOSED_COMM_CRITICAL_FRAC if severity == "critical" else EXPOSED_COMM_WARN_FRAC
-    mean = sum(fracs) / len(fracs)
-    lowest = min(ranks, key=lambda r: r.stats.exposed_comm_frac or 0.0)
-    evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank),)
-    comm = [r.stats.comm_s for r in ranks if r.stats.comm_s]
-    overlap = [r.stats.overlap_s or 0.0 for r in ranks if r.stats.comm_s]
-    hidden_frac = sum(overlap) / sum(c for c in comm if c) if comm else None
-    return [
-        Finding(
-            cause="communication",
-            severity=severity,
-            title=f"{ranks_text([r.rank for r in ranks])} wait for gradient exchange {pct(mean):.0f}% of each step",
-            suggestion=communication_suggestion(ranks[0]),
-            evidence=evidence,
-            ranks=tuple(sorted(r.rank for r in ranks)),
-            run_id=run.run_id,
-            doc=doc_anchor("communication"),
-            magnitude=mean,
-            extra={"comm_hidden_frac": hidden_frac},
-        )
-    ]
-
-
-def communication_suggestion(rank: RankFacts) -> str:
-    hello = rank.hello
-    if rank.on_cuda and hello.backend == "gloo":
-        return "Use the NCCL backend for CUDA tensors: init_process_group('nccl')."
-    return (
-        "Exchange gradients less often or in less data: accumulate gradients over k steps inside "
-        "model.no_sync(), compress them with model.register_comm_hook(None, bf16_compress_hook), or raise "
-        "the per-rank batch size; DDP(bucket_cap_mb=...) tunes how well the exchange overlaps backward."
-    )

@@ -1,9 +1,10 @@
-"""Per-rank figures over a span of windows: pure arithmetic on protocol windows.
+"""A rank's figures over a run of windows: pure arithmetic on protocol windows.
 
-The dashboard, the report and the diagnosis rules all read a rank through
-``rank_stats`` so that "loader wait %" means the same thing everywhere:
-time blocked in the tracked loader's ``next()`` divided by wall step time,
-over the steps that ended inside the span.
+Each figure has one definition here.  ``rank_stats`` gives them over a span
+(``gputop.model.figures`` calls it once per rank and refresh); the
+``window_*`` functions give the same figures for a single window, for the
+histories.  "Loader wait %" is time blocked in the tracked loader's ``next()``
+divided by wall step time, over the same steps, everywhere.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def _newest(windows: Sequence[Window], name: str) -> Window | None:
     return None
 
 
-def _median(values: Sequence[float]) -> float | None:
+def median(values: Sequence[float]) -> float | None:
+    """The median, or None for no values."""
     if not values:
         return None
     ordered = sorted(values)
@@ -108,6 +110,29 @@ def count_steps(windows: Sequence[Window]) -> int:
         return 0
     first, last = windows[0], windows[-1]
     return max(last.step_total - (first.step_total - first.steps), 0)
+
+
+def loader_wait_share(loader_wait_s: float, step_time_s: float, *, tracked: bool) -> float | None:
+    """Time blocked in the tracked loader over wall step time, both summed over the same steps."""
+    return loader_wait_s / step_time_s if (tracked and step_time_s > 0) else None
+
+
+def share_of_step(per_step_s: float | None, step_time_mean_s: float | None) -> float | None:
+    """A per-step duration as a share of the mean wall step."""
+    return per_step_s / step_time_mean_s if (per_step_s is not None and step_time_mean_s) else None
+
+
+def window_step_s(w: Window) -> float | None:
+    """One window's step time: its exact p50, else its mean."""
+    return w.step_time_p50_s if w.step_time_p50_s is not None else w.step_time_mean_s
+
+
+def window_loader_wait_frac(w: Window) -> float | None:
+    return loader_wait_share(w.loader_wait_s, w.step_time_sum_s, tracked=w.loader_batches > 0)
+
+
+def window_exposed_comm_frac(w: Window) -> float | None:
+    return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
 
 
 def rank_stats(windows: Sequence[Window]) -> RankStats:
@@ -200,16 +225,16 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         step_time_p50_s=p50,
         step_time_p95_s=p95,
         step_time_max_s=max_step,
-        gpu_step_time_p50_s=_median(gpu_p50s),
+        gpu_step_time_p50_s=median(gpu_p50s),
         samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
         loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
-        loader_wait_frac=loader_total / step_sum_s if (step_sum_s > 0 and tracked) else None,
+        loader_wait_frac=loader_wait_share(loader_total, step_sum_s, tracked=tracked),
         forward_s=_ddp_mean(ddp, lambda w: w.forward_s),
         backward_s=_ddp_mean(ddp, lambda w: w.backward_s),
         comm_s=_ddp_mean(ddp, lambda w: w.comm_s),
         overlap_s=_ddp_mean(ddp, lambda w: w.overlap_s),
         exposed_comm_s=exposed,
-        exposed_comm_frac=(exposed / mean_step) if (exposed is not None and mean_step) else None,
+        exposed_comm_frac=share_of_step(exposed, mean_step),
         mem_allocated_bytes=last("mem_allocated_bytes"),
         mem_reserved_bytes=last("mem_reserved_bytes"),
         mem_peak_bytes=peak,

@@ -1,0 +1,20 @@
+"""How findings read: rank lists and percentages in titles and evidence."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """'rank 3', 'ranks 0, 1', 'ranks 0-7' for a title."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"ranks {ordered[0]}-{ordered[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ordered)
+
+
+def pct(frac: float) -> float:
+    """A fraction as a percentage, for evidence and titles."""
+    return frac * 100.0

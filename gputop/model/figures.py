@@ -1,0 +1,230 @@
+"""Every figure the user sees, computed once per snapshot: per rank, per run, per GPU.
+
+``summarize(snapshot)`` joins the ranks to the GPUs once, runs ``rank_stats``
+once per rank over the span, and averages each GPU's utilization once.  The
+dashboard's table, detail screen and header, ``gputop report`` and the
+diagnosis rules all read the ``Figures`` it returns, so "loader wait 41%"
+is one number wherever it is shown, and the findings' evidence quotes the same
+value the table shows.  Pure: a snapshot in, frozen figures out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gputop.model.join import GpuAssignment, join_ranks_to_gpus
+from gputop.model.samples import GpuReading, GpuSample, HostSample
+from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
+from gputop.model.stats import (
+    RankStats,
+    rank_stats,
+    recent,
+    window_exposed_comm_frac,
+    window_loader_wait_frac,
+    window_step_s,
+)
+from gputop.protocol import Hello, Window
+
+# The span the live figures cover: 20 windows, long enough to smooth one slow
+# step, short enough to follow a change.  The table, the header and the
+# diagnosis all read this one span.
+SPAN_S = 10.0
+
+Phase = Literal["loader", "forward", "backward", "exposed_comm", "other"]
+PHASES: tuple[Phase, ...] = ("loader", "forward", "backward", "exposed_comm", "other")
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank over the span: its view, the windows in the span, their figures, its GPU."""
+
+    view: RankView
+    windows: tuple[Window, ...]  # those that ended within the span
+    stats: RankStats
+    gpu: GpuReading | None = None  # the GPU NVML sees this rank on, by device UUID
+    gpu_util_pct: float | None = None  # that GPU's mean utilization over the span
+
+    @property
+    def rank(self) -> int:
+        return self.view.rank
+
+    @property
+    def run_id(self) -> str:
+        return self.view.run_id
+
+    @property
+    def key(self) -> str:
+        return self.view.key
+
+    @property
+    def hello(self) -> Hello:
+        return self.view.hello
+
+    @property
+    def status(self) -> Status:
+        return self.view.status
+
+    @property
+    def active(self) -> bool:
+        """Reporting (live or finished) with windows in the span: its rates are current."""
+        return self.view.status != LOST and bool(self.windows)
+
+    @property
+    def on_cuda(self) -> bool:
+        return (self.hello.device or "").startswith("cuda")
+
+    @property
+    def own_s(self) -> float | None:
+        """Per-step time the rank spends on its own work: step time minus exposed comm.
+
+        None when either is unmeasured: the ▲ slowest marker and the straggler
+        finding both come from this one figure.
+        """
+        step, exposed = self.stats.step_time_mean_s, self.stats.exposed_comm_s
+        if step is None or exposed is None:
+            return None
+        return max(step - exposed, 0.0)
+
+
+def phase_seconds(stats: RankStats) -> dict[Phase, float | None]:
+    """A step split into its phases, seconds per step (None: not measured)."""
+    return {
+        "loader": stats.loader_wait_s,
+        "forward": stats.forward_s,
+        "backward": stats.backward_s,
+        "exposed_comm": stats.exposed_comm_s,
+        "other": stats.other_s,
+    }
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run: every rank's figures, in rank order."""
+
+    view: RunView
+    ranks: tuple[RankFigures, ...]
+
+    @property
+    def run_id(self) -> str:
+        return self.view.run_id
+
+    @property
+    def name(self) -> str:
+        return self.view.name or self.view.run_id
+
+    @property
+    def world_size(self) -> int:
+        return self.view.world_size
+
+    @property
+    def active(self) -> list[RankFigures]:
+        """Ranks reporting now with data in the span (lost ranks' numbers are stale)."""
+        return [r for r in self.ranks if r.active]
+
+    @property
+    def lost(self) -> list[RankFigures]:
+        return [r for r in self.ranks if r.status == LOST]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Everything shown or judged for one snapshot."""
+
+    snapshot: Snapshot
+    span_s: float | None  # None: each rank's whole history (the report)
+    runs: tuple[RunFigures, ...] = ()
+    assignments: tuple[GpuAssignment, ...] = ()  # every GPU with its ranks, from the one join
+    gpu_util_pct: dict[str, float] = field(default_factory=dict)  # uuid -> mean over the span
+
+    @property
+    def t(self) -> float:
+        return self.snapshot.t
+
+    @property
+    def gpu(self) -> GpuSample | None:
+        return self.snapshot.gpu
+
+    @property
+    def host(self) -> HostSample | None:
+        return self.snapshot.host
+
+    def all_ranks(self) -> list[RankFigures]:
+        return [rank for run in self.runs for rank in run.ranks]
+
+    def rank(self, key: str) -> RankFigures | None:
+        """A rank by its key, "run_id:rank"."""
+        return next((r for r in self.all_ranks() if r.key == key), None)
+
+    def ranks_on_host(self) -> Counter[str]:
+        """How many active ranks each host runs (of every run): they share its CPUs."""
+        return Counter(r.hello.hostname for run in self.runs for r in run.active)
+
+
+def summarize(snapshot: Snapshot, *, span_s: float | None = SPAN_S) -> Figures:
+    """Every rank's figures over the last ``span_s`` seconds of its windows (None: all of them)."""
+    assignments = tuple(join_ranks_to_gpus(snapshot))
+    gpu_of: dict[tuple[str, int], GpuReading] = {
+        (view.run_id, view.rank): a.gpu for a in assignments for view in a.ranks
+    }
+    since_t = None if span_s is None else snapshot.t - span_s
+    util = mean_gpu_util_pct(snapshot.gpu_history, since_t=since_t)
+    runs = []
+    for run in snapshot.runs:
+        ranks = []
+        for view in run.ranks:
+            windows = tuple(view.windows if span_s is None else recent(view.windows, span_s))
+            stats = rank_stats(windows)
+            gpu = gpu_of.get((view.run_id, view.rank))
+            ranks.append(
+                RankFigures(
+                    view=view,
+                    windows=windows,
+                    stats=stats,
+                    gpu=gpu,
+                    gpu_util_pct=util.get(gpu.uuid) if gpu is not None else None,
+                )
+            )
+        runs.append(RunFigures(view=run, ranks=tuple(ranks)))
+    return Figures(snapshot=snapshot, span_s=span_s, runs=tuple(runs), assignments=assignments, gpu_util_pct=util)
+
+
+def mean_gpu_util_pct(history: Sequence[GpuSample], *, since_t: float | None) -> dict[str, float]:
+    """Each GPU's mean NVML utilization over the samples since ``since_t``; N/A readings skipped."""
+    sums: dict[str, list[float]] = {}
+    for sample in history:
+        if since_t is not None and sample.t < since_t:
+            continue
+        for gpu in sample.gpus:
+            if gpu.util_pct is not None:
+                sums.setdefault(gpu.uuid, []).append(gpu.util_pct)
+    return {uuid: sum(values) / len(values) for uuid, values in sums.items()}
+
+
+@dataclass(frozen=True)
+class RankSeries:
+    """Per-window histories of one rank, oldest first (None = N/A in that window)."""
+
+    step_s: tuple[float | None, ...]
+    loader_wait_frac: tuple[float | None, ...]
+    exposed_comm_frac: tuple[float | None, ...]
+    gpu_util_pct: tuple[float | None, ...]  # per GPU sample; empty for a rank with no GPU
+
+
+def rank_series(rank: RankView, gpu_history: Sequence[GpuSample], points: int) -> RankSeries:
+    """The newest ``points`` windows' figures, each defined as in ``rank_stats`` for one window."""
+    windows = rank.windows[-points:]
+    util: list[float | None] = []
+    uuid = rank.hello.device_uuid
+    if uuid:
+        for sample in gpu_history[-points:]:
+            reading = next((g for g in sample.gpus if g.uuid == uuid), None)
+            util.append(reading.util_pct if reading is not None else None)
+    return RankSeries(
+        step_s=tuple(window_step_s(w) for w in windows),
+        loader_wait_frac=tuple(window_loader_wait_frac(w) for w in windows),
+        exposed_comm_frac=tuple(window_exposed_comm_frac(w) for w in windows),
+        gpu_util_pct=tuple(util),
+    )

@@ -1,0 +1,79 @@
+"""What the dashboard knows at one moment: immutable views of runs, ranks and samples.
+
+The collector's ``Store`` (``gputop.collect.store``) holds the mutable state
+and hands out these frozen views through ``snapshot(now)``; everything that
+reads data (the figures, the diagnosis, the UI, the report, the recorder)
+reads only these.  Pure data: no locks, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from gputop.model.samples import GpuSample, HostSample
+from gputop.protocol import Event, Hello, Window
+
+Status = Literal["live", "lost", "done"]
+LIVE: Final = "live"
+LOST: Final = "lost"  # silent, or its connection closed without a bye
+DONE: Final = "done"  # said bye: the process finished
+
+# How many of each rank's newest windows a live view copies per refresh, and so
+# how far back the dashboard's histories reach: 2 minutes of 0.5-s windows.
+VIEW_HISTORY_WINDOWS = 240
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank as the dashboard sees it at one moment."""
+
+    run_id: str
+    rank: int
+    hello: Hello
+    windows: tuple[Window, ...]
+    status: Status
+    status_reason: str
+    last_seen_t: float
+    events: tuple[Event, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """ "run_id:rank": names the rank across runs (the table's row key)."""
+        return f"{self.run_id}:{self.rank}"
+
+    @property
+    def latest(self) -> Window | None:
+        return self.windows[-1] if self.windows else None
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One training job: every rank that reported under one run id."""
+
+    run_id: str
+    name: str
+    world_size: int
+    first_seen_t: float
+    ranks: tuple[RankView, ...]
+
+    @property
+    def live_ranks(self) -> int:
+        return sum(1 for r in self.ranks if r.status == LIVE)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the dashboard knows at time ``t``."""
+
+    t: float
+    runs: tuple[RunView, ...] = ()
+    gpu: GpuSample | None = None
+    host: HostSample | None = None
+    gpu_history: tuple[GpuSample, ...] = ()
+    host_history: tuple[HostSample, ...] = ()
+    listen: str = ""  # where the collector listens, for the empty-state screen
+    rejected: tuple[str, ...] = ()  # recent connections closed for bad frames, with reasons
+
+    def all_ranks(self) -> list[RankView]:
+        return [rank for run in self.runs for rank in run.ranks]
