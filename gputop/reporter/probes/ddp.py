@@ -1,0 +1,98 @@
+"""DDP's own timings of forward, backward, gradient exchange and its overlap with backward.
+
+Read from ``_get_ddp_logging_data()``, a private PyTorch API, defensively: a
+missing key or a changed name leaves the figures out (N/A), never raises into
+training.  DDP times every Nth iteration; how N is chosen, and why every
+iteration is timed on CPU, is in docs/architecture.md ("DDP statistics").
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gputop.reporter.clock import StepMark
+
+# DDP times forward/backward/comm on every Nth iteration (PyTorch's default is
+# 100).  On CUDA a sampled iteration waits for the previous one's events at the
+# next forward, so N trades freshness for a rare short stall.  On the CPU the
+# timer is two clock reads, so every iteration is timed.
+DEFAULT_DDP_SAMPLE_RATE = 10
+CPU_DDP_SAMPLE_RATE = 1
+# DDP's running averages over its timed iterations (ns), and the window field each becomes.
+DDP_TIMES = (
+    ("forward_compute_time", "forward_s"),
+    ("backward_compute_time", "backward_s"),
+    ("backward_comm_time", "comm_s"),
+    ("backward_compute_comm_overlap_time", "overlap_s"),
+)
+_NS = 1e9
+
+
+class DdpProbe:
+    """Per-window DDP figures: the mean over the window's iterations when every one is timed."""
+
+    name = "ddp_stats"
+
+    def __init__(self, model: Any, *, on_cpu: bool) -> None:
+        """Set DDP's sample rate on ``model`` (a DistributedDataParallel); raises if DDP refuses."""
+        self.model = model
+        # (iteration, running averages) at the last read, while every iteration is
+        # timed from the first: then average x iteration is a running total, and
+        # the difference between two reads is the window's own total.
+        self._totals_from: tuple[int, dict[str, float]] | None = None
+        default = CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE
+        self.sample_rate = max(int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", default)), 1)
+        model._set_ddp_runtime_logging_sample_rate(self.sample_rate)
+        if self.sample_rate == 1 and model._get_ddp_logging_data().get("iteration", 0) == 0:
+            self._totals_from = (0, {})
+
+    @property
+    def averaging(self) -> bool:
+        """Whether windows get means over their iterations (else DDP's latest sample)."""
+        return self._totals_from is not None
+
+    def read(self, marks: list[StepMark]) -> dict[str, Any]:
+        data = self.model._get_ddp_logging_data()
+        if not isinstance(data, dict) or "iteration" not in data:
+            return {}
+        iteration = int(data["iteration"])
+        if self._totals_from is not None:
+            means = self._window_means(data, iteration, *self._totals_from)
+            if means is not None:
+                return means
+        out: dict[str, Any] = {"ddp_iteration": iteration}
+        for key, name in DDP_TIMES:
+            value = data.get(key)
+            if isinstance(value, (int, float)) and value >= 0:
+                out[name] = value / _NS
+        return out if "comm_s" in out else {}
+
+    def _window_means(
+        self, data: dict[str, Any], iteration: int, since: int, before: dict[str, float]
+    ) -> dict[str, Any] | None:
+        """Per-iteration means since the last read, from DDP's running averages.
+
+        None when they do not add up (an iteration DDP could not time, e.g.
+        under no_sync): the probe then falls back to the latest sample for good.
+        """
+        if iteration == since:
+            return {}  # no iteration finished: no DDP figures in this window
+        raw = {name: data.get("avg_" + key) for key, name in DDP_TIMES}
+        if iteration < since or not all(isinstance(v, (int, float)) for v in raw.values()):
+            self._totals_from = None
+            return None
+        averages = {name: float(v) for name, v in raw.items()}  # type: ignore[arg-type]
+        steps = iteration - since
+        out: dict[str, Any] = {"ddp_iteration": iteration, "ddp_steps": steps}
+        for name, average in averages.items():
+            mean = (average * iteration - before.get(name, 0.0) * since) / steps / _NS
+            if not 0.0 <= mean < 3600.0:
+                self._totals_from = None
+                return None
+            out[name] = mean
+        if out["overlap_s"] > out["comm_s"] + 1e-6:
+            self._totals_from = None
+            return None
+        self._totals_from = (iteration, averages)
+        return out

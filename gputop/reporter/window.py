@@ -1,0 +1,45 @@
+"""A window's step figures from the training thread's step marks: pure arithmetic.
+
+Exact p50/p95/max of the window's own steps, their sum, the mergeable
+step-time histogram, loader wait and batches.  The probes add the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gputop.protocol import hist_bucket
+from gputop.reporter.clock import StepMark
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of sorted values, nearest rank."""
+    index = min(int(q * len(ordered)), len(ordered) - 1)
+    return ordered[index]
+
+
+def step_fields(marks: Sequence[StepMark], batch_size: int | None) -> dict[str, Any]:
+    """The Window fields that come from the step marks alone (not ``step_total``, a running count)."""
+    timed = [m for m in marks if m.duration_s is not None]
+    durations = sorted(m.duration_s for m in timed if m.duration_s is not None)
+    hist: dict[int, int] = {}
+    for d in durations:
+        bucket = hist_bucket(d)
+        hist[bucket] = hist.get(bucket, 0) + 1
+    batches = sum(m.batches for m in marks)
+    fields: dict[str, Any] = {
+        "steps": len(marks),
+        "timed_steps": len(durations),
+        "step_time_sum_s": sum(durations),
+        "step_hist": hist,
+        "loader_wait_s": sum(m.loader_wait_s for m in timed),
+        "loader_batches": batches,
+    }
+    if durations:
+        fields["step_time_p50_s"] = percentile(durations, 0.5)
+        fields["step_time_p95_s"] = percentile(durations, 0.95)
+        fields["step_time_max_s"] = durations[-1]
+    if batch_size and batches:
+        fields["samples"] = batches * int(batch_size)
+    return fields

@@ -1,0 +1,122 @@
+"""The DDP probe's arithmetic on its own: per-window means from DDP's running averages, and its fallbacks.
+
+The figures DDP really logs are checked against a real 2-rank job in
+test_ddp_integration.py; here a stand-in logging-data source drives every case,
+including the ones a real job rarely shows (an untimed iteration, a model
+watched late).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gputop.reporter.probes.ddp import CPU_DDP_SAMPLE_RATE, DEFAULT_DDP_SAMPLE_RATE, DdpProbe
+
+MS = 1e6  # DDP logs nanoseconds
+
+
+class LoggingData:
+    """What ``DistributedDataParallel`` exposes: a sample rate to set, and running averages of timed iterations.
+
+    Like DDP's reducer, ``avg_*`` are means over every timed iteration so far
+    and the plain keys are the latest timed iteration.
+    """
+
+    def __init__(self, iteration: int = 0) -> None:
+        self.sample_rate: int | None = None
+        self.iteration = iteration
+        self.timed = 0
+        self.latest: dict[str, float] = {}
+        self.sums = {"forward": 0.0, "backward": 0.0, "comm": 0.0, "overlap": 0.0}
+
+    def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+        self.sample_rate = rate
+
+    def step(self, forward_ms: float, backward_ms: float, comm_ms: float, overlap_ms: float) -> None:
+        self.iteration += 1
+        self.timed += 1
+        self.latest = {"forward": forward_ms * MS, "backward": backward_ms * MS, "comm": comm_ms * MS,
+                       "overlap": overlap_ms * MS}  # fmt: skip
+        for key, value in self.latest.items():
+            self.sums[key] += value
+
+    def _get_ddp_logging_data(self) -> dict[str, Any]:
+        names = {
+            "forward": "forward_compute_time",
+            "backward": "backward_compute_time",
+            "comm": "backward_comm_time",
+            "overlap": "backward_compute_comm_overlap_time",
+        }
+        data: dict[str, Any] = {"iteration": self.iteration}
+        for key, name in names.items():
+            if self.timed:
+                data[name] = self.latest[key]
+                data["avg_" + name] = self.sums[key] / self.timed
+        return data
+
+
+@pytest.fixture(autouse=True)
+def no_rate_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUTOP_DDP_SAMPLE_RATE", raising=False)
+
+
+def test_each_window_gets_the_mean_of_its_own_iterations() -> None:
+    ddp = LoggingData()
+    probe = DdpProbe(ddp, on_cpu=True)
+    assert ddp.sample_rate == CPU_DDP_SAMPLE_RATE and probe.averaging
+    for _ in range(3):
+        ddp.step(10, 20, 8, 6)
+    first = probe.read([])
+    ddp.step(30, 40, 12, 2)
+    second = probe.read([])
+    assert first["ddp_steps"] == 3 and first["ddp_iteration"] == 3
+    assert first["forward_s"] == pytest.approx(0.010) and first["overlap_s"] == pytest.approx(0.006)
+    assert second["ddp_steps"] == 1 and second["ddp_iteration"] == 4
+    assert second["forward_s"] == pytest.approx(0.030) and second["comm_s"] == pytest.approx(0.012)
+
+
+def test_a_window_without_an_iteration_has_no_ddp_figures() -> None:
+    ddp = LoggingData()
+    probe = DdpProbe(ddp, on_cpu=True)
+    ddp.step(10, 20, 8, 6)
+    probe.read([])
+    assert probe.read([]) == {}
+
+
+def test_totals_that_do_not_add_up_fall_back_to_the_latest_sample_for_good() -> None:
+    ddp = LoggingData()
+    probe = DdpProbe(ddp, on_cpu=True)
+    ddp.step(10, 20, 8, 6)
+    probe.read([])
+    ddp.iteration += 1  # an iteration DDP counted but could not time
+    ddp.step(10, 20, 8, 20)  # and averages whose overlap now exceeds comm
+    fallback = probe.read([])
+    assert not probe.averaging
+    assert "ddp_steps" not in fallback and fallback["overlap_s"] == pytest.approx(0.020)
+    ddp.step(11, 20, 8, 6)
+    assert probe.read([])["forward_s"] == pytest.approx(0.011)  # still the latest sample
+
+
+def test_a_model_watched_after_its_first_iteration_reports_the_latest_sample() -> None:
+    ddp = LoggingData(iteration=5)  # the running averages already cover iterations gputop never saw
+    probe = DdpProbe(ddp, on_cpu=True)
+    assert not probe.averaging
+    ddp.step(10, 20, 8, 6)
+    assert probe.read([])["ddp_iteration"] == 6
+
+
+def test_cuda_models_are_sampled_every_tenth_iteration_unless_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+    ddp = LoggingData()
+    assert not DdpProbe(ddp, on_cpu=False).averaging and ddp.sample_rate == DEFAULT_DDP_SAMPLE_RATE
+    monkeypatch.setenv("GPUTOP_DDP_SAMPLE_RATE", "100")
+    DdpProbe(ddp, on_cpu=True)
+    assert ddp.sample_rate == 100
+
+
+def test_logging_data_without_timings_gives_nothing() -> None:
+    ddp = LoggingData()
+    ddp.iteration = 3  # iterations, but none timed yet (no avg_ keys)
+    probe = DdpProbe(ddp, on_cpu=False)
+    assert probe.read([]) == {}
