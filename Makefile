@@ -29,10 +29,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# ruff (lint + format), mypy, and the import contracts in pyproject.toml ([tool.importlinter]).
 check: $(VENV)/.installed
 	$(BIN)/ruff check gputop tests demos benchmarks
 	$(BIN)/ruff format --check gputop tests demos benchmarks
 	$(BIN)/mypy gputop
+	$(BIN)/lint-imports
 
 fmt: $(VENV)/.installed
 	$(BIN)/ruff format gputop tests demos benchmarks

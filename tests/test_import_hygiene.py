@@ -1,4 +1,8 @@
-"""The three boundaries: a cheap reporter, a torch-free dashboard, a pure diagnosis."""
+"""The three boundaries at run time: a cheap reporter, a torch-free dashboard, a pure model and diagnosis.
+
+The same boundaries are import-linter contracts in pyproject.toml, checked
+statically by `make check`; these prove what a fresh interpreter really loads.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ def test_building_the_cli_parser_does_not_import_torch() -> None:
     assert "torch" not in top_level(modules_after("from gputop.cli import build_parser; build_parser()"))
 
 
-def test_diagnosis_is_pure() -> None:
-    loaded = top_level(modules_after("import gputop.diagnose"))
-    assert not loaded & {"torch", "textual", "psutil", "pynvml", "socket", "asyncio"}
+@pytest.mark.parametrize("module", ["gputop.diagnose", "gputop.model.figures", "gputop.model.source"])
+def test_the_model_and_the_diagnosis_are_pure(module: str) -> None:
+    loaded = modules_after(f"import {module}")
+    assert not top_level(loaded) & {"torch", "textual", "psutil", "pynvml", "socket", "asyncio", "threading"}
+    assert not {m for m in loaded if m.startswith(("gputop.collect", "gputop.tui", "gputop.reporter"))}

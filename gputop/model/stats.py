@@ -25,7 +25,6 @@ class RankStats:
     """A rank over a span of windows.  None means not measured (N/A)."""
 
     windows: int
-    span_s: float
     steps: int
     steps_per_s: float | None
     step_time_mean_s: float | None
@@ -218,7 +217,6 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
 
     return RankStats(
         windows=len(windows),
-        span_s=(windows[-1].t1 - windows[0].t0) if windows else 0.0,
         steps=count_steps(windows),
         steps_per_s=step_count / active_span if active_span > 0 else None,
         step_time_mean_s=mean_step,
