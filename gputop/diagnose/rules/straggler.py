@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, measured
@@ -24,13 +25,15 @@ from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.stats import median
 
 # The phases of a rank's own time, and how each reads in a title.
-PHASES: dict[str, Callable[[RankFigures], float | None]] = {
+# The phases a slow rank can lose time in; "own" is its own time as a whole, when no phase is measured.
+SlowPhaseName = Literal["loader", "forward", "backward", "other", "own"]
+PHASES: dict[SlowPhaseName, Callable[[RankFigures], float | None]] = {
     "loader": lambda r: r.stats.loader_wait_s,
     "forward": lambda r: r.stats.forward_s,
     "backward": lambda r: r.stats.backward_s,
     "other": lambda r: r.stats.other_s,
 }
-PHASE_TEXT = {
+PHASE_TEXT: dict[SlowPhaseName, str] = {
     "loader": "its loader waits {share:.0f}% of each step",
     "forward": "its forward pass takes {share:.0f}% of each step",
     "backward": "its backward pass takes {share:.0f}% of each step",
@@ -43,7 +46,7 @@ PHASE_TEXT = {
 class SlowPhase:
     """The phase in which a slow rank loses most time against the others."""
 
-    name: str  # loader, forward, backward, other, own
+    name: SlowPhaseName
     share: float  # of the slow rank's step time
     excess_s: float  # per step, over the other ranks' median for the same phase
 
