@@ -2,21 +2,27 @@
 
 Newline-delimited JSON, one message per line, every message a JSON object with
 ``v`` (protocol version), ``type`` (hello, window, event, bye), ``run_id`` and
-``rank``.  Encoding and decoding are pure functions; nothing here does I/O.
-Absent optional fields mean "not measured" (N/A), never zero.  No pickle, no
-eval: a frame is only ever parsed as JSON and checked field by field.
+``rank``.  The messages are ``msgspec.Struct``s whose annotations carry the
+limits (string lengths, integer ranges, histogram buckets), so one typed
+decode both parses and checks a frame; ``__post_init__`` adds the checks that
+relate fields (a window that ends before it starts).  Encoding and decoding are
+pure functions; nothing here does I/O.  Absent optional fields mean "not
+measured" (N/A), never zero; defaults are left off the wire.  No pickle, no
+eval: a frame is only ever parsed as JSON into these types.
 
 The full description, with examples, is in docs/protocol.md.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Union
+import re
+from typing import Annotated, Any, ClassVar, Final, Literal, Union
 
-PROTOCOL_VERSION = 1
+import msgspec
+from msgspec import Meta
+
+PROTOCOL_VERSION: Final = 1
 
 # A window is ~1 KiB and a hello ~1.5 KiB; 64 KiB leaves room for growth while
 # keeping a misbehaving peer from making the collector buffer megabytes.
@@ -36,6 +42,20 @@ MAX_STRING_CHARS = 4096
 
 class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
+
+
+# The limits as types: msgspec checks them while it decodes.
+Text = Annotated[str, Meta(max_length=MAX_STRING_CHARS)]
+Count = Annotated[int, Meta(ge=0, lt=MAX_INT)]  # no reporter sends a negative count, rank, size or pid
+AtLeastOne = Annotated[int, Meta(ge=1, lt=MAX_INT)]
+Seconds = Annotated[float, Meta(ge=0.0)]  # a duration or a total of durations
+Bucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
+
+
+class _Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
+    """What every message shares.  ``v`` is written first by ``encode``; absent, it reads as this version."""
+
+    TYPE: ClassVar[str]
 
 
 def hist_bucket(seconds: float) -> int:
@@ -68,8 +88,7 @@ def hist_quantile_s(hist: dict[int, int], q: float) -> float | None:
     return hist_bucket_mid_s(max(hist))
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     """Static facts about one rank, sent first on every connection.
 
     Sent again on the same connection when a fact becomes known later (for
@@ -79,40 +98,41 @@ class Hello:
 
     TYPE: ClassVar[str] = "hello"
 
-    run_id: str
-    rank: int
-    world_size: int = 1
-    local_rank: int = 0
-    hostname: str = ""
-    pid: int = 0
-    name: str = ""  # the script, for humans
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    world_size: AtLeastOne = 1
+    local_rank: Count = 0
+    hostname: Text = ""
+    pid: Count = 0
+    name: Text = ""  # the script, for humans
     started_t: float = 0.0  # unix time the reporter started
     window_s: float = 0.5
-    gputop_version: str = ""
-    torch_version: str | None = None
-    backend: str | None = None  # "nccl", "gloo", None when not distributed
-    device: str | None = None  # "cuda:0", "cpu"
-    device_name: str | None = None
-    device_uuid: str | None = None  # "GPU-…" from torch, the key for the NVML join
-    device_total_bytes: int | None = None
-    loader_batch_size: int | None = None
-    loader_num_workers: int | None = None
+    gputop_version: Text = ""
+    torch_version: Text | None = None
+    backend: Text | None = None  # "nccl", "gloo", None when not distributed
+    device: Text | None = None  # "cuda:0", "cpu"
+    device_name: Text | None = None
+    device_uuid: Text | None = None  # "GPU-…" from torch, the key for the NVML join
+    device_total_bytes: Count | None = None
+    loader_batch_size: Count | None = None
+    loader_num_workers: Count | None = None
     loader_pin_memory: bool | None = None
     loader_persistent_workers: bool | None = None
-    loader_prefetch_factor: int | None = None
+    loader_prefetch_factor: Count | None = None
     autocast: bool | None = None  # seen enabled during forward of the watched model
-    param_dtype: str | None = None  # dtype of most parameters, "float32", "bfloat16", …
+    param_dtype: Text | None = None  # dtype of most parameters, "float32", "bfloat16", …
     tf32_matmul: bool | None = None
     tf32_cudnn: bool | None = None
     cudnn_benchmark: bool | None = None
-    torch_threads: int | None = None
-    cpu_count: int | None = None  # CPUs this process may run on
-    model_name: str | None = None
+    torch_threads: Count | None = None
+    cpu_count: Count | None = None  # CPUs this process may run on
+    model_name: Text | None = None
     ddp: bool | None = None
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(_Message, frozen=True, kw_only=True, tag="window"):
     """What one rank did during one reporting window (default 0.5 s).
 
     Times are seconds, memory is bytes.  ``loader_wait_s`` and
@@ -124,43 +144,54 @@ class Window:
 
     TYPE: ClassVar[str] = "window"
 
-    run_id: str
-    rank: int
-    seq: int
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    seq: Count
     t0: float  # unix time, start of the window
     t1: float  # unix time, end of the window
-    steps: int = 0  # optimizer steps that ended in the window
-    step_total: int = 0  # steps since the reporter started, this one included
+    steps: Count = 0  # optimizer steps that ended in the window
+    step_total: Count = 0  # steps since the reporter started, this one included
     # Steps with a known duration: a reporter's first step has none.  The time
     # totals (step_time_sum_s, loader_wait_s) cover these; None means all steps.
-    timed_steps: int | None = None
-    step_time_sum_s: float = 0.0
+    timed_steps: Count | None = None
+    step_time_sum_s: Seconds = 0.0
     step_time_p50_s: float | None = None
     step_time_p95_s: float | None = None
     step_time_max_s: float | None = None
-    step_hist: dict[int, int] = field(default_factory=dict)
+    step_hist: dict[Bucket, Count] = {}
     gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
-    loader_wait_s: float = 0.0
-    loader_batches: int = 0
-    samples: int | None = None  # steps × batch size, when the batch size is known
+    loader_wait_s: Seconds = 0.0
+    loader_batches: Count = 0
+    samples: Count | None = None  # steps × batch size, when the batch size is known
     forward_s: float | None = None
     backward_s: float | None = None  # backward compute
     comm_s: float | None = None  # gradient all-reduce, start to end
     overlap_s: float | None = None  # part of comm hidden behind backward compute
-    ddp_iteration: int | None = None  # DDP's iteration the figures come from (the last one)
-    ddp_steps: int | None = None  # iterations the DDP figures average; None: one sampled iteration
-    mem_allocated_bytes: int | None = None
-    mem_reserved_bytes: int | None = None
-    mem_peak_bytes: int | None = None
-    mem_total_bytes: int | None = None
-    alloc_retries: int | None = None
-    ooms: int | None = None
+    ddp_iteration: Count | None = None  # DDP's iteration the figures come from (the last one)
+    ddp_steps: AtLeastOne | None = None  # iterations the DDP figures average; None: one sampled iteration
+    mem_allocated_bytes: Count | None = None
+    mem_reserved_bytes: Count | None = None
+    mem_peak_bytes: Count | None = None
+    mem_total_bytes: Count | None = None
+    alloc_retries: Count | None = None
+    ooms: Count | None = None
     cpu_pct: float | None = None  # the rank process, 100 = one core
-    rss_bytes: int | None = None
-    threads: int | None = None
-    workers: int | None = None  # live DataLoader worker processes
+    rss_bytes: Count | None = None
+    threads: Count | None = None
+    workers: Count | None = None  # live DataLoader worker processes
     workers_cpu_pct: float | None = None
-    dropped: int = 0  # windows this reporter had to drop so far
+    dropped: Count = 0  # windows this reporter had to drop so far
+    # What gputop itself cost the rank in this window (self-accounting):
+    reporter_cpu_s: float | None = None  # CPU time of the reporter thread
+    hook_s: float | None = None  # training-thread time inside gputop's step marks and loader bookkeeping
+    sent_bytes: Count | None = None  # bytes written to the dashboard's socket
+
+    def __post_init__(self) -> None:
+        # The one check no annotation can say: the counts, sizes and durations are typed non-negative.
+        if self.t1 < self.t0:
+            raise ValueError("window times must not run backwards")
 
     @property
     def duration_s(self) -> float:
@@ -183,140 +214,108 @@ class Window:
         return max(self.comm_s - (self.overlap_s or 0.0), 0.0)
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(_Message, frozen=True, kw_only=True, tag="event"):
     """Something that happened once: an OOM, a reporter-internal error, a note."""
 
     TYPE: ClassVar[str] = "event"
 
-    run_id: str
-    rank: int
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
     t: float
-    kind: str
-    message: str = ""
+    kind: Text
+    message: Text = ""
 
 
-@dataclass(frozen=True)
-class Bye:
+class Bye(_Message, frozen=True, kw_only=True, tag="bye"):
     """A rank's reporter shutting down cleanly (the process is exiting)."""
 
     TYPE: ClassVar[str] = "bye"
 
-    run_id: str
-    rank: int
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
     t: float
-    step_total: int = 0
-    dropped: int = 0
+    step_total: Count = 0
+    dropped: Count = 0
 
 
 Message = Union[Hello, Window, Event, Bye]  # noqa: UP007 - a runtime alias, Python 3.10 too
-MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (Hello, Window, Event, Bye)}  # type: ignore[misc]
+MESSAGE_TYPES: tuple[type[Message], ...] = (Hello, Window, Event, Bye)
 
-_FIELDS: dict[type, dict[str, Any]] = {cls: {f.name: f for f in fields(cls)} for cls in MESSAGE_TYPES.values()}
+
+class _Head(msgspec.Struct):
+    """Just the version: a frame of another version is named as such, whatever its fields."""
+
+    v: Any = PROTOCOL_VERSION
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Message)
+_head_decoder = msgspec.json.Decoder(_Head)
+_VERSION_PREFIX = b'{"v":%d,' % PROTOCOL_VERSION
 
 
 def to_dict(message: Message) -> dict[str, Any]:
-    """The JSON object for a message; None fields are left out (N/A)."""
-    out: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": message.TYPE}
-    for name in _FIELDS[type(message)]:
-        value = getattr(message, name)
-        if value is None or (name == "step_hist" and not value):
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            continue
-        if name == "step_hist":
-            value = {str(k): v for k, v in value.items()}
-        out[name] = value
-    return out
+    """The JSON object for a message; None fields and defaults are left out (N/A)."""
+    return {"v": PROTOCOL_VERSION, **msgspec.to_builtins(message)}
 
 
 def encode(message: Message) -> bytes:
-    """One frame: compact JSON and a newline."""
-    return json.dumps(to_dict(message), separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    """One frame: compact JSON, ``v`` first, and a newline."""
+    return _VERSION_PREFIX + _encoder.encode(message)[1:] + b"\n"
 
 
 def decode(frame: bytes | str) -> Message:
-    """Parse one frame; raise ProtocolError saying what is wrong with it."""
+    """Parse and check one frame; raise ProtocolError saying what is wrong with it."""
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     try:
-        obj = json.loads(frame)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {exc}") from None
-    return from_dict(obj)
+        return _decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        try:
+            version = _head_decoder.decode(frame).v
+        except msgspec.MsgspecError:
+            version = PROTOCOL_VERSION
+        raise ProtocolError(_reason(exc, version)) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not JSON: {exc}{_near(frame, str(exc))}") from None
 
 
 def from_dict(obj: Any) -> Message:
-    """Build a message from a decoded JSON object, checking every field's type."""
-    if not isinstance(obj, dict):
-        raise ProtocolError("a frame must be a JSON object")
-    version = obj.get("v")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
-    cls = MESSAGE_TYPES.get(obj.get("type"))  # type: ignore[arg-type]
-    if cls is None:
-        raise ProtocolError(f"unknown message type {obj.get('type')!r}")
-    kwargs: dict[str, Any] = {}
-    for name, spec in _FIELDS[cls].items():
-        if name not in obj:
-            continue
-        kwargs[name] = _check(cls.TYPE, name, spec.type, obj[name])
+    """A message from an already parsed JSON object (a recording's line), checked like a frame."""
     try:
-        message = cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
-        raise ProtocolError(f"{cls.TYPE}: {exc}") from None
-    _check_sense(message)
-    return message
+        return msgspec.convert(obj, Message, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(_reason(exc, obj.get("v", PROTOCOL_VERSION) if isinstance(obj, dict) else None)) from None
 
 
-def _check_sense(message: Message) -> None:
-    """Values no reporter produces: negative counts or ranks, windows that end before they start."""
-    if message.rank < 0:
-        raise ProtocolError(f"{message.TYPE}.rank must not be negative")
-    if isinstance(message, Hello) and message.world_size < 1:
-        raise ProtocolError("hello.world_size must be at least 1")
-    if isinstance(message, Window):
-        if (
-            min(message.seq, message.steps, message.step_total, message.loader_batches, message.dropped, message.timed)
-            < 0
-        ):
-            raise ProtocolError("window counts must not be negative")
-        if message.ddp_steps is not None and message.ddp_steps < 1:
-            raise ProtocolError("window.ddp_steps must be at least 1")
-        if message.t1 < message.t0 or message.step_time_sum_s < 0 or message.loader_wait_s < 0:
-            raise ProtocolError("window times must not run backwards")
+def _near(frame: bytes | str, error: str) -> str:
+    """Which field the malformed byte is in ("t1" for ``"t1":NaN``), from msgspec's byte offset."""
+    match = re.search(r"\(byte (\d+)\)", error)
+    data = frame.encode(errors="replace") if isinstance(frame, str) else frame
+    if match is None:
+        return ""
+    keys = re.findall(rb'"([A-Za-z_][A-Za-z0-9_]*)"\s*:', data[: int(match.group(1))])
+    return f", in field {keys[-1].decode()}" if keys else ""
 
 
-def _check(type_name: str, name: str, annotation: str, value: Any) -> Any:
-    """Validate one field against its annotation (a string, thanks to __future__)."""
-    optional = "None" in annotation
-    if value is None:
-        if optional:
-            return None
-        raise ProtocolError(f"{type_name}.{name} must not be null")
-    base = annotation.replace(" | None", "")
-    if base == "str":
-        ok = isinstance(value, str) and len(value) <= MAX_STRING_CHARS
-    elif base == "bool":
-        ok = isinstance(value, bool)
-    elif base == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool) and -MAX_INT < value < MAX_INT
-    elif base == "float":
-        try:  # an integer like 10**400 is valid JSON but no float
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            value = float(value) if ok else value
-        except OverflowError:
-            ok = False
-    elif base == "dict[int, int]":
-        ok = isinstance(value, dict) and len(value) <= HIST_MAX_BUCKET + 1
-        if ok:
-            try:
-                value = {int(k): int(v) for k, v in value.items() if int(v) > 0}
-                ok = all(0 <= k <= HIST_MAX_BUCKET and v < MAX_INT for k, v in value.items())
-            except (TypeError, ValueError, OverflowError):
-                ok = False
-    else:  # pragma: no cover - a field type this function does not know is a bug here
-        raise AssertionError(f"unhandled field type {annotation}")
-    if not ok:
-        raise ProtocolError(f"{type_name}.{name} must be {base}, got {type(value).__name__}")
-    return value
+def _reason(exc: msgspec.ValidationError, version: Any) -> str:
+    """msgspec's message in this protocol's words where they differ."""
+    if version != PROTOCOL_VERSION:
+        return f"protocol version {version!r}, expected {PROTOCOL_VERSION}"
+    text = str(exc)
+    bound = re.match(r"Expected `\w+` >= (\d)[.0]* - at `\$\.(\w+)`", text)
+    if bound is not None:
+        return (
+            f"{bound.group(2)} must not be negative"
+            if bound.group(1) == "0"
+            else f"{bound.group(2)} must be at least 1"
+        )
+    if text.startswith("Expected `object`"):
+        return "a frame must be a JSON object"
+    if "at `$.type`" in text:
+        return f"unknown message type: {text}"
+    return text

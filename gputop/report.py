@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gputop.diagnose import Finding, diagnose
-from gputop.model.figures import Figures, RankFigures, summarize
+from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.snapshot import LOST, Snapshot
 
@@ -26,6 +26,11 @@ def _ms(seconds: float | None) -> float | None:
 
 def _pct(fraction: float | None) -> float | None:
     return None if fraction is None else round(fraction * 100.0, 2)
+
+
+def _pct3(fraction: float | None) -> float | None:
+    """Shares too small for two decimals of a percent (gputop's own cost)."""
+    return None if fraction is None else round(fraction * 100.0, 3)
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:
@@ -58,6 +63,10 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "workers_cpu_pct": _round(stats.workers_cpu_pct, 1),
         "threads": stats.threads,
         "dropped_windows": stats.dropped,
+        "gputop_reporter_cpu_pct": _round(stats.reporter_cpu_pct, 3),
+        "gputop_hook_us_per_step": _round(None if stats.hook_s_per_step is None else stats.hook_s_per_step * 1e6, 2),
+        "gputop_cpu_share_pct": _pct3(stats.gputop_cpu_frac),
+        "gputop_sent_bytes_per_s": _round(stats.sent_bytes_per_s, 0),
         "host": view.hello.hostname,
         "pid": view.hello.pid,
         "device": view.hello.device,
@@ -88,6 +97,7 @@ def build(
                 "world_size": run.world_size,
                 "duration_s": None if t0 is None or t1 is None else round(t1 - t0, 2),
                 "ranks": [rank_entry(r) for r in run.ranks],
+                "gputop_cost": cost_entry(run.gputop_cost),
             }
         )
     return {
@@ -95,7 +105,34 @@ def build(
         "findings": [f.to_dict() for f in findings],
         "gpus": gpus if gpus is not None else {},
         "notes": list(notes),
+        "gputop_process_cpu_pct": _round(figures.dashboard_cpu_pct, 2),
     }
+
+
+def cost_entry(cost: GputopCost) -> dict[str, Any]:
+    """What gputop cost a run, in the report's units."""
+    hook = cost.hook_s_per_step
+    return {
+        "cpu_share_pct": _pct3(cost.cpu_frac),
+        "reporter_cpu_pct_per_rank": _round(cost.reporter_cpu_pct, 3),
+        "hook_us_per_step": _round(None if hook is None else hook * 1e6, 2),
+        "sent_bytes_per_s": _round(cost.sent_bytes_per_s, 0),
+    }
+
+
+def cost_text(cost: dict[str, Any], process_cpu_pct: float | None) -> str | None:
+    """ "gputop's own cost: 0.21% of the ranks' CPU ..." or None when no reporter accounted for itself."""
+    if cost["cpu_share_pct"] is None and cost["hook_us_per_step"] is None:
+        return None
+    parts = [
+        f"{_fmt(cost['cpu_share_pct'], '%', 2)} of the ranks' CPU",
+        f"reporter thread {_fmt(cost['reporter_cpu_pct_per_rank'], '% of a core per rank', 2)}",
+        f"{_fmt(cost['hook_us_per_step'], ' µs per step on the training thread', 1)}",
+        f"{_fmt(None if cost['sent_bytes_per_s'] is None else cost['sent_bytes_per_s'] / 1024, ' KiB/s sent', 1)}",
+    ]
+    if process_cpu_pct is not None:
+        parts.append(f"this recorder {process_cpu_pct:.1f}% of a core")
+    return "gputop's own cost: " + ", ".join(parts)
 
 
 def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = ()) -> str:
@@ -171,6 +208,9 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         duration = f", {run['duration_s']:.1f} s" if run["duration_s"] is not None else ""
         name = f" ({run['name']})" if run["name"] else ""
         out.append(f"Run {run['run_id']}{name}: world size {run['world_size']}{duration}")
+        cost = cost_text(run["gputop_cost"], report["gputop_process_cpu_pct"])
+        if cost:
+            out.append(f"  {cost}")
         header, rows = _rank_rows(run)
         widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
         out.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=False)))
@@ -192,6 +232,9 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
     for run in report["runs"]:
         out.append(f"## Run `{run['run_id']}` ({run['name']}), world size {run['world_size']}")
         out.append("")
+        cost = cost_text(run["gputop_cost"], report["gputop_process_cpu_pct"])
+        if cost:
+            out += [cost, ""]
         header, rows = _rank_rows(run)
         out.append("| " + " | ".join(header) + " |")
         out.append("|" + "---:|" * len(header))

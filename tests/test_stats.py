@@ -93,3 +93,21 @@ def test_percentiles_from_the_histogram_never_exceed_the_slowest_step() -> None:
     assert stats.step_time_max_s == pytest.approx(0.304)
     assert stats.step_time_p95_s is not None and stats.step_time_p95_s <= 0.304
     assert stats.step_time_p50_s is not None and stats.step_time_p50_s <= stats.step_time_p95_s
+
+
+def test_gputop_accounts_for_its_own_cost() -> None:
+    """Reporter thread CPU and hook time per window become a rank's share of CPU, per-step and per-core figures."""
+    windows = [
+        w(1, 10, 10, step_time_sum_s=0.5, cpu_pct=50.0, reporter_cpu_s=0.001, hook_s=0.0005, sent_bytes=800),
+        w(2, 10, 20, step_time_sum_s=0.5, cpu_pct=50.0, reporter_cpu_s=0.003, hook_s=0.0005, sent_bytes=1200),
+    ]
+    stats = rank_stats(windows)
+    assert stats.reporter_cpu_pct == pytest.approx(100 * 0.004 / 1.0)  # 0.4% of a core over 1 s
+    assert stats.hook_s_per_step == pytest.approx(0.001 / 20)
+    assert stats.gputop_cpu_frac == pytest.approx(0.005 / 0.5)  # of the 0.5 CPU-s the rank used
+    assert stats.sent_bytes_per_s == pytest.approx(2000.0)
+
+
+def test_a_reporter_that_does_not_account_for_itself_is_na() -> None:
+    stats = rank_stats([w(1, 10, 10, step_time_sum_s=0.5, cpu_pct=50.0)])
+    assert stats.reporter_cpu_pct is None and stats.hook_s_per_step is None and stats.gputop_cpu_frac is None

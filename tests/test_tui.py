@@ -99,6 +99,20 @@ class TestData:
             assert [r[-1] for r in table_text(app)] == ["live", "lost"]
             assert "1 not live" in str(app.query_one("#header").render())
 
+    async def test_gputop_shows_what_it_costs_the_ranks(self) -> None:
+        """The header and the rank's detail screen quote the reporter's self-accounting (issue: no peer does)."""
+        async with GputopApp(FixedSource(fx.self_accounting()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            # 1.1 ms of gputop per 0.5-s window of a rank at 100% CPU; 0.1 ms of hooks over 10 steps.
+            assert "gputop 0.22% CPU · 10µs/step" in str(app.query_one("#header").render())
+            await pilot.press("enter")
+            await pilot.pause()
+            detail = app.screen
+            assert isinstance(detail, RankDetailScreen)
+            stats_text = str(detail.query_one("#detail-stats").render())
+            assert "gputop's own cost 0.22% of this rank's CPU: reporter thread 0.20% of a core" in stats_text
+            assert "10µs per step in its hooks" in stats_text
+
     async def test_sixty_four_ranks_render_and_refresh_keeps_up(self) -> None:
         """All 64 rows are there, and each new snapshot is shown within a few refresh periods."""
         source = FixedSource(fx.big_run())

@@ -66,6 +66,8 @@ def window(
     batch: int | None = 64,
     exposed_s: float = 0.004,
     cpu_pct: float = 96.0,
+    reporter_cpu_s: float | None = None,
+    hook_s: float | None = None,
 ) -> Window:
     """One 0.5 s window; the step's phases add up to ``step_s``."""
     steps = max(int(WINDOW_S / step_s), 1)
@@ -104,6 +106,9 @@ def window(
         threads=24,
         workers=4,
         workers_cpu_pct=180.0,
+        reporter_cpu_s=reporter_cpu_s,
+        hook_s=hook_s,
+        sent_bytes=None if reporter_cpu_s is None else 1500,
     )
 
 
@@ -145,6 +150,17 @@ def _gpu_samples(store: Store, n_gpus: int, n: int, extra: dict[int, tuple[GpuPr
         )
 
 
+def self_accounting(*, n_windows: int = 20) -> Snapshot:
+    """One CPU rank whose reporter accounts for itself: 1 ms of its thread and 0.1 ms of hooks per window."""
+    store = Store(listen=LISTEN)
+    store.ingest(hello("run-cost", 0, 1, device="cpu", device_uuid=None, backend=None), T0)
+    for seq in range(n_windows):
+        w = window("run-cost", 0, seq, step_s=0.050, loader_s=0.002, ddp=False, cuda=False, cpu_pct=100.0,
+                   reporter_cpu_s=0.001, hook_s=0.0001)  # fmt: skip
+        store.ingest(w, T0 + (seq + 1) * WINDOW_S)
+    return store.snapshot(T0 + n_windows * WINDOW_S)
+
+
 def two_ranks(*, n_windows: int = 40) -> Snapshot:
     """A healthy-ish 2-rank CUDA DDP run where rank 1 waits for data."""
     store = Store(listen=LISTEN)
@@ -154,7 +170,10 @@ def two_ranks(*, n_windows: int = 40) -> Snapshot:
         now = T0 + (seq + 1) * WINDOW_S
         store.ingest(window("run-a", 0, seq, step_s=0.050, loader_s=0.002, exposed_s=0.012), now)
         store.ingest(window("run-a", 1, seq, step_s=0.050, loader_s=0.021, exposed_s=0.001), now)
-    store.ingest(Event("run-a", 1, T0 + 3.0, "note", "DataLoader workers: 4"), T0 + n_windows * WINDOW_S)
+    store.ingest(
+        Event(run_id="run-a", rank=1, t=T0 + 3.0, kind="note", message="DataLoader workers: 4"),
+        T0 + n_windows * WINDOW_S,
+    )
     _gpu_samples(store, 2, n_windows // 2)
     return store.snapshot(T0 + n_windows * WINDOW_S)
 

@@ -59,6 +59,8 @@ class HostSampler:
         self._lock = threading.Lock()
         self._procs: dict[int, psutil.Process] = {}  # ranks and their children, kept for cpu_percent
         # Primed now so the first sample already has a delta to report.
+        self._own = psutil.Process()
+        self._own.cpu_percent(None)
         self._last_total = psutil.cpu_times()
         self._last_per_core = psutil.cpu_times(percpu=True)
 
@@ -73,6 +75,7 @@ class HostSampler:
 
     def _machine(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpu_count": psutil.cpu_count(logical=True)}
+        out["gputop_cpu_pct"] = float(self._own.cpu_percent(None))  # what watching costs, shown beside the ranks
         total = psutil.cpu_times()
         busy1, iowait1, total1 = _busy_and_total(total)
         busy0, iowait0, total0 = _busy_and_total(self._last_total)

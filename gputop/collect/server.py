@@ -31,6 +31,7 @@ MessageListener = Callable[[Message, float], None]
 DisconnectListener = Callable[[str, int, str, float, int], None]
 # A reporter speaks for one rank (two while it learns its real name); more is a misbehaving peer.
 MAX_RANKS_PER_CONNECTION = 8
+READ_CHUNK_BYTES = 256 * 1024
 
 
 class Collector:
@@ -137,39 +138,34 @@ class Collector:
         peer = _peer_name(writer)
         ranks: dict[tuple[str, int], int] = {}  # (run_id, rank) -> pid of its hello on this connection
         reason = "connection closed"
+        pending = b""  # the start of a frame whose newline has not arrived yet
         try:
             while True:
+                # Whole chunks, not a readuntil per frame: a reporter's backlog arrives as
+                # hundreds of frames at once, and they are checked and stored as one batch.
                 try:
-                    frame = await reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError as exc:
-                    if exc.partial.strip():
-                        reason = "connection closed mid-frame"
-                    break
-                except asyncio.LimitOverrunError:
-                    reason = self._reject(peer, f"frame over {MAX_FRAME_BYTES} bytes")
-                    break
+                    chunk = await reader.read(READ_CHUNK_BYTES)
                 except ConnectionError:
                     break
-                try:
-                    message = decode(frame)
-                except ProtocolError as exc:
-                    reason = self._reject(peer, str(exc))
+                if not chunk:
+                    if pending.strip():
+                        reason = "connection closed mid-frame"
                     break
-                key = (message.run_id, message.rank)
-                if isinstance(message, Hello):
-                    if key not in ranks and len(ranks) >= MAX_RANKS_PER_CONNECTION:
-                        reason = self._reject(peer, f"more than {MAX_RANKS_PER_CONNECTION} ranks on one connection")
-                        break
-                    ranks[key] = message.pid
-                elif key not in ranks:
-                    reason = self._reject(peer, f"{message.TYPE} before hello")
+                *frames, pending = (pending + chunk).split(b"\n")
+                if len(pending) > MAX_FRAME_BYTES:
+                    reason = self._reject(peer, f"frame over {MAX_FRAME_BYTES} bytes")
                     break
+                accepted, problem = self._accept(frames, ranks)
                 now = time.time()
-                self.store.ingest(message, now)
+                self.store.ingest_many(accepted, now)
                 if self.on_message is not None:
-                    self.on_message(message, now)
-                if isinstance(message, Bye):
+                    for message in accepted:
+                        self.on_message(message, now)
+                if any(isinstance(m, Bye) for m in accepted):
                     reason = "finished"
+                if problem:
+                    reason = self._reject(peer, problem)
+                    break
         except asyncio.CancelledError:
             # The dashboard is stopping; ending quietly keeps asyncio from
             # logging every open connection's cancellation as an error.
@@ -184,6 +180,29 @@ class Collector:
                         self.on_disconnect(run_id, rank, reason, time.time(), pid)
             with contextlib.suppress(Exception):
                 writer.close()
+
+    @staticmethod
+    def _accept(frames: list[bytes], ranks: dict[tuple[str, int], int]) -> tuple[list[Message], str]:
+        """The valid messages of a batch, up to the first bad frame, and what was wrong with it ("" if none)."""
+        accepted: list[Message] = []
+        for frame in frames:
+            if not frame or frame.isspace():
+                continue
+            if len(frame) > MAX_FRAME_BYTES:
+                return accepted, f"frame over {MAX_FRAME_BYTES} bytes"
+            try:
+                message = decode(frame)
+            except ProtocolError as exc:
+                return accepted, str(exc)
+            key = (message.run_id, message.rank)
+            if isinstance(message, Hello):
+                if key not in ranks and len(ranks) >= MAX_RANKS_PER_CONNECTION:
+                    return accepted, f"more than {MAX_RANKS_PER_CONNECTION} ranks on one connection"
+                ranks[key] = message.pid
+            elif key not in ranks:
+                return accepted, f"{message.TYPE} before hello"
+            accepted.append(message)
+        return accepted, ""
 
     def _reject(self, peer: str, why: str) -> str:
         text = f"closed connection from {peer}: {why}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gputop.model.samples import GpuSample, HostSample
@@ -63,38 +63,47 @@ class Store:
 
     def ingest(self, message: Message, now: float) -> None:
         """Take one decoded message.  A window before any hello is ignored."""
-        key = (message.run_id, message.rank)
         with self._lock:
-            rank = self._ranks.get(key)
-            if isinstance(message, Hello):
-                if rank is None and not any(r == message.run_id for r, _ in self._ranks):
-                    self._evict_finished_runs()
-                if rank is None or (message.pid and rank.hello.pid and message.pid != rank.hello.pid):
-                    # First hello, or a new process under the same name (a restarted
-                    # rank, a later job on the same port): its windows count from 1.
-                    self._ranks[key] = _Rank(
-                        hello=message,
-                        first_seen_t=now,
-                        last_seen_t=now,
-                        windows=deque(maxlen=self._history_windows),
-                    )
-                else:
-                    rank.hello = message
-                    rank.last_seen_t = now
-                    rank.connected, rank.done, rank.lost_reason = True, False, ""
-                return
-            if rank is None:
-                return
-            rank.last_seen_t = now
-            if isinstance(message, Window):
-                if message.seq <= rank.last_seq:
-                    return  # a backlog window seen before, re-sent after a reconnect
-                rank.last_seq = message.seq
-                rank.windows.append(message)
-            elif isinstance(message, Event):
-                rank.events.append(message)
-            elif isinstance(message, Bye):
-                rank.done = True
+            self._ingest(message, now)
+
+    def ingest_many(self, messages: Iterable[Message], now: float) -> None:
+        """Take a batch of messages received together, under one acquisition of the lock."""
+        with self._lock:
+            for message in messages:
+                self._ingest(message, now)
+
+    def _ingest(self, message: Message, now: float) -> None:
+        key = (message.run_id, message.rank)
+        rank = self._ranks.get(key)
+        if isinstance(message, Hello):
+            if rank is None and not any(r == message.run_id for r, _ in self._ranks):
+                self._evict_finished_runs()
+            if rank is None or (message.pid and rank.hello.pid and message.pid != rank.hello.pid):
+                # First hello, or a new process under the same name (a restarted
+                # rank, a later job on the same port): its windows count from 1.
+                self._ranks[key] = _Rank(
+                    hello=message,
+                    first_seen_t=now,
+                    last_seen_t=now,
+                    windows=deque(maxlen=self._history_windows),
+                )
+            else:
+                rank.hello = message
+                rank.last_seen_t = now
+                rank.connected, rank.done, rank.lost_reason = True, False, ""
+            return
+        if rank is None:
+            return
+        rank.last_seen_t = now
+        if isinstance(message, Window):
+            if message.seq <= rank.last_seq:
+                return  # a backlog window seen before, re-sent after a reconnect
+            rank.last_seq = message.seq
+            rank.windows.append(message)
+        elif isinstance(message, Event):
+            rank.events.append(message)
+        elif isinstance(message, Bye):
+            rank.done = True
 
     def disconnected(self, run_id: str, rank: int, reason: str, pid: int | None = None) -> None:
         """The connection a rank reported on closed (``reason`` says how).

@@ -101,6 +101,32 @@ def phase_seconds(stats: RankStats) -> dict[Phase, float | None]:
 
 
 @dataclass(frozen=True)
+class GputopCost:
+    """What gputop itself costs a run, from the ranks' self-accounting (None: not reported)."""
+
+    cpu_frac: float | None  # gputop's CPU over the ranks' CPU, mean over ranks
+    reporter_cpu_pct: float | None  # one rank's reporter thread, mean over ranks; 100 = one core
+    hook_s_per_step: float | None  # training-thread time inside gputop per step, mean over ranks
+    sent_bytes_per_s: float | None  # all ranks together
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def gputop_cost(ranks: Sequence[RankFigures]) -> GputopCost:
+    stats = [r.stats for r in ranks]
+    sent = [s.sent_bytes_per_s for s in stats if s.sent_bytes_per_s is not None]
+    return GputopCost(
+        cpu_frac=_mean([s.gputop_cpu_frac for s in stats]),
+        reporter_cpu_pct=_mean([s.reporter_cpu_pct for s in stats]),
+        hook_s_per_step=_mean([s.hook_s_per_step for s in stats]),
+        sent_bytes_per_s=sum(sent) if sent else None,
+    )
+
+
+@dataclass(frozen=True)
 class RunFigures:
     """One run: every rank's figures, in rank order."""
 
@@ -127,6 +153,11 @@ class RunFigures:
     @property
     def lost(self) -> list[RankFigures]:
         return [r for r in self.ranks if r.status == LOST]
+
+    @property
+    def gputop_cost(self) -> GputopCost:
+        """What gputop costs this run's ranks (lost ranks' figures included: they were paid)."""
+        return gputop_cost(self.ranks)
 
 
 @dataclass(frozen=True)
@@ -157,6 +188,12 @@ class Figures:
     def rank(self, key: str) -> RankFigures | None:
         """A rank by its key, "run_id:rank"."""
         return next((r for r in self.all_ranks() if r.key == key), None)
+
+    @property
+    def dashboard_cpu_pct(self) -> float | None:
+        """This dashboard's (or recorder's) own CPU over the span, 100 = one core."""
+        since_t = None if self.span_s is None else self.t - self.span_s
+        return _mean([h.gputop_cpu_pct for h in self.snapshot.host_history if since_t is None or h.t >= since_t])
 
     def ranks_on_host(self) -> Counter[str]:
         """How many active ranks each host runs (of every run): they share its CPUs."""

@@ -90,6 +90,7 @@ class HostSample:
     swap_total_bytes: int | None = None
     cpu_count: int | None = None
     processes: tuple[ProcessReading, ...] = ()
+    gputop_cpu_pct: float | None = None  # this dashboard or recorder process itself, 100 = one core
 
 
 def sample_to_dict(sample: GpuSample | HostSample) -> dict[str, Any]:

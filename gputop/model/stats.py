@@ -53,6 +53,11 @@ class RankStats:
     workers: int | None
     workers_cpu_pct: float | None
     dropped: int
+    # What gputop itself cost the rank (the reporter's self-accounting); None from older reporters.
+    reporter_cpu_pct: float | None = None  # the reporter thread, 100 = one core
+    hook_s_per_step: float | None = None  # training-thread time inside gputop per step
+    gputop_cpu_frac: float | None = None  # gputop's CPU (thread + hooks) over the rank process's CPU
+    sent_bytes_per_s: float | None = None
 
     @property
     def other_s(self) -> float | None:
@@ -134,6 +139,40 @@ def window_exposed_comm_frac(w: Window) -> float | None:
     return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
 
 
+class _SelfCost:
+    """Sums of the self-accounting fields over the windows that carry them."""
+
+    def __init__(self) -> None:
+        self.span_s = self.reporter_cpu_s = self.hook_s = 0.0
+        self.sent_bytes = self.steps = 0
+        self.rank_cpu_s = 0.0  # the rank process's CPU over the windows that have both figures
+        self.gputop_cpu_s = 0.0  # gputop's part of it
+
+    def add(self, w: Window) -> None:
+        if w.reporter_cpu_s is None or w.hook_s is None:
+            return
+        self.span_s += w.t1 - w.t0
+        self.reporter_cpu_s += w.reporter_cpu_s
+        self.hook_s += w.hook_s
+        self.sent_bytes += w.sent_bytes or 0
+        self.steps += w.steps
+        if w.cpu_pct is not None:
+            self.rank_cpu_s += w.cpu_pct / 100.0 * (w.t1 - w.t0)
+            self.gputop_cpu_s += w.reporter_cpu_s + w.hook_s
+
+    def reporter_cpu_pct(self) -> float | None:
+        return 100.0 * self.reporter_cpu_s / self.span_s if self.span_s > 0 else None
+
+    def hook_s_per_step(self) -> float | None:
+        return self.hook_s / self.steps if self.steps else None
+
+    def cpu_frac(self) -> float | None:
+        return self.gputop_cpu_s / self.rank_cpu_s if self.rank_cpu_s > 0 else None
+
+    def sent_bytes_per_s(self) -> float | None:
+        return self.sent_bytes / self.span_s if self.span_s > 0 else None
+
+
 def rank_stats(windows: Sequence[Window]) -> RankStats:
     """Summarise a rank's windows (oldest first) in one pass.
 
@@ -162,7 +201,9 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     cpu_sum = workers_cpu_sum = 0.0
     cpu_n = workers_cpu_n = 0
     dropped = 0
+    cost = _SelfCost()
     for w in windows:
+        cost.add(w)
         active_span += w.t1 - w.t0
         if w.loader_batches:
             tracked = True
@@ -245,6 +286,10 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         workers=last("workers"),
         workers_cpu_pct=workers_cpu_sum / workers_cpu_n if workers_cpu_n else None,
         dropped=dropped,
+        reporter_cpu_pct=cost.reporter_cpu_pct(),
+        hook_s_per_step=cost.hook_s_per_step(),
+        gputop_cpu_frac=cost.cpu_frac(),
+        sent_bytes_per_s=cost.sent_bytes_per_s(),
     )
 
 

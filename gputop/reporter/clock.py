@@ -40,6 +40,9 @@ class StepClock:
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
+        # Seconds the training thread spent inside gputop (step marks, loader bookkeeping),
+        # cumulative: written here only, read by the reporter thread (a float read is atomic).
+        self.hook_s = 0.0
 
     def add_loader_wait(self, seconds: float) -> None:
         self._loader_wait_s += seconds
@@ -63,6 +66,7 @@ class StepClock:
         )
         self._loader_wait_s = 0.0
         self._batches = 0
+        self.hook_s += time.perf_counter() - now
 
     def drain(self) -> list[StepMark]:
         """Take every mark so far (reporter thread)."""
@@ -97,7 +101,9 @@ class TrackedLoader(Generic[T]):
                 batch = next(iterator)
             except StopIteration:
                 return
-            clock.add_loader_wait(perf() - start)
+            got = perf()
+            clock.add_loader_wait(got - start)
+            clock.hook_s += perf() - got
             yield batch
             start = perf()
 

@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from gputop.protocol import Hello
 
 
@@ -159,7 +161,7 @@ def loader_facts(loader: Any) -> dict[str, Any]:
 
 def build_hello(base: dict[str, Any], window_s: float, started_t: float, version: str) -> Hello:
     """A Hello from the collected facts (unknown keys are ignored)."""
-    known = set(Hello.__dataclass_fields__)
+    known = {f.name for f in msgspec.structs.fields(Hello)}
     fields = {k: v for k, v in base.items() if k in known}
     return Hello(
         hostname=socket.gethostname(),

@@ -51,6 +51,8 @@ class Reporter:
         # Read by the reporter thread, replaced whole (never mutated) by the training thread.
         self._probes: tuple[Probe, ...] = ()
         self._process_probe: ProcessProbe | None = None  # psutil: imported on the reporter thread
+        # (reporter thread CPU, hook seconds, bytes sent) at the last window; a new thread's CPU time starts at 0.
+        self._cost_mark = (0.0, 0.0, 0)
         self._hook_handles: list[Any] = []
         self._primary_optimizer: int | None = None
         self.manual_steps = False
@@ -236,6 +238,16 @@ class Reporter:
                 self.sender.forget_queued()
         self.sender.set_hello(encode(hello))
 
+    def _self_cost(self) -> dict[str, Any]:
+        """What gputop cost this rank since the last window: its thread's CPU, its hooks, its bytes."""
+        cpu_s, hook_s, sent = time.thread_time(), self.clock.hook_s, self.sender.sent_bytes
+        before, self._cost_mark = self._cost_mark, (cpu_s, hook_s, sent)
+        return {
+            "reporter_cpu_s": max(cpu_s - before[0], 0.0),
+            "hook_s": max(hook_s - before[1], 0.0),
+            "sent_bytes": max(sent - before[2], 0),
+        }
+
     def _window_probes(self) -> tuple[Probe, ...]:
         """The model's probes, then the process probe, made on this thread at the first window."""
         if self._process_probe is None and "cpu" not in self._failed_probes:
@@ -264,6 +276,7 @@ class Reporter:
         self._step_total += len(marks)
         fields["step_total"] = self._step_total
         fields["dropped"] = self.sender.dropped
+        fields.update(self._self_cost())
         for probe in self._window_probes():
             try:
                 fields.update(probe.read(marks))

@@ -33,6 +33,7 @@ class Sender:
         self.backlog_frames = backlog_frames
         self.dropped = 0  # frames dropped because the backlog was full
         self.connects = 0
+        self.sent_bytes = 0  # written to a socket, over the reporter's life
         self.refused = ""  # why the default socket folder was not trusted, once seen
         self.hello = b""
         self._sock: socket.socket | None = None
@@ -134,6 +135,7 @@ class Sender:
                 self.close()
                 return
             self._offset += sent
+            self.sent_bytes += sent
             if self._offset >= len(frame):
                 self._inflight.popleft()
                 self._inflight_bytes -= len(frame)

@@ -44,9 +44,11 @@ def fmt_gib(n_bytes: int | float | None, *, digits: int = 1) -> str:
 
 
 def fmt_bytes(n_bytes: int | float | None) -> str:
-    """Memory with a unit: "512M", "61.2G"."""
+    """Memory with a unit: "12K", "512M", "61.2G"."""
     if n_bytes is None:
         return NA
+    if n_bytes < 1024**2:
+        return f"{n_bytes / 1024:.0f}K"
     if n_bytes < GIB:
         return f"{n_bytes / 1024**2:.0f}M"
     return f"{n_bytes / GIB:.1f}G"
@@ -87,3 +89,19 @@ def bar(frac: float | None, width: int) -> str:
     full, part = divmod(eighths, 8)
     text = "█" * full + (_EIGHTHS[part] if part else "")
     return text.ljust(width)
+
+
+def fmt_small_frac(frac: float | None) -> str:
+    """A share that is meant to be tiny (gputop's own cost): "0.21%", "1.4%"."""
+    if frac is None:
+        return NA
+    pct = frac * 100
+    return f"{pct:.2f}%" if pct < 1 else f"{pct:.1f}%"
+
+
+def fmt_us(seconds: float | None) -> str:
+    """A duration of microseconds, with one decimal below 10: "1.3µs", "42µs"."""
+    if seconds is None:
+        return NA
+    us = seconds * 1e6
+    return f"{us:.1f}µs" if us < 10 else f"{us:.0f}µs"

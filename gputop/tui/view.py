@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from gputop.diagnose.findings import Finding
-from gputop.model.figures import SPAN_S, Figures, RankFigures, RankSeries, RunFigures, rank_series
+from gputop.model.figures import SPAN_S, Figures, GputopCost, RankFigures, RankSeries, RunFigures, rank_series
 from gputop.model.samples import GpuProcess, GpuReading
 from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
 from gputop.model.stats import RankStats
@@ -58,6 +58,7 @@ class RunSummary:
     reporting: int
     uptime_s: float
     steps_per_s: float | None
+    gputop_cost: GputopCost  # what gputop costs its ranks
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,6 +175,7 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
         reporting=len(run.ranks),
         uptime_s=t - run.view.first_seen_t,
         steps_per_s=median(rates) if rates else None,
+        gputop_cost=run.gputop_cost,
     )
 
 

@@ -12,8 +12,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from gputop.model.figures import phase_seconds
+from gputop.model.stats import RankStats
 from gputop.protocol import Hello
-from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s
+from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
 from gputop.tui.view import DashboardView
 from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.phase_bar import PhaseBar
@@ -75,6 +76,17 @@ def _facts(hello: Hello) -> list[tuple[str, list[Line]]]:
             ],
         ),
     ]
+
+
+def _cost_text(s: RankStats) -> str:
+    """What gputop costs this rank, from its reporter's self-accounting."""
+    if s.gputop_cpu_frac is None and s.hook_s_per_step is None:
+        return "N/A (this rank's reporter does not account for itself)"
+    core = None if s.reporter_cpu_pct is None else s.reporter_cpu_pct / 100
+    return (
+        f"{fmt_small_frac(s.gputop_cpu_frac)} of this rank's CPU: reporter thread {fmt_small_frac(core)} of a core, "
+        f"{fmt_us(s.hook_s_per_step)} per step in its hooks, {fmt_bytes(s.sent_bytes_per_s)}/s sent"
+    )
 
 
 def _section(title: str, lines: list[Line]) -> Content:
@@ -161,6 +173,9 @@ class RankDetailScreen(Screen[None]):
                 else NA,
                 ("   CPU ", "$text-muted"),
                 f"{fmt_pct(s.cpu_pct)} + workers {fmt_pct(s.workers_cpu_pct)}",
+                (f"   threads {s.threads}" if s.threads is not None else "", "$text-muted"),
+                ("\ngputop's own cost ", "$text-muted"),
+                _cost_text(s),
             )
         )
         self.query_one(PhaseBar).phases = tuple(phase_seconds(s).items())

@@ -7,7 +7,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputop.tui.format import fmt_rate, fmt_uptime
+from gputop.tui.format import fmt_pct, fmt_rate, fmt_small_frac, fmt_uptime, fmt_us
 from gputop.tui.view import DashboardView
 
 
@@ -48,6 +48,19 @@ class HeaderBar(Widget):
         super().__init__(name=name, id=id, classes=classes)
         self.source_text = source_text
 
+    @staticmethod
+    def _cost(cpu_frac: float | None, hook_s: float | None) -> list[str | tuple[str, str]]:
+        """gputop's own cost on its ranks, from their self-accounting: no peer shows its own."""
+        if cpu_frac is None and hook_s is None:
+            return []
+        return [
+            ("  gputop ", "$text-muted"),
+            f"{fmt_small_frac(cpu_frac)} CPU",
+            (" · ", "$text-muted"),
+            fmt_us(hook_s),
+            ("/step", "$text-muted"),
+        ]
+
     def render(self) -> RenderResult:
         parts: list[str | tuple[str, str]] = [("gputop", "bold $accent"), "  "]
         view = self.view
@@ -64,6 +77,7 @@ class HeaderBar(Widget):
                 "  ",
                 (fmt_rate(run.steps_per_s), "$text-muted" if run.steps_per_s is None else "bold"),
                 " steps/s",
+                *self._cost(run.gputop_cost.cpu_frac, run.gputop_cost.hook_s_per_step),
             ]
         else:
             live = sum(r.live for r in view.runs)
@@ -71,6 +85,8 @@ class HeaderBar(Widget):
             parts += [(f"{len(view.runs)} runs", "bold"), f"  {live}/{world} ranks"]
             oldest = max(view.runs, key=lambda r: r.uptime_s)
             parts.append(f"  up {fmt_uptime(oldest.uptime_s)}")
+        if view is not None and view.figures.dashboard_cpu_pct is not None:
+            parts.append((f" · dashboard {fmt_pct(view.figures.dashboard_cpu_pct)} CPU", "$text-muted"))
         right: list[str | tuple[str, str]] = []
         if self.finished:
             right.append(("■ replay finished ", "bold $warning"))
