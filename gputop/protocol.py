@@ -185,7 +185,7 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     dropped: Count = 0  # windows this reporter had to drop so far
     # What gputop itself cost the rank in this window (self-accounting):
     reporter_cpu_s: float | None = None  # CPU time of the reporter thread
-    hook_s: float | None = None  # training-thread time inside gputop's step marks and loader bookkeeping
+    hook_s: float | None = None  # training-thread time in gputop's step marks and loader bookkeeping (calibrated)
     sent_bytes: Count | None = None  # bytes written to the dashboard's socket
 
     def __post_init__(self) -> None:

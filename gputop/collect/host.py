@@ -24,6 +24,7 @@ import psutil
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import HostSample, ProcessReading
+from gputop.procfs import descendants_of
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -107,7 +108,7 @@ class HostSampler:
         if not pids:
             self._procs.clear()
             return ()
-        children_of = _children_map()
+        children_of: dict[int, list[int]] | None = None  # psutil's whole-machine map, only where /proc cannot say
         readings: list[ProcessReading] = []
         alive: dict[int, psutil.Process] = {}
         for pid in dict.fromkeys(pids):
@@ -115,7 +116,10 @@ class HostSampler:
             if rank is None:
                 continue  # the rank process is gone
             cpu_pct, rss_bytes = rank
-            kids = _descendants(pid, children_of)
+            kids = descendants_of(pid)
+            if kids is None:
+                children_of = children_of if children_of is not None else _children_map()
+                kids = _descendants(pid, children_of)
             kid_cpu: list[float] = []
             live_kids: list[int] = []
             for kid in kids:

@@ -21,7 +21,7 @@ from gputop import __version__
 from gputop.address import Address
 from gputop.protocol import Bye, Event, Hello, Window, encode
 from gputop.reporter import facts
-from gputop.reporter.clock import StepClock
+from gputop.reporter.clock import StepClock, calibrate
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
 from gputop.reporter.probes.ddp import DdpProbe
@@ -51,8 +51,9 @@ class Reporter:
         # Read by the reporter thread, replaced whole (never mutated) by the training thread.
         self._probes: tuple[Probe, ...] = ()
         self._process_probe: ProcessProbe | None = None  # psutil: imported on the reporter thread
-        # (reporter thread CPU, hook seconds, bytes sent) at the last window; a new thread's CPU time starts at 0.
-        self._cost_mark = (0.0, 0.0, 0)
+        # (reporter thread CPU, bytes sent) at the last window; a new thread's CPU time starts at 0.
+        self._cost_mark = (0.0, 0)
+        self._call_cost_s: tuple[float, float] | None = None  # a step mark's and a tracked batch's cost
         self._hook_handles: list[Any] = []
         self._primary_optimizer: int | None = None
         self.manual_steps = False
@@ -238,14 +239,22 @@ class Reporter:
                 self.sender.forget_queued()
         self.sender.set_hello(encode(hello))
 
-    def _self_cost(self) -> dict[str, Any]:
-        """What gputop cost this rank since the last window: its thread's CPU, its hooks, its bytes."""
-        cpu_s, hook_s, sent = time.thread_time(), self.clock.hook_s, self.sender.sent_bytes
-        before, self._cost_mark = self._cost_mark, (cpu_s, hook_s, sent)
+    def _self_cost(self, marks: int, batches: int) -> dict[str, Any]:
+        """What gputop cost this rank since the last window: its thread's CPU, its hooks, its bytes.
+
+        The hooks' time is their calibrated per-call cost times the calls (see
+        ``clock.calibrate``), measured once on this thread; the calibration's
+        own CPU lands in ``reporter_cpu_s`` like everything else this thread does.
+        """
+        if self._call_cost_s is None:
+            self._call_cost_s = calibrate()
+        mark_s, batch_s = self._call_cost_s
+        cpu_s, sent = time.thread_time(), self.sender.sent_bytes
+        before, self._cost_mark = self._cost_mark, (cpu_s, sent)
         return {
             "reporter_cpu_s": max(cpu_s - before[0], 0.0),
-            "hook_s": max(hook_s - before[1], 0.0),
-            "sent_bytes": max(sent - before[2], 0),
+            "hook_s": marks * mark_s + batches * batch_s,
+            "sent_bytes": max(sent - before[1], 0),
         }
 
     def _window_probes(self) -> tuple[Probe, ...]:
@@ -276,7 +285,7 @@ class Reporter:
         self._step_total += len(marks)
         fields["step_total"] = self._step_total
         fields["dropped"] = self.sender.dropped
-        fields.update(self._self_cost())
+        fields.update(self._self_cost(len(marks), fields["loader_batches"]))
         for probe in self._window_probes():
             try:
                 fields.update(probe.read(marks))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gputop.procfs import children_of
 from gputop.reporter.clock import StepMark
 
 
@@ -21,6 +22,13 @@ class ProcessProbe:
         self._children: dict[int, Any] = {}  # pid -> Process, kept for their cpu_percent baselines
         self._primed = False
 
+    def _child_pids(self) -> list[int]:
+        """Direct children from /proc (a few reads); psutil's whole-machine scan only where /proc cannot say."""
+        pids = children_of(self._process.pid)
+        if pids is None:
+            pids = [c.pid for c in self._process.children(recursive=False)]
+        return pids
+
     def read(self, marks: list[StepMark]) -> dict[str, Any]:
         psutil, proc = self._psutil, self._process
         with proc.oneshot():
@@ -29,13 +37,14 @@ class ProcessProbe:
         if self._primed:
             out["cpu_pct"] = cpu_pct
         self._primed = True
-        children = {c.pid: c for c in proc.children(recursive=False)}
+        children = self._child_pids()
         worker_cpu = 0.0
-        for pid, child in children.items():
+        for pid in children:
             known = self._children.get(pid)
             try:
                 if known is None:
-                    child.cpu_percent(None)
+                    child = psutil.Process(pid)
+                    child.cpu_percent(None)  # the baseline; its first figure comes next window
                     self._children[pid] = child
                 else:
                     worker_cpu += known.cpu_percent(None)
