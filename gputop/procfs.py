@@ -1,4 +1,6 @@
-"""A process's children from Linux's /proc, without scanning every process on the machine.
+"""Linux process facts for gputop's threads: children from /proc, and thread names ps can see.
+
+A process's children come from /proc, without scanning every process on the machine.
 
 ``psutil.Process.children`` builds a map of every process's parent from
 ``/proc/*/stat``: on a shared server with thousands of processes that is
@@ -13,9 +15,26 @@ cheap to import: the reporter uses it too.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 _PROC = "/proc"
+_PR_SET_NAME = 15  # prctl option, linux/prctl.h
+
+
+def name_this_thread(name: str) -> None:
+    """Give the calling thread an OS-level name (15 bytes), so ``top -H``, py-spy and /proc show it.
+
+    Python's thread names live only inside Python; with this a user who sees a
+    busy thread in a training process can tell it is gputop's.  Best effort.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):  # no libc, no prctl: the name is a courtesy
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15])
 
 
 def children_of(pid: int) -> list[int] | None:

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from gputop.procfs import name_this_thread
+
 
 class PeriodicThread:
     """Calls ``tick()`` now and then every ``interval_s`` on a daemon thread."""
@@ -48,6 +50,7 @@ class PeriodicThread:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        name_this_thread(self._thread.name)
         next_t = time.monotonic()
         try:
             while not self._stop.is_set():

@@ -21,6 +21,7 @@ from typing import Any
 
 from gputop.address import Address, AddressError, default_socket_path, ensure_private_dir
 from gputop.collect.store import Store
+from gputop.procfs import name_this_thread
 from gputop.protocol import MAX_FRAME_BYTES, Bye, Hello, Message, ProtocolError, decode
 
 log = logging.getLogger("gputop.collector")
@@ -113,6 +114,7 @@ class Collector:
         return sock
 
     def _serve_forever(self) -> None:
+        name_this_thread("gputop-collector")
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:

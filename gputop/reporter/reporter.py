@@ -19,6 +19,7 @@ from typing import Any
 
 from gputop import __version__
 from gputop.address import Address
+from gputop.procfs import name_this_thread
 from gputop.protocol import Bye, Event, Hello, Window, encode
 from gputop.reporter import facts
 from gputop.reporter.clock import StepClock, calibrate
@@ -32,7 +33,7 @@ from gputop.reporter.window import step_fields
 
 DEFAULT_WINDOW_S = 0.5
 BACKLOG_S = 600.0  # ten minutes of windows wait for a dashboard that starts late
-TICK_S = 0.1  # how often the thread wakes to connect and flush between windows
+TICK_S = 0.25  # how often the thread wakes to connect and flush between windows: twice per window
 EXIT_FLUSH_S = 1.0  # the most process exit waits for the last window to leave
 
 
@@ -177,6 +178,7 @@ class Reporter:
     # -- reporter thread ------------------------------------------------------------
 
     def _run(self) -> None:
+        name_this_thread("gputop-reporter")
         next_window_s = time.monotonic() + self.window_s
         window_t0 = time.time()
         while not self._stop.wait(TICK_S):
