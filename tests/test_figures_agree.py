@@ -125,3 +125,23 @@ class TestStraggler:
         view, _, findings = every_path(snapshot)
         assert [f for f in findings if f.cause == "straggler"] == []
         assert not any(row.slowest for row in view.rank_rows)
+
+
+class TestGputopsOwnCost:
+    """What gputop costs, as its reporters account for it: the header's figure is the report's."""
+
+    def test_header_and_report_agree(self) -> None:
+        from tests import tui_fixtures as fx
+
+        snapshot = fx.self_accounting()
+        view, data, _ = every_path(snapshot)
+        (run,) = view.runs
+        (report_run,) = data["runs"]
+        cost = report_run["gputop_cost"]
+        assert run.gputop_cost.cpu_frac is not None and run.gputop_cost.hook_s_per_step is not None
+        assert cost["cpu_share_pct"] == pytest.approx(run.gputop_cost.cpu_frac * 100, abs=0.0005)
+        assert cost["hook_us_per_step"] == pytest.approx(run.gputop_cost.hook_s_per_step * 1e6, abs=0.005)
+        assert report_rank(data, 0)["gputop_reporter_cpu_pct"] == pytest.approx(0.2)  # 1 ms per 0.5-s window
+        text = report.render(snapshot, "text")
+        assert "gputop's own cost: 0.22% of the ranks' CPU, reporter thread 0.20% of a core per rank" in text
+        assert "10.0 µs per step on the training thread" in text
