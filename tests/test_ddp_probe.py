@@ -120,3 +120,15 @@ def test_logging_data_without_timings_gives_nothing() -> None:
     ddp.iteration = 3  # iterations, but none timed yet (no avg_ keys)
     probe = DdpProbe(ddp, on_cpu=False)
     assert probe.read([]) == {}
+
+
+def test_a_refused_sample_rate_still_reads_ddps_own_samples() -> None:
+    class Refusing(LoggingData):
+        def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+            raise RuntimeError("this torch has no such setting")
+
+    ddp = Refusing()
+    probe = DdpProbe(ddp, on_cpu=True)
+    assert isinstance(probe.rate_error, RuntimeError) and not probe.averaging
+    ddp.step(10, 20, 8, 6)
+    assert probe.read([])["comm_s"] == pytest.approx(0.008)

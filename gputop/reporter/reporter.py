@@ -95,10 +95,10 @@ class Reporter:
         device = str(self._facts.get("device", ""))
         probes: list[Probe] = []
         if self._facts.get("ddp"):
-            try:
-                probes.append(DdpProbe(model, on_cpu=device.startswith("cpu") or not device))
-            except Exception:
+            ddp = DdpProbe(model, on_cpu=device.startswith("cpu") or not device)
+            if ddp.rate_error is not None:
                 self._failed_probes.add("ddp_sample_rate")
+            probes.append(ddp)
         if device.startswith("cuda"):
             with contextlib.suppress(Exception):
                 probes.append(CudaMemoryProbe(device, self._facts.get("device_total_bytes")))

@@ -35,17 +35,25 @@ class DdpProbe:
     name = "ddp_stats"
 
     def __init__(self, model: Any, *, on_cpu: bool) -> None:
-        """Set DDP's sample rate on ``model`` (a DistributedDataParallel); raises if DDP refuses."""
+        """Set DDP's sample rate on ``model`` (a DistributedDataParallel).
+
+        If DDP refuses (a private API that changed), ``rate_error`` says why and
+        the probe still reads whatever DDP samples at its own rate.
+        """
         self.model = model
         # (iteration, running averages) at the last read, while every iteration is
         # timed from the first: then average x iteration is a running total, and
         # the difference between two reads is the window's own total.
         self._totals_from: tuple[int, dict[str, float]] | None = None
+        self.rate_error: Exception | None = None
         default = CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE
-        self.sample_rate = max(int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", default)), 1)
-        model._set_ddp_runtime_logging_sample_rate(self.sample_rate)
-        if self.sample_rate == 1 and model._get_ddp_logging_data().get("iteration", 0) == 0:
-            self._totals_from = (0, {})
+        try:
+            self.sample_rate = max(int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", default)), 1)
+            model._set_ddp_runtime_logging_sample_rate(self.sample_rate)
+            if self.sample_rate == 1 and model._get_ddp_logging_data().get("iteration", 0) == 0:
+                self._totals_from = (0, {})
+        except Exception as exc:
+            self.rate_error = exc
 
     @property
     def averaging(self) -> bool:
