@@ -8,9 +8,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
+GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
-.PHONY: demo test check fmt clean
+.PHONY: demo test check fmt clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,10 @@ check: $(VENV)/.installed
 	$(BIN)/ruff format --check gputop tests demos benchmarks
 	$(BIN)/mypy gputop
 	$(BIN)/lint-imports
+
+# Every GPU-side claim checked on a real GPU (benchmarks/gpu_check.py); exits 2 where there is none.
+gpu-check: $(VENV)/.installed
+	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 fmt: $(VENV)/.installed
 	$(BIN)/ruff format gputop tests demos benchmarks

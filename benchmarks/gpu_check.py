@@ -1,0 +1,476 @@
+"""`make gpu-check`: every GPU-side claim gputop makes, checked on a real GPU against something independent.
+
+On a machine with an NVIDIA GPU, the driver's ``nvidia-smi`` and torch with
+CUDA, it runs each check, prints a table (check, expected, measured, result)
+and writes it as markdown.  On a machine without one it says why in one line
+and exits 2.  It installs nothing: it uses the torch and gputop that are there.
+
+    .venv/bin/python benchmarks/gpu_check.py [--only NAME ...] [--list] [--output gpu-check.md]
+
+Exit status: 0 when every check passed, 1 when one failed or broke, 2 when
+there is no GPU to check on.  Each check is independent: one that breaks
+records why and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "benchmarks" / "gpu_jobs" / "gpu_job.py"
+EXIT_NO_GPU = 2
+SMI_FIELDS = ("uuid", "index", "utilization.gpu", "memory.used", "power.draw", "temperature.gpu")
+MIB = 1 << 20
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One check's line in the table."""
+
+    check: str
+    expected: str
+    measured: str
+    result: str  # "pass", "fail", or "error: <why>"
+
+    @property
+    def passed(self) -> bool:
+        return self.result == "pass"
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The table as markdown; pipes in cells are escaped so a message cannot break a row."""
+    lines = ["| check | expected | measured | result |", "|---|---|---|---|"]
+    for row in rows:
+        cells = [c.replace("|", "\\|").replace("\n", " ") for c in (row.check, row.expected, row.measured, row.result)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the independent reference: nvidia-smi ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmiReading:
+    """One GPU as ``nvidia-smi --query-gpu`` prints it (None where it printed N/A)."""
+
+    uuid: str
+    index: int
+    util_pct: float | None
+    mem_used_bytes: int | None
+    power_w: float | None
+    temp_c: float | None
+
+
+def parse_smi_csv(text: str) -> list[SmiReading]:
+    """Rows of ``nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits``."""
+
+    def number(cell: str) -> float | None:
+        cell = cell.strip()
+        try:
+            return float(cell)
+        except ValueError:  # "[N/A]", "[Not Supported]"
+            return None
+
+    readings = []
+    for cells in csv.reader(io.StringIO(text)):
+        if len(cells) < len(SMI_FIELDS):
+            continue
+        mem_mib = number(cells[3])
+        readings.append(
+            SmiReading(
+                uuid=cells[0].strip(),
+                index=int(cells[1]),
+                util_pct=number(cells[2]),
+                mem_used_bytes=None if mem_mib is None else int(mem_mib * MIB),
+                power_w=number(cells[4]),
+                temp_c=number(cells[5]),
+            )
+        )
+    return readings
+
+
+def read_smi() -> list[SmiReading]:
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return parse_smi_csv(out.stdout)
+
+
+def within(measured: float | None, reference: float | None, *, rel: float = 0.0, abs_: float = 0.0) -> bool:
+    """Whether two readings agree within ``abs_ + rel × |reference|``; a missing one never agrees."""
+    if measured is None or reference is None:
+        return False
+    return abs(measured - reference) <= abs_ + rel * abs(reference)
+
+
+# -- preflight ----------------------------------------------------------------------------------
+
+
+def why_no_gpu() -> str | None:
+    """Why this machine cannot run the checks, in one line; None when it can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed here (make gpu-check uses the torch that is there, it installs none)"
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU visible to torch {torch.__version__} (a CPU build, no driver, or no device)"
+    if shutil.which("nvidia-smi") is None:
+        return "nvidia-smi is not on PATH: it is the independent reference the checks compare with"
+    from gputop.collect.nvml import Nvml
+
+    problem = Nvml().start()
+    if problem is not None:
+        return f"gputop cannot read NVML: {problem}"
+    return None
+
+
+# -- running jobs under a recorder --------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gputop_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gputop", *args]
+
+
+@contextlib.contextmanager
+def recording(seconds: float = 600.0) -> Iterator[tuple[int, Path]]:
+    """A ``gputop record`` on a free port for the duration of the block; yields (port, file)."""
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="gputop-gpu-check-"))
+    path = folder / "run.jsonl"
+    recorder = subprocess.Popen(
+        gputop_cli("record", "--port", str(port), "--seconds", str(seconds), "-o", str(path)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _listening(port) and time.monotonic() < deadline:
+            if recorder.poll() is not None:
+                raise RuntimeError(f"gputop record exited: {recorder.stderr.read() if recorder.stderr else ''}")
+            time.sleep(0.1)
+        yield port, path
+    finally:
+        if recorder.poll() is None:
+            time.sleep(1.0)  # the ranks' last windows and byes
+            recorder.send_signal(signal.SIGINT)
+        try:
+            recorder.wait(30)
+        except subprocess.TimeoutExpired:
+            recorder.kill()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def run_job(
+    mode: str, *, steps: int, port: int | None, env: dict[str, str] | None = None, unset: Sequence[str] = ()
+) -> float:
+    """A 1-rank torchrun of gpu_job.py; returns its steps/s.  Raises with the job's output if it fails."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    for name in ("GPUTOP_SOCKET", *unset):
+        full_env.pop(name, None)
+    if port is not None:
+        full_env["GPUTOP_PORT"] = str(port)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(JOB),
+           "--mode", mode, "--steps", str(steps)]  # fmt: skip
+    out = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{mode} job exited {out.returncode}: {(out.stdout + out.stderr)[-800:]}")
+    for line in out.stdout.splitlines():
+        if line.startswith("steps "):
+            return float(line.split()[-1])
+    raise RuntimeError(f"{mode} job printed no steps/s: {out.stdout[-400:]}")
+
+
+def report_of(path: Path) -> dict[str, Any]:
+    out = subprocess.run(gputop_cli("report", str(path), "--format", "json"), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"gputop report failed: {out.stderr.strip()}")
+    return dict(json.loads(out.stdout))
+
+
+def recorded_job(
+    mode: str, *, steps: int, env: dict[str, str] | None = None, unset: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The report of one job run under a recorder."""
+    with recording() as (port, path):
+        run_job(mode, steps=steps, port=port, env=env, unset=unset)
+    return report_of(path)
+
+
+def only_rank(report: dict[str, Any]) -> dict[str, Any]:
+    (run,) = report["runs"]
+    (rank,) = run["ranks"]
+    return dict(rank)
+
+
+def causes(report: dict[str, Any], *, at_least: str = "warn") -> set[str]:
+    levels = ["info", "warn", "critical"]
+    return {f["cause"] for f in report["findings"] if levels.index(f["severity"]) >= levels.index(at_least)}
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def gpu_load(seconds: float) -> Iterator[None]:
+    """Matmuls on GPU 0 in a child process, so utilization, memory and power have something to show."""
+    code = (
+        f"import time, torch; a = torch.randn(8192, 8192, device='cuda'); end = time.time() + {seconds}\n"
+        "while time.time() < end: a = (a @ a).clamp_(-1, 1)\n"
+    )
+    load = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(5.0)  # CUDA context, allocation, clocks up
+        yield
+    finally:
+        load.kill()
+        load.wait()
+
+
+def check_nvml_vs_smi() -> list[Row]:
+    """gputop's NVML sampler against nvidia-smi, read back to back, under a matmul load."""
+    from gputop.collect.gpu import GpuSampler
+
+    sampler = GpuSampler()
+    pairs = []
+    with gpu_load(30.0):
+        for _ in range(10):
+            mine = {g.uuid: g for g in sampler.sample().gpus}
+            for smi in read_smi():
+                if smi.uuid in mine:
+                    pairs.append((mine[smi.uuid], smi))
+            time.sleep(1.0)
+    sampler.close()
+    if not pairs:
+        return [Row("NVML sampler vs nvidia-smi", "same GPUs by UUID", "no UUID in common", "fail")]
+    tolerances: list[tuple[str, str, Callable[[Any, SmiReading], bool], Callable[[Any, SmiReading], str]]] = [
+        ("memory used", "within 2% + 64 MiB",
+         lambda g, s: within(g.mem_used_bytes, s.mem_used_bytes, rel=0.02, abs_=64 * MIB),
+         lambda g, s: f"{(g.mem_used_bytes or 0) / MIB:.0f} vs {(s.mem_used_bytes or 0) / MIB:.0f} MiB"),
+        ("utilization", "within 20 points (NVML averages over its own window)",
+         lambda g, s: within(g.util_pct, s.util_pct, abs_=20.0),
+         lambda g, s: f"{g.util_pct} vs {s.util_pct} %"),
+        ("power", "within 15% + 10 W",
+         lambda g, s: within(g.power_w, s.power_w, rel=0.15, abs_=10.0),
+         lambda g, s: f"{g.power_w} vs {s.power_w} W"),
+        ("temperature", "within 3 °C",
+         lambda g, s: within(g.temp_c, s.temp_c, abs_=3.0),
+         lambda g, s: f"{g.temp_c} vs {s.temp_c} °C"),
+    ]  # fmt: skip
+    rows = []
+    for name, expected, agrees, show in tolerances:
+        agreeing = sum(agrees(g, s) for g, s in pairs)
+        worst = next(((g, s) for g, s in pairs if not agrees(g, s)), pairs[-1])
+        rows.append(
+            Row(
+                f"NVML sampler vs nvidia-smi: {name}",
+                f"{expected}, in ≥ 80% of {len(pairs)} paired readings",
+                f"{agreeing}/{len(pairs)} agree; e.g. {show(*worst)}",
+                "pass" if agreeing >= 0.8 * len(pairs) else "fail",
+            )
+        )
+    return rows
+
+
+def check_join() -> list[Row]:
+    """The rank lands on the GPU nvidia-smi gives that device's UUID, with CUDA_VISIBLE_DEVICES unset and set."""
+    smi = read_smi()
+    last = max(smi, key=lambda r: r.index)
+    rows = []
+    for label, env, expected_uuid in (
+        ("CUDA_VISIBLE_DEVICES unset", {}, min(smi, key=lambda r: r.index).uuid),
+        (f"CUDA_VISIBLE_DEVICES={last.index}", {"CUDA_VISIBLE_DEVICES": str(last.index)}, last.uuid),
+    ):
+        report = recorded_job("bf16", steps=100, env=env, unset=() if env else ("CUDA_VISIBLE_DEVICES",))
+        on = [g["uuid"] for g in report["gpus"].get("gpus", []) if g["ranks"]]
+        rank_uuid = only_rank(report)["device_uuid"]
+        ok = on == [expected_uuid] and _same_uuid(rank_uuid, expected_uuid)
+        rows.append(
+            Row(f"rank-GPU join by UUID ({label})", f"rank 0 on {expected_uuid}",
+                f"rank reports {rank_uuid}; report puts it on {on or 'no GPU'}", "pass" if ok else "fail")
+        )  # fmt: skip
+    return rows
+
+
+def _same_uuid(a: str | None, b: str) -> bool:
+    from gputop.model.join import normalize_uuid
+
+    return normalize_uuid(a) == normalize_uuid(b)
+
+
+def check_gpu_step_time() -> list[Row]:
+    """CUDA-event GPU step time against wall step time, and the parallelism rule on both kinds of job."""
+    rows = []
+    for mode, low, high, wants_parallelism in (("gpu_bound", 0.8, 1.2, False), ("launch_bound", 0.0, 0.5, True)):
+        report = recorded_job(mode, steps=300 if mode == "gpu_bound" else 3000)
+        rank = only_rank(report)
+        gpu, wall = rank["gpu_step_time_p50_ms"], rank["step_time_p50_ms"]
+        ratio = gpu / wall if gpu is not None and wall else None
+        fired = "parallelism" in causes(report)
+        ok = ratio is not None and low <= ratio <= high and fired == wants_parallelism
+        rows.append(
+            Row(f"GPU step / wall step ({mode})",
+                f"ratio in [{low}, {high}]; parallelism finding {'fires' if wants_parallelism else 'silent'}",
+                f"{gpu} / {wall} ms = {'N/A' if ratio is None else f'{ratio:.2f}'}; parallelism "
+                f"{'fired' if fired else 'silent'}", "pass" if ok else "fail")
+        )  # fmt: skip
+    return rows
+
+
+def check_rules() -> list[Row]:
+    """The GPU-only rules on jobs made to trip them, and silent on the job made not to."""
+    rows = []
+    demo = subprocess.run(
+        gputop_cli("demo", "--scenario", "memory_pressure", "--nproc", "1", "--headless", "--seconds", "20",
+                   "--format", "json"),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if demo.returncode != 0:
+        rows.append(Row("memory_pressure demo → memory", "a memory finding", demo.stderr.strip()[-300:], "fail"))
+    else:
+        found = causes(json.loads(demo.stdout), at_least="info")
+        rows.append(Row("memory_pressure demo → memory", "a memory finding", ", ".join(sorted(found)) or "none",
+                        "pass" if "memory" in found else "fail"))  # fmt: skip
+    fp32 = causes(recorded_job("fp32", steps=200))
+    rows.append(Row("fp32 without autocast → model_config", "a model_config warning on a tensor-core GPU",
+                    ", ".join(sorted(fp32)) or "none", "pass" if "model_config" in fp32 else "fail"))  # fmt: skip
+    bf16 = causes(recorded_job("bf16", steps=200))
+    rows.append(Row("bf16 autocast → no model_config", "no model_config warning", ", ".join(sorted(bf16)) or "none",
+                    "pass" if "model_config" not in bf16 else "fail"))  # fmt: skip
+    report = recorded_job("slow_loader", steps=100)
+    util = [g["util_mean_pct"] for g in report["gpus"].get("gpus", []) if g["ranks"]]
+    slow = causes(report)
+    ok = "data_loading" in slow and bool(util) and util[0] is not None and util[0] < 50
+    measured = f"{', '.join(sorted(slow)) or 'none'}; GPU util mean {util}"
+    rows.append(Row("slow loader → data_loading, GPU idle", "data_loading warning; the rank's GPU under 50% busy",
+                    measured, "pass" if ok else "fail"))  # fmt: skip
+    return rows
+
+
+def check_overhead(rounds: int = 3) -> list[Row]:
+    """Steps/s of a GPU job with gputop off and in each mode, alternated; and what one NVML sample costs."""
+    modes = {
+        "off": {"GPUTOP_DISABLE": "1"},
+        "on (DDP sample rate 10)": {},
+        "DDP sample rate 100": {"GPUTOP_DDP_SAMPLE_RATE": "100"},
+        "CUDA events off": {"GPUTOP_CUDA_EVENTS": "0"},
+    }
+    rates: dict[str, list[float]] = {name: [] for name in modes}
+    with recording() as (port, _):
+        for round_no in range(rounds):
+            names = list(modes)
+            names = names[round_no % len(names) :] + names[: round_no % len(names)]  # rotate the order
+            for name in names:
+                rates[name].append(run_job("bf16", steps=400, port=port, env=modes[name]))
+    rows = []
+    base = statistics.median(rates["off"])
+    for name in list(modes)[1:]:
+        ratio = statistics.median(rates[name]) / base
+        rows.append(Row(f"overhead: {name}", "≥ 0.97 × steps/s with gputop off (median of rounds)",
+                        f"{ratio:.3f} × ({statistics.median(rates[name]):.1f} vs {base:.1f} steps/s, "
+                        f"{rounds} rounds)", "pass" if ratio >= 0.97 else "fail"))  # fmt: skip
+    from gputop.collect.gpu import GpuSampler
+
+    sampler = GpuSampler()
+    sampler.sample()  # NVML init and the static facts
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        sampler.sample()
+        times.append(time.perf_counter() - start)
+    sampler.close()
+    cost_ms = statistics.median(times) * 1000
+    rows.append(Row("dashboard: one NVML sample of every GPU", "≤ 100 ms (the sampler runs once a second)",
+                    f"{cost_ms:.1f} ms median of 20", "pass" if cost_ms <= 100 else "fail"))  # fmt: skip
+    return rows
+
+
+CHECKS: dict[str, Callable[[], list[Row]]] = {
+    "nvml": check_nvml_vs_smi,
+    "join": check_join,
+    "step_time": check_gpu_step_time,
+    "rules": check_rules,
+    "overhead": check_overhead,
+}
+
+
+def run_check(name: str) -> list[Row]:
+    """A check's rows; a check that breaks is one row saying why, and the others still run."""
+    try:
+        return CHECKS[name]()
+    except Exception as exc:
+        return [Row(name, "(see docs/gpu.md)", "-", f"error: {type(exc).__name__}: {str(exc)[:300]}")]
+
+
+def machine_line() -> str:
+    import torch
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True)  # fmt: skip
+    gpus = "; ".join(line.strip() for line in smi.stdout.splitlines() if line.strip())
+    return f"{time.strftime('%Y-%m-%d')}, {gpus}, torch {torch.__version__} (CUDA {torch.version.cuda})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), help="run only these checks")
+    parser.add_argument("--list", action="store_true", help="list the checks and exit")
+    parser.add_argument("--output", type=Path, default=Path("gpu-check.md"), help="markdown table (gpu-check.md)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, fn in CHECKS.items():
+            print(f"{name:10} {(fn.__doc__ or '').strip()}")
+        return 0
+    problem = why_no_gpu()
+    if problem is not None:
+        print(f"gpu-check: no GPU to check on: {problem}", file=sys.stderr)
+        return EXIT_NO_GPU
+    rows: list[Row] = []
+    for name in args.only or list(CHECKS):
+        print(f"gpu-check: {name} …", file=sys.stderr, flush=True)
+        rows += run_check(name)
+    table = markdown_table(rows)
+    header = f"`make gpu-check` on {machine_line()}\n\n"
+    args.output.write_text(header + table, encoding="utf-8")
+    print(header + table)
+    print(f"gpu-check: {sum(r.passed for r in rows)} of {len(rows)} passed; table written to {args.output}")
+    return 0 if all(r.passed for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
