@@ -287,17 +287,14 @@ def summarize(modes: list[Mode], base: Mode) -> list[str]:
     for mode in modes:
         if mode is base:
             ms = statistics.median(r.loop_ms_per_step for r in base.runs)
-            launcher = statistics.median(r.monitor_cpu_s or 0.0 for r in base.runs)
             lines.append(
-                f"| {mode.name} | 1 ({ms:.2f} ms/step, median) | — | (torchrun's launcher: {launcher:.2f} CPU-s) |"
+                f"| {mode.name} | 1 ({ms:.2f} ms/step, median) | — | (torchrun's launcher: {launcher_s:.2f} CPU-s) |"
             )
             continue
         ratios = [r.loop_ms_per_step / b.loop_ms_per_step for r, b in zip(mode.runs, base.runs, strict=False)]
         extra = [r.wall_s - b.wall_s for r, b in zip(mode.runs, base.runs, strict=False)]
         # TraceML launches the ranks itself: its tree's CPU beyond what torchrun's launcher costs anyway.
-        launcher = (
-            statistics.median(b.monitor_cpu_s or 0.0 for b in base.runs) if mode.name.startswith("TraceML") else 0
-        )
+        launcher = launcher_s if mode.name.startswith("TraceML") else 0.0
         cpu = [r.monitor_cpu_s - launcher for r in mode.runs if r.monitor_cpu_s is not None]
         wall = statistics.median(r.wall_s for r in mode.runs)
         cpu_text = (
