@@ -169,6 +169,7 @@ class Figures:
     runs: tuple[RunFigures, ...] = ()
     assignments: tuple[GpuAssignment, ...] = ()  # every GPU with its ranks, from the one join
     gpu_util_pct: dict[str, float] = field(default_factory=dict)  # uuid -> mean over the span
+    dashboard_cpu_pct: float | None = None  # this dashboard's (or recorder's) own CPU over the span; 100 = one core
 
     @property
     def t(self) -> float:
@@ -188,12 +189,6 @@ class Figures:
     def rank(self, key: str) -> RankFigures | None:
         """A rank by its key, "run_id:rank"."""
         return next((r for r in self.all_ranks() if r.key == key), None)
-
-    @property
-    def dashboard_cpu_pct(self) -> float | None:
-        """This dashboard's (or recorder's) own CPU over the span, 100 = one core."""
-        since_t = None if self.span_s is None else self.t - self.span_s
-        return _mean([h.gputop_cpu_pct for h in self.snapshot.host_history if since_t is None or h.t >= since_t])
 
     def ranks_on_host(self) -> Counter[str]:
         """How many active ranks each host runs (of every run): they share its CPUs."""
@@ -225,7 +220,15 @@ def summarize(snapshot: Snapshot, *, span_s: float | None = SPAN_S) -> Figures:
                 )
             )
         runs.append(RunFigures(view=run, ranks=tuple(ranks)))
-    return Figures(snapshot=snapshot, span_s=span_s, runs=tuple(runs), assignments=assignments, gpu_util_pct=util)
+    own_cpu = _mean([h.gputop_cpu_pct for h in snapshot.host_history if since_t is None or h.t >= since_t])
+    return Figures(
+        snapshot=snapshot,
+        span_s=span_s,
+        runs=tuple(runs),
+        assignments=assignments,
+        gpu_util_pct=util,
+        dashboard_cpu_pct=own_cpu,
+    )
 
 
 def mean_gpu_util_pct(history: Sequence[GpuSample], *, since_t: float | None) -> dict[str, float]:
