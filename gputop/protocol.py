@@ -208,6 +208,10 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     threads: Count | None = None
     workers: Count | None = None  # live DataLoader worker processes
     workers_cpu_pct: float | None = None
+    # Run-queue wait in the window (ready to run, no CPU free), from /proc/<pid>/task/<tid>/schedstat:
+    main_cpu_wait_s: Seconds | None = None  # the training thread
+    cpu_wait_s: Seconds | None = None  # all the rank's threads together (gloo's all-reduce threads too)
+    workers_cpu_wait_s: Seconds | None = None  # all the DataLoader workers' threads together
     dropped: Count = 0  # windows this reporter had to drop so far
     # What gputop itself cost the rank in this window (self-accounting):
     reporter_cpu_s: float | None = None  # CPU time of the reporter thread

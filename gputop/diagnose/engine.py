@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from gputop.diagnose.findings import CAUSES, Finding
 from gputop.diagnose.rules.allocation import allocation_findings
 from gputop.diagnose.rules.communication import communication_findings
+from gputop.diagnose.rules.cpu_contention import absorb_cpu_symptoms
 from gputop.diagnose.rules.data_loading import data_loading_findings
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import model_config_findings
@@ -40,7 +41,7 @@ def diagnose(machine: Figures) -> list[Finding]:
         findings += model_config_findings(run)
         findings += memory_findings(run)
     allocation = allocation_findings(machine)
-    findings += allocation
+    findings = absorb_cpu_symptoms(findings + allocation, machine)
     findings += unobserved_findings(machine, gpus_already_reported={g for f in allocation for g in f.gpus})
     return worst_first(findings)
 

@@ -125,6 +125,17 @@ THREADS_PER_CORE_CRITICAL = 2.0
 # gputop: the host's CPUs at over 90% busy corroborate oversubscription (shown
 # as evidence beside the thread count; it never fires a finding on its own).
 HOST_CPU_BUSY_PCT = 90.0
+# gputop: of the time the ranks' threads and workers were ready to run, the
+# share they waited for a CPU (run-queue wait from schedstat).  At a quarter,
+# every CPU-bound phase of the step runs a third slower than it could (wait /
+# run = 1/3), as much as the communication warn line costs; Linux's scheduler
+# gives that at a load of 4 runnable threads per 3 cores.  At half, the job gets
+# a CPU only half the time it wants one.
+CPU_STARVED_WARN_FRAC = 0.25
+CPU_STARVED_CRITICAL_FRAC = 0.50
+# gputop: a process outside the job is worth naming as competition for the
+# job's CPUs once it uses a quarter of a core on average.
+OTHER_PROCESS_CPU_PCT = 25.0
 # gputop: another process on the job's GPU matters when it computes (NVML's
 # per-process SM utilization above noise) or holds real memory.
 OTHER_PROCESS_SM_PCT = 5.0

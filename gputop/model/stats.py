@@ -53,6 +53,10 @@ class RankStats:
     workers: int | None
     workers_cpu_pct: float | None
     dropped: int
+    # CPU contention, from the run-queue wait (ready to run, no CPU free):
+    main_cpu_wait_frac: float | None = None  # the training thread's wait over wall time
+    cpu_starved_frac: float | None = None  # the rank's and its workers' wait over (wait + CPU time)
+    workers_cpu_starved_frac: float | None = None  # the workers' alone
     # What gputop itself cost the rank (the reporter's self-accounting); None from older reporters.
     reporter_cpu_pct: float | None = None  # the reporter thread, 100 = one core
     hook_s_per_step: float | None = None  # training-thread time inside gputop per step
@@ -139,6 +143,47 @@ def window_exposed_comm_frac(w: Window) -> float | None:
     return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
 
 
+def starved_share(wait_s: float, cpu_s: float) -> float | None:
+    """Of the time threads were ready to run, the share they waited for a CPU (0: never, 1: always)."""
+    return wait_s / (wait_s + cpu_s) if wait_s + cpu_s > 0 else None
+
+
+class _CpuWait:
+    """Run-queue wait and CPU time summed over the windows that measure both."""
+
+    def __init__(self) -> None:
+        self.main_wait_s = self.main_span_s = 0.0
+        self.wait_s = self.cpu_s = 0.0
+        self.workers_wait_s = self.workers_cpu_s = 0.0
+        self.main_seen = self.seen = self.workers_seen = False
+
+    def add(self, w: Window) -> None:
+        dt = w.t1 - w.t0
+        if w.main_cpu_wait_s is not None:
+            self.main_seen = True
+            self.main_wait_s += w.main_cpu_wait_s
+            self.main_span_s += dt
+        if w.cpu_wait_s is not None and w.cpu_pct is not None:
+            self.seen = True
+            self.wait_s += w.cpu_wait_s
+            self.cpu_s += w.cpu_pct / 100.0 * dt
+            if w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None:
+                self.workers_seen = True
+                self.workers_wait_s += w.workers_cpu_wait_s
+                self.workers_cpu_s += w.workers_cpu_pct / 100.0 * dt
+
+    def main_frac(self) -> float | None:
+        return self.main_wait_s / self.main_span_s if self.main_seen and self.main_span_s > 0 else None
+
+    def starved_frac(self) -> float | None:
+        if not self.seen:
+            return None
+        return starved_share(self.wait_s + self.workers_wait_s, self.cpu_s + self.workers_cpu_s)
+
+    def workers_starved_frac(self) -> float | None:
+        return starved_share(self.workers_wait_s, self.workers_cpu_s) if self.workers_seen else None
+
+
 class _SelfCost:
     """Sums of the self-accounting fields over the windows that carry them."""
 
@@ -202,8 +247,10 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     cpu_n = workers_cpu_n = 0
     dropped = 0
     cost = _SelfCost()
+    cpu_wait = _CpuWait()
     for w in windows:
         cost.add(w)
+        cpu_wait.add(w)
         active_span += w.t1 - w.t0
         if w.loader_batches:
             tracked = True
@@ -286,6 +333,9 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         workers=last("workers"),
         workers_cpu_pct=workers_cpu_sum / workers_cpu_n if workers_cpu_n else None,
         dropped=dropped,
+        main_cpu_wait_frac=cpu_wait.main_frac(),
+        cpu_starved_frac=cpu_wait.starved_frac(),
+        workers_cpu_starved_frac=cpu_wait.workers_starved_frac(),
         reporter_cpu_pct=cost.reporter_cpu_pct(),
         hook_s_per_step=cost.hook_s_per_step(),
         gputop_cpu_frac=cost.cpu_frac(),
