@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -327,7 +327,7 @@ class TestCpuContention:
     """The ranks' measured wait for a CPU names oversubscription, and explains the symptoms it causes."""
 
     # Two CPU ranks with 2 workers each on 2 cores, exposed comm 22%: the issue's case.
-    STARVED = dict(
+    STARVED: ClassVar[dict[str, Any]] = dict(
         cpu_starved_frac=0.6,
         workers=2,
         workers_cpu_pct=80.0,
