@@ -157,7 +157,7 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
     """The CPU-contention finding for one run's ranks on one host, or None below the warn line."""
     median_frac = starved_median(ranks)
     severity = grade_above(median_frac, CPU_STARVED_WARN_FRAC, CPU_STARVED_CRITICAL_FRAC)
-    if severity is None:
+    if severity is None or median_frac is None:
         return None
     threshold = CPU_STARVED_CRITICAL_FRAC if severity == "critical" else CPU_STARVED_WARN_FRAC
     load = host_load(machine, hostname, ranks)
