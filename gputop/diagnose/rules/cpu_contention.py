@@ -80,7 +80,8 @@ def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> 
         hostname=hostname,
         cores=cores,
         ranks=tuple(ranks),
-        workers_per_rank=max((r.stats.workers or 0 for r in ranks), default=0),
+        # The configured count: the live one drops to 0 when a loader's iterator ends.
+        workers_per_rank=max((max(r.hello.loader_num_workers or 0, r.stats.workers or 0) for r in ranks), default=0),
         threads_per_rank=max((r.hello.torch_threads or 1 for r in ranks), default=1),
         others=others,
         host_cpu_pct=host_cpu,
