@@ -24,7 +24,8 @@ def run_and_diagnose(collector: Collector, *args: str) -> tuple[list[Finding], s
         f"rank {r.rank}: step {1e3 * (r.stats.step_time_mean_s or 0):.0f} ms, "
         f"cpu wait {100 * (r.stats.cpu_starved_frac or 0):.0f}%, "
         f"workers' cpu wait {100 * (r.stats.workers_cpu_starved_frac or 0):.0f}%, "
-        f"loader {100 * (r.stats.loader_wait_frac or 0):.0f}%, exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%"
+        f"loader {100 * (r.stats.loader_wait_frac or 0):.0f}%, "
+        f"exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%"
         for r in figures.all_ranks()
     )
     said = " | ".join(f"[{f.severity}] {f.cause}: {f.title}" for f in findings)
