@@ -19,6 +19,7 @@ from gputop.diagnose.rules.data_loading import data_loading_findings
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
+from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
 from gputop.diagnose.rules.unobserved import unobserved_findings
 from gputop.model.figures import Figures
@@ -37,7 +38,7 @@ def diagnose(machine: Figures) -> list[Finding]:
         for parallelism in parallelism_findings(run):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
-        findings += run_findings
+        findings += absorb_stall_symptoms(run_findings + stall_findings(run))
         findings += model_config_findings(run)
         findings += memory_findings(run)
     allocation = allocation_findings(machine)

@@ -41,6 +41,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--no-watch", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--stall-every", type=int, default=0, help="after every Nth step, one rank stops")
+    parser.add_argument("--stall-ms", type=float, default=400.0, help="how long it stops (a checkpoint save)")
+    parser.add_argument("--stall-rank", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     parser.add_argument(
@@ -49,7 +53,9 @@ def main() -> None:
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    )
     if not args.no_watch:
         gputop.watch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -74,6 +80,8 @@ def main() -> None:
             gputop.step()
         optimizer.zero_grad()
         steps += 1
+        if args.stall_every and steps % args.stall_every == 0 and dist.get_rank() == args.stall_rank:
+            time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce
         if steps == args.steps:
             break
     print(f"rank {dist.get_rank()} steps {steps}", flush=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, is_measured
 from gputop.diagnose.thresholds import (
+    CPU_DEMAND_OVER_CORES,
     CPU_STARVED_CRITICAL_FRAC,
     CPU_STARVED_WARN_FRAC,
     HOST_CPU_BUSY_PCT,
@@ -44,6 +45,19 @@ class HostLoad:
     others: tuple[BusyProcess, ...]  # busy processes outside the job and gputop, busiest first
     host_cpu_pct: float | None  # None when the dashboard samples another host
 
+    @property
+    def demand_cores(self) -> float | None:
+        """CPUs' worth of threads ready to run: the job's (measured in the ranks) plus the busy others'."""
+        mine = [r.stats.cpu_demand_cores for r in self.ranks if r.stats.cpu_demand_cores is not None]
+        if not mine:
+            return None
+        return sum(mine) + sum(p.cpu_pct for p in self.others) / 100.0
+
+    @property
+    def demand_per_core(self) -> float | None:
+        demand = self.demand_cores
+        return demand / self.cores if demand is not None and self.cores else None
+
     def processes_text(self) -> str:
         """'2 ranks x (1 main + 2 workers) + 1 other on 2 CPUs'."""
         parts = ["1 main"]
@@ -54,6 +68,8 @@ class HostLoad:
         text = f"{len(self.ranks)} rank{'s' if len(self.ranks) != 1 else ''} x ({' + '.join(parts)})"
         if self.host_cpu_pct is not None:
             text += f" + {len(self.others)} other{'s' if len(self.others) != 1 else ''}"
+        if self.cores and self.demand_cores is not None:
+            return text + f" want {self.demand_cores:.1f} of {self.cores} CPUs"
         return text + (f" on {self.cores} CPUs" if self.cores else "")
 
 
@@ -95,6 +111,8 @@ def starved_median(ranks: Sequence[RankFigures]) -> float | None:
 
 def contention_evidence(load: HostLoad, median_frac: float, threshold_frac: float) -> list[Evidence]:
     evidence = [Evidence("cpu_wait_pct", pct(median_frac), pct(threshold_frac), "%")]
+    if load.demand_per_core is not None:
+        evidence.append(Evidence("runnable_per_cpu", load.demand_per_core, CPU_DEMAND_OVER_CORES, "x"))
     main = [r.stats.main_cpu_wait_frac for r in load.ranks if r.stats.main_cpu_wait_frac is not None]
     if main:
         evidence.append(Evidence("training_thread_cpu_wait_pct", pct(max(main)), pct(threshold_frac), "%"))
@@ -162,6 +180,9 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
         return None
     threshold = CPU_STARVED_CRITICAL_FRAC if severity == "critical" else CPU_STARVED_WARN_FRAC
     load = host_load(machine, hostname, ranks)
+    demand = load.demand_per_core
+    if demand is None or demand <= CPU_DEMAND_OVER_CORES:
+        return None  # waiting, but not for want of cores: scheduling latency, not oversubscription
     return Finding(
         cause="allocation",
         severity=severity,
