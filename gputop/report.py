@@ -201,6 +201,8 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
         for e in f["evidence"]:
             lines.append(f"    evidence: {e['text']}")
         lines.append(f"    fix: {f['suggestion']}")
+        if f.get("worth"):
+            lines.append(f"    {f['worth']}")
     return lines
 
 
@@ -259,6 +261,8 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         for e in f["evidence"]:
             out.append(f"  - evidence: {e['text']}")
         out.append(f"  - fix: {f['suggestion']}")
+        if f.get("worth"):
+            out.append(f"  - {f['worth']}")
     for note in report["notes"]:
         out.append(f"\n> note: {note}")
     return "\n".join(out) + "\n"

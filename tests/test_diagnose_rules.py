@@ -432,6 +432,17 @@ class TestOrdering:
         causes = [(f.severity, f.cause) for f in findings_of(snapshot)]
         assert causes[:3] == [("critical", "communication"), ("critical", "data_loading"), ("warn", "allocation")]
 
+    def test_each_finding_says_what_fixing_it_is_worth(self) -> None:
+        # 100-ms steps: 30 ms waiting for data, exposed comm 45 - 8 = 37 ms.
+        findings = findings_of(make_snapshot(two_ranks(loader_frac=0.3, comm_frac=0.45, overlap_frac=0.08)))
+        loader, comm = only(findings, "data_loading"), only(findings, "communication")
+        assert loader.cost_s == pytest.approx(0.030) and loader.speedup == pytest.approx(1 / 0.7)
+        assert comm.cost_s == pytest.approx(0.037) and comm.speedup == pytest.approx(1 / 0.63)
+        assert "about 30 ms a step, 1.4x steps/s" in (loader.worth_text or "")
+        # Both critical: the one worth more comes first, whatever the rule order.
+        assert [f.cause for f in findings[:2]] == ["communication", "data_loading"]
+        assert loader.to_dict()["speedup_x"] == pytest.approx(1.43)
+
     def test_runs_are_diagnosed_separately(self) -> None:
         snapshot = make_snapshot(two_ranks(), more_runs={"slow": two_ranks(loader_frac=0.3)})
         (finding,) = above_info(findings_of(snapshot))

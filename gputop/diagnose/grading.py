@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gputop.diagnose.findings import Cause, Severity
+from collections.abc import Sequence
+
+from gputop.diagnose.findings import Cause, Finding, Severity
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import RankFigures, RunFigures
 
@@ -22,6 +24,18 @@ def is_measured(rank: RankFigures) -> bool:
 def measured(run: RunFigures) -> list[RankFigures]:
     """The run's ranks whose shares of step time are evidence."""
     return [r for r in run.ranks if is_measured(r)]
+
+
+def mean_step_s(ranks: Sequence[RankFigures]) -> float | None:
+    """The ranks' mean wall step time: what a finding's cost is a part of."""
+    steps = [r.stats.step_time_mean_s for r in ranks if r.stats.step_time_mean_s]
+    return sum(steps) / len(steps) if steps else None
+
+
+def largest_cost(findings: Sequence[Finding]) -> float | None:
+    """A merged finding is worth what the costliest of its parts is (they overlap; they do not add)."""
+    costs = [f.cost_s for f in findings if f.cost_s is not None]
+    return max(costs) if costs else None
 
 
 def grade_above(value: float | None, warn: float, critical: float) -> Severity | None:

@@ -9,7 +9,7 @@ minimum.  One slow rank is the straggler rule's business.
 from __future__ import annotations
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import doc_anchor, grade_above, mean_step_s, measured
 from gputop.diagnose.thresholds import EXPOSED_COMM_CRITICAL_FRAC, EXPOSED_COMM_WARN_FRAC
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -49,6 +49,9 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             run_id=run.run_id,
             doc=doc_anchor("communication"),
             magnitude=mean,
+            # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
+            cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),
+            step_s=mean_step_s(ranks),
             extra={"comm_hidden_frac": hidden_frac},
         )
     ]

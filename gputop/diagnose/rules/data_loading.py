@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import doc_anchor, grade_above, mean_step_s, measured
 from gputop.diagnose.thresholds import (
     CPU_STARVED_WARN_FRAC,
     LOADER_WAIT_CRITICAL_FRAC,
@@ -60,6 +60,8 @@ def data_loading_findings(
             run_id=run.run_id,
             doc=doc_anchor("data_loading"),
             magnitude=mean_frac,
+            cost_s=sum(r.stats.loader_wait_s or 0.0 for r in ranks) / len(ranks),
+            step_s=mean_step_s(ranks),
         )
     ]
 
