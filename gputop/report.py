@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gputop.diagnose import Finding, diagnose
+from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.snapshot import LOST, Snapshot
@@ -138,12 +139,26 @@ def cost_text(cost: dict[str, Any], process_cpu_pct: float | None) -> str | None
     return "gputop's own cost: " + ", ".join(parts)
 
 
+def undecided_notes(figures: Figures) -> list[str]:
+    """Ranks whose run was too short to judge: the rules stay silent on them, and the report says so."""
+    notes = []
+    for run in figures.runs:
+        short = [r for r in run.ranks if r.stats.steps < MIN_STEPS or r.stats.step_time_mean_s is None]
+        if short:
+            made = ", ".join(f"rank {r.rank}: {r.stats.steps}" for r in short)
+            notes.append(
+                f"run {run.run_id} too short to decide: steps made ({made}) are fewer than the {MIN_STEPS} "
+                "timed steps a share of step time needs"
+            )
+    return notes
+
+
 def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = ()) -> str:
     """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
     figures = summarize(snapshot, span_s=None)
     findings = diagnose(figures)
     gpus = summarize_gpus(snapshot.gpu_history, snapshot)
-    data = build(figures, findings, gpus=gpus, notes=notes)
+    data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)])
     if fmt == "json":
         return to_json(data) + "\n"
     gpu_lines = format_gpu_summary_text(gpus)

@@ -119,6 +119,15 @@ class TestCommunication:
         assert finding.evidence[0].threshold == pytest.approx(line * 100)
         assert by_cause(findings_of(snapshot), "straggler") == []
 
+    @pytest.mark.parametrize(("swing", "severity"), [(0.0, "warn"), (0.09, "info")])
+    def test_a_share_near_the_line_is_decided_by_its_band(self, swing: float, severity: str) -> None:
+        """Exposed comm averaging 11.5%: steady, a warning; swinging 2.5-20.5% window to window, too close to call."""
+        snapshot = make_snapshot(two_ranks(comm_frac=0.165, overlap_frac=0.05, comm_swing_frac=swing))
+        finding = only(findings_of(snapshot), "communication")
+        assert finding.severity == severity, finding.title
+        if severity == "info":
+            assert "too close to the 10% line to call" in finding.title and " ± " in str(finding.evidence[0])
+
     def test_nccl_suggested_for_gloo_on_cuda(self) -> None:
         specs = [
             RankSpec(rank=i, comm_frac=0.5, overlap_frac=0.0, hello=cuda_hello(i, backend="gloo")) for i in range(2)

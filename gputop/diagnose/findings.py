@@ -35,10 +35,12 @@ class Evidence:
     op: str = ">"  # how value compared with threshold
     rank: int | None = None
     gpu: int | None = None
+    spread: float | None = None  # the value's band half-width (2 standard errors), same unit
 
     def __str__(self) -> str:
         where = f"rank {self.rank} " if self.rank is not None else (f"GPU {self.gpu} " if self.gpu is not None else "")
-        return f"{where}{self.metric} {self.value:.3g}{self.unit} {self.op} {self.threshold:.3g}{self.unit}"
+        band = f" ± {self.spread:.2g}" if self.spread is not None else ""
+        return f"{where}{self.metric} {self.value:.3g}{band}{self.unit} {self.op} {self.threshold:.3g}{self.unit}"
 
 
 @dataclass(frozen=True)

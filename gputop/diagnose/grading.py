@@ -49,6 +49,26 @@ def grade_above(value: float | None, warn: float, critical: float) -> Severity |
     return None
 
 
+# A share is decided by its band, share +- BAND_ERRORS standard errors: past a
+# line only when the whole band is (about 95% confidence for a mean of windows).
+BAND_ERRORS = 2.0
+
+
+def grade_band(value: float | None, se: float | None, warn: float, critical: float) -> tuple[Severity | None, bool]:
+    """Grade the low end of the value's band; also say whether the point is past ``warn`` but the band is not.
+
+    The second item, "too close to call", lets a rule report as info a share
+    whose identical runs would fall on both sides of the line, instead of a
+    warning that flips between them.  Without an error (too few windows) the
+    point decides, as ``grade_above``.
+    """
+    if value is None:
+        return None, False
+    low = value - BAND_ERRORS * se if se is not None else value
+    severity = grade_above(low, warn, critical)
+    return severity, severity is None and value > warn
+
+
 def grade_below(value: float | None, warn: float, critical: float) -> Severity | None:
     """Like ``grade_above`` for figures where lower is worse (utilization, step time)."""
     if value is None:

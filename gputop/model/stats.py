@@ -9,6 +9,7 @@ divided by wall step time, over the same steps, everywhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,10 @@ class RankStats:
     main_cpu_wait_frac: float | None = None  # the training thread's wait over wall time
     cpu_starved_frac: float | None = None  # the rank's and its workers' wait over (wait + CPU time)
     workers_cpu_starved_frac: float | None = None  # the workers' alone
+    # The standard error of the shares, from their per-window values (None: fewer than 3 windows):
+    # a share near a threshold is decided by its band, share +- 2 errors, not by its point.
+    loader_wait_frac_se: float | None = None
+    exposed_comm_frac_se: float | None = None
     cpu_demand_cores: float | None = None  # the rank's and its workers' threads ready to run, on average (CPU + wait)
     # Stalls: steps of at least STALL_FACTOR x the median step (None: too few steps to say).
     stall_steps: int | None = None
@@ -110,6 +115,23 @@ def _newest(windows: Sequence[Window], name: str) -> Window | None:
         if getattr(w, name) is not None:
             return w
     return None
+
+
+# Fewer windows than this give no error estimate worth the name.
+MIN_WINDOWS_FOR_ERROR = 3
+
+
+def standard_error(values: Sequence[float]) -> float | None:
+    """The standard error of the mean of ``values`` (sample stdev / sqrt(n)); None for too few values."""
+    n = len(values)
+    if n < MIN_WINDOWS_FOR_ERROR:
+        return None
+    try:
+        mean = sum(values) / n
+        variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    except OverflowError:  # shares of absurd windows (a hostile or broken reporter): no band
+        return None
+    return (variance / n) ** 0.5 if math.isfinite(variance) else None
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -404,6 +426,12 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         cpu_starved_frac=cpu_wait.starved_frac(),
         workers_cpu_starved_frac=cpu_wait.workers_starved_frac(),
         cpu_demand_cores=cpu_wait.demand_cores(),
+        loader_wait_frac_se=standard_error(
+            [f for f in (window_loader_wait_frac(w) for w in windows if w.timed > 0) if f is not None]
+        ),
+        exposed_comm_frac_se=standard_error(
+            [f for f in (window_exposed_comm_frac(w) for w in ddp if w.timed > 0) if f is not None]
+        ),
         stall_steps=None if stall is None else stall.steps,
         stall_mean_s=None if stall is None else stall.mean_s,
         stall_frac=None if stall is None else stall.frac,
