@@ -161,6 +161,14 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     cpu_count: Count | None = None  # CPUs this process may run on
     model_name: Text | None = None
     ddp: bool | None = None
+    # How DDP was built, from its logging data once it has run an iteration:
+    ddp_find_unused_parameters: bool | None = None
+    ddp_unused_parameter_bytes: Count | None = None  # what find_unused_parameters found unused
+    ddp_static_graph: bool | None = None
+    ddp_gradient_as_bucket_view: bool | None = None
+    ddp_bucket_cap_bytes: Count | None = None
+    ddp_buckets: Count | None = None  # gradient buckets each backward all-reduces
+    ddp_gradient_bytes: Count | None = None  # all parameters' size: what one all-reduce round moves
 
 
 class Window(_Message, frozen=True, kw_only=True, tag="window"):

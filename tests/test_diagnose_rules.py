@@ -463,3 +463,34 @@ class TestOrdering:
         assert len(snapshot.runs[0].ranks[0].windows) == 1200
         finding = only(findings_of(snapshot, span_s=600.0), "data_loading")
         assert finding.ranks == tuple(range(64)) and finding.title.startswith("ranks 0-63 wait for data 30%")
+
+
+class TestDdpSettings:
+    """How DDP was built, from its own logging data: model_config findings on the CPU as on CUDA."""
+
+    def test_find_unused_parameters_that_finds_none_is_a_warning(self) -> None:
+        facts = {"ddp": True, "ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 0}
+        finding = only(findings_of(make_snapshot(two_ranks(), hello=facts)), "model_config")
+        assert finding.severity == "warn" and finding.ranks == (0, 1)
+        assert "find_unused_parameters=False" in finding.suggestion
+
+    @pytest.mark.parametrize(
+        ("facts", "fires"),
+        [
+            ({"ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 4096}, False),  # it does find some
+            ({"ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 0, "ddp_static_graph": True}, False),
+            ({"ddp_find_unused_parameters": False, "ddp_unused_parameter_bytes": 0}, False),
+            ({"ddp_find_unused_parameters": True}, False),  # not known yet: never read as "none"
+        ],
+    )
+    def test_only_when_it_is_known_to_find_nothing(self, facts: dict[str, Any], fires: bool) -> None:
+        findings = findings_of(make_snapshot(two_ranks(), hello={"ddp": True, **facts}))
+        assert bool(by_cause(findings, "model_config")) == fires
+
+    def test_many_tiny_buckets_are_a_warning_and_the_default_cap_is_fine(self) -> None:
+        tiny = {"ddp": True, "ddp_buckets": 40, "ddp_gradient_bytes": 40 << 15, "ddp_bucket_cap_bytes": 1 << 15}
+        finding = only(findings_of(make_snapshot(two_ranks(), hello=tiny)), "model_config")
+        assert finding.severity == "warn" and "40 gradient buckets of 32 KiB" in finding.title
+        assert "bucket_cap_mb=0.0312 now" in finding.suggestion
+        default = {"ddp": True, "ddp_buckets": 4, "ddp_gradient_bytes": 80 << 20, "ddp_bucket_cap_bytes": 25 << 20}
+        assert by_cause(findings_of(make_snapshot(two_ranks(), hello=default)), "model_config") == []

@@ -273,6 +273,14 @@ class Reporter:
             "sent_bytes": max(sent - before[1], 0),
         }
 
+    def _learn_ddp_settings(self) -> None:
+        """DDP's build settings, once its probe has read them: into the hello (reporter thread)."""
+        for probe in self._probes:
+            settings = getattr(probe, "settings", None)
+            if settings and any(self._facts.get(k) != v for k, v in settings.items()):
+                self._facts.update(settings)
+                self._refresh_hello()
+
     def _window_probes(self) -> tuple[Probe, ...]:
         """The model's probes, then the process probe, made on this thread at the first window."""
         if self._process_probe is None and "cpu" not in self._failed_probes:
@@ -307,6 +315,7 @@ class Reporter:
                 fields.update(probe.read(marks))
             except Exception as exc:
                 self._report_error(probe.name, exc)
+        self._learn_ddp_settings()
         if self.clock.errors > self._clock_errors_reported:
             self._clock_errors_reported = self.clock.errors
             self._report_error("step_mark", RuntimeError(f"{self.clock.errors} step mark(s) failed; CUDA events off"))
