@@ -210,6 +210,7 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     backward_s: float | None = None  # backward compute
     comm_s: float | None = None  # gradient all-reduce, start to end
     overlap_s: float | None = None  # part of comm hidden behind backward compute
+    forwards: Count | None = None  # forwards of the watched model with autograd on: micro-batches
     ddp_iteration: Count | None = None  # DDP's iteration the figures come from (the last one)
     ddp_steps: AtLeastOne | None = None  # iterations the DDP figures average; None: one sampled iteration
     mem_allocated_bytes: Count | None = None

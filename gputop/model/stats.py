@@ -42,7 +42,7 @@ class RankStats:
     samples_per_s: float | None
     loader_wait_s: float | None  # per step
     loader_wait_frac: float | None  # of wall step time
-    forward_s: float | None  # per step, DDP sample
+    forward_s: float | None  # per optimizer step: DDP's timed micro-batch x micro_batches
     backward_s: float | None
     comm_s: float | None
     overlap_s: float | None
@@ -68,6 +68,9 @@ class RankStats:
     # a share near a threshold is decided by its band, share +- 2 errors, not by its point.
     loader_wait_frac_se: float | None = None
     exposed_comm_frac_se: float | None = None
+    # Forwards per optimizer step: k under gradient accumulation, where DDP times only the
+    # synchronising micro-batch and forward_s/backward_s are scaled by k (an estimate).
+    micro_batches: float | None = None
     cpu_demand_cores: float | None = None  # the rank's and its workers' threads ready to run, on average (CPU + wait)
     # Stalls: steps of at least STALL_FACTOR x the median step (None: too few steps to say).
     stall_steps: int | None = None
@@ -104,6 +107,21 @@ def _ddp_mean(samples: Sequence[Window], read: Callable[[Window], float | None])
 def _covers_ddp_warmup(w: Window) -> bool:
     """Whether the window's DDP figures include DDP's first iteration(s)."""
     return w.ddp_iteration is not None and w.ddp_iteration - (w.ddp_steps or 1) < DDP_WARMUP_ITERATIONS
+
+
+def micro_batches_per_step(windows: Sequence[Window]) -> float | None:
+    """Forwards with autograd on per optimizer step, over the windows that count both (None: not counted)."""
+    forwards = steps = 0
+    for w in windows:
+        if w.forwards is not None and w.steps:
+            forwards += w.forwards
+            steps += w.steps
+    return forwards / steps if steps and forwards else None
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    """DDP times one micro-batch per step: the step's k micro-batches take about k times as long."""
+    return None if value is None else value * factor
 
 
 def _at_most(value: float | None, limit: float | None) -> float | None:
@@ -380,6 +398,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     stall = stalls(windows, sketch, p50, step_sum_s) if p50 is not None and sketch else None
     ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
     exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
+    micro = micro_batches_per_step(windows)
+    scale = micro if micro is not None and micro > 1.0 else 1.0
 
     # Fields a probe fills together come from the newest window that probe filled.
     memory = _newest(windows, "mem_allocated_bytes")
@@ -404,8 +424,9 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
         loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
         loader_wait_frac=loader_wait_share(loader_total, step_sum_s, tracked=tracked),
-        forward_s=_ddp_mean(ddp, lambda w: w.forward_s),
-        backward_s=_ddp_mean(ddp, lambda w: w.backward_s),
+        forward_s=_scaled(_ddp_mean(ddp, lambda w: w.forward_s), scale),
+        backward_s=_scaled(_ddp_mean(ddp, lambda w: w.backward_s), scale),
+        micro_batches=micro,
         comm_s=_ddp_mean(ddp, lambda w: w.comm_s),
         overlap_s=_ddp_mean(ddp, lambda w: w.overlap_s),
         exposed_comm_s=exposed,
