@@ -114,17 +114,41 @@ class TestData:
             assert "10µs per step in its hooks" in stats_text
 
     async def test_sixty_four_ranks_render_and_refresh_keeps_up(self) -> None:
-        """All 64 rows are there, and each new snapshot is shown within a few refresh periods."""
+        """64 ranks on 8 hosts start folded under 8 host rows; f opens all 64; new snapshots keep coming."""
         source = FixedSource(fx.big_run())
         async with GputopApp(source, refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
             app = await shown(pilot)
-            assert app.query_one(RanksTable).row_count == 64
-            assert sorted(int(r[0].strip(" ▲")) for r in table_text(app)) == list(range(64))
+            table = app.query_one(RanksTable)
+            assert [r[table.get_column_index("host")] for r in table_text(app)] == [f"▸ node-{n}" for n in range(8)]
+            assert "64/64 ranks" in str(app.query_one("#header").render())
+            assert "8 hosts" in str(app.query_one("#header").render())
+            await pilot.press("f")
+            await pilot.pause()
+            assert table.row_count == 8 + 64
+            ranks = [int(r[0].strip(" ▲")) for r in table_text(app) if not r[0].startswith("×")]
+            assert sorted(ranks) == list(range(64))
             for n_windows in (21, 22, 23):
                 snapshot = fx.big_run(n_windows=n_windows)
                 source.set(snapshot)
                 await shown(pilot, snapshot, max_pauses=200)
-                assert app.query_one(RanksTable).row_count == 64
+                assert table.row_count == 8 + 64
+
+    async def test_enter_on_a_host_folds_and_unfolds_it(self) -> None:
+        """Enter on a host's summary row opens its ranks under it, and enter again folds them."""
+        async with GputopApp(FixedSource(fx.big_run()), refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            table = app.query_one(RanksTable)
+            await pilot.press("down", "enter")  # node-1
+            await pilot.pause()
+            rows = table_text(app)
+            host = table.get_column_index("host")
+            assert rows[1][host] == "▾ node-1"
+            assert [r[0].strip(" ▲") for r in rows[2:10]] == [str(n) for n in range(8, 16)]
+            assert rows[10][host] == "▸ node-2"
+            await pilot.press("enter")
+            await pilot.pause()
+            assert table.row_count == 8
+            assert not isinstance(app.screen, RankDetailScreen)
 
     async def test_no_gpu_data_says_why(self) -> None:
         async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
