@@ -20,6 +20,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
@@ -38,6 +39,7 @@ from gputop.tui.widgets.header import HeaderBar
 from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.phase_bar import phase_legend
 from gputop.tui.widgets.ranks_table import RanksTable
+from gputop.tui.widgets.run_chart import RunChart
 
 # The worker spends at most this share of a core on figures and diagnosis: when
 # one refresh's work takes longer than FIGURES_DUTY × refresh_s (1,024 ranks),
@@ -115,6 +117,8 @@ class GputopApp(App[int]):
         self.findings_box = VerticalScroll(id="findings-box")
         self.findings = FindingsPanel(id="findings")
         self.history = HistoryPanel(id="history")
+        self.chart = RunChart(id="run-chart")
+        self.chart.border_title = "run"
         self.gpus.border_title = "GPUs"
         self.ranks_box.border_title = "ranks"
         self.findings_box.border_title = "findings"
@@ -130,6 +134,7 @@ class GputopApp(App[int]):
                 yield self.table
             with self.findings_box:
                 yield self.findings
+        yield self.chart
         yield self.history
         yield Footer()
 
@@ -245,6 +250,7 @@ class GputopApp(App[int]):
                 cursor = table.selected_key
                 self._selected = cursor if cursor is not None and not cursor.startswith("host:") else None
             self._show_history()
+            self._show_chart()
 
         if isinstance(self.screen, RankDetailScreen):
             self.screen.show(view)
@@ -257,8 +263,22 @@ class GputopApp(App[int]):
             title += f" · {view.hosts} hosts{' folded' if table.all_folded else ''}"
         if view and any(r.slowest for r in view.rank_rows):
             title += " · ▲ slowest"
-        self.ranks_box.border_title = title
-        self.ranks_box.border_subtitle = phase_legend(Palette.from_app(self))
+        # The phase bars' legend rides on the title, where the eye starts reading the table.
+        self.ranks_box.border_title = Content.assemble(title, "  ", phase_legend(Palette.from_app(self)))
+
+    def _show_chart(self) -> None:
+        """The run of the selected rank (else the first run): step time, samples/s, and every GPU."""
+        view = self.view
+        if view is None or not view.snapshot.runs:
+            return
+        runs = view.snapshot.runs
+        run_id = self._selected.rsplit(":", 1)[0] if self._selected else runs[0].run_id
+        run = next((r for r in runs if r.run_id == run_id), runs[0])
+        chart = self.chart
+        chart.show_gpus = self.size.height >= SHORT_HEIGHT
+        chart.history = run.history
+        chart.gpu_history = view.snapshot.gpu_history
+        chart.border_title = f"run {run.name or run.run_id} · per second, newest right"
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected

@@ -22,10 +22,10 @@ from gputop.tui.palette import Palette
 from gputop.tui.view import HostRow, RankRow
 
 SLOWEST_MARK = "▲"
-NARROW_BELOW = 106  # table width under which host and fwd/bwd are hidden
 FOLD_ABOVE = 16  # more ranks than this on several hosts: hosts start folded
 PHASE_GLYPH = "█"
 FOLDED, UNFOLDED = "▸", "▾"
+GROUPED_RANK_WIDTH = 11  # "▸ node-0031": host rows name their host in the rank column
 
 
 @dataclass(frozen=True)
@@ -44,17 +44,21 @@ COLUMNS = (
     Column("rank", "rank", 5),
     Column("host", "host", 10, narrow=False),
     Column("gpu", "GPU", 4),
-    Column("phases", "where the step goes", 20, narrow=False),
+    Column("phases", "step phases", 16, narrow=False),
     Column("bar", "step", 8, wide=False),
     Column("step", "step p50", 8),
     Column("samples", "samples/s", 9),
     Column("loader", "loader", 6),
-    Column("fwdbwd", "fwd/bwd", 13, narrow=False),
     Column("comm", "comm", 6),
-    Column("mem", "memory", 9),
+    Column("mem", "memory", 8),
     Column("cpu", "CPU%", 5, narrow=False),
     Column("status", "state", 5),
 )
+
+
+# The table's width under which host, the wide phase bar and CPU% give way: every wide
+# column with its cell padding, and the vertical scrollbar's 2 cells.
+NARROW_BELOW = sum(c.width + 2 for c in COLUMNS if c.wide and c.key != "run") + 2
 
 
 @dataclass(frozen=True)
@@ -161,10 +165,6 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         "comm": _frac_cell(s.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(s.cpu_pct), justify="right") if s.cpu_pct is not None else _na(palette),
     }
-    if s.forward_s is None and s.backward_s is None:
-        cells["fwdbwd"] = _na(palette, "left")
-    else:
-        cells["fwdbwd"] = Text(f"{fmt_s(s.forward_s)}/{fmt_s(s.backward_s)}")
     if s.mem_allocated_bytes is None:
         cells["mem"] = _na(palette, "left")
     elif s.mem_total_bytes:
@@ -177,7 +177,7 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         cells["mem"] = Text(fmt_bytes(s.mem_allocated_bytes))
     status_style = {LIVE: palette.ok, DONE: palette.muted}.get(row.status, f"bold {palette.bad}")
     cells["status"] = Text(row.status, style=status_style)
-    cells["phases"] = phase_text(row.phases, 20, palette)
+    cells["phases"] = phase_text(row.phases, 16, palette)
     cells["bar"] = phase_text(row.phases, 8, palette)
     return cells
 
@@ -189,7 +189,7 @@ def host_cells(host: HostRow, folded: bool, palette: Palette) -> dict[str, Text]
     label = f"{FOLDED if folded else UNFOLDED} {host.host or NA}"
     cells: dict[str, Text] = {
         "run": Text(host.run_name[:12], style="bold"),
-        "rank": Text(f"×{n}", style="bold"),
+        "rank": Text(label[:GROUPED_RANK_WIDTH], style=f"bold {mark}".strip()),
         "host": Text(label[:10], style=f"bold {mark}".strip()),
         "gpu": Text(""),
         "step": Text(fmt_s(host.step_time_p50_s), style=mark, justify="right")
@@ -201,10 +201,9 @@ def host_cells(host: HostRow, folded: bool, palette: Palette) -> dict[str, Text]
         "loader": _frac_cell(host.loader_wait_frac, palette, 0.05, 0.20),
         "comm": _frac_cell(host.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(host.cpu_pct), justify="right") if host.cpu_pct is not None else _na(palette),
-        "fwdbwd": Text(""),
         "mem": Text(""),
-        "status": Text(f"{host.live}/{n}", style=palette.ok if host.live == n else f"bold {palette.bad}"),
-        "phases": phase_text(host.phases, 20, palette),
+        "status": Text(f"{host.live}/{n}"[:5], style=palette.ok if host.live == n else f"bold {palette.bad}"),
+        "phases": phase_text(host.phases, 16, palette),
         "bar": phase_text(host.phases, 8, palette),
     }
     return cells
@@ -216,7 +215,7 @@ class RanksTable(DataTable[Text]):
     sort_index: reactive[int] = reactive(0)
     """Which of SORT_KEYS orders the rows."""
     narrow: reactive[bool] = reactive(False)
-    """Hide the secondary columns (host, fwd/bwd, the wide phase bar)."""
+    """Hide the secondary columns (host, CPU%) and draw the phase bar short."""
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         """Build an empty table; ``show`` fills it.
@@ -233,6 +232,7 @@ class RanksTable(DataTable[Text]):
         self._cells: dict[str, dict[str, Text]] = {}
         self._columns: tuple[str, ...] = ()
         self._labelled_sort = -1
+        self._labelled_grouped = False
         self._palette = Palette()
         self._unfolded: set[str] = set()  # host keys opened by the user
         self._folded: set[str] = set()  # host keys closed by the user
@@ -305,12 +305,13 @@ class RanksTable(DataTable[Text]):
 
     def _wanted_columns(self) -> tuple[str, ...]:
         several_runs = len({r.run_id for r in self._rows}) > 1
-        # Grouped by host, the host column carries the fold marks, so it stays on narrow tables.
+        # Grouped by host, the rank column names the hosts (and carries the fold marks): no host
+        # column; narrow, samples/s gives way (the run chart shows the throughput).
+        hidden = {"host", "samples"} if (self.grouped and self.narrow) else {"host"} if self.grouped else set()
         return tuple(
             c.key
             for c in COLUMNS
-            if ((c.narrow if self.narrow else c.wide) or (c.key == "host" and self.grouped))
-            and (c.key != "run" or several_runs)
+            if (c.narrow if self.narrow else c.wide) and (c.key != "run" or several_runs) and c.key not in hidden
         )
 
     def _entries(self) -> list[RankRow | HostRow]:
@@ -333,8 +334,8 @@ class RanksTable(DataTable[Text]):
         if isinstance(entry, HostRow):
             return host_cells(entry, self.is_folded(entry.key), self._palette)
         cells = row_cells(entry, self._palette)
-        if self.grouped:
-            cells["host"] = Text("")  # the host row above names it
+        if self.grouped:  # indented under its host's row
+            cells["rank"] = Text("  ") + cells["rank"]
         return cells
 
     def _apply(self) -> None:
@@ -342,7 +343,7 @@ class RanksTable(DataTable[Text]):
         entries = self._entries()
         order = [e.key for e in entries]
         keep = self.selected_key  # before clear(), which moves the cursor to the top
-        if columns != self._columns or self.sort_index != self._labelled_sort:
+        if columns != self._columns or self.sort_index != self._labelled_sort or self.grouped != self._labelled_grouped:
             self._set_columns(columns)
         if order != self._order:
             self._rebuild(entries, keep)
@@ -360,12 +361,14 @@ class RanksTable(DataTable[Text]):
         self._order = []
         self._columns = columns
         self._labelled_sort = self.sort_index
+        self._labelled_grouped = self.grouped
         sort_column = self.sort_key.column
         arrow = "↑" if not self.sort_key.descending else "↓"
         for column in COLUMNS:
             if column.key in columns:
                 label = f"{column.label}{arrow}" if column.key == sort_column else column.label
-                self.add_column(label, key=column.key, width=column.width)
+                width = GROUPED_RANK_WIDTH if (column.key == "rank" and self.grouped) else column.width
+                self.add_column(label, key=column.key, width=width)
 
     def _rebuild(self, entries: list[RankRow | HostRow], keep: str | None) -> None:
         """New ranks, lost ones, a fold, or a new order: re-add the rows, keeping the cursor on its row."""
