@@ -300,3 +300,54 @@ class TestRejections:
                 await pilot.pause(FAST_S)
             messages = [n.message for n in app._notifications]
             assert messages.count(reason) == 1
+
+
+class TestTimeTravel:
+    """[ pauses and steps back through the views shown; ] steps forward and, past the newest, resumes."""
+
+    async def test_back_shows_an_earlier_moment_and_forward_returns_live(self) -> None:
+        source = FixedSource(fx.two_ranks(n_windows=40))
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            later = fx.two_ranks(n_windows=50)
+            source.set(later)
+            await shown(pilot, later)
+            await pilot.press("left_square_bracket")
+            await pilot.pause()
+            assert app.paused
+            assert app.view is not None and app.view.snapshot.t < later.t
+            header = str(app.query_one("#header").render())
+            assert "PAUSED -5s" in header  # 10 windows of 0.5 s behind the newest
+            await pilot.pause(5 * FAST_S)  # newer views keep arriving while paused: the screen stays put
+            assert app.view.snapshot.t < later.t
+            while app.paused:
+                await pilot.press("right_square_bracket")
+            await shown(pilot, later)
+            assert app.view.snapshot is later
+
+
+class TestSharedCpu:
+    """When other processes take a real share of the host's CPUs, the findings panel says who, first."""
+
+    def test_the_view_names_who_shares_the_cpus(self) -> None:
+        from dataclasses import replace
+
+        from gputop.model.figures import summarize
+        from gputop.model.samples import HostSample, ProcessReading
+        from gputop.tui.view import build_view
+
+        snapshot = fx.two_ranks()
+        host = HostSample(
+            t=snapshot.t,
+            cpu_pct=100.0,
+            cpu_count=2,
+            load_1m=5.5,
+            processes=(ProcessReading(pid=4100, cpu_pct=25.0), ProcessReading(pid=4101, cpu_pct=27.0)),
+            gputop_cpu_pct=8.0,
+        )
+        view = build_view(summarize(replace(snapshot, host=host, host_history=(host,))))
+        assert view.cpu_sharing is not None
+        assert "2 CPUs are 100% busy, load 5.5: ranks 0.5 cores, 26% of a core each" in view.cpu_sharing
+        assert "other processes 1.4" in view.cpu_sharing
+        quiet = replace(host, cpu_pct=60.0)
+        assert build_view(summarize(replace(snapshot, host=quiet, host_history=(quiet,)))).cpu_sharing is None

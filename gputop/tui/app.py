@@ -191,16 +191,18 @@ class GputopApp(App[int]):
             self._show(message.view)
 
     def _remember(self, view: DashboardView) -> None:
-        """Keep the view for time travel, within PAST_BUDGET_RANKS rank-views."""
+        """Keep the view for time travel, one per moment, within PAST_BUDGET_RANKS rank-views."""
         past = self._past
+        if past and past[-1].snapshot.t == view.snapshot.t:
+            past[-1] = view  # the same moment again (a finished replay, fixed data): nothing to step through
+            return
         past.append(view)
         if self.paused:
             self._travel += 1  # keep pointing at the view on screen
         keep = max(PAST_BUDGET_RANKS // max(len(view.rank_rows), 1), 20)
         while len(past) > keep:
             past.popleft()
-            if self._travel:
-                self._travel = max(self._travel - 1, 0)
+        self._travel = min(self._travel, len(past) - 1)
 
     def _announce_rejections(self, rejected: tuple[str, ...]) -> None:
         """A connection closed for a bad frame: say so once, also while runs are showing."""
@@ -240,6 +242,7 @@ class GputopApp(App[int]):
             findings = self.findings
             findings.findings = view.findings
             findings.diagnosis = view.diagnosis
+            findings.cpu_sharing = view.cpu_sharing
             findings.brief = self.size.height < SHORT_HEIGHT
             box = self.findings_box
             worst = view.findings[0].severity if view.findings else ""

@@ -116,6 +116,7 @@ class DashboardView:
     findings: tuple[Finding, ...]
     diagnosis: str  # "off" (no rules), "ok", or "failed: <reason>"
     host_rows: tuple[HostRow, ...] = ()  # per run and host, in the order the hosts' first ranks appear
+    cpu_sharing: str | None = None  # who else uses this host's CPUs, when they take a real part
 
     @property
     def hosts(self) -> int:
@@ -267,6 +268,34 @@ def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
     return tuple(result)
 
 
+# The host counts as shared when its CPUs are this busy and processes other than the
+# ranks and this dashboard take at least this much of them: then step times,
+# stragglers and waits reflect the sharing as much as the job.
+SHARED_BUSY_PCT = 90.0
+SHARED_OTHERS_CORES = 0.5
+
+
+def cpu_sharing(figures: Figures) -> str | None:
+    """One line saying who shares this host's CPUs with the ranks, when others take a real part; else None."""
+    host = figures.host
+    if host is None or host.cpu_pct is None or not host.cpu_count or host.cpu_pct < SHARED_BUSY_PCT:
+        return None
+    busy_cores = host.cpu_pct / 100.0 * host.cpu_count
+    ranks = [p for p in host.processes if p.cpu_pct is not None]
+    ranks_cores = sum((p.cpu_pct or 0.0) + (p.children_cpu_pct or 0.0) for p in ranks) / 100.0
+    own_cores = (host.gputop_cpu_pct or 0.0) / 100.0
+    others_cores = busy_cores - ranks_cores - own_cores
+    if others_cores < SHARED_OTHERS_CORES:
+        return None
+    per_rank = f", {ranks_cores / len(ranks) * 100:.0f}% of a core each" if ranks else ""
+    load = f", load {host.load_1m:.1f}" if host.load_1m is not None else ""
+    return (
+        f"this host's {host.cpu_count} CPUs are {host.cpu_pct:.0f}% busy{load}: ranks {ranks_cores:.1f} cores"
+        f"{per_rank}, this dashboard {own_cores:.1f}, other processes {others_cores:.1f}; "
+        "step times and waits reflect the sharing"
+    )
+
+
 def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: str = "off") -> DashboardView:
     """The whole main screen's content for one refresh."""
     snapshot = figures.snapshot
@@ -291,4 +320,5 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
         findings=tuple(findings),
         diagnosis=diagnosis,
         host_rows=_host_rows(rank_rows),
+        cpu_sharing=cpu_sharing(figures),
     )
