@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from textual.binding import Binding
 from textual.pilot import Pilot
 
 from gputop.diagnose.findings import Evidence, Finding
@@ -351,3 +352,13 @@ class TestSharedCpu:
         assert "other processes 1.4" in view.cpu_sharing
         quiet = replace(host, cpu_pct=60.0)
         assert build_view(summarize(replace(snapshot, host=quiet, host_history=(quiet,)))).cpu_sharing is None
+
+
+def test_help_lists_every_key() -> None:
+    """Each key the main screen binds is in the ? help, as the user types it."""
+    from gputop.tui.screens.help import HELP
+
+    for binding in GputopApp.BINDINGS:
+        assert isinstance(binding, Binding)
+        shown = binding.key_display or binding.key
+        assert f"`{shown}`" in HELP, f"{binding.action} ({shown}) is missing from the help"

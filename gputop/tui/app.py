@@ -42,10 +42,10 @@ from gputop.tui.widgets.ranks_table import RanksTable
 from gputop.tui.widgets.run_chart import RunChart
 
 # The worker spends at most this share of a core on figures and diagnosis: when
-# one refresh's work takes longer than FIGURES_DUTY × refresh_s (1,024 ranks),
+# one refresh's work takes longer than FIGURES_DUTY × refresh_s (hundreds of ranks),
 # the next waits, and the header says how often figures update.  Keys and
 # scrolling stay immediate, since the UI thread never does that work.
-FIGURES_DUTY = 0.08
+FIGURES_DUTY = 0.05
 # Past views kept for time travel, as rank-views (a view of 1,024 ranks counts
 # 1,024): 10 minutes at 2 Hz for a 2-rank job, about a minute at 1,024 ranks.
 PAST_BUDGET_RANKS = 150_000
@@ -84,6 +84,7 @@ class GputopApp(App[int]):
         refresh_s: float = 0.5,
         *,
         diagnoser_factory: DiagnoserFactory | None = None,
+        theme: str | None = None,
     ) -> None:
         """Build the app.
 
@@ -91,8 +92,11 @@ class GputopApp(App[int]):
             source: Where snapshots come from (already started, or a FixedSource).
             refresh_s: Seconds between snapshots, and so between redraws.
             diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
+            theme: A Textual theme name; None keeps Textual's default.
         """
         super().__init__()
+        if theme is not None:
+            self.theme = theme
         self.source = source
         self.refresh_s = refresh_s
         self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
@@ -397,12 +401,17 @@ def run_dashboard(
     *,
     refresh_s: float = 0.5,
     diagnoser_factory: DiagnoserFactory | None = None,
+    theme: str | None = None,
+    remember_theme: Callable[[str], None] | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
     The caller owns the source: it starts it before (so "address in use"
-    is its one-line error) and stops it after.
+    is its one-line error) and stops it after.  ``remember_theme`` gets the
+    theme on screen at exit (the user may have picked one in the command palette).
     """
-    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory)
+    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme)
     result = app.run()
+    if remember_theme is not None:
+        remember_theme(app.theme)
     return result if isinstance(result, int) else (app.return_code or 0)
