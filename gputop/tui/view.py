@@ -269,8 +269,9 @@ def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
 
 
 # The host counts as shared when its CPUs are this busy and processes other than the
-# ranks and this dashboard take at least this much of them: then step times,
-# stragglers and waits reflect the sharing as much as the job.
+# ranks (this dashboard included: it is one more process on the same cores) take at
+# least this much of them: then step times, stragglers and waits reflect the
+# sharing as much as the job.
 SHARED_BUSY_PCT = 90.0
 SHARED_OTHERS_CORES = 0.5
 
@@ -285,7 +286,7 @@ def cpu_sharing(figures: Figures) -> str | None:
     ranks_cores = sum((p.cpu_pct or 0.0) + (p.children_cpu_pct or 0.0) for p in ranks) / 100.0
     own_cores = (host.gputop_cpu_pct or 0.0) / 100.0
     others_cores = busy_cores - ranks_cores - own_cores
-    if others_cores < SHARED_OTHERS_CORES:
+    if others_cores + own_cores < SHARED_OTHERS_CORES:
         return None
     per_rank = f", {ranks_cores / len(ranks) * 100:.0f}% of a core each" if ranks else ""
     load = f", load {host.load_1m:.1f}" if host.load_1m is not None else ""
