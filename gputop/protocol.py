@@ -130,6 +130,13 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     cpu_count: Count | None = None  # CPUs this process may run on
     model_name: Text | None = None
     ddp: bool | None = None
+    # The scheduler's names for the job (docs/protocol.md#job-ids): None when not under it.
+    slurm_job_id: Text | None = None
+    slurm_step_id: Text | None = None
+    slurm_nodelist: Text | None = None
+    k8s_pod: Text | None = None
+    k8s_namespace: Text | None = None
+    elastic_run_id: Text | None = None  # torchrun's TORCHELASTIC_RUN_ID (rendezvous id)
 
 
 class Window(_Message, frozen=True, kw_only=True, tag="window"):

@@ -16,6 +16,7 @@ from statistics import median
 
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import SPAN_S, Figures, GputopCost, RankFigures, RankSeries, RunFigures, rank_series
+from gputop.model.jobs import job_text
 from gputop.model.samples import GpuProcess, GpuReading
 from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
 from gputop.model.stats import RankStats
@@ -59,6 +60,7 @@ class RunSummary:
     uptime_s: float
     steps_per_s: float | None
     gputop_cost: GputopCost  # what gputop costs its ranks
+    job: str = ""  # the scheduler's names for it (Slurm job, pod, torchrun id), "" outside one
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,6 +178,7 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
         uptime_s=t - run.view.first_seen_t,
         steps_per_s=median(rates) if rates else None,
         gputop_cost=run.gputop_cost,
+        job=job_text(run.view.ranks[0].hello) if run.view.ranks else "",
     )
 
 
