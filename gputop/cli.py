@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gputop.recording import Recorder
 
 EXIT_ERROR = 1
+ALERT_CHECK_S = 1.0  # how often `record --on-finding` diagnoses: the dashboard refreshes twice as often
 
 
 class UserError(Exception):
@@ -50,12 +51,35 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
+    _add_alert_after(parser)
     parser.add_argument(
         "--refresh", type=_positive, default=0.5, metavar="S", help="redraw every S seconds (default 0.5)"
     )
     parser.add_argument(
         "--interval", type=_positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
     )
+
+
+def _add_alert_after(parser: argparse.ArgumentParser) -> None:
+    from gputop.diagnose.alerts import HOLD_S
+
+    parser.add_argument(
+        "--alert-after",
+        type=_non_negative,
+        default=HOLD_S,
+        metavar="S",
+        help=f"a warn/critical finding alerts once it has held S seconds (default {HOLD_S:g})",
+    )
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--seconds", type=_positive, required=True, help="stop after S seconds")
     record.add_argument("-o", "--output", type=Path, required=True, help="the recording to write (run.jsonl)")
     record.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="GPU/host sampling period")
+    record.add_argument(
+        "--on-finding",
+        metavar="CMD",
+        help="run CMD (through the shell) with a warn/critical finding as JSON on stdin: once when it has held "
+        "--alert-after seconds, again when it worsens or clears",
+    )
+    _add_alert_after(record)
 
     report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
     report.add_argument("recording", type=Path)
@@ -117,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- the dashboard -----------------------------------------------------------------
 
 
-def _run_dashboard(source: Any, refresh_s: float) -> int:
+def _run_dashboard(source: Any, refresh_s: float, alert_after_s: float | None = None) -> int:
     """Show a started source until the user quits; the caller owns the source's start and stop."""
     from gputop.diagnose import Diagnoser
     from gputop.tui.app import run_dashboard
@@ -125,7 +156,10 @@ def _run_dashboard(source: Any, refresh_s: float) -> int:
     # The UI shows rejected connections itself; log lines would corrupt the screen.
     logging.getLogger("gputop").addHandler(logging.NullHandler())
     logging.getLogger("gputop").propagate = False
-    return run_dashboard(source, refresh_s=refresh_s, diagnoser_factory=Diagnoser)
+    from gputop.diagnose.alerts import HOLD_S, AlertTracker
+
+    alerts = AlertTracker(hold_s=HOLD_S if alert_after_s is None else alert_after_s)
+    return run_dashboard(source, refresh_s=refresh_s, diagnoser_factory=Diagnoser, alerts=alerts)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -134,7 +168,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     source = LiveSource(resolve(args.port, args.socket), sample_interval_s=args.interval)
     source.start()
     try:
-        return _run_dashboard(source, args.refresh)
+        return _run_dashboard(source, args.refresh, args.alert_after)
     finally:
         source.stop()
 
@@ -185,13 +219,37 @@ def cmd_record(args: argparse.Namespace) -> int:
         source.start()
         print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s", file=sys.stderr)
         with contextlib.suppress(KeyboardInterrupt):
-            time.sleep(args.seconds)
+            if args.on_finding:
+                _record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
+            else:
+                time.sleep(args.seconds)
     finally:
         source.stop()
         recorder.close()
     ranks = len(source.snapshot().all_ranks())
     print(f"gputop: wrote {recorder.lines} lines from {ranks} rank(s) to {args.output}", file=sys.stderr)
     return 0
+
+
+def _record_with_alerts(source: Any, seconds: float, command: str, hold_s: float) -> None:
+    """Diagnose once a second while recording and run ``command`` for each alert."""
+    from gputop.alert_command import AlertCommand
+    from gputop.diagnose import Diagnoser
+    from gputop.diagnose.alerts import AlertTracker
+    from gputop.model.figures import summarize
+
+    diagnoser, tracker, runner = Diagnoser(), AlertTracker(hold_s=hold_s), AlertCommand(command)
+    end_s = time.monotonic() + seconds
+    try:
+        while (left_s := end_s - time.monotonic()) > 0:
+            time.sleep(min(ALERT_CHECK_S, left_s))
+            figures = summarize(source.snapshot())
+            for alert in tracker.update(diagnoser.update(figures), figures.t):
+                print(f"gputop: {alert.kind}: {alert.finding.title}", file=sys.stderr)
+                runner.run(alert)
+            runner.reap()
+    finally:
+        runner.wait()
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -332,7 +390,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name)
         )
         if not args.headless:
-            ui_code = _run_dashboard(source, args.refresh)
+            ui_code = _run_dashboard(source, args.refresh, args.alert_after)
             keep_log = job.proc.poll() not in (None, 0)  # the job failed while watched
             if keep_log:
                 print(f"gputop: the demo job exited with code {job.proc.returncode}; its log: {job.log_path}")

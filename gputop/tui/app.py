@@ -18,10 +18,12 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
 from gputop.diagnose import Diagnoser, Finding
+from gputop.diagnose.alerts import AlertTracker
 from gputop.model.figures import Figures, summarize
 from gputop.model.source import SnapshotSource
 from gputop.tui.messages import SnapshotReady, SourceFailed
@@ -67,6 +69,7 @@ class GputopApp(App[int]):
         refresh_s: float = 0.5,
         *,
         diagnoser_factory: DiagnoserFactory | None = None,
+        alerts: AlertTracker | None = None,
     ) -> None:
         """Build the app.
 
@@ -74,6 +77,7 @@ class GputopApp(App[int]):
             source: Where snapshots come from (already started, or a FixedSource).
             refresh_s: Seconds between snapshots, and so between redraws.
             diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
+            alerts: Decides which findings ring the bell; None rings nothing.
         """
         super().__init__()
         self.source = source
@@ -85,6 +89,7 @@ class GputopApp(App[int]):
         self._fetch_lock = threading.Lock()
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
+        self.alerts = alerts
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -155,6 +160,7 @@ class GputopApp(App[int]):
             return
         self._newest = message.view
         self._announce_rejections(message.view.snapshot.rejected)
+        self._ring_alerts(message.view)
         self.header.finished = message.finished
         if not self.paused:
             self._show(message.view)
@@ -165,6 +171,20 @@ class GputopApp(App[int]):
         for reason in fresh[-3:]:
             self.notify(reason, title="connection refused", severity="warning", timeout=8)
         self._rejections_seen = set(rejected)
+
+    def _ring_alerts(self, view: DashboardView) -> None:
+        """A warn/critical finding that has held long enough: the terminal bell and a notification."""
+        if self.alerts is None:
+            return
+        for alert in self.alerts.update(view.findings, view.snapshot.t):
+            finding = alert.finding
+            if alert.kind == "cleared":
+                self.notify(finding.title, title=f"cleared: {finding.cause}", timeout=8)
+                continue
+            self.bell()
+            severity: SeverityLevel = "error" if finding.severity == "critical" else "warning"
+            title = f"{finding.severity}: {finding.cause}" + (" (worse)" if alert.kind == "worsened" else "")
+            self.notify(f"{finding.title}\n{finding.suggestion}", title=title, severity=severity, timeout=15)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         if message.reason != self._last_failure:
@@ -286,12 +306,13 @@ def run_dashboard(
     *,
     refresh_s: float = 0.5,
     diagnoser_factory: DiagnoserFactory | None = None,
+    alerts: AlertTracker | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
     The caller owns the source: it starts it before (so "address in use"
     is its one-line error) and stops it after.
     """
-    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory)
+    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, alerts=alerts)
     result = app.run()
     return result if isinstance(result, int) else (app.return_code or 0)
