@@ -116,6 +116,9 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     device_name: Text | None = None
     device_uuid: Text | None = None  # "GPU-…" from torch, the key for the NVML join
     device_total_bytes: Count | None = None
+    # nn.DataParallel: one rank computing on several GPUs, device_uuid's first.  None for one device.
+    device_uuids: tuple[Text, ...] | None = None
+    data_parallel: bool | None = None
     loader_batch_size: Count | None = None
     loader_num_workers: Count | None = None
     loader_pin_memory: bool | None = None

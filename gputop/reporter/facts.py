@@ -129,7 +129,8 @@ def model_facts(model: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {"model_name": type(model).__name__}
     inner = getattr(model, "module", model)
     facts["ddp"] = type(model).__name__ == "DistributedDataParallel"
-    if facts["ddp"]:
+    facts["data_parallel"] = type(model).__name__ == "DataParallel"
+    if facts["ddp"] or facts["data_parallel"]:
         facts["model_name"] = type(inner).__name__
     try:
         dtypes: Counter[str] = Counter()
@@ -143,6 +144,18 @@ def model_facts(model: Any) -> dict[str, Any]:
             facts["device"] = str(device)
     except Exception:
         pass
+    return facts
+
+
+def data_parallel_facts(model: Any) -> dict[str, Any]:
+    """Every GPU an ``nn.DataParallel`` replicates onto, by UUID (its first device, where outputs gather, first)."""
+    ids = [int(i) for i in getattr(model, "device_ids", None) or []]
+    if not ids:  # DataParallel without CUDA runs the module as is
+        return {}
+    facts = device_facts(f"cuda:{ids[0]}")
+    uuids = [device_facts(f"cuda:{i}").get("device_uuid") for i in ids]
+    if all(uuids):
+        facts["device_uuids"] = tuple(uuids)
     return facts
 
 

@@ -91,6 +91,8 @@ class Reporter:
         self._model = model
         self._facts.update(facts.model_facts(model))
         self._facts.update(facts.device_facts(self._facts.get("device")))
+        if self._facts.get("data_parallel"):
+            self._facts.update(facts.data_parallel_facts(model))
         self._facts.update(facts.identity())  # the process group may exist by now
         device = str(self._facts.get("device", ""))
         probes: list[Probe] = []

@@ -137,10 +137,11 @@ def straggler_keys(findings: Sequence[Finding]) -> set[str]:
 
 
 def _gpu_text(rank: RankFigures) -> str:
-    """NVML index "3"; "(3)" the CUDA index on a host NVML here cannot see; "cpu"; "-" not reported."""
+    """NVML index "3"; "0+3" a DataParallel rank on 3 more; "(3)" a CUDA index NVML here cannot see; "cpu"; "-"."""
     device = rank.hello.device or ""
     if rank.gpu is not None:
-        return str(rank.gpu.index)
+        spans = len(rank.hello.device_uuids or ())
+        return f"{rank.gpu.index}+{spans - 1}" if spans > 1 else str(rank.gpu.index)  # "0+3": DataParallel
     if device.startswith("cpu"):
         return "cpu"
     if device.startswith("cuda:"):
@@ -190,7 +191,12 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
     gpu_rows = tuple(
         GpuRow(
             reading=a.gpu,
-            ranks=tuple((f"{names[r.run_id]}:" if several_runs else "") + f"r{r.rank}" for r in a.ranks),
+            ranks=tuple(
+                (f"{names[r.run_id]}:" if several_runs else "")
+                + f"r{r.rank}"
+                + (" DP" if r.hello.data_parallel else "")
+                for r in a.ranks
+            ),
             unobserved=a.unobserved,
         )
         for a in figures.assignments
