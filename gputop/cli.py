@@ -82,6 +82,28 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or a comma-separated list of ranks") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are numbers from 0")
+    return list(dict.fromkeys(ranks))
+
+
+def _capture_steps(text: str) -> int:
+    from gputop.protocol import MAX_CAPTURE_STEPS
+
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= steps <= MAX_CAPTURE_STEPS:
+        raise argparse.ArgumentTypeError(f"--steps must be from 1 to {MAX_CAPTURE_STEPS}")
+    return steps
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gputop",
@@ -106,6 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--alert-after seconds, again when it worsens or clears",
     )
     _add_alert_after(record)
+
+    capture = commands.add_parser(
+        "capture",
+        help="profile ranks' next steps with torch.profiler, asked of the dashboard or recorder listening there",
+    )
+    _add_address(capture)
+    capture.add_argument("--rank", type=_ranks, required=True, help="the rank, or several: 0,1,3 (side by side)")
+    capture.add_argument("--steps", type=_capture_steps, default=5, help="steps to profile (default 5, at most 1000)")
+    capture.add_argument("--run", default="", metavar="RUN_ID", help="the run (default: the newest with that rank)")
+    capture.add_argument("--timeout", type=_positive, default=120.0, metavar="S", help="wait at most S seconds")
+    capture.add_argument("--format", choices=("text", "json"), default="text")
 
     report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
     report.add_argument("recording", type=Path)
@@ -135,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
     handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
+               "capture": cmd_capture,
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)
@@ -250,6 +284,40 @@ def _record_with_alerts(source: Any, seconds: float, command: str, hold_s: float
             runner.reap()
     finally:
         runner.wait()
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """Ask the collector at the address to have each rank profile its next steps; print them side by side."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import msgspec
+
+    from gputop.collect.capture_relay import ask
+    from gputop.model.captures import render
+    from gputop.protocol import CaptureRequest, ProtocolError
+
+    address = resolve(args.port, args.socket)
+    tag = f"{int(time.time())}-{os.getpid()}"
+    requests = [
+        CaptureRequest(run_id=args.run, rank=rank, id=f"cli-{tag}-r{rank}", steps=args.steps, timeout_s=args.timeout)
+        for rank in args.rank
+    ]
+    print(f"gputop: capturing {args.steps} steps on rank(s) {', '.join(map(str, args.rank))} via {address}",
+          file=sys.stderr)  # fmt: skip
+    try:
+        # All at once: the ranks profile the same steps, which is what makes them comparable.
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            results = list(pool.map(lambda request: ask(address, request), requests))
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise UserError(f"nothing listens on {address}: start `gputop` or `gputop record` there first") from None
+    except (OSError, ProtocolError) as exc:
+        raise UserError(f"capture via {address} failed: {exc}") from None
+    if args.format == "json":
+        print(json.dumps([msgspec.to_builtins(r) for r in results], indent=2))
+    else:
+        print("\n".join(render(results)))
+    return 0 if all(r.ok for r in results) else EXIT_ERROR
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 from gputop.address import Address
@@ -10,6 +11,7 @@ from gputop.collect.host import HostSamplerThread
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.protocol import CaptureRequest, CaptureResult
 from gputop.recording import Recorder
 
 
@@ -57,6 +59,10 @@ class LiveSource:
 
     def snapshot(self) -> Snapshot:
         return self.store.snapshot(time.time(), history=VIEW_HISTORY_WINDOWS)
+
+    def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
+        """Have a rank profile its next steps; the future holds its result (also kept in the store)."""
+        return self.collector.request_capture(request)
 
     def stop(self) -> None:
         if not self._started:

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from gputop.model.samples import GpuSample, HostSample
 from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunView, Snapshot, Status
-from gputop.protocol import Bye, Event, Hello, Message, Window
+from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
+HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
 MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
 
@@ -32,6 +33,7 @@ class _Rank:
     last_seen_t: float
     windows: deque[Window] = field(default_factory=deque)
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
+    captures: deque[CaptureResult] = field(default_factory=lambda: deque(maxlen=HISTORY_CAPTURES))
     connected: bool = True
     done: bool = False
     lost_reason: str = ""
@@ -102,6 +104,8 @@ class Store:
             rank.windows.append(message)
         elif isinstance(message, Event):
             rank.events.append(message)
+        elif isinstance(message, CaptureResult):
+            rank.captures.append(message)
         elif isinstance(message, Bye):
             rank.done = True
 
@@ -182,6 +186,7 @@ class Store:
                     status_reason=reason,
                     last_seen_t=state.last_seen_t,
                     events=tuple(state.events),
+                    captures=tuple(state.captures),
                 )
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)

@@ -20,8 +20,19 @@ from typing import Any
 from gputop import __version__
 from gputop.address import Address
 from gputop.procfs import name_this_thread
-from gputop.protocol import Bye, Event, Hello, Window, encode
+from gputop.protocol import (
+    Bye,
+    CaptureRequest,
+    CaptureResult,
+    Event,
+    Hello,
+    ProtocolError,
+    Window,
+    decode_command,
+    encode,
+)
 from gputop.reporter import facts
+from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock, calibrate
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
@@ -67,6 +78,8 @@ class Reporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gputop-reporter", daemon=True)
         self._facts_changed = threading.Event()
+        # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
+        self._capture: ProfilerCapture | None = None
 
     # -- training thread ------------------------------------------------------------
 
@@ -125,6 +138,9 @@ class Reporter:
         """``gputop.step()``: from now on only manual marks count as steps."""
         self.manual_steps = True
         self.clock.mark_step()
+        capture = self._capture
+        if capture is not None:
+            capture.on_step()
 
     def _install_step_hook(self) -> None:
         optim: Any = sys.modules.get("torch.optim.optimizer")
@@ -147,6 +163,9 @@ class Reporter:
             self._primary_optimizer = id(optimizer)
         if id(optimizer) == self._primary_optimizer:
             self.clock.mark_step()
+            capture = self._capture
+            if capture is not None:
+                capture.on_step()
 
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
@@ -195,9 +214,40 @@ class Reporter:
                     if next_window_s < now:  # the process was suspended; don't burst
                         next_window_s = now + self.window_s
                 self.sender.pump(now)
+                self._serve_capture(now)
             except Exception as exc:  # a bug here must not end reporting for the run
                 self._report_error("reporter", exc)
         self._final_flush(window_t0)
+
+    def _serve_capture(self, now_s: float) -> None:
+        """Take capture requests from the dashboard; send the result of a finished capture."""
+        for frame in self.sender.read_commands():
+            try:
+                self._start_capture(decode_command(frame))
+            except ProtocolError as exc:
+                self._report_error("command", exc)  # a bad command is named once, and otherwise ignored
+        capture = self._capture
+        if capture is None:
+            return
+        capture.give_up_if_stale(now_s)
+        if capture.finished:
+            self._capture = None
+            self.sender.enqueue(encode(capture.result()))
+
+    def _start_capture(self, request: CaptureRequest) -> None:
+        hello = self._hello_or_new()
+        why = torch_profiler_available()
+        if (request.run_id and request.run_id != hello.run_id) or request.rank != hello.rank:
+            why = f"this connection speaks for {hello.run_id} rank {hello.rank}"
+        elif self._capture is not None:
+            why = f"capture {self._capture.request.id} is still running on this rank"
+        if why:
+            refusal = CaptureResult(run_id=hello.run_id, rank=hello.rank, id=request.id, t=time.time(), ok=False,
+                                    error=why)  # fmt: skip
+            self.sender.enqueue(encode(refusal))
+            return
+        device = self._facts.get("device")
+        self._capture = ProfilerCapture(request, run_id=hello.run_id, rank=hello.rank, device=device)
 
     def _final_flush(self, window_t0: float) -> None:
         try:
