@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from gputop import __version__
@@ -40,6 +41,7 @@ from gputop.reporter.probes.ddp import DdpProbe
 from gputop.reporter.probes.gpu_steps import GpuStepProbe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.sender import Sender
+from gputop.reporter.trainer_figures import RECENT_WINDOWS, figures
 from gputop.reporter.window import step_fields
 
 DEFAULT_WINDOW_S = 0.5
@@ -80,6 +82,9 @@ class Reporter:
         self._facts_changed = threading.Event()
         # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
         self._capture: ProfilerCapture | None = None
+        self._recent: deque[Window] = deque(maxlen=RECENT_WINDOWS)  # for the trainer's logger
+        self._log_writers: list[tuple[Any, float]] = []  # (TensorBoard-like writer, every_s), from log_to()
+        self._next_log_s = 0.0
 
     # -- training thread ------------------------------------------------------------
 
@@ -354,4 +359,29 @@ class Reporter:
         self._seq += 1
         window = Window(run_id=hello.run_id, rank=hello.rank, seq=self._seq, t0=t0, t1=t1, **fields)
         self.sender.enqueue(encode(window))
+        self._recent.append(window)
+        self._write_logs()
         return t1
+
+    # -- the trainer's logger ------------------------------------------------------------
+
+    def figures(self) -> dict[str, float]:
+        """This rank's recent step breakdown as logger keys (``gputop/rank0/loader_wait_pct``…); any thread."""
+        return figures(tuple(self._recent), self._hello_or_new().rank)
+
+    def log_to(self, writer: Any, every_s: float) -> None:
+        """Write ``figures()`` to a TensorBoard-like writer (``add_scalar``) from this thread every ``every_s``."""
+        self._log_writers = [*self._log_writers, (writer, every_s)]
+
+    def _write_logs(self) -> None:
+        now = time.monotonic()
+        if not self._log_writers or now < self._next_log_s:
+            return
+        self._next_log_s = now + min(every for _, every in self._log_writers)
+        values = self.figures()
+        for writer, _ in self._log_writers:
+            try:
+                for tag, value in values.items():
+                    writer.add_scalar(tag, value, global_step=self._step_total)
+            except Exception as exc:
+                self._report_error("log_to", exc)
