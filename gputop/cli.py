@@ -269,16 +269,20 @@ def _record_with_alerts(source: Any, seconds: float, command: str, hold_s: float
     """Diagnose once a second while recording and run ``command`` for each alert."""
     from gputop.alert_command import AlertCommand
     from gputop.diagnose import Diagnoser
-    from gputop.diagnose.alerts import AlertTracker
+    from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
     from gputop.model.figures import summarize
 
     diagnoser, tracker, runner = Diagnoser(), AlertTracker(hold_s=hold_s), AlertCommand(command)
+    to_ranks = FindingsToRanks()
     end_s = time.monotonic() + seconds
     try:
         while (left_s := end_s - time.monotonic()) > 0:
             time.sleep(min(ALERT_CHECK_S, left_s))
             figures = summarize(source.snapshot())
-            for alert in tracker.update(diagnoser.update(figures), figures.t):
+            findings = diagnoser.update(figures)
+            for run_id, briefs in to_ranks.changed(findings).items():
+                source.notify_findings(run_id, briefs)  # the ranks log them beside their loss
+            for alert in tracker.update(findings, figures.t):
                 print(f"gputop: {alert.kind}: {alert.finding.title}", file=sys.stderr)
                 runner.run(alert)
             runner.reap()

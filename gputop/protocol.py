@@ -312,7 +312,36 @@ class CaptureRequest(_Message, frozen=True, kw_only=True, tag="capture"):
     timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 120.0  # how long the asker waits for the result
 
 
-Command = CaptureRequest
+class FindingBrief(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """A finding as a rank needs it for its trainer's logger: what, how bad, about whom."""
+
+    cause: Annotated[str, Meta(max_length=32)]
+    severity: Literal["info", "warn", "critical"]
+    title: Annotated[str, Meta(max_length=300)]
+    ranks: Annotated[tuple[Count, ...], Meta(max_length=64)] = ()
+
+
+MAX_FINDINGS_NOTICED = 20
+
+
+class FindingsNotice(_Message, frozen=True, kw_only=True, tag="findings"):
+    """The findings the dashboard shows for the rank's run now (empty: none), so the rank can log them.
+
+    Sent by a dashboard (or ``record --on-finding``) when its findings for the
+    run change.  Data only: a reporter stores it and logs it, nothing more.
+    """
+
+    TYPE: ClassVar[str] = "findings"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    t: float
+    findings: Annotated[tuple[FindingBrief, ...], Meta(max_length=MAX_FINDINGS_NOTICED)] = ()
+
+
+Command = Union[CaptureRequest, FindingsNotice]  # noqa: UP007 - a runtime alias
 
 
 class _Head(msgspec.Struct):

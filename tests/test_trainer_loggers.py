@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from gputop.diagnose.alerts import FindingsToRanks
+from gputop.diagnose.findings import Finding
+from gputop.protocol import FindingBrief
 from tests.conftest import finish, needs_torch, snapshot_of, torchrun, wait_for
-from tests.test_reporter import _run_script
 
 needs_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
@@ -61,7 +68,7 @@ def test_trainer_ddp_ranks_report_like_torchrun_and_log_next_to_the_loss(collect
 
 @needs_torch
 @needs_tensorboard
-def test_log_to_writes_the_breakdown_into_a_summary_writer(collector, tmp_path) -> None:
+def test_log_to_writes_the_breakdown_and_the_runs_findings_into_a_summary_writer(collector, tmp_path) -> None:
     code = f"""
         import time, torch, gputop
         from torch.utils.tensorboard import SummaryWriter
@@ -70,19 +77,31 @@ def test_log_to_writes_the_breakdown_into_a_summary_writer(collector, tmp_path) 
         gputop.watch(model)
         gputop.log_to(writer, every_s=0.5)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = torch.utils.data.DataLoader(torch.randn(4000, 16), batch_size=8)
+        loader = torch.utils.data.DataLoader(torch.randn(40000, 16), batch_size=8)
         for i, x in enumerate(gputop.track(loader)):
             time.sleep(0.004)  # the step's own work
             loss = model(x).pow(2).mean()
             loss.backward(); opt.step(); opt.zero_grad()
             writer.add_scalar("loss", loss.item(), i + 1)
-            if i == 400:
+            if i == 400 or (i > 100 and gputop.figures().get("gputop/finding/data_loading") == 0.0):
                 break
         time.sleep(1.2)  # one more window, so the last figures are written
         writer.close()
     """
-    result = _run_script(code, collector.address.port)
-    assert result.returncode == 0, result.stderr
+    env = {**os.environ, "GPUTOP_PORT": str(collector.address.port)}
+    job = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: any(v.windows for v in snapshot_of(collector).all_ranks()), timeout_s=60)
+        (view,) = snapshot_of(collector).all_ranks()
+        # What a dashboard does when its findings for the run change: tell the run's ranks.
+        shown = (FindingBrief(cause="data_loading", severity="warn", title="rank 0 waits for data 42%", ranks=(0,)),)
+        collector.notify_findings(view.run_id, shown)
+        time.sleep(1.5)
+        collector.notify_findings(view.run_id, ())  # it cleared
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err
     logged = scalars(tmp_path)
     assert "loss" in logged
     steps = logged.get("gputop/rank0/step_time_ms")
@@ -90,3 +109,15 @@ def test_log_to_writes_the_breakdown_into_a_summary_writer(collector, tmp_path) 
     # At the rank's step count, so the breakdown lines up with the loss.
     assert max(s for s, _ in steps) <= 401 and all(value >= 4.0 for _, value in steps), steps
     assert "gputop/rank0/loader_wait_pct" in logged and "gputop/rank0/steps_per_s" in logged
+    finding = [value for _, value in logged["gputop/finding/data_loading"]]
+    assert 2.0 in finding and finding[-1] == 0.0, finding  # warn while shown, 0 once cleared
+
+
+def test_ranks_hear_of_their_runs_findings_only_when_they_change() -> None:
+    told = FindingsToRanks()
+    loader = Finding(cause="data_loading", severity="warn", title="waits", suggestion="s", ranks=(1,), run_id="a")
+    assert told.changed([loader]) == {"a": (FindingBrief(cause="data_loading", severity="warn", title="waits",
+                                                         ranks=(1,)),)}  # fmt: skip
+    assert told.changed([loader]) == {}
+    assert told.changed([]) == {"a": ()}  # cleared: said once
+    assert told.changed([]) == {}

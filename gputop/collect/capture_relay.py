@@ -1,4 +1,7 @@
-"""The collector's half of profiler capture: requests down to a rank's connection, results back to the asker.
+"""The collector's downstream side: capture requests to a rank's connection, results back to the asker.
+
+It also tells a run's ranks the findings the dashboard shows for it
+(``FindingsNotice``), so the ranks can log them beside their loss.
 
 Runs on the collector's event loop.  A request comes from the dashboard
 (``Collector.request_capture``, any thread) or from a ``gputop capture``
@@ -25,6 +28,8 @@ from gputop.protocol import (
     MAX_FRAME_BYTES,
     CaptureRequest,
     CaptureResult,
+    FindingBrief,
+    FindingsNotice,
     Message,
     ProtocolError,
     decode,
@@ -81,6 +86,8 @@ class CaptureRelay:
         """A ``gputop capture`` connection: one request in, the rank's result out; the reason to close."""
         try:
             request = decode_command(frame)
+            if not isinstance(request, CaptureRequest):
+                raise ProtocolError(f"a {request.TYPE} frame is not a capture request")
         except ProtocolError as exc:
             answer = CaptureResult(run_id="-", rank=0, id="-", t=time.time(), ok=False, error=f"bad request: {exc}")
         else:
@@ -88,6 +95,22 @@ class CaptureRelay:
         writer.write(encode(answer))
         await writer.drain()
         return "capture answered"
+
+    # -- telling ranks their run's findings (for their trainer's logger) -----------------
+
+    def notify_findings_from_thread(
+        self, run_id: str, findings: tuple[FindingBrief, ...], loop: asyncio.AbstractEventLoop | None
+    ) -> None:
+        """Send every connected rank of ``run_id`` the findings shown for it now; from any thread, no waiting."""
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(self._notify_findings, run_id, findings)
+
+    def _notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
+        now = time.time()
+        for (run, rank), writer in list(self._writers.items()):
+            if run == run_id and not writer.is_closing():
+                # A slow rank's buffer grows by one small frame per change; the kernel and asyncio hold it.
+                writer.write(encode(FindingsNotice(run_id=run, rank=rank, t=now, findings=findings)))
 
     # -- asking -------------------------------------------------------------------------
 

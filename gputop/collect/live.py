@@ -11,7 +11,7 @@ from gputop.collect.host import HostSamplerThread
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
-from gputop.protocol import CaptureRequest, CaptureResult
+from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 from gputop.recording import Recorder
 
 
@@ -63,6 +63,10 @@ class LiveSource:
     def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
         """Have a rank profile its next steps; the future holds its result (also kept in the store)."""
         return self.collector.request_capture(request)
+
+    def notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
+        """Tell a run's ranks the findings shown for it, for their trainer's logger."""
+        self.collector.notify_findings(run_id, findings)
 
     def stop(self) -> None:
         if not self._started:

@@ -24,7 +24,17 @@ from gputop.address import Address, AddressError, default_socket_path, ensure_pr
 from gputop.collect.capture_relay import CaptureRelay, is_capture_request
 from gputop.collect.store import Store
 from gputop.procfs import name_this_thread
-from gputop.protocol import MAX_FRAME_BYTES, Bye, CaptureRequest, CaptureResult, Hello, Message, ProtocolError, decode
+from gputop.protocol import (
+    MAX_FRAME_BYTES,
+    Bye,
+    CaptureRequest,
+    CaptureResult,
+    FindingBrief,
+    Hello,
+    Message,
+    ProtocolError,
+    decode,
+)
 
 log = logging.getLogger("gputop.collector")
 
@@ -85,6 +95,10 @@ class Collector:
     def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
         """Relay a capture request to its rank from any thread; the future holds the rank's answer."""
         return self.captures.request_from_thread(request, self._loop)
+
+    def notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
+        """Tell the run's connected ranks the findings shown for it now (they log them); any thread."""
+        self.captures.notify_findings_from_thread(run_id, findings, self._loop)
 
     def _bind(self) -> socket.socket:
         address = self.address

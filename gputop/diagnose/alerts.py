@@ -7,6 +7,9 @@ clears, so a cause flapping at its threshold pages someone once, not every
 minute.  Info findings never alert.  Pure, like the rest of the diagnosis:
 the findings and the time come in, the alerts go out; the dashboard rings its
 bell and ``gputop record --on-finding`` runs the user's command.
+
+The same places tell each run's ranks what they show for it
+(``FindingsToRanks``), so a rank can log its run's findings beside its loss.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gputop.diagnose.findings import SEVERITIES, Finding, FindingKey
+from gputop.protocol import MAX_FINDINGS_NOTICED, FindingBrief
 
 HOLD_S = 30.0  # a finding must hold half a minute before it rings: the panel already shows blips
 MIN_INTERVAL_S = 300.0  # at most one raise or worsening per finding every 5 minutes
@@ -82,3 +86,27 @@ class AlertTracker:
             self._last_alert_t[key] = t
             alerts.append(Alert(kind, finding, t, t - state.since_t))
         return alerts
+
+
+def briefs(findings: Sequence[Finding]) -> dict[str, tuple[FindingBrief, ...]]:
+    """The findings of each run as its ranks get them (``FindingsNotice``), worst first as shown."""
+    by_run: dict[str, list[FindingBrief]] = {}
+    for f in findings:
+        if f.run_id is not None:
+            brief = FindingBrief(cause=f.cause, severity=f.severity, title=f.title[:300], ranks=f.ranks[:64])
+            by_run.setdefault(f.run_id, []).append(brief)
+    return {run: tuple(items[:MAX_FINDINGS_NOTICED]) for run, items in by_run.items()}
+
+
+class FindingsToRanks:
+    """Which runs' ranks must hear about their findings now: those whose findings changed since last told."""
+
+    def __init__(self) -> None:
+        self._told: dict[str, tuple[FindingBrief, ...]] = {}
+
+    def changed(self, findings: Sequence[Finding]) -> dict[str, tuple[FindingBrief, ...]]:
+        now = briefs(findings)
+        due = {run: items for run, items in now.items() if self._told.get(run) != items}
+        due.update({run: () for run, told in self._told.items() if told and run not in now})  # cleared
+        self._told.update(due)
+        return due

@@ -26,6 +26,7 @@ from gputop.protocol import (
     CaptureRequest,
     CaptureResult,
     Event,
+    FindingsNotice,
     Hello,
     ProtocolError,
     Window,
@@ -85,6 +86,9 @@ class Reporter:
         self._recent: deque[Window] = deque(maxlen=RECENT_WINDOWS)  # for the trainer's logger
         self._log_writers: list[tuple[Any, float]] = []  # (TensorBoard-like writer, every_s), from log_to()
         self._next_log_s = 0.0
+        self._findings: FindingsNotice | None = None  # what the dashboard last said about this run
+        self._findings_logged: FindingsNotice | None = None
+        self._causes_seen: set[str] = set()
 
     # -- training thread ------------------------------------------------------------
 
@@ -228,7 +232,11 @@ class Reporter:
         """Take capture requests from the dashboard; send the result of a finished capture."""
         for frame in self.sender.read_commands():
             try:
-                self._start_capture(decode_command(frame))
+                command = decode_command(frame)
+                if isinstance(command, FindingsNotice):
+                    self._findings = command
+                else:
+                    self._start_capture(command)
             except ProtocolError as exc:
                 self._report_error("command", exc)  # a bad command is named once, and otherwise ignored
         capture = self._capture
@@ -366,8 +374,29 @@ class Reporter:
     # -- the trainer's logger ------------------------------------------------------------
 
     def figures(self) -> dict[str, float]:
-        """This rank's recent step breakdown as logger keys (``gputop/rank0/loader_wait_pct``…); any thread."""
-        return figures(tuple(self._recent), self._hello_or_new().rank)
+        """This rank's recent step breakdown and its run's findings, as logger keys; any thread.
+
+        ``gputop/rank0/loader_wait_pct``… and, once a dashboard has said what it
+        finds, ``gputop/finding/<cause>``: 0 none, 1 info, 2 warn, 3 critical
+        (a cause seen once is logged 0 after it clears, so the chart drops).
+        """
+        values = figures(tuple(self._recent), self._hello_or_new().rank)
+        notice = self._findings
+        if notice is not None:
+            worst: dict[str, int] = {}
+            for finding in notice.findings:
+                level = ("info", "warn", "critical").index(finding.severity) + 1
+                worst[finding.cause] = max(worst.get(finding.cause, 0), level)
+            self._causes_seen |= set(worst)
+            values.update({f"gputop/finding/{cause}": float(worst.get(cause, 0)) for cause in self._causes_seen})
+        return values
+
+    def findings_text(self) -> str:
+        """The run's findings as the dashboard last reported them, one line each ("" before any)."""
+        notice = self._findings
+        if notice is None:
+            return ""
+        return "\n".join(f"- **{f.severity}** {f.cause}: {f.title}" for f in notice.findings) or "no findings"
 
     def log_to(self, writer: Any, every_s: float) -> None:
         """Write ``figures()`` to a TensorBoard-like writer (``add_scalar``) from this thread every ``every_s``."""
@@ -379,9 +408,14 @@ class Reporter:
             return
         self._next_log_s = now + min(every for _, every in self._log_writers)
         values = self.figures()
+        notice, text = self._findings, ""
+        if notice is not None and notice is not self._findings_logged:
+            self._findings_logged, text = notice, self.findings_text()
         for writer, _ in self._log_writers:
             try:
                 for tag, value in values.items():
                     writer.add_scalar(tag, value, global_step=self._step_total)
+                if text:
+                    writer.add_text("gputop/findings", text, global_step=self._step_total)
             except Exception as exc:
                 self._report_error("log_to", exc)

@@ -23,7 +23,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
 from gputop.diagnose import Diagnoser, Finding
-from gputop.diagnose.alerts import AlertTracker
+from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
 from gputop.model.figures import Figures, summarize
 from gputop.model.source import SnapshotSource
 from gputop.tui.messages import SnapshotReady, SourceFailed
@@ -90,6 +90,7 @@ class GputopApp(App[int]):
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
         self.alerts = alerts
+        self._findings_to_ranks = FindingsToRanks()
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -161,6 +162,7 @@ class GputopApp(App[int]):
         self._newest = message.view
         self._announce_rejections(message.view.snapshot.rejected)
         self._ring_alerts(message.view)
+        self._tell_ranks(message.view)
         self.header.finished = message.finished
         if not self.paused:
             self._show(message.view)
@@ -185,6 +187,13 @@ class GputopApp(App[int]):
             severity: SeverityLevel = "error" if finding.severity == "critical" else "warning"
             title = f"{finding.severity}: {finding.cause}" + (" (worse)" if alert.kind == "worsened" else "")
             self.notify(f"{finding.title}\n{finding.suggestion}", title=title, severity=severity, timeout=15)
+
+    def _tell_ranks(self, view: DashboardView) -> None:
+        """A live source passes changed findings down to their run's ranks, for the trainer's logger."""
+        notify = getattr(self.source, "notify_findings", None)
+        if notify is not None:
+            for run_id, briefs in self._findings_to_ranks.changed(view.findings).items():
+                notify(run_id, briefs)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         if message.reason != self._last_failure:
