@@ -6,10 +6,12 @@ import time
 
 from gputop import report
 from gputop.model.figures import summarize
+from gputop.model.jobs import job_text
 from gputop.reporter.facts import job_facts, run_id
 from gputop.tui.view import build_view
 from tests.conftest import needs_torch, snapshot_of, wait_for
 from tests.test_reporter import _run_script
+from tests.tui_fixtures import hello
 
 SLURM = {"SLURM_JOB_ID": "48213", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[01-04]"}
 
@@ -62,3 +64,9 @@ def test_a_slurm_rank_shows_its_job_in_the_header_and_the_report(collector) -> N
     text = report.render(snapshot, "text")
     assert "job: slurm 48213.0 on gpu[01-04] · pod research/trainer-0" in text
     assert '"slurm_job_id": "48213"' in report.render(snapshot, "json")
+
+
+def test_the_header_shortens_torchruns_long_id_and_the_report_keeps_it() -> None:
+    h = hello("r", 0, 2, elastic_run_id="b55d63fc-ebd0-4706-83bf-81f4b1ac7615")
+    assert job_text(h, short=True) == "torchrun b55d63fc…"
+    assert job_text(h) == "torchrun b55d63fc-ebd0-4706-83bf-81f4b1ac7615"

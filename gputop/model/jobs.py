@@ -18,8 +18,14 @@ def job_ids(hello: Hello) -> dict[str, Any]:
     return {name: getattr(hello, name) for name in JOB_FIELDS if getattr(hello, name) is not None}
 
 
-def job_text(hello: Hello) -> str:
-    """One line: "slurm 48213.0 on gpu[01-04] · pod ns/trainer-0 · torchrun 8c1f…"; "" outside a scheduler."""
+SHORT_ID_CHARS = 8  # torchrun's --standalone ids are 36-character UUIDs; 8 tell runs apart on one screen
+
+
+def job_text(hello: Hello, *, short: bool = False) -> str:
+    """One line: "slurm 48213.0 on gpu[01-04] · pod ns/trainer-0 · torchrun 8c1f…"; "" outside a scheduler.
+
+    ``short`` (the header) cuts a long torchrun id to its first characters; the report keeps it whole.
+    """
     parts = []
     if hello.slurm_job_id:
         step = f".{hello.slurm_step_id}" if hello.slurm_step_id else ""
@@ -29,5 +35,8 @@ def job_text(hello: Hello) -> str:
         namespace = f"{hello.k8s_namespace}/" if hello.k8s_namespace else ""
         parts.append(f"pod {namespace}{hello.k8s_pod}")
     if hello.elastic_run_id:
-        parts.append(f"torchrun {hello.elastic_run_id}")
+        elastic = hello.elastic_run_id
+        if short and len(elastic) > SHORT_ID_CHARS + 1:
+            elastic = elastic[:SHORT_ID_CHARS] + "…"
+        parts.append(f"torchrun {elastic}")
     return " · ".join(parts)

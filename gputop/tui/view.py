@@ -179,7 +179,7 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
         uptime_s=t - run.view.first_seen_t,
         steps_per_s=median(rates) if rates else None,
         gputop_cost=run.gputop_cost,
-        job=job_text(run.view.ranks[0].hello) if run.view.ranks else "",
+        job=job_text(run.view.ranks[0].hello, short=True) if run.view.ranks else "",
     )
 
 
