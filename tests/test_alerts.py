@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,7 +17,7 @@ from gputop.diagnose.findings import Evidence, Finding
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from tests import tui_fixtures as fx
-from tests.conftest import needs_torch
+from tests.conftest import needs_torch, wait_for
 from tests.test_tui import FAST_S, FakeDiagnoser, shown
 
 LOADER = Finding(
@@ -111,7 +113,7 @@ def test_record_on_finding_runs_the_command_with_the_finding_on_stdin(tmp_path) 
     script.write_text(f"#!/bin/sh\ncat >> {out}\n")
     script.chmod(0o755)
     record = subprocess.Popen(
-        [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "25",
+        [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "180",
          "-o", str(tmp_path / "run.jsonl"), "--on-finding", str(script), "--alert-after", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -121,8 +123,13 @@ def test_record_on_finding_runs_the_command_with_the_finding_on_stdin(tmp_path) 
         env={**__import__("os").environ, "GPUTOP_PORT": str(port)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    # A finished run keeps its findings: the alert comes by now, or a few seconds later on a busy machine.
+    wait_for(lambda: out.exists() and b'"raised"' in out.read_bytes(), timeout_s=60)
+    time.sleep(5)  # and does not come again
+    record.send_signal(signal.SIGINT)
     _, stderr = record.communicate(timeout=60)
     assert record.returncode == 0, stderr
+    assert out.exists(), f"the command never ran; recorder said:\n{stderr}"
     events = [json.loads(line) for line in out.read_text().splitlines()]
     loader = [e for e in events if e["finding"]["cause"] == "data_loading"]
     seen = [e["event"] for e in loader]
