@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from gputop import __version__
@@ -42,7 +41,7 @@ from gputop.reporter.probes.ddp import DdpProbe
 from gputop.reporter.probes.gpu_steps import GpuStepProbe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.sender import Sender
-from gputop.reporter.trainer_figures import RECENT_WINDOWS, figures
+from gputop.reporter.trainer_figures import TrainerLog
 from gputop.reporter.window import step_fields
 
 DEFAULT_WINDOW_S = 0.5
@@ -83,12 +82,7 @@ class Reporter:
         self._facts_changed = threading.Event()
         # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
         self._capture: ProfilerCapture | None = None
-        self._recent: deque[Window] = deque(maxlen=RECENT_WINDOWS)  # for the trainer's logger
-        self._log_writers: list[tuple[Any, float]] = []  # (TensorBoard-like writer, every_s), from log_to()
-        self._next_log_s = 0.0
-        self._findings: FindingsNotice | None = None  # what the dashboard last said about this run
-        self._findings_logged: FindingsNotice | None = None
-        self._causes_seen: set[str] = set()
+        self.trainer_log = TrainerLog()  # recent windows and the run's findings, for the trainer's logger
 
     # -- training thread ------------------------------------------------------------
 
@@ -234,7 +228,7 @@ class Reporter:
             try:
                 command = decode_command(frame)
                 if isinstance(command, FindingsNotice):
-                    self._findings = command
+                    self.trainer_log.findings = command
                 else:
                     self._start_capture(command)
             except ProtocolError as exc:
@@ -367,55 +361,22 @@ class Reporter:
         self._seq += 1
         window = Window(run_id=hello.run_id, rank=hello.rank, seq=self._seq, t0=t0, t1=t1, **fields)
         self.sender.enqueue(encode(window))
-        self._recent.append(window)
+        self.trainer_log.recent.append(window)
         self._write_logs()
         return t1
 
     # -- the trainer's logger ------------------------------------------------------------
 
     def figures(self) -> dict[str, float]:
-        """This rank's recent step breakdown and its run's findings, as logger keys; any thread.
-
-        ``gputop/rank0/loader_wait_pct``… and, once a dashboard has said what it
-        finds, ``gputop/finding/<cause>``: 0 none, 1 info, 2 warn, 3 critical
-        (a cause seen once is logged 0 after it clears, so the chart drops).
-        """
-        values = figures(tuple(self._recent), self._hello_or_new().rank)
-        notice = self._findings
-        if notice is not None:
-            worst: dict[str, int] = {}
-            for finding in notice.findings:
-                level = ("info", "warn", "critical").index(finding.severity) + 1
-                worst[finding.cause] = max(worst.get(finding.cause, 0), level)
-            self._causes_seen |= set(worst)
-            values.update({f"gputop/finding/{cause}": float(worst.get(cause, 0)) for cause in self._causes_seen})
-        return values
-
-    def findings_text(self) -> str:
-        """The run's findings as the dashboard last reported them, one line each ("" before any)."""
-        notice = self._findings
-        if notice is None:
-            return ""
-        return "\n".join(f"- **{f.severity}** {f.cause}: {f.title}" for f in notice.findings) or "no findings"
+        """This rank's recent step breakdown and its run's findings, as logger keys; any thread."""
+        return self.trainer_log.figures(self._hello_or_new().rank)
 
     def log_to(self, writer: Any, every_s: float) -> None:
         """Write ``figures()`` to a TensorBoard-like writer (``add_scalar``) from this thread every ``every_s``."""
-        self._log_writers = [*self._log_writers, (writer, every_s)]
+        self.trainer_log.add_writer(writer, every_s)
 
     def _write_logs(self) -> None:
-        now = time.monotonic()
-        if not self._log_writers or now < self._next_log_s:
-            return
-        self._next_log_s = now + min(every for _, every in self._log_writers)
-        values = self.figures()
-        notice, text = self._findings, ""
-        if notice is not None and notice is not self._findings_logged:
-            self._findings_logged, text = notice, self.findings_text()
-        for writer, _ in self._log_writers:
-            try:
-                for tag, value in values.items():
-                    writer.add_scalar(tag, value, global_step=self._step_total)
-                if text:
-                    writer.add_text("gputop/findings", text, global_step=self._step_total)
-            except Exception as exc:
-                self._report_error("log_to", exc)
+        try:
+            self.trainer_log.write_due(self._hello_or_new().rank, self._step_total, time.monotonic())
+        except Exception as exc:
+            self._report_error("log_to", exc)

@@ -6,14 +6,18 @@ default 0.5-s window), with the definitions the dashboard uses
 share of step time, DDP's per-step phases as means weighted by the steps they
 cover, exposed communication as communication not hidden behind backward.
 Keys are ``gputop/rank<R>/<figure>``; a figure that was not measured is left
-out, never logged as zero.
+out, never logged as zero.  The run's findings come from the dashboard
+(``FindingsNotice``) as ``gputop/finding/<cause>``: 0 none, 1 info, 2 warn,
+3 critical; a cause seen once is logged 0 after it clears, so its chart drops.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
-from gputop.protocol import Window
+from gputop.protocol import FindingsNotice, Window
 
 RECENT_WINDOWS = 20
 
@@ -49,3 +53,58 @@ def figures(windows: Sequence[Window], rank: int) -> dict[str, float]:
     if cpu:
         out["cpu_pct"] = sum(cpu) / len(cpu)
     return {f"gputop/rank{rank}/{key}": round(value, 4) for key, value in out.items()}
+
+
+class TrainerLog:
+    """What a rank logs: its recent windows and its run's findings, and the writers ``log_to`` was given.
+
+    The reporter thread appends windows and sets ``findings``; ``figures`` may
+    be called from any thread (the trainer callbacks call it on the training
+    thread at their logging steps).
+    """
+
+    def __init__(self) -> None:
+        self.recent: deque[Window] = deque(maxlen=RECENT_WINDOWS)
+        self.findings: FindingsNotice | None = None  # what the dashboard last said about this run
+        self._writers: list[tuple[Any, float]] = []  # (TensorBoard-like writer, every_s)
+        self._next_write_s = 0.0
+        self._findings_written: FindingsNotice | None = None
+        self._causes_seen: set[str] = set()
+
+    def figures(self, rank: int) -> dict[str, float]:
+        """The rank's breakdown and, once a dashboard said what it finds, its run's findings."""
+        values = figures(tuple(self.recent), rank)
+        notice = self.findings
+        if notice is not None:
+            worst: dict[str, int] = {}
+            for finding in notice.findings:
+                level = ("info", "warn", "critical").index(finding.severity) + 1
+                worst[finding.cause] = max(worst.get(finding.cause, 0), level)
+            self._causes_seen |= set(worst)
+            values.update({f"gputop/finding/{cause}": float(worst.get(cause, 0)) for cause in self._causes_seen})
+        return values
+
+    def findings_text(self) -> str:
+        """The run's findings as the dashboard last reported them, one line each ("" before any)."""
+        notice = self.findings
+        if notice is None:
+            return ""
+        return "\n".join(f"- **{f.severity}** {f.cause}: {f.title}" for f in notice.findings) or "no findings"
+
+    def add_writer(self, writer: Any, every_s: float) -> None:
+        self._writers = [*self._writers, (writer, every_s)]
+
+    def write_due(self, rank: int, step: int, now_s: float) -> None:
+        """Write the figures (and changed findings, as text) to every writer, if their time has come."""
+        if not self._writers or now_s < self._next_write_s:
+            return
+        self._next_write_s = now_s + min(every for _, every in self._writers)
+        values = self.figures(rank)
+        notice, text = self.findings, ""
+        if notice is not None and notice is not self._findings_written:
+            self._findings_written, text = notice, self.findings_text()
+        for writer, _ in self._writers:
+            for tag, value in values.items():
+                writer.add_scalar(tag, value, global_step=step)
+            if text:
+                writer.add_text("gputop/findings", text, global_step=step)
