@@ -142,6 +142,8 @@ class RankDetailScreen(Screen[None]):
     def show(self, view: DashboardView) -> None:
         """Redraw from a newer view (the app calls this on every refresh while open)."""
         self._view = view
+        if not self.is_mounted:  # a refresh between push_screen and compose: on_mount shows the newest view
+            return
         rank, row = view.rank(self.key), view.row(self.key)
         title = self.query_one("#detail-title", Static)
         if rank is None or row is None:
