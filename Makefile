@@ -22,6 +22,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@# Lightning only after torch: installed first, it would pull the newest (CUDA) torch.
 	@$(BIN)/python -c 'import lightning' 2>/dev/null || $(BIN)/pip install -q -e '.[lightning]'
+	@# The same for the Hugging Face Trainer and TensorBoard, which the integration tests run for real.
+	@$(BIN)/python -c 'import transformers, accelerate, tensorboard' 2>/dev/null || \
+	  $(BIN)/pip install -q -e '.[transformers,tensorboard]'
 	@touch $@
 
 demo: $(VENV)/.installed

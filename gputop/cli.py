@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gputop.recording import Recorder
 
 EXIT_ERROR = 1
+ALERT_CHECK_S = 1.0  # how often `record --on-finding` diagnoses: the dashboard refreshes twice as often
 
 
 class UserError(Exception):
@@ -58,6 +59,7 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
+    _add_alert_after(parser)
     parser.add_argument(
         "--refresh", type=_positive, default=None, metavar="S", help="redraw every S seconds (default 0.5; remembered)"
     )
@@ -65,6 +67,50 @@ def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=_positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
     )
+
+
+def _add_alert_after(parser: argparse.ArgumentParser) -> None:
+    from gputop.diagnose.alerts import HOLD_S
+
+    parser.add_argument(
+        "--alert-after",
+        type=_non_negative,
+        default=HOLD_S,
+        metavar="S",
+        help=f"a warn/critical finding alerts once it has held S seconds (default {HOLD_S:g})",
+    )
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or a comma-separated list of ranks") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are numbers from 0")
+    return list(dict.fromkeys(ranks))
+
+
+def _capture_steps(text: str) -> int:
+    from gputop.protocol import MAX_CAPTURE_STEPS
+
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= steps <= MAX_CAPTURE_STEPS:
+        raise argparse.ArgumentTypeError(f"--steps must be from 1 to {MAX_CAPTURE_STEPS}")
+    return steps
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +130,24 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--seconds", type=_positive, required=True, help="stop after S seconds")
     record.add_argument("-o", "--output", type=Path, required=True, help="the recording to write (run.jsonl)")
     record.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="GPU/host sampling period")
+    record.add_argument(
+        "--on-finding",
+        metavar="CMD",
+        help="run CMD (through the shell) with a warn/critical finding as JSON on stdin: once when it has held "
+        "--alert-after seconds, again when it worsens or clears",
+    )
+    _add_alert_after(record)
+
+    capture = commands.add_parser(
+        "capture",
+        help="profile ranks' next steps with torch.profiler, asked of the dashboard or recorder listening there",
+    )
+    _add_address(capture)
+    capture.add_argument("--rank", type=_ranks, required=True, help="the rank, or several: 0,1,3 (side by side)")
+    capture.add_argument("--steps", type=_capture_steps, default=5, help="steps to profile (default 5, at most 1000)")
+    capture.add_argument("--run", default="", metavar="RUN_ID", help="the run (default: the newest with that rank)")
+    capture.add_argument("--timeout", type=_positive, default=120.0, metavar="S", help="wait at most S seconds")
+    capture.add_argument("--format", choices=("text", "json"), default="text")
 
     report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
     report.add_argument("recording", type=Path)
@@ -114,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
     handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
+               "capture": cmd_capture,
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)
@@ -153,12 +218,17 @@ def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
     # The UI shows rejected connections itself; log lines would corrupt the screen.
     logging.getLogger("gputop").addHandler(logging.NullHandler())
     logging.getLogger("gputop").propagate = False
+    from gputop.diagnose.alerts import HOLD_S, AlertTracker
+
+    alert_after_s = getattr(args, "alert_after", None)
+    alerts = AlertTracker(hold_s=HOLD_S if alert_after_s is None else alert_after_s)
     return run_dashboard(
         source,
         refresh_s=chosen.refresh_s or settings.DEFAULT_REFRESH_S,
         diagnoser_factory=Diagnoser,
         theme=chosen.theme or settings.DEFAULT_THEME,
         remember_theme=remember_theme,
+        alerts=alerts,
     )
 
 
@@ -219,13 +289,75 @@ def cmd_record(args: argparse.Namespace) -> int:
         source.start()
         print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s", file=sys.stderr)
         with contextlib.suppress(KeyboardInterrupt):
-            time.sleep(args.seconds)
+            if args.on_finding:
+                _record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
+            else:
+                time.sleep(args.seconds)
     finally:
         source.stop()
         recorder.close()
     ranks = len(source.snapshot().all_ranks())
     print(f"gputop: wrote {recorder.lines} lines from {ranks} rank(s) to {args.output}", file=sys.stderr)
     return 0
+
+
+def _record_with_alerts(source: Any, seconds: float, command: str, hold_s: float) -> None:
+    """Diagnose once a second while recording and run ``command`` for each alert."""
+    from gputop.alert_command import AlertCommand
+    from gputop.diagnose import Diagnoser
+    from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
+    from gputop.model.figures import summarize
+
+    diagnoser, tracker, runner = Diagnoser(), AlertTracker(hold_s=hold_s), AlertCommand(command)
+    to_ranks = FindingsToRanks()
+    end_s = time.monotonic() + seconds
+    try:
+        while (left_s := end_s - time.monotonic()) > 0:
+            time.sleep(min(ALERT_CHECK_S, left_s))
+            figures = summarize(source.snapshot())
+            findings = diagnoser.update(figures)
+            for run_id, briefs in to_ranks.changed(findings).items():
+                source.notify_findings(run_id, briefs)  # the ranks log them beside their loss
+            for alert in tracker.update(findings, figures.t):
+                print(f"gputop: {alert.kind}: {alert.finding.title}", file=sys.stderr)
+                runner.run(alert)
+            runner.reap()
+    finally:
+        runner.wait()
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """Ask the collector at the address to have each rank profile its next steps; print them side by side."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import msgspec
+
+    from gputop.collect.capture_relay import ask
+    from gputop.model.captures import render
+    from gputop.protocol import CaptureRequest, ProtocolError
+
+    address = resolve(args.port, args.socket)
+    tag = f"{int(time.time())}-{os.getpid()}"
+    requests = [
+        CaptureRequest(run_id=args.run, rank=rank, id=f"cli-{tag}-r{rank}", steps=args.steps, timeout_s=args.timeout)
+        for rank in args.rank
+    ]
+    print(f"gputop: capturing {args.steps} steps on rank(s) {', '.join(map(str, args.rank))} via {address}",
+          file=sys.stderr)  # fmt: skip
+    try:
+        # All at once: the ranks profile the same steps, which is what makes them comparable.
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            results = list(pool.map(lambda request: ask(address, request), requests))
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise UserError(f"nothing listens on {address}: start `gputop` or `gputop record` there first") from None
+    except (OSError, ProtocolError) as exc:
+        raise UserError(f"capture via {address} failed: {exc}") from None
+    if args.format == "json":
+        print(json.dumps([msgspec.to_builtins(r) for r in results], indent=2))
+    else:
+        print("\n".join(render(results)))
+    return 0 if all(r.ok for r in results) else EXIT_ERROR
 
 
 def cmd_report(args: argparse.Namespace) -> int:

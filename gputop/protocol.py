@@ -147,6 +147,9 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     device_name: Text | None = None
     device_uuid: Text | None = None  # "GPU-…" from torch, the key for the NVML join
     device_total_bytes: Count | None = None
+    # nn.DataParallel: one rank computing on several GPUs, device_uuid's first.  None for one device.
+    device_uuids: tuple[Text, ...] | None = None
+    data_parallel: bool | None = None
     loader_batch_size: Count | None = None
     loader_num_workers: Count | None = None
     loader_pin_memory: bool | None = None
@@ -169,6 +172,13 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     ddp_bucket_cap_bytes: Count | None = None
     ddp_buckets: Count | None = None  # gradient buckets each backward all-reduces
     ddp_gradient_bytes: Count | None = None  # all parameters' size: what one all-reduce round moves
+    # The scheduler's names for the job (docs/protocol.md#job-ids): None when not under it.
+    slurm_job_id: Text | None = None
+    slurm_step_id: Text | None = None
+    slurm_nodelist: Text | None = None
+    k8s_pod: Text | None = None
+    k8s_namespace: Text | None = None
+    elastic_run_id: Text | None = None  # torchrun's TORCHELASTIC_RUN_ID (rendezvous id)
 
 
 class Window(_Message, frozen=True, kw_only=True, tag="window"):
@@ -288,8 +298,96 @@ class Bye(_Message, frozen=True, kw_only=True, tag="bye"):
     dropped: Count = 0
 
 
-Message = Union[Hello, Window, Event, Bye]  # noqa: UP007 - a runtime alias, Python 3.10 too
-MESSAGE_TYPES: tuple[type[Message], ...] = (Hello, Window, Event, Bye)
+MAX_CAPTURE_STEPS = 1000
+TOP_OPS = 10  # operators a capture result lists, by self time
+
+
+class OpTime(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """One operator of a profiler capture: how often it ran and its own time (children excluded)."""
+
+    name: Text
+    calls: Count = 0
+    self_cpu_s: Seconds = 0.0
+    self_device_s: Seconds | None = None  # None: no CUDA activity was profiled
+
+
+class CaptureResult(_Message, frozen=True, kw_only=True, tag="capture_result"):
+    """A rank's answer to a capture request: where its trace is and its busiest operators, or why it failed."""
+
+    TYPE: ClassVar[str] = "capture_result"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    id: Annotated[str, Meta(max_length=64)]
+    t: float
+    ok: bool
+    steps: Count = 0  # steps the trace covers
+    wall_s: Seconds = 0.0  # from the first captured step's start to the last one's end
+    trace_path: Text = ""  # the Chrome/Perfetto JSON trace, on the rank's host
+    top_ops: Annotated[
+        tuple[OpTime, ...], Meta(max_length=2 * TOP_OPS)
+    ] = ()  # by self CPU time, then by self device time
+    error: Text = ""  # why it failed; training went on untouched
+
+
+Message = Union[Hello, Window, Event, Bye, CaptureResult]  # noqa: UP007 - a runtime alias, Python 3.10 too
+MESSAGE_TYPES: tuple[type[Message], ...] = (Hello, Window, Event, Bye, CaptureResult)
+
+
+# -- commands: the only frames that travel from the dashboard to a reporter ------------------------
+
+
+class CaptureRequest(_Message, frozen=True, kw_only=True, tag="capture"):
+    """Run torch.profiler on one rank for its next ``steps`` steps.
+
+    The one command there is: a fixed request with bounded fields, never code.
+    ``gputop capture`` sends it to the collector, which relays it to the rank's
+    own connection; ``run_id`` "" means the newest run that has this rank.
+    """
+
+    TYPE: ClassVar[str] = "capture"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text = ""
+    rank: Count
+    id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    steps: Annotated[int, Meta(ge=1, le=MAX_CAPTURE_STEPS)] = 5
+    timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 120.0  # how long the asker waits for the result
+
+
+class FindingBrief(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """A finding as a rank needs it for its trainer's logger: what, how bad, about whom."""
+
+    cause: Annotated[str, Meta(max_length=32)]
+    severity: Literal["info", "warn", "critical"]
+    title: Annotated[str, Meta(max_length=300)]
+    ranks: Annotated[tuple[Count, ...], Meta(max_length=64)] = ()
+
+
+MAX_FINDINGS_NOTICED = 20
+
+
+class FindingsNotice(_Message, frozen=True, kw_only=True, tag="findings"):
+    """The findings the dashboard shows for the rank's run now (empty: none), so the rank can log them.
+
+    Sent by a dashboard (or ``record --on-finding``) when its findings for the
+    run change.  Data only: a reporter stores it and logs it, nothing more.
+    """
+
+    TYPE: ClassVar[str] = "findings"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    t: float
+    findings: Annotated[tuple[FindingBrief, ...], Meta(max_length=MAX_FINDINGS_NOTICED)] = ()
+
+
+Command = Union[CaptureRequest, FindingsNotice]  # noqa: UP007 - a runtime alias
 
 
 class _Head(msgspec.Struct):
@@ -300,6 +398,7 @@ class _Head(msgspec.Struct):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Message)
+_command_decoder = msgspec.json.Decoder(Command)
 _head_decoder = msgspec.json.Decoder(_Head)
 _VERSION_PREFIX = b'{"v":%d,' % PROTOCOL_VERSION
 
@@ -309,7 +408,7 @@ def to_dict(message: Message) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, **msgspec.to_builtins(message)}
 
 
-def encode(message: Message) -> bytes:
+def encode(message: Message | Command) -> bytes:
     """One frame: compact JSON, ``v`` first, and a newline."""
     return _VERSION_PREFIX + _encoder.encode(message)[1:] + b"\n"
 
@@ -328,6 +427,18 @@ def decode(frame: bytes | str) -> Message:
         raise ProtocolError(_reason(exc, version)) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"not JSON: {exc}{_near(frame, str(exc))}") from None
+
+
+def decode_command(frame: bytes | str) -> Command:
+    """Parse and check one command frame (collector to reporter); raise ProtocolError if it is not one."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    try:
+        return _command_decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(_reason(exc, PROTOCOL_VERSION)) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
 
 
 def from_dict(obj: Any) -> Message:

@@ -16,6 +16,7 @@ from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.gpu_summary import summarize_gpus
+from gputop.model.jobs import job_ids, job_text
 from gputop.model.snapshot import LOST, Snapshot
 
 GIB = float(1 << 30)
@@ -107,6 +108,8 @@ def build(
                 "duration_s": None if t0 is None or t1 is None else round(t1 - t0, 2),
                 "ranks": [rank_entry(r) for r in run.ranks],
                 "gputop_cost": cost_entry(run.gputop_cost),
+                "job": job_ids(run.view.ranks[0].hello) if run.view.ranks else {},
+                "job_text": job_text(run.view.ranks[0].hello) if run.view.ranks else "",
             }
         )
     return {
@@ -234,6 +237,8 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         duration = f", {run['duration_s']:.1f} s" if run["duration_s"] is not None else ""
         name = f" ({run['name']})" if run["name"] else ""
         out.append(f"Run {run['run_id']}{name}: world size {run['world_size']}{duration}")
+        if run["job_text"]:
+            out.append(f"  job: {run['job_text']}")
         cost = cost_text(run["gputop_cost"], report["gputop_process_cpu_pct"])
         if cost:
             out.append(f"  {cost}")
@@ -258,6 +263,8 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
     for run in report["runs"]:
         out.append(f"## Run `{run['run_id']}` ({run['name']}), world size {run['world_size']}")
         out.append("")
+        if run["job_text"]:
+            out += [f"Job: {run['job_text']}", ""]
         cost = cost_text(run["gputop_cost"], report["gputop_process_cpu_pct"])
         if cost:
             out += [cost, ""]

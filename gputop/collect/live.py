@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 from gputop.address import Address
@@ -10,6 +11,7 @@ from gputop.collect.host import HostSamplerThread
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 from gputop.recording import Recorder
 
 
@@ -60,6 +62,14 @@ class LiveSource:
         return self.store.snapshot(
             time.time(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=VIEW_HISTORY_WINDOWS
         )
+
+    def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
+        """Have a rank profile its next steps; the future holds its result (also kept in the store)."""
+        return self.collector.request_capture(request)
+
+    def notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
+        """Tell a run's ranks the findings shown for it, for their trainer's logger."""
+        self.collector.notify_findings(run_id, findings)
 
     def stop(self) -> None:
         if not self._started:

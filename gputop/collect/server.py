@@ -10,6 +10,7 @@ ordinary exception the CLI can turn into one line.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -20,9 +21,20 @@ from collections.abc import Callable
 from typing import Any
 
 from gputop.address import Address, AddressError, default_socket_path, ensure_private_dir
+from gputop.collect.capture_relay import CaptureRelay, is_capture_request
 from gputop.collect.store import Store
 from gputop.procfs import name_this_thread
-from gputop.protocol import MAX_FRAME_BYTES, Bye, Hello, Message, ProtocolError, decode
+from gputop.protocol import (
+    MAX_FRAME_BYTES,
+    Bye,
+    CaptureRequest,
+    CaptureResult,
+    FindingBrief,
+    Hello,
+    Message,
+    ProtocolError,
+    decode,
+)
 
 log = logging.getLogger("gputop.collector")
 
@@ -55,6 +67,7 @@ class Collector:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
+        self.captures = CaptureRelay()  # profiler capture requests down to ranks, results back
 
     def start(self) -> None:
         """Bind (raising AddressError with a one-line reason) and serve on a daemon thread."""
@@ -78,6 +91,14 @@ class Collector:
         if not self.address.is_tcp and self.address.path is not None:
             with contextlib.suppress(OSError):
                 self.address.path.unlink()
+
+    def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
+        """Relay a capture request to its rank from any thread; the future holds the rank's answer."""
+        return self.captures.request_from_thread(request, self._loop)
+
+    def notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
+        """Tell the run's connected ranks the findings shown for it now (they log them); any thread."""
+        self.captures.notify_findings_from_thread(run_id, findings, self._loop)
 
     def _bind(self) -> socket.socket:
         address = self.address
@@ -154,10 +175,14 @@ class Collector:
                         reason = "connection closed mid-frame"
                     break
                 *frames, pending = (pending + chunk).split(b"\n")
+                if not ranks and frames and is_capture_request(frames[0]):
+                    reason = await self.captures.serve_client(frames[0], writer)
+                    break
                 if len(pending) > MAX_FRAME_BYTES:
                     reason = self._reject(peer, f"frame over {MAX_FRAME_BYTES} bytes")
                     break
                 accepted, problem = self._accept(frames, ranks)
+                self.captures.connected(ranks, writer, accepted)
                 now = time.time()
                 self.store.ingest_many(accepted, now)
                 if self.on_message is not None:
@@ -176,6 +201,7 @@ class Collector:
             reason = self._reject(peer, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             for (run_id, rank), pid in ranks.items():
+                self.captures.gone((run_id, rank), writer, reason)
                 self.store.disconnected(run_id, rank, reason, pid)
                 if self.on_disconnect is not None:
                     with contextlib.suppress(Exception):

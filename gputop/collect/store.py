@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gputop.model.samples import GpuSample, HostSample
 from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
-from gputop.protocol import Bye, Event, Hello, Message, Window
+from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
 # Windows kept across all ranks (a window is about 1 KiB as a Python object): at
@@ -29,6 +29,7 @@ MIN_HISTORY_WINDOWS = 60  # 30 s: the figures' span with room to scroll back
 RUN_HISTORY_S = 3600
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
+HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
 MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
 
@@ -40,6 +41,7 @@ class _Rank:
     last_seen_t: float
     windows: deque[Window] = field(default_factory=deque)
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
+    captures: deque[CaptureResult] = field(default_factory=lambda: deque(maxlen=HISTORY_CAPTURES))
     connected: bool = True
     done: bool = False
     lost_reason: str = ""
@@ -164,6 +166,8 @@ class Store:
             run.add(message)
         elif isinstance(message, Event):
             rank.events.append(message)
+        elif isinstance(message, CaptureResult):
+            rank.captures.append(message)
         elif isinstance(message, Bye):
             rank.done = True
 
@@ -269,6 +273,7 @@ class Store:
                     status_reason=reason,
                     last_seen_t=state.last_seen_t,
                     events=tuple(state.events),
+                    captures=tuple(state.captures),
                 )
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)

@@ -16,6 +16,7 @@ from gputop.diagnose.rules.allocation import allocation_findings
 from gputop.diagnose.rules.communication import communication_findings
 from gputop.diagnose.rules.cpu_contention import absorb_cpu_symptoms
 from gputop.diagnose.rules.data_loading import data_loading_findings
+from gputop.diagnose.rules.data_parallel import data_parallel_findings
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
@@ -41,6 +42,7 @@ def diagnose(machine: Figures) -> list[Finding]:
         findings += absorb_stall_symptoms(run_findings + stall_findings(run))
         findings += model_config_findings(run)
         findings += memory_findings(run)
+    findings += data_parallel_findings(machine)
     allocation = allocation_findings(machine)
     findings = absorb_cpu_symptoms(findings + allocation, machine)
     findings += unobserved_findings(machine, gpus_already_reported={g for f in allocation for g in f.gpus})

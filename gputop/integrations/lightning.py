@@ -14,7 +14,9 @@ What stays in it besides the fetch: Lightning's per-batch bookkeeping
 ``ModelCheckpoint(every_n_train_steps=...)`` saving, so on steps that save a
 checkpoint the loader wait reads high.  Steps are
 counted from ``optimizer.step()`` as everywhere else, so gradient accumulation
-counts one step per optimizer step.  Works with ``lightning.pytorch`` or the
+counts one step per optimizer step.  Every ``log_every_n_steps`` the rank's
+step breakdown (``gputop/rank<R>/loader_wait_pct``…) goes to the trainer's
+loggers (TensorBoard, W&B, CSV), next to the loss.  Works with ``lightning.pytorch`` or the
 older ``pytorch_lightning`` package.
 """
 
@@ -35,10 +37,13 @@ except ImportError:  # the standalone package of Lightning 1.x/2.x
 class GputopCallback(Callback):  # type: ignore[misc]
     """Reports every rank of a Lightning run to gputop.  Never raises into training."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, log_figures: bool = True) -> None:
+        """Args: log_figures: log gputop's step breakdown to the trainer's loggers every ``log_every_n_steps``."""
         super().__init__()
+        self.log_figures = log_figures
         self._batch_end_s: float | None = None
         self._paused_s: float | None = None
+        self._logged_step = -1
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
@@ -65,7 +70,24 @@ class GputopCallback(Callback):  # type: ignore[misc]
             self._batch_end_s = None
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.log_figures:
+            self._log_figures(trainer)
         self._batch_end_s = time.perf_counter()
+
+    def _log_figures(self, trainer: Any) -> None:
+        """gputop's figures into every logger (rank-zero loggers write rank 0's), at the loss's cadence."""
+        try:
+            step = int(trainer.global_step)
+            every = max(int(getattr(trainer, "log_every_n_steps", 50) or 50), 1)
+            if step == self._logged_step or step % every or not trainer.loggers:
+                return
+            self._logged_step = step
+            figures = gputop.figures()
+            if figures:
+                for logger in trainer.loggers:
+                    logger.log_metrics(figures, step=step)
+        except Exception:
+            pass
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._paused_s = self._batch_end_s  # validation is not waiting for training data

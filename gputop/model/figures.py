@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
-from gputop.model.join import GpuAssignment, join_ranks_to_gpus
+from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
 from gputop.model.samples import GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
 from gputop.model.stats import (
@@ -204,9 +204,13 @@ class Figures:
 def summarize(snapshot: Snapshot, *, span_s: float | None = SPAN_S) -> Figures:
     """Every rank's figures over the last ``span_s`` seconds of its windows (None: all of them)."""
     assignments = tuple(join_ranks_to_gpus(snapshot))
-    gpu_of: dict[tuple[str, int], GpuReading] = {
-        (view.run_id, view.rank): a.gpu for a in assignments for view in a.ranks
-    }
+    gpu_of: dict[tuple[str, int], GpuReading] = {}
+    for a in assignments:
+        for view in a.ranks:
+            # A DataParallel rank is on several GPUs: its figures are its own device's (where outputs gather).
+            own = normalize_uuid(a.gpu.uuid) == normalize_uuid(view.hello.device_uuid)
+            if own or (view.run_id, view.rank) not in gpu_of:
+                gpu_of[(view.run_id, view.rank)] = a.gpu
     since_t = None if span_s is None else snapshot.t - span_s
     util = mean_gpu_util_pct(snapshot.gpu_history, since_t=since_t)
     runs = []

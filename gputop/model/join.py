@@ -45,6 +45,13 @@ def normalize_uuid(uuid: str | None) -> str:
     return text.replace("-", "")
 
 
+def rank_gpu_uuids(rank: RankView) -> tuple[str, ...]:
+    """Every GPU a rank computes on, normalized, its own device first (several under nn.DataParallel)."""
+    first = normalize_uuid(rank.hello.device_uuid)
+    rest = [normalize_uuid(u) for u in rank.hello.device_uuids or ()]
+    return tuple(dict.fromkeys(u for u in (first, *rest) if u))
+
+
 def child_pids_by_rank_pid(host: HostSample | None) -> dict[int, frozenset[int]]:
     """Each rank process's descendants (DataLoader workers) as the host sampler last saw them."""
     if host is None:
@@ -80,6 +87,10 @@ def assign_ranks(
         position = by_uuid.get(key) if key else _gpu_by_pid(gpus, own)
         if position is not None:
             on_gpu[position].append(rank)
+        for other in rank_gpu_uuids(rank)[1:]:  # nn.DataParallel: the rank is on each of its GPUs
+            extra = by_uuid.get(other)
+            if extra is not None and rank not in on_gpu[extra]:
+                on_gpu[extra].append(rank)
 
     return [
         GpuAssignment(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from gputop.model.samples import GpuSample, HostSample
-from gputop.protocol import Event, Hello, Window
+from gputop.protocol import CaptureResult, Event, Hello, Window
 
 Status = Literal["live", "lost", "done"]
 LIVE: Final = "live"
@@ -40,6 +40,7 @@ class RankView:
     status_reason: str
     last_seen_t: float
     events: tuple[Event, ...] = ()
+    captures: tuple[CaptureResult, ...] = ()  # profiler captures it answered, oldest first
 
     @property
     def key(self) -> str:

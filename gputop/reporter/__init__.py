@@ -95,6 +95,30 @@ def add_loader_wait(seconds: float) -> None:
             reporter.clock.add_loader_wait(float(seconds))
 
 
+def log_to(writer: Any, every_s: float = 10.0) -> None:
+    """Log this rank's step breakdown into a TensorBoard ``SummaryWriter`` (or anything with ``add_scalar``).
+
+    The reporter thread writes ``gputop/rank<R>/…`` scalars every ``every_s``
+    seconds at the rank's step count, so they line up with a loss logged per
+    step.  The training thread does nothing for it.
+    """
+    reporter = _get()
+    if reporter is not None:
+        with contextlib.suppress(Exception):
+            reporter.log_to(writer, max(float(every_s), 0.5))
+
+
+def figures() -> dict[str, float]:
+    """This rank's recent step breakdown as logger keys; {} when gputop is off or nothing was measured yet."""
+    reporter = _get()
+    if reporter is None:
+        return {}
+    try:
+        return reporter.figures()
+    except Exception:
+        return {}
+
+
 def step() -> None:
     """Mark the end of a training step by hand (then optimizer steps no longer count)."""
     reporter = _get()

@@ -44,13 +44,54 @@ def identity(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     rank = rank if rank is not None else 0
     world = world if world is not None else 1
     local = local if local is not None else rank
-    return {"rank": rank, "world_size": world, "local_rank": local, "backend": backend, "run_id": run_id(env, world)}
+    return {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local,
+        "backend": backend,
+        "run_id": run_id(env, world),
+        **job_facts(env),
+    }
+
+
+K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def job_facts(env: Mapping[str, str] = os.environ, namespace_file: str = K8S_NAMESPACE_FILE) -> dict[str, str]:
+    """The scheduler's names for this job: Slurm job, step and nodes; Kubernetes pod and namespace; torchrun's id.
+
+    Kubernetes sets no variable naming the pod unless the manifest passes it
+    (``POD_NAME``/``POD_NAMESPACE`` through the downward API, the common
+    convention); without it a pod's hostname is its name, and the namespace is
+    in the service account's mounted file.
+    """
+    found: dict[str, str] = {}
+    for key, name in (
+        ("slurm_job_id", "SLURM_JOB_ID"),
+        ("slurm_step_id", "SLURM_STEP_ID"),
+        ("slurm_nodelist", "SLURM_JOB_NODELIST"),
+        ("elastic_run_id", "TORCHELASTIC_RUN_ID"),
+    ):
+        value = env.get(name, "")
+        if value and value != "none":  # torchrun without a rendezvous id says "none"
+            found[key] = value[:256]
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        pod = env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
+        found["k8s_pod"] = pod[:256]
+        namespace = env.get("POD_NAMESPACE", "")
+        if not namespace:
+            with contextlib.suppress(OSError), open(namespace_file, encoding="utf-8") as handle:
+                namespace = handle.read(256).strip()
+        if namespace:
+            found["k8s_namespace"] = namespace
+    return found
 
 
 def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     """A name every rank of one job agrees on without talking to the others.
 
-    GPUTOP_RUN_ID wins; then torchrun's rendezvous id; under torchrun without
+    GPUTOP_RUN_ID wins; then the Slurm job and step (every task of an srun
+    step has them); then torchrun's rendezvous id; under torchrun without
     one, its agent's pid (the parent of every local rank) and the master port;
     then the master port alone (mp.spawn, Lightning, srun: every rank is told
     it); a single process is its own run.  A later job reusing a name replaces
@@ -59,6 +100,10 @@ def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     if env.get("GPUTOP_RUN_ID"):
         return env["GPUTOP_RUN_ID"]
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    slurm_job = env.get("SLURM_JOB_ID")
+    if slurm_job:
+        step = env.get("SLURM_STEP_ID")
+        return f"{script}-slurm{slurm_job}" + (f".{step}" if step else "")
     elastic = env.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return f"{script}-{elastic}"
@@ -84,7 +129,8 @@ def model_facts(model: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {"model_name": type(model).__name__}
     inner = getattr(model, "module", model)
     facts["ddp"] = type(model).__name__ == "DistributedDataParallel"
-    if facts["ddp"]:
+    facts["data_parallel"] = type(model).__name__ == "DataParallel"
+    if facts["ddp"] or facts["data_parallel"]:
         facts["model_name"] = type(inner).__name__
     try:
         dtypes: Counter[str] = Counter()
@@ -98,6 +144,18 @@ def model_facts(model: Any) -> dict[str, Any]:
             facts["device"] = str(device)
     except Exception:
         pass
+    return facts
+
+
+def data_parallel_facts(model: Any) -> dict[str, Any]:
+    """Every GPU an ``nn.DataParallel`` replicates onto, by UUID (its first device, where outputs gather, first)."""
+    ids = [int(i) for i in getattr(model, "device_ids", None) or []]
+    if not ids:  # DataParallel without CUDA runs the module as is
+        return {}
+    facts = device_facts(f"cuda:{ids[0]}")
+    uuids = [device_facts(f"cuda:{i}").get("device_uuid") for i in ids]
+    if all(uuids):
+        facts["device_uuids"] = tuple(uuids)
     return facts
 
 

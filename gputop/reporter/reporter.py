@@ -20,8 +20,20 @@ from typing import Any
 from gputop import __version__
 from gputop.address import Address
 from gputop.procfs import name_this_thread
-from gputop.protocol import Bye, Event, Hello, Window, encode
+from gputop.protocol import (
+    Bye,
+    CaptureRequest,
+    CaptureResult,
+    Event,
+    FindingsNotice,
+    Hello,
+    ProtocolError,
+    Window,
+    decode_command,
+    encode,
+)
 from gputop.reporter import facts
+from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock, calibrate
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
@@ -29,6 +41,7 @@ from gputop.reporter.probes.ddp import DdpProbe
 from gputop.reporter.probes.gpu_steps import GpuStepProbe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.sender import Sender
+from gputop.reporter.trainer_figures import TrainerLog
 from gputop.reporter.window import step_fields
 
 DEFAULT_WINDOW_S = 0.5
@@ -72,6 +85,9 @@ class Reporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gputop-reporter", daemon=True)
         self._facts_changed = threading.Event()
+        # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
+        self._capture: ProfilerCapture | None = None
+        self.trainer_log = TrainerLog()  # recent windows and the run's findings, for the trainer's logger
 
     # -- training thread ------------------------------------------------------------
 
@@ -97,6 +113,8 @@ class Reporter:
         self._train_tid = threading.get_native_id()
         self._facts.update(facts.model_facts(model))
         self._facts.update(facts.device_facts(self._facts.get("device")))
+        if self._facts.get("data_parallel"):
+            self._facts.update(facts.data_parallel_facts(model))
         self._facts.update(facts.identity())  # the process group may exist by now
         device = str(self._facts.get("device", ""))
         probes: list[Probe] = []
@@ -143,6 +161,9 @@ class Reporter:
             if self._hook_marked and self.clock.batches_since_mark == 0:
                 return
         self.clock.mark_step()
+        capture = self._capture
+        if capture is not None:
+            capture.on_step()
 
     def _install_step_hook(self) -> None:
         optim: Any = sys.modules.get("torch.optim.optimizer")
@@ -166,6 +187,9 @@ class Reporter:
         if id(optimizer) == self._primary_optimizer:
             self._hook_marked = True
             self.clock.mark_step()
+            capture = self._capture
+            if capture is not None:
+                capture.on_step()
 
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
@@ -217,9 +241,44 @@ class Reporter:
                     if next_window_s < now:  # the process was suspended; don't burst
                         next_window_s = now + self.window_s
                 self.sender.pump(now)
+                self._serve_capture(now)
             except Exception as exc:  # a bug here must not end reporting for the run
                 self._report_error("reporter", exc)
         self._final_flush(window_t0)
+
+    def _serve_capture(self, now_s: float) -> None:
+        """Take capture requests from the dashboard; send the result of a finished capture."""
+        for frame in self.sender.read_commands():
+            try:
+                command = decode_command(frame)
+                if isinstance(command, FindingsNotice):
+                    self.trainer_log.findings = command
+                else:
+                    self._start_capture(command)
+            except ProtocolError as exc:
+                self._report_error("command", exc)  # a bad command is named once, and otherwise ignored
+        capture = self._capture
+        if capture is None:
+            return
+        capture.give_up_if_stale(now_s)
+        if capture.finished:
+            self._capture = None
+            self.sender.enqueue(encode(capture.result()))
+
+    def _start_capture(self, request: CaptureRequest) -> None:
+        hello = self._hello_or_new()
+        why = torch_profiler_available()
+        if (request.run_id and request.run_id != hello.run_id) or request.rank != hello.rank:
+            why = f"this connection speaks for {hello.run_id} rank {hello.rank}"
+        elif self._capture is not None:
+            why = f"capture {self._capture.request.id} is still running on this rank"
+        if why:
+            refusal = CaptureResult(run_id=hello.run_id, rank=hello.rank, id=request.id, t=time.time(), ok=False,
+                                    error=why)  # fmt: skip
+            self.sender.enqueue(encode(refusal))
+            return
+        device = self._facts.get("device")
+        self._capture = ProfilerCapture(request, run_id=hello.run_id, rank=hello.rank, device=device)
 
     def _final_flush(self, window_t0: float) -> None:
         try:
@@ -338,4 +397,22 @@ class Reporter:
         self._seq += 1
         window = Window(run_id=hello.run_id, rank=hello.rank, seq=self._seq, t0=t0, t1=t1, **fields)
         self.sender.enqueue(encode(window))
+        self.trainer_log.recent.append(window)
+        self._write_logs()
         return t1
+
+    # -- the trainer's logger ------------------------------------------------------------
+
+    def figures(self) -> dict[str, float]:
+        """This rank's recent step breakdown and its run's findings, as logger keys; any thread."""
+        return self.trainer_log.figures(self._hello_or_new().rank)
+
+    def log_to(self, writer: Any, every_s: float) -> None:
+        """Write ``figures()`` to a TensorBoard-like writer (``add_scalar``) from this thread every ``every_s``."""
+        self.trainer_log.add_writer(writer, every_s)
+
+    def _write_logs(self) -> None:
+        try:
+            self.trainer_log.write_due(self._hello_or_new().rank, self._step_total, time.monotonic())
+        except Exception as exc:
+            self._report_error("log_to", exc)

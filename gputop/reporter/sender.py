@@ -17,6 +17,7 @@ import time
 from collections import deque
 
 from gputop.address import Address, default_socket_path, private_dir_problem
+from gputop.protocol import MAX_FRAME_BYTES
 
 BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 5.0
@@ -42,6 +43,7 @@ class Sender:
         self._offset = 0  # bytes of _inflight[0] already sent
         self._next_attempt_s = 0.0
         self._backoff_s = BACKOFF_MIN_S
+        self._downstream = b""  # the start of a command frame from the dashboard, newline not yet seen
 
     @property
     def connected(self) -> bool:
@@ -81,7 +83,33 @@ class Sender:
             self._inflight_bytes += len(frame)
         self._send()
 
+    def read_commands(self) -> list[bytes]:
+        """Frames the dashboard sent down this connection (capture requests), without blocking.
+
+        Only whole lines are returned; parsing and checking them is the
+        caller's business.  A line longer than a frame may be is discarded.
+        """
+        sock = self._sock
+        if sock is None:
+            return []
+        while True:
+            try:
+                chunk = sock.recv(MAX_FRAME_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.close()
+                break
+            if not chunk:  # the dashboard closed the connection; sending will notice and reconnect
+                break
+            self._downstream += chunk
+            if len(self._downstream) > 2 * MAX_FRAME_BYTES and b"\n" not in self._downstream:
+                self._downstream = b""
+        *frames, self._downstream = self._downstream.split(b"\n")
+        return [f for f in frames if f.strip() and len(f) <= MAX_FRAME_BYTES]
+
     def close(self) -> None:
+        self._downstream = b""
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()

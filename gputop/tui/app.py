@@ -21,10 +21,12 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
 from gputop.diagnose import Diagnoser, Finding
+from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
 from gputop.model.figures import Figures, summarize
 from gputop.model.source import SnapshotSource
 from gputop.tui.messages import SnapshotReady, SourceFailed
@@ -85,6 +87,7 @@ class GputopApp(App[int]):
         *,
         diagnoser_factory: DiagnoserFactory | None = None,
         theme: str | None = None,
+        alerts: AlertTracker | None = None,
     ) -> None:
         """Build the app.
 
@@ -93,6 +96,7 @@ class GputopApp(App[int]):
             refresh_s: Seconds between snapshots, and so between redraws.
             diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
             theme: A Textual theme name; None keeps Textual's default.
+            alerts: Decides which findings ring the bell; None rings nothing.
         """
         super().__init__()
         if theme is not None:
@@ -110,6 +114,8 @@ class GputopApp(App[int]):
         self._travel = 0  # views back from the newest while paused; 0 = the newest
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
+        self.alerts = alerts
+        self._findings_to_ranks = FindingsToRanks()
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -189,6 +195,8 @@ class GputopApp(App[int]):
         self._newest = message.view
         self._remember(message.view)
         self._announce_rejections(message.view.snapshot.rejected)
+        self._ring_alerts(message.view)
+        self._tell_ranks(message.view)
         self.header.finished = message.finished
         self.header.figures_every_s = self.figures_every_s if self.figures_every_s > 1.5 * self.refresh_s else None
         if not self.paused:
@@ -214,6 +222,27 @@ class GputopApp(App[int]):
         for reason in fresh[-3:]:
             self.notify(reason, title="connection refused", severity="warning", timeout=8)
         self._rejections_seen = set(rejected)
+
+    def _ring_alerts(self, view: DashboardView) -> None:
+        """A warn/critical finding that has held long enough: the terminal bell and a notification."""
+        if self.alerts is None:
+            return
+        for alert in self.alerts.update(view.findings, view.snapshot.t):
+            finding = alert.finding
+            if alert.kind == "cleared":
+                self.notify(finding.title, title=f"cleared: {finding.cause}", timeout=8)
+                continue
+            self.bell()
+            severity: SeverityLevel = "error" if finding.severity == "critical" else "warning"
+            title = f"{finding.severity}: {finding.cause}" + (" (worse)" if alert.kind == "worsened" else "")
+            self.notify(f"{finding.title}\n{finding.suggestion}", title=title, severity=severity, timeout=15)
+
+    def _tell_ranks(self, view: DashboardView) -> None:
+        """A live source passes changed findings down to their run's ranks, for the trainer's logger."""
+        notify = getattr(self.source, "notify_findings", None)
+        if notify is not None:
+            for run_id, briefs in self._findings_to_ranks.changed(view.findings).items():
+                notify(run_id, briefs)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         if message.reason != self._last_failure:
@@ -403,6 +432,7 @@ def run_dashboard(
     diagnoser_factory: DiagnoserFactory | None = None,
     theme: str | None = None,
     remember_theme: Callable[[str], None] | None = None,
+    alerts: AlertTracker | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
@@ -410,7 +440,7 @@ def run_dashboard(
     is its one-line error) and stops it after.  ``remember_theme`` gets the
     theme on screen at exit (the user may have picked one in the command palette).
     """
-    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme)
+    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts)
     result = app.run()
     if remember_theme is not None:
         remember_theme(app.theme)

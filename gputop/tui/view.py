@@ -28,6 +28,7 @@ from gputop.model.figures import (
     phase_seconds,
     rank_series,
 )
+from gputop.model.jobs import job_text
 from gputop.model.samples import GpuProcess, GpuReading
 from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
 from gputop.model.stats import RankStats
@@ -102,6 +103,7 @@ class RunSummary:
     uptime_s: float
     steps_per_s: float | None
     gputop_cost: GputopCost  # what gputop costs its ranks
+    job: str = ""  # the scheduler's names for it (Slurm job, pod, torchrun id), "" outside one
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,10 +193,11 @@ def straggler_keys(findings: Sequence[Finding]) -> set[str]:
 
 
 def _gpu_text(rank: RankFigures) -> str:
-    """NVML index "3"; "(3)" the CUDA index on a host NVML here cannot see; "cpu"; "-" not reported."""
+    """NVML index "3"; "0+3" a DataParallel rank on 3 more; "(3)" a CUDA index NVML here cannot see; "cpu"; "-"."""
     device = rank.hello.device or ""
     if rank.gpu is not None:
-        return str(rank.gpu.index)
+        spans = len(rank.hello.device_uuids or ())
+        return f"{rank.gpu.index}+{spans - 1}" if spans > 1 else str(rank.gpu.index)  # "0+3": DataParallel
     if device.startswith("cpu"):
         return "cpu"
     if device.startswith("cuda:"):
@@ -232,6 +235,7 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
         uptime_s=t - run.view.first_seen_t,
         steps_per_s=median(rates) if rates else None,
         gputop_cost=run.gputop_cost,
+        job=job_text(run.view.ranks[0].hello, short=True) if run.view.ranks else "",
     )
 
 
@@ -305,7 +309,12 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
     gpu_rows = tuple(
         GpuRow(
             reading=a.gpu,
-            ranks=tuple((f"{names[r.run_id]}:" if several_runs else "") + f"r{r.rank}" for r in a.ranks),
+            ranks=tuple(
+                (f"{names[r.run_id]}:" if several_runs else "")
+                + f"r{r.rank}"
+                + (" DP" if r.hello.data_parallel else "")
+                for r in a.ranks
+            ),
             unobserved=a.unobserved,
         )
         for a in figures.assignments

@@ -40,6 +40,7 @@ class Model(L.LightningModule):
 
 if __name__ == "__main__":
     steps = int(sys.argv[1])
+    log_dir = sys.argv[2] if len(sys.argv) > 2 else None  # CSV logs, where gputop's figures go too
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -50,7 +51,8 @@ if __name__ == "__main__":
         callbacks=[GputopCallback()],
         enable_progress_bar=False,
         enable_model_summary=False,
-        logger=False,
+        logger=L.pytorch.loggers.CSVLogger(log_dir) if log_dir else False,
+        log_every_n_steps=5,
         enable_checkpointing=False,
     )
     trainer.fit(Model(), DataLoader(Slow(), batch_size=8), DataLoader(torch.randn(64, 32), batch_size=8))

@@ -16,6 +16,7 @@ from gputop.model.stats import RankStats
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
 from gputop.tui.view import DashboardView
+from gputop.tui.widgets.captures import CapturePanel, request_captures
 from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.phase_bar import PhaseBar
 
@@ -104,7 +105,11 @@ def _section(title: str, lines: list[Line]) -> Content:
 class RankDetailScreen(Screen[None]):
     """The rank ``key`` ("run_id:rank"); follows new snapshots while open; esc goes back."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("c", "capture(False)", "Profile rank"),
+        Binding("C", "capture(True)", "Profile run"),
+    ]
 
     def __init__(self, *, key: str, view: DashboardView) -> None:
         """Open on one rank.
@@ -123,6 +128,7 @@ class RankDetailScreen(Screen[None]):
             yield Static(id="detail-stats")
             yield PhaseBar(id="detail-phases")
             yield HistoryPanel(id="detail-history")
+            yield CapturePanel(id="detail-captures")
             yield Static(id="detail-na")
             yield Static(id="detail-facts")
             yield Static(id="detail-events")
@@ -136,6 +142,8 @@ class RankDetailScreen(Screen[None]):
     def show(self, view: DashboardView) -> None:
         """Redraw from a newer view (the app calls this on every refresh while open)."""
         self._view = view
+        if not self.is_mounted:  # a refresh between push_screen and compose: on_mount shows the newest view
+            return
         rank, row = view.rank(self.key), view.row(self.key)
         title = self.query_one("#detail-title", Static)
         if rank is None or row is None:
@@ -179,6 +187,8 @@ class RankDetailScreen(Screen[None]):
             )
         )
         self.query_one(PhaseBar).phases = tuple(phase_seconds(s).items())
+        run = next((r for r in view.snapshot.runs if r.run_id == rank.run_id), None)
+        self.query_one(CapturePanel).show(run.ranks if run is not None else (rank,), view.snapshot.t)
         self.query_one(HistoryPanel).series = view.series(self.key)
         na = self.query_one("#detail-na", Static)
         na.display = bool(row.na)
@@ -198,3 +208,12 @@ class RankDetailScreen(Screen[None]):
         if len(events) == 1:
             events.append(Content.styled("  none", "$text-muted"))
         self.query_one("#detail-events", Static).update(Content("\n").join(events))
+
+    def action_capture(self, whole_run: bool) -> None:
+        """Profile this rank's next steps (or every rank's of its run, side by side)."""
+        rank = self._view.rank(self.key)
+        if rank is None:
+            return
+        run = next((r for r in self._view.snapshot.runs if r.run_id == rank.run_id), None)
+        ranks = [r.rank for r in run.ranks if r.status == "live"] if (whole_run and run is not None) else [rank.rank]
+        request_captures(self.app, rank.run_id, ranks or [rank.rank])

@@ -87,6 +87,7 @@ class HeaderBar(Widget):
                 (fmt_rate(run.steps_per_s), "$text-muted" if run.steps_per_s is None else "bold"),
                 " steps/s",
                 *self._cost(run.gputop_cost.cpu_frac, run.gputop_cost.hook_s_per_step),
+                (f"  {run.job}", "$text-muted") if run.job else "",
             ]
         else:
             live = sum(r.live for r in view.runs)

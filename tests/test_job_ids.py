@@ -1,0 +1,72 @@
+"""Job ids: a rank under Slurm, Kubernetes or torchrun is named the way its scheduler names it."""
+
+from __future__ import annotations
+
+import time
+
+from gputop import report
+from gputop.model.figures import summarize
+from gputop.model.jobs import job_text
+from gputop.reporter.facts import job_facts, run_id
+from gputop.tui.view import build_view
+from tests.conftest import needs_torch, snapshot_of, wait_for
+from tests.test_reporter import _run_script
+from tests.tui_fixtures import hello
+
+SLURM = {"SLURM_JOB_ID": "48213", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[01-04]"}
+
+
+def test_slurm_job_and_step_name_the_run_for_every_task() -> None:
+    a = run_id({**SLURM, "MASTER_PORT": "29500", "LOCAL_RANK": "0"}, 8)
+    b = run_id({**SLURM, "MASTER_PORT": "29500", "LOCAL_RANK": "3"}, 8)
+    assert a == b and a.endswith("-slurm48213.0")
+    assert run_id({**SLURM, "SLURM_STEP_ID": "1"}, 8).endswith("-slurm48213.1")  # the next srun step is another run
+    assert run_id({**SLURM, "GPUTOP_RUN_ID": "mine"}, 8) == "mine"
+
+
+def test_job_facts_read_slurm_kubernetes_and_torchrun(tmp_path) -> None:
+    namespace = tmp_path / "namespace"
+    namespace.write_text("research\n")
+    env = {**SLURM, "TORCHELASTIC_RUN_ID": "8c1f", "KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-0"}
+    assert job_facts(env, namespace_file=str(namespace)) == {
+        "slurm_job_id": "48213",
+        "slurm_step_id": "0",
+        "slurm_nodelist": "gpu[01-04]",
+        "elastic_run_id": "8c1f",
+        "k8s_pod": "trainer-0",
+        "k8s_namespace": "research",
+    }
+    downward = {"KUBERNETES_SERVICE_HOST": "x", "POD_NAME": "w-1", "POD_NAMESPACE": "ml", "HOSTNAME": "h"}
+    assert job_facts(downward) == {"k8s_pod": "w-1", "k8s_namespace": "ml"}
+    # Outside a scheduler, and torchrun without a rendezvous id: nothing to show.
+    assert job_facts({"TORCHELASTIC_RUN_ID": "none", "HOSTNAME": "laptop"}) == {}
+
+
+@needs_torch
+def test_a_slurm_rank_shows_its_job_in_the_header_and_the_report(collector) -> None:
+    code = """
+        import torch, gputop
+        model = torch.nn.Linear(4, 2)
+        gputop.watch(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            model(torch.randn(2, 4)).sum().backward(); opt.step()
+    """
+    result = _run_script(code, collector.address.port, **SLURM, KUBERNETES_SERVICE_HOST="10.0.0.1",
+                         POD_NAME="trainer-0", POD_NAMESPACE="research")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert wait_for(lambda: any(v.status == "done" for v in snapshot_of(collector).all_ranks()))
+    snapshot = collector.store.snapshot(time.time(), history=None)
+    (view,) = snapshot.all_ranks()
+    assert view.run_id.endswith("-slurm48213.0")
+    header = build_view(summarize(snapshot)).runs[0].job
+    assert header == "slurm 48213.0 on gpu[01-04] · pod research/trainer-0"
+    text = report.render(snapshot, "text")
+    assert "job: slurm 48213.0 on gpu[01-04] · pod research/trainer-0" in text
+    assert '"slurm_job_id": "48213"' in report.render(snapshot, "json")
+
+
+def test_the_header_shortens_torchruns_long_id_and_the_report_keeps_it() -> None:
+    h = hello("r", 0, 2, elastic_run_id="b55d63fc-ebd0-4706-83bf-81f4b1ac7615")
+    assert job_text(h, short=True) == "torchrun b55d63fc…"
+    assert job_text(h) == "torchrun b55d63fc-ebd0-4706-83bf-81f4b1ac7615"
