@@ -33,6 +33,13 @@ class UserError(Exception):
     """Something the user can fix; printed as one line."""
 
 
+class UsageError(UserError):
+    """A combination of options that cannot work; one line, exit 2 like argparse's."""
+
+
+EXIT_USAGE = 2
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -47,6 +54,25 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--port", type=int, help="listen on TCP 127.0.0.1:PORT (runs started with GPUTOP_PORT=PORT)")
     group.add_argument("--socket", metavar="PATH", help="listen on this Unix socket instead of the per-user default")
+    group.add_argument(
+        "--listen",
+        metavar="ADDR:PORT",
+        help="listen on TCP ADDR:PORT for ranks on other hosts (GPUTOP_ADDR=HOST:PORT); off loopback it needs "
+        "GPUTOP_TOKEN; GPUTOP_TLS_CERT/GPUTOP_TLS_KEY add TLS",
+    )
+
+
+def _listen_address(args: argparse.Namespace) -> Address:
+    """Where to listen; a network-facing listener without a token is a usage error."""
+    from gputop.auth import Security, is_loopback
+
+    address = resolve(args.port, args.socket, listen=args.listen)
+    if address.is_tcp and not is_loopback(address.host) and not Security.from_env().token:
+        raise UsageError(
+            f"--listen {address.host}:{address.port} is reachable from the network: "
+            "set GPUTOP_TOKEN (the same value in every rank's environment)"
+        )
+    return address
 
 
 def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)
+    except UsageError as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (UserError, AddressError) as exc:
         print(f"gputop: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -131,7 +160,7 @@ def _run_dashboard(source: Any, refresh_s: float) -> int:
 def cmd_attach(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
 
-    source = LiveSource(resolve(args.port, args.socket), sample_interval_s=args.interval)
+    source = LiveSource(_listen_address(args), sample_interval_s=args.interval)
     source.start()
     try:
         return _run_dashboard(source, args.refresh)
@@ -178,7 +207,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
 
     _log_to_stderr()
-    address = resolve(args.port, args.socket)
+    address = _listen_address(args)
     recorder = _open_recorder(args.output, source=str(address))
     source = LiveSource(address, sample_interval_s=args.interval, recorder=recorder)
     try:
@@ -189,8 +218,15 @@ def cmd_record(args: argparse.Namespace) -> int:
     finally:
         source.stop()
         recorder.close()
-    ranks = len(source.snapshot().all_ranks())
-    print(f"gputop: wrote {recorder.lines} lines from {ranks} rank(s) to {args.output}", file=sys.stderr)
+    snapshot = source.snapshot()
+    ranks = snapshot.all_ranks()
+    hosts = len({r.hello.hostname for r in ranks})
+    print(
+        f"gputop: wrote {recorder.lines} lines from {len(ranks)} rank(s) on {hosts} host(s) to {args.output}",
+        file=sys.stderr,
+    )
+    if snapshot.token_refusals:
+        print(f"gputop: refused {snapshot.token_refusals} connection(s) for a wrong or missing token", file=sys.stderr)
     return 0
 
 
