@@ -62,6 +62,31 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_prometheus(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prometheus",
+        metavar="[ADDR]:PORT",
+        help="also serve Prometheus metrics on ADDR:PORT (:9464 = every interface); see docs/prometheus.md",
+    )
+
+
+def _start_prometheus(args: argparse.Namespace, source: Any) -> Any:
+    """The Prometheus endpoint over the source's snapshots, started; None when not asked for."""
+    if not args.prometheus:
+        return None
+    from gputop.address import parse_host_port
+    from gputop.export.prometheus import ExporterError, PrometheusExporter
+
+    where = parse_host_port(args.prometheus, "--prometheus")
+    assert where.port is not None
+    exporter = PrometheusExporter(source.snapshot, where.host, where.port)
+    try:
+        exporter.start()
+    except ExporterError as exc:
+        raise UserError(str(exc)) from None
+    return exporter
+
+
 def _listen_address(args: argparse.Namespace) -> Address:
     """Where to listen; a network-facing listener without a token is a usage error."""
     from gputop.auth import Security, is_loopback
@@ -94,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     attach = commands.add_parser("attach", help="open the dashboard (the default command)")
     _add_address(attach)
+    _add_prometheus(attach)
     _add_dashboard_options(attach)
 
     record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
@@ -101,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--seconds", type=_positive, required=True, help="stop after S seconds")
     record.add_argument("-o", "--output", type=Path, required=True, help="the recording to write (run.jsonl)")
     record.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="GPU/host sampling period")
+    _add_prometheus(record)
 
     report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
     report.add_argument("recording", type=Path)
@@ -162,9 +189,13 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
     source = LiveSource(_listen_address(args), sample_interval_s=args.interval)
     source.start()
+    exporter = None
     try:
+        exporter = _start_prometheus(args, source)
         return _run_dashboard(source, args.refresh)
     finally:
+        if exporter is not None:
+            exporter.stop()
         source.stop()
 
 
@@ -210,12 +241,17 @@ def cmd_record(args: argparse.Namespace) -> int:
     address = _listen_address(args)
     recorder = _open_recorder(args.output, source=str(address))
     source = LiveSource(address, sample_interval_s=args.interval, recorder=recorder)
+    exporter = None
     try:
         source.start()
-        print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s", file=sys.stderr)
+        exporter = _start_prometheus(args, source)
+        metrics = f", Prometheus metrics on :{exporter.port}/metrics" if exporter is not None else ""
+        print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
         with contextlib.suppress(KeyboardInterrupt):
             time.sleep(args.seconds)
     finally:
+        if exporter is not None:
+            exporter.stop()
         source.stop()
         recorder.close()
     snapshot = source.snapshot()

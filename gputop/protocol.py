@@ -105,6 +105,11 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     world_size: AtLeastOne = 1
     local_rank: Count = 0
     hostname: Text = ""
+    # Where the rank runs in a cluster, for Prometheus labels that join DCGM's: the
+    # Kubernetes pod and namespace, the Slurm job; None outside one.
+    pod: Text | None = None
+    namespace: Text | None = None
+    slurm_job: Text | None = None
     pid: Count = 0
     name: Text = ""  # the script, for humans
     started_t: float = 0.0  # unix time the reporter started

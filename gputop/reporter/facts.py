@@ -44,7 +44,33 @@ def identity(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     rank = rank if rank is not None else 0
     world = world if world is not None else 1
     local = local if local is not None else rank
-    return {"rank": rank, "world_size": world, "local_rank": local, "backend": backend, "run_id": run_id(env, world)}
+    return {
+        "rank": rank, "world_size": world, "local_rank": local, "backend": backend, "run_id": run_id(env, world),
+        **cluster_identity(env),
+    }  # fmt: skip
+
+
+K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def cluster_identity(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The Kubernetes pod and namespace and the Slurm job this process runs in, where it does."""
+    found: dict[str, str] = {}
+    if env.get("SLURM_JOB_ID"):
+        found["slurm_job"] = env["SLURM_JOB_ID"]
+    if env.get("KUBERNETES_SERVICE_HOST") or env.get("POD_NAME"):
+        # The downward API's usual names first; a pod's hostname is its name by default.
+        found["pod"] = env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
+        namespace = env.get("POD_NAMESPACE")
+        if not namespace:
+            try:
+                with open(K8S_NAMESPACE_FILE) as f:
+                    namespace = f.read().strip()
+            except OSError:
+                namespace = None
+        if namespace:
+            found["namespace"] = namespace
+    return found
 
 
 def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
@@ -63,6 +89,9 @@ def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     if elastic and elastic != "none":
         return f"{script}-{elastic}"
     port = env.get("MASTER_PORT", "")
+    if elastic == "none" and port and world_size > (_env_int(env, "LOCAL_WORLD_SIZE") or world_size):
+        # Several nodes under a static rendezvous: the agents' pids differ per node, the master does not.
+        return f"{script}-{env.get('MASTER_ADDR', 'localhost')}:{port}"
     if elastic == "none":
         return f"{script}-{os.getppid()}" + (f"-{port}" if port else "")
     if port and world_size > 1:
