@@ -125,7 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
     _add_address(record)
     record.add_argument("--seconds", type=_positive, required=True, help="stop after S seconds")
-    record.add_argument("-o", "--output", type=Path, required=True, help="the recording to write (run.jsonl)")
+    record.add_argument(
+        "-o", "--output", type=Path, required=True,
+        help="the recording to write: run.jsonl, or run.jsonl.gz compressed (stays readable if killed)",
+    )  # fmt: skip
+    record.add_argument(
+        "--merge-after", type=float, default=900.0, metavar="S",
+        help="from S seconds on, merge each rank's windows into --merge-s ones (default 900; -1: never)",
+    )  # fmt: skip
+    record.add_argument(
+        "--merge-s", type=_positive, default=10.0, metavar="S", help="merged window length (default 10)"
+    )
     record.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="GPU/host sampling period")
     _add_prometheus(record)
 
@@ -225,11 +235,11 @@ def _log_to_stderr() -> None:
     logger.setLevel(logging.INFO)
 
 
-def _open_recorder(path: Path, *, source: str) -> Recorder:
+def _open_recorder(path: Path, *, source: str, merge_after_s: float | None = None, merge_s: float = 10.0) -> Recorder:
     from gputop.recording import Recorder, RecordingError
 
     try:
-        return Recorder(path, source=source)
+        return Recorder(path, source=source, merge_after_s=merge_after_s, merge_s=merge_s)
     except RecordingError as exc:
         raise UserError(str(exc)) from None
 
@@ -239,7 +249,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     _log_to_stderr()
     address = _listen_address(args)
-    recorder = _open_recorder(args.output, source=str(address))
+    merge_after_s = args.merge_after if args.merge_after >= 0 else None
+    recorder = _open_recorder(args.output, source=str(address), merge_after_s=merge_after_s, merge_s=args.merge_s)
     source = LiveSource(address, sample_interval_s=args.interval, recorder=recorder)
     exporter = None
     try:
