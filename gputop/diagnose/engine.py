@@ -15,6 +15,7 @@ from gputop.diagnose.findings import CAUSES, Finding
 from gputop.diagnose.rules.allocation import allocation_findings
 from gputop.diagnose.rules.communication import communication_findings
 from gputop.diagnose.rules.data_loading import data_loading_findings
+from gputop.diagnose.rules.hosts import with_hosts
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
@@ -36,9 +37,9 @@ def diagnose(machine: Figures) -> list[Finding]:
         for parallelism in parallelism_findings(run):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
-        findings += run_findings
-        findings += model_config_findings(run)
-        findings += memory_findings(run)
+        run_findings += model_config_findings(run)
+        run_findings += memory_findings(run)
+        findings += with_hosts(run_findings, run)  # slow nodes; titles name the host in multi-host runs
     allocation = allocation_findings(machine)
     findings += allocation
     findings += unobserved_findings(machine, gpus_already_reported={g for f in allocation for g in f.gpus})
