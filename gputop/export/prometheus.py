@@ -1,11 +1,14 @@
 """The Prometheus endpoint: `gputop record --prometheus :9464` and `gputop attach --prometheus`.
 
-A refresh thread reads a snapshot every ``refresh_s``, computes the figures
-and the live findings (with the same persistence as the dashboard's panel)
-and keeps the resulting families; a scrape only encodes the latest ones, so a
-scrape costs no diagnosis and a slow scraper never holds the store's lock.
-prometheus-client serves the HTTP side on its own daemon thread; it is loaded
-only here (``pip install 'gputop[prometheus]'``).
+A scrape reads a snapshot, computes the figures and the live findings (with
+the same persistence and hysteresis as the dashboard's panel) and encodes them;
+scrapes closer than ``refresh_s`` share one computation.  Computing on demand
+rather than on a timer makes the cost follow the scrape interval: at 1,024
+ranks a 2-s timer cost the recorder 30% of a core, one 15-s scrape ~4%
+(docs/performance.md).  The findings then advance once per scrape, so one that
+must hold 1 s shows from the second scrape that sees it.  prometheus-client
+serves the HTTP side on its own daemon thread; it is loaded only here
+(``pip install 'gputop[prometheus]'``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from gputop.export.metrics import Family, families
 from gputop.model.figures import summarize
 from gputop.model.snapshot import Snapshot
 
-REFRESH_S = 2.0  # Prometheus scrapes every 15-60 s; findings persist over seconds
+REFRESH_S = 2.0  # two scrapers (an HA pair) within this share one computation
 
 
 class ExporterError(Exception):
@@ -39,8 +42,8 @@ class PrometheusExporter:
         self.gpu_hostname = socket.gethostname()  # NVML readings are this machine's
         self._families: list[Family] = []
         self._diagnoser = Diagnoser()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gputop-prometheus", daemon=True)
+        self._lock = threading.Lock()  # prometheus-client may serve two scrapes at once
+        self._refreshed_at = -float("inf")  # monotonic time of the last computation
         self._server: Any = None
         self.last_refresh_s = 0.0  # how long the last refresh took (figures + findings + families)
 
@@ -51,23 +54,18 @@ class PrometheusExporter:
             raise ExporterError("--prometheus needs prometheus-client: pip install 'gputop[prometheus]'") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]  # a collector is anything with collect()
-        self.refresh()
         try:
             self._server, _ = start_http_server(self.port, addr=self.host, registry=registry)
         except OSError as exc:
             raise ExporterError(f"cannot serve Prometheus metrics on {self.host}:{self.port}: {exc.strerror}") from None
         if self.port == 0:
             self.port = self._server.server_port
-        self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 self._server.shutdown()
                 self._server.server_close()
-        if self._thread.is_alive():
-            self._thread.join(self.refresh_s + 1)
 
     def refresh(self) -> None:
         started = time.perf_counter()
@@ -77,16 +75,17 @@ class PrometheusExporter:
         self._families = families(figures, findings, gpu_hostname=self.gpu_hostname)
         self.last_refresh_s = time.perf_counter() - started
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.refresh_s):
-            with contextlib.suppress(Exception):  # a bad refresh keeps the last families; the next one retries
-                self.refresh()
-
     def collect(self) -> Iterator[Any]:
-        """Called by prometheus-client on each scrape: encode the latest families, nothing more."""
+        """Called by prometheus-client on each scrape: refresh if due, then encode the families."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        for family in self._families:
+        with self._lock:
+            if time.monotonic() - self._refreshed_at >= self.refresh_s:
+                self._refreshed_at = time.monotonic()
+                with contextlib.suppress(Exception):  # a failed refresh serves the last families
+                    self.refresh()
+            current = self._families
+        for family in current:
             spec = family.spec
             kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
             metric = kind(spec.name, spec.help, labels=spec.labels)
