@@ -5,7 +5,9 @@ Default: a per-user Unix socket in a folder only that user can enter
 so other users of a shared GPU server can neither read the telemetry nor feed
 the dashboard.  ``GPUTOP_PORT=N`` (reporter) / ``--port N`` (dashboard) switch
 to TCP on 127.0.0.1; ``GPUTOP_SOCKET=PATH`` / ``--socket PATH`` pick another
-Unix socket.
+Unix socket.  ``GPUTOP_ADDR=HOST:PORT`` (reporter) / ``--listen ADDR:PORT``
+(dashboard, recorder) reach across machines over TCP; a listener that is not
+on loopback needs ``GPUTOP_TOKEN`` (see ``gputop.auth``).
 """
 
 from __future__ import annotations
@@ -46,8 +48,25 @@ def default_socket_path(env: Mapping[str, str] = os.environ) -> Path:
     return Path(f"/tmp/gputop-{os.getuid()}") / "gputop.sock"
 
 
-def resolve(port: int | None = None, socket_path: str | None = None, env: Mapping[str, str] = os.environ) -> Address:
+def parse_host_port(text: str, what: str) -> Address:
+    """``HOST:PORT`` or ``[V6]:PORT`` (``:PORT`` alone means every interface) as a TCP address."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise AddressError(f"{what}={text!r} is not HOST:PORT")
+    host = host.strip("[]") or "0.0.0.0"
+    return Address(host=host, port=_check_port(int(port_text)))
+
+
+def resolve(
+    port: int | None = None,
+    socket_path: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    *,
+    listen: str | None = None,
+) -> Address:
     """The address from explicit options, else the environment, else the default socket."""
+    if listen:
+        return parse_host_port(listen, "--listen")
     if port is not None:
         return Address(port=_check_port(port))
     if socket_path:
@@ -57,6 +76,8 @@ def resolve(port: int | None = None, socket_path: str | None = None, env: Mappin
             return Address(port=_check_port(int(env["GPUTOP_PORT"])))
         except ValueError:
             raise AddressError(f"GPUTOP_PORT={env['GPUTOP_PORT']!r} is not a port number") from None
+    if env.get("GPUTOP_ADDR"):
+        return parse_host_port(env["GPUTOP_ADDR"], "GPUTOP_ADDR")
     if env.get("GPUTOP_SOCKET"):
         return Address(path=Path(env["GPUTOP_SOCKET"]))
     return Address(path=default_socket_path(env))

@@ -34,6 +34,13 @@ class UserError(Exception):
     """Something the user can fix; printed as one line."""
 
 
+class UsageError(UserError):
+    """A combination of options that cannot work; one line, exit 2 like argparse's."""
+
+
+EXIT_USAGE = 2
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -56,6 +63,50 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--port", type=int, help="listen on TCP 127.0.0.1:PORT (runs started with GPUTOP_PORT=PORT)")
     group.add_argument("--socket", metavar="PATH", help="listen on this Unix socket instead of the per-user default")
+    group.add_argument(
+        "--listen",
+        metavar="ADDR:PORT",
+        help="listen on TCP ADDR:PORT for ranks on other hosts (GPUTOP_ADDR=HOST:PORT); off loopback it needs "
+        "GPUTOP_TOKEN; GPUTOP_TLS_CERT/GPUTOP_TLS_KEY add TLS",
+    )
+
+
+def _add_prometheus(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prometheus",
+        metavar="[ADDR]:PORT",
+        help="also serve Prometheus metrics on ADDR:PORT (:9464 = every interface); see docs/prometheus.md",
+    )
+
+
+def _start_prometheus(args: argparse.Namespace, source: Any) -> Any:
+    """The Prometheus endpoint over the source's snapshots, started; None when not asked for."""
+    if not args.prometheus:
+        return None
+    from gputop.address import parse_host_port
+    from gputop.export.prometheus import ExporterError, PrometheusExporter
+
+    where = parse_host_port(args.prometheus, "--prometheus")
+    assert where.port is not None
+    exporter = PrometheusExporter(source.snapshot, where.host, where.port)
+    try:
+        exporter.start()
+    except ExporterError as exc:
+        raise UserError(str(exc)) from None
+    return exporter
+
+
+def _listen_address(args: argparse.Namespace) -> Address:
+    """Where to listen; a network-facing listener without a token is a usage error."""
+    from gputop.auth import Security, is_loopback
+
+    address = resolve(args.port, args.socket, listen=args.listen)
+    if address.is_tcp and not is_loopback(address.host) and not Security.from_env().token:
+        raise UsageError(
+            f"--listen {address.host}:{address.port} is reachable from the network: "
+            "set GPUTOP_TOKEN (the same value in every rank's environment)"
+        )
+    return address
 
 
 def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
@@ -123,12 +174,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     attach = commands.add_parser("attach", help="open the dashboard (the default command)")
     _add_address(attach)
+    _add_prometheus(attach)
     _add_dashboard_options(attach)
 
     record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
     _add_address(record)
     record.add_argument("--seconds", type=_positive, required=True, help="stop after S seconds")
-    record.add_argument("-o", "--output", type=Path, required=True, help="the recording to write (run.jsonl)")
+    record.add_argument(
+        "-o", "--output", type=Path, required=True,
+        help="the recording to write: run.jsonl, or run.jsonl.gz compressed (stays readable if killed)",
+    )  # fmt: skip
+    record.add_argument(
+        "--merge-after", type=float, default=900.0, metavar="S",
+        help="from S seconds on, merge each rank's windows into --merge-s ones (default 900; -1: never)",
+    )  # fmt: skip
+    record.add_argument(
+        "--merge-s", type=_positive, default=10.0, metavar="S", help="merged window length (default 10)"
+    )
     record.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="GPU/host sampling period")
     record.add_argument(
         "--on-finding",
@@ -137,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--alert-after seconds, again when it worsens or clears",
     )
     _add_alert_after(record)
+    _add_prometheus(record)
 
     capture = commands.add_parser(
         "capture",
@@ -182,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)
+    except UsageError as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (UserError, AddressError) as exc:
         print(f"gputop: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -235,11 +301,15 @@ def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
 def cmd_attach(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
 
-    source = LiveSource(resolve(args.port, args.socket), sample_interval_s=args.interval)
+    source = LiveSource(_listen_address(args), sample_interval_s=args.interval)
     source.start()
+    exporter = None
     try:
+        exporter = _start_prometheus(args, source)
         return _run_dashboard(source, args)
     finally:
+        if exporter is not None:
+            exporter.stop()
         source.stop()
 
 
@@ -269,11 +339,11 @@ def _log_to_stderr() -> None:
     logger.setLevel(logging.INFO)
 
 
-def _open_recorder(path: Path, *, source: str) -> Recorder:
+def _open_recorder(path: Path, *, source: str, merge_after_s: float | None = None, merge_s: float = 10.0) -> Recorder:
     from gputop.recording import Recorder, RecordingError
 
     try:
-        return Recorder(path, source=source)
+        return Recorder(path, source=source, merge_after_s=merge_after_s, merge_s=merge_s)
     except RecordingError as exc:
         raise UserError(str(exc)) from None
 
@@ -282,22 +352,35 @@ def cmd_record(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
 
     _log_to_stderr()
-    address = resolve(args.port, args.socket)
-    recorder = _open_recorder(args.output, source=str(address))
+    address = _listen_address(args)
+    merge_after_s = args.merge_after if args.merge_after >= 0 else None
+    recorder = _open_recorder(args.output, source=str(address), merge_after_s=merge_after_s, merge_s=args.merge_s)
     source = LiveSource(address, sample_interval_s=args.interval, recorder=recorder)
+    exporter = None
     try:
         source.start()
-        print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s", file=sys.stderr)
+        exporter = _start_prometheus(args, source)
+        metrics = f", Prometheus metrics on :{exporter.port}/metrics" if exporter is not None else ""
+        print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
         with contextlib.suppress(KeyboardInterrupt):
             if args.on_finding:
                 _record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
             else:
                 time.sleep(args.seconds)
     finally:
+        if exporter is not None:
+            exporter.stop()
         source.stop()
         recorder.close()
-    ranks = len(source.snapshot().all_ranks())
-    print(f"gputop: wrote {recorder.lines} lines from {ranks} rank(s) to {args.output}", file=sys.stderr)
+    snapshot = source.snapshot()
+    ranks = snapshot.all_ranks()
+    hosts = len({r.hello.hostname for r in ranks})
+    print(
+        f"gputop: wrote {recorder.lines} lines from {len(ranks)} rank(s) on {hosts} host(s) to {args.output}",
+        file=sys.stderr,
+    )
+    if snapshot.token_refusals:
+        print(f"gputop: refused {snapshot.token_refusals} connection(s) for a wrong or missing token", file=sys.stderr)
     return 0
 
 

@@ -70,3 +70,77 @@ def test_a_file_that_is_not_a_recording_is_refused(tmp_path, content: str) -> No
 def test_a_missing_file_is_a_one_line_error(tmp_path) -> None:
     with pytest.raises(recording.RecordingError, match="cannot read"):
         recording.load(tmp_path / "nope.jsonl")
+
+
+def test_a_gz_recording_is_compressed_and_what_was_flushed_survives_a_kill(tmp_path) -> None:
+    """A recorder SIGKILLed mid-stream: the gzip stream has no end, every flushed window still reads back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "run.jsonl.gz"
+    writer = f"""
+import time
+from pathlib import Path
+from gputop.recording import Recorder
+from gputop.protocol import Hello, Window
+r = Recorder(Path({str(path)!r}), source="test")
+r.message(Hello(run_id="r", rank=0), 1.0)
+for i in range(1, 10**7):
+    r.message(Window(run_id="r", rank=0, seq=i, t0=i, t1=i + 0.5, steps=1, step_total=i), i)
+    if i % 100 == 0:
+        print(i, flush=True)
+        time.sleep(0.01)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+    time.sleep(recording.GZIP_FLUSH_S * 2.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    written = max(int(line) for line in proc.communicate()[0].split())
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    stats = recording.ReadStats()
+    store, last_t = recording.load(path, stats)
+    (view,) = store.snapshot(last_t, history=None).all_ranks()
+    seqs = [w.seq for w in view.windows]
+    assert seqs == list(range(1, len(seqs) + 1)), "a gap or a repeat in what read back"
+    assert len(seqs) >= 100 and len(seqs) <= written + 100
+    assert path.stat().st_size < 40 * len(seqs), "not compressed"  # a window line is ~110 bytes of JSON
+
+
+def test_merged_windows_report_what_the_full_recording_reports(tmp_path) -> None:
+    """`record --merge-after 0`: 20x fewer window lines, and `gputop report` says the same per rank."""
+    from gputop import report
+    from tests.diagnose_fixtures import T0, RankSpec, rank_windows
+
+    specs = [RankSpec(rank=0, step_s=0.1, loader_frac=0.3), RankSpec(rank=1, step_s=0.05, comm_frac=0.4)]
+    reports, window_lines = [], []
+    for name, merge_after_s in (("full.jsonl", None), ("merged.jsonl.gz", 0.0)):
+        path = tmp_path / name
+        recorder = recording.Recorder(path, source="test", merge_after_s=merge_after_s)
+        recorder.started_t = T0  # the recording's clock is the fixture's
+        for spec in specs:
+            recorder.message(Hello(run_id="r", rank=spec.rank, world_size=2, loader_batch_size=8), T0)
+            windows = rank_windows(spec, "r", seconds=120, t_end=T0 + 120)
+            for window in windows:
+                recorder.message(window, window.t1)
+            recorder.message(Bye(run_id="r", rank=spec.rank, t=T0 + 120, step_total=windows[-1].step_total), T0 + 120)
+        recorder.close()
+        store, last_t = recording.load(path)
+        window_lines.append(sum(len(v.windows) for v in store.snapshot(last_t, history=None).all_ranks()))
+        reports.append(json.loads(report.render(store.snapshot(last_t, history=None), "json")))
+    full, merged = reports
+    assert window_lines[1] * 19 <= window_lines[0], window_lines
+    _assert_same_ranks(full, merged)
+    assert [f["cause"] for f in full["findings"]] == [f["cause"] for f in merged["findings"]]
+
+
+def _assert_same_ranks(full: dict, merged: dict) -> None:
+    """Every per-rank figure of the report equal (floats within 2%: p50/p95 become step-weighted means)."""
+    for a, b in zip(full["runs"][0]["ranks"], merged["runs"][0]["ranks"], strict=True):
+        for key, value in a.items():
+            other = b[key]
+            if isinstance(value, float) and isinstance(other, float):
+                assert other == pytest.approx(value, rel=0.02, abs=1e-9), key
+            elif key != "windows":
+                assert other == value, key

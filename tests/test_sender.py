@@ -7,6 +7,7 @@ import threading
 import time
 
 from gputop.address import Address
+from gputop.auth import Challenge, encode_frame
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.protocol import Hello, Window, encode
@@ -42,10 +43,18 @@ def test_late_dashboard_gets_hello_then_the_whole_backlog(collector: Collector) 
 
 
 def test_frozen_dashboard_costs_drops_not_a_stall() -> None:
-    """A listener that never reads: pump() keeps returning, the backlog stays bounded, drops are counted."""
+    """A listener that admits us, then never reads: pump() keeps returning, the backlog stays bounded."""
     frozen = socket.socket()
     frozen.bind(("127.0.0.1", 0))
     frozen.listen(1)
+
+    def admit_then_freeze() -> None:  # the collector's TCP greeting (no token), then silence
+        conn, _ = frozen.accept()
+        conn.sendall(encode_frame(Challenge(nonce="00", token=False)))
+        held.append(conn)
+
+    held: list[socket.socket] = []
+    threading.Thread(target=admit_then_freeze, daemon=True).start()
     sender = Sender(Address(port=frozen.getsockname()[1]), backlog_frames=50)
     sender.set_hello(encode(Hello(run_id="r", rank=0)))
     big = encode(Hello(run_id="r", rank=0, name="x" * 60_000))

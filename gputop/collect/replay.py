@@ -25,7 +25,7 @@ class ReplaySource:
         self.speed = max(speed, 1e-3)
         self.stats = recording.ReadStats()
         self._entries = sorted(recording.read(path, self.stats), key=lambda e: e.t)
-        self.store = Store()
+        self.store = Store(lost_after_s=self.stats.lost_after_s)  # merged windows come seconds apart
         self.store.listen = f"replay of {path}"
         self._start_t = self._entries[0].t if self._entries else 0.0
         self._end_t = self._entries[-1].t if self._entries else 0.0

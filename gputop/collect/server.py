@@ -5,6 +5,10 @@ streams windows.  A malformed, oversized or wrong-version frame closes that one
 connection with a logged reason and never the collector.  The listening socket
 is bound in ``start()`` on the caller's thread, so "address in use" is an
 ordinary exception the CLI can turn into one line.
+
+A TCP connection is admitted first (``_admit``: the token handshake of
+``gputop.auth``, inside TLS when a certificate is given); a listener off
+loopback refuses to start without a token.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gputop import auth
 from gputop.address import Address, AddressError, default_socket_path, ensure_private_dir
 from gputop.collect.capture_relay import CaptureRelay, is_capture_request
 from gputop.collect.store import Store
@@ -45,6 +50,7 @@ DisconnectListener = Callable[[str, int, str, float, int], None]
 # A reporter speaks for one rank (two while it learns its real name); more is a misbehaving peer.
 MAX_RANKS_PER_CONNECTION = 8
 READ_CHUNK_BYTES = 256 * 1024
+AUTH_TIMEOUT_S = 10.0  # a reporter answers a challenge in one round trip
 
 
 class Collector:
@@ -57,9 +63,11 @@ class Collector:
         *,
         on_message: MessageListener | None = None,
         on_disconnect: DisconnectListener | None = None,
+        security: auth.Security | None = None,
     ) -> None:
         self.store = store
         self.address = address
+        self.security = security if security is not None else auth.Security.from_env()
         self.on_message = on_message
         self.on_disconnect = on_disconnect
         self._sock: socket.socket | None = None
@@ -68,10 +76,17 @@ class Collector:
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
         self.captures = CaptureRelay()  # profiler capture requests down to ranks, results back
+        self._ssl: Any = None
 
     def start(self) -> None:
         """Bind (raising AddressError with a one-line reason) and serve on a daemon thread."""
+        if self.address.is_tcp and not auth.is_loopback(self.address.host) and not self.security.token:
+            raise AddressError(
+                f"refusing to listen on {self.address} without GPUTOP_TOKEN: anyone on the network could feed it"
+            )
+        ssl_context = self._ssl_context()
         self._sock = self._bind()
+        self._ssl = ssl_context
         if self.address.is_tcp and self.address.port == 0:  # an ephemeral port: say which one
             self.address = Address(host=self.address.host, port=self._sock.getsockname()[1])
         self.store.listen = str(self.address)
@@ -100,10 +115,23 @@ class Collector:
         """Tell the run's connected ranks the findings shown for it now (they log them); any thread."""
         self.captures.notify_findings_from_thread(run_id, findings, self._loop)
 
+    def _ssl_context(self) -> Any:
+        if not (self.address.is_tcp and self.security.tls_server):
+            return None
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(self.security.tls_cert, self.security.tls_key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise AddressError(f"cannot load the TLS certificate {self.security.tls_cert}: {exc}") from None
+        return context
+
     def _bind(self) -> socket.socket:
         address = self.address
         if address.is_tcp:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((address.host, address.port))
@@ -140,7 +168,7 @@ class Collector:
         self._loop = loop
         try:
             if self.address.is_tcp:
-                start = asyncio.start_server(self._handle, sock=self._sock, limit=MAX_FRAME_BYTES)
+                start = asyncio.start_server(self._handle, sock=self._sock, limit=MAX_FRAME_BYTES, ssl=self._ssl)
             else:
                 start = asyncio.start_unix_server(self._handle, sock=self._sock, limit=MAX_FRAME_BYTES)
             self._server = loop.run_until_complete(start)
@@ -163,6 +191,8 @@ class Collector:
         reason = "connection closed"
         pending = b""  # the start of a frame whose newline has not arrived yet
         try:
+            if self.address.is_tcp and not await self._admit(reader, writer, peer):
+                return
             while True:
                 # Whole chunks, not a readuntil per frame: a reporter's backlog arrives as
                 # hundreds of frames at once, and they are checked and stored as one batch.
@@ -208,6 +238,37 @@ class Collector:
                         self.on_disconnect(run_id, rank, reason, time.time(), pid)
             with contextlib.suppress(Exception):
                 writer.close()
+
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> bool:
+        """The token handshake: challenge, check the reporter's proof, prove ours; False when refused."""
+        token = self.security.token
+        challenge = auth.Challenge(nonce=auth.new_nonce(), token=bool(token))
+        writer.write(auth.encode_frame(challenge))
+        if not token:
+            return True  # frames follow at once; nothing to check
+        why = ""
+        try:
+            line = await asyncio.wait_for(reader.readline(), AUTH_TIMEOUT_S)
+            reply = auth.decode_frame(line)
+        except (asyncio.TimeoutError, asyncio.LimitOverrunError, ValueError, ConnectionError):
+            why = "no answer to the token challenge"
+        except auth.HandshakeError:
+            why = "missing token"
+        else:
+            if not isinstance(reply, auth.Auth):
+                why = "missing token"
+            elif not auth.verify(token, "reporter", challenge.nonce, reply.nonce, reply.mac):
+                why = "wrong token"
+        if why:
+            with contextlib.suppress(Exception):
+                writer.write(auth.encode_frame(auth.Refused(reason=why)))
+                await writer.drain()
+            self._reject(peer, why)
+            self.store.refused_token()
+            return False
+        assert isinstance(reply, auth.Auth)
+        writer.write(auth.encode_frame(auth.Welcome(mac=auth.mac(token, "collector", challenge.nonce, reply.nonce))))
+        return True
 
     @staticmethod
     def _accept(frames: list[bytes], ranks: dict[tuple[str, int], int]) -> tuple[list[Message], str]:

@@ -115,6 +115,7 @@ class Store:
         self._gpu: deque[GpuSample] = deque(maxlen=history_samples)
         self._host: deque[HostSample] = deque(maxlen=history_samples)
         self._rejected: deque[str] = deque(maxlen=20)
+        self.token_refusals = 0  # connections refused for a wrong or missing token
         self.lost_after_s = lost_after_s
         self.listen = listen
         # Called with each GPU or host sample after it is stored (the recorder taps here).
@@ -221,6 +222,11 @@ class Store:
         with self._lock:
             self._rejected.append(reason)
 
+    def refused_token(self) -> None:
+        """Count a connection refused at the token handshake (its reason is already in ``rejected``)."""
+        with self._lock:
+            self.token_refusals += 1
+
     def add_gpu(self, sample: GpuSample) -> None:
         with self._lock:
             self._gpu.append(sample)
@@ -279,6 +285,7 @@ class Store:
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
             rejected = tuple(self._rejected)
             histories = {run_id: seconds.view(now) for run_id, seconds in self._run_seconds.items()}
+            token_refusals = self.token_refusals
         runs = []
         for run_id, entries in by_run.items():
             ranks = tuple(sorted((v for _, v in entries), key=lambda v: v.rank))
@@ -302,6 +309,7 @@ class Store:
             host_history=host_history,
             listen=self.listen,
             rejected=rejected,
+            token_refusals=token_refusals,
         )
 
     def _status(self, state: _Rank, now: float) -> tuple[Status, str]:

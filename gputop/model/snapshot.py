@@ -93,6 +93,7 @@ class Snapshot:
     host_history: tuple[HostSample, ...] = ()
     listen: str = ""  # where the collector listens, for the empty-state screen
     rejected: tuple[str, ...] = ()  # recent connections closed for bad frames, with reasons
+    token_refusals: int = 0  # connections refused at the token handshake, since the collector started
 
     def all_ranks(self) -> list[RankView]:
         return [rank for run in self.runs for rank in run.ranks]

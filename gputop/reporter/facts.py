@@ -108,6 +108,9 @@ def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     if elastic and elastic != "none":
         return f"{script}-{elastic}"
     port = env.get("MASTER_PORT", "")
+    if elastic == "none" and port and world_size > (_env_int(env, "LOCAL_WORLD_SIZE") or world_size):
+        # Several nodes under a static rendezvous: the agents' pids differ per node, the master does not.
+        return f"{script}-{env.get('MASTER_ADDR', 'localhost')}:{port}"
     if elastic == "none":
         return f"{script}-{os.getppid()}" + (f"-{port}" if port else "")
     if port and world_size > 1:

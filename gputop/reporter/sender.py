@@ -6,6 +6,10 @@ The socket is non-blocking: a slow or frozen dashboard fills the kernel buffer,
 ``send`` stops making progress, frames pile up in the backlog and the oldest are
 dropped — the reporter never waits.  After a reconnect the latest hello goes
 first, then the backlog, so a dashboard started late still sees the history.
+
+Over TCP a connection opens with the token handshake (``gputop.auth``), done
+blocking with a short timeout on the reporter thread (never the training
+thread) before the socket turns non-blocking; optionally inside TLS.
 """
 
 from __future__ import annotations
@@ -16,26 +20,30 @@ import socket
 import time
 from collections import deque
 
+from gputop import auth
 from gputop.address import Address, default_socket_path, private_dir_problem
 from gputop.protocol import MAX_FRAME_BYTES
 
 BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 5.0
 CONNECT_TIMEOUT_S = 0.2  # loopback or a local socket answers in microseconds
+HANDSHAKE_TIMEOUT_S = 2.0  # a remote collector's challenge and verdict: one round trip each, plus TLS
+REFUSED_BACKOFF_S = 30.0  # a collector that refused our token will refuse it again soon
 MAX_INFLIGHT_BYTES = 256 * 1024  # taken from the backlog per pump, ahead of the kernel
 
 
 class Sender:
     """Owns the connection; ``enqueue`` frames, call ``pump`` often."""
 
-    def __init__(self, address: Address, *, backlog_frames: int) -> None:
+    def __init__(self, address: Address, *, backlog_frames: int, security: auth.Security | None = None) -> None:
         self.address = address
+        self.security = security if security is not None else auth.Security.from_env()
         self.backlog: deque[bytes] = deque()
         self.backlog_frames = backlog_frames
         self.dropped = 0  # frames dropped because the backlog was full
         self.connects = 0
         self.sent_bytes = 0  # written to a socket, over the reporter's life
-        self.refused = ""  # why the default socket folder was not trusted, once seen
+        self.refused = ""  # why we may not report there (socket folder not ours, token refused), once seen
         self.hello = b""
         self._sock: socket.socket | None = None
         self._inflight: deque[bytes] = deque()  # taken from the backlog, not yet fully sent
@@ -120,6 +128,7 @@ class Sender:
             if self.address.is_tcp:
                 sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._secure(sock)
             else:
                 path = self.address.path
                 assert path is not None
@@ -149,13 +158,38 @@ class Sender:
             self.backlog.appendleft(self.hello)
         return True
 
+    def _secure(self, sock: socket.socket) -> socket.socket:
+        """TLS if configured, then the token handshake; raises OSError when refused."""
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            if self.security.tls_ca:
+                import ssl  # only reporters that use TLS pay for loading it
+
+                global _WOULD_BLOCK
+                _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+                cafile = None if self.security.tls_ca == "system" else self.security.tls_ca
+                context = ssl.create_default_context(cafile=cafile)
+                sock = context.wrap_socket(sock, server_hostname=self.address.host)
+            refusal = _handshake(sock, self.security.token, str(self.address))
+        except auth.HandshakeError as exc:
+            refusal = f"{self.address} is not a gputop collector that speaks this version ({exc})"
+        except OSError:
+            sock.close()
+            raise
+        if refusal:
+            sock.close()
+            self.refused = refusal
+            self._backoff_s = REFUSED_BACKOFF_S
+            raise ConnectionRefusedError(refusal)
+        return sock
+
     def _send(self) -> None:
         sock = self._sock
         while sock is not None and self._inflight:
             frame = self._inflight[0]
             try:
                 sent = sock.send(memoryview(frame)[self._offset :])
-            except BlockingIOError:
+            except _WOULD_BLOCK:
                 return  # kernel buffer full: the dashboard is slow; try next pump
             except OSError as exc:
                 if exc.errno == errno.EINTR:
@@ -168,3 +202,44 @@ class Sender:
                 self._inflight.popleft()
                 self._inflight_bytes -= len(frame)
                 self._offset = 0
+
+
+# What a non-blocking send raises when the kernel buffer is full; ssl's own two
+# join once a TLS socket exists (ssl is loaded only then).
+_WOULD_BLOCK: tuple[type[Exception], ...] = (BlockingIOError,)
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """One handshake line, read a byte at a time so no telemetry-side byte is consumed."""
+    line = bytearray()
+    while len(line) <= auth.MAX_HANDSHAKE_LINE_BYTES:
+        byte = sock.recv(1)
+        if not byte:
+            raise ConnectionResetError("collector closed the connection during the handshake")
+        if byte == b"\n":
+            return bytes(line)
+        line += byte
+    raise auth.HandshakeError("handshake frame too long")
+
+
+def _handshake(sock: socket.socket, token: str, where: str) -> str:
+    """Run the reporter's side of the handshake; "" when admitted, else the one-line reason."""
+    challenge = auth.decode_frame(_read_line(sock))
+    if not isinstance(challenge, auth.Challenge):
+        raise auth.HandshakeError(f"expected a challenge, got {type(challenge).__name__.lower()}")
+    if not challenge.token:
+        if token:
+            return f"{where} asks for no token but GPUTOP_TOKEN is set; start it with the same GPUTOP_TOKEN"
+        return ""
+    if not token:
+        return f"{where} requires a token; set GPUTOP_TOKEN to the collector's"
+    reply = auth.answer(challenge, token)
+    sock.sendall(auth.encode_frame(reply))
+    verdict = auth.decode_frame(_read_line(sock))
+    if isinstance(verdict, auth.Refused):
+        return f"{where} refused this rank: {verdict.reason}"
+    if not isinstance(verdict, auth.Welcome) or not auth.verify(
+        token, "collector", challenge.nonce, reply.nonce, verdict.mac
+    ):
+        return f"{where} could not prove it holds GPUTOP_TOKEN; not sending it telemetry"
+    return ""

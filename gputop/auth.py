@@ -1,0 +1,127 @@
+"""Proving a shared token over TCP without sending it: the HMAC challenge-response.
+
+Pure functions and the handshake's frame types; the sockets are the sender's
+and the collector's business.  One exchange per TCP connection, before any
+telemetry:
+
+    collector -> reporter   {"type":"challenge","nonce":Nc,"token":true}
+    reporter  -> collector  {"type":"auth","nonce":Nr,"mac":HMAC(token, "reporter"|Nc|Nr)}
+    collector -> reporter   {"type":"welcome","mac":HMAC(token, "collector"|Nc|Nr)}
+                         or {"type":"refused","reason":"wrong token"}
+
+Both sides prove the token: the reporter's proof lets it in, the collector's
+proof tells the reporter its telemetry goes to the holder of the token and not
+to whoever answered on that port.  Only random nonces and MACs cross the wire;
+the role in each MAC keeps one side's proof from being replayed as the other's.
+A collector without a token sends ``"token": false`` and reads frames at once.
+Confidentiality of the telemetry itself is TLS's job (certificate and key paths).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+NONCE_BYTES = 16
+MAX_HANDSHAKE_LINE_BYTES = 1024  # a frame of the handshake is under 200 bytes
+_DOMAIN = b"gputop-auth-v1"
+
+
+class HandshakeError(Exception):
+    """A handshake frame that is not what the other side had to send; one line."""
+
+
+class Challenge(msgspec.Struct, frozen=True, tag_field="type", tag="challenge"):
+    nonce: str
+    token: bool
+
+
+class Auth(msgspec.Struct, frozen=True, tag_field="type", tag="auth"):
+    nonce: str
+    mac: str
+
+
+class Welcome(msgspec.Struct, frozen=True, tag_field="type", tag="welcome"):
+    mac: str
+
+
+class Refused(msgspec.Struct, frozen=True, tag_field="type", tag="refused"):
+    reason: str
+
+
+HandshakeFrame = Challenge | Auth | Welcome | Refused
+_decoder = msgspec.json.Decoder(HandshakeFrame)
+
+
+def encode_frame(frame: HandshakeFrame) -> bytes:
+    return msgspec.json.encode(frame) + b"\n"
+
+
+def decode_frame(line: bytes) -> HandshakeFrame:
+    if len(line) > MAX_HANDSHAKE_LINE_BYTES:
+        raise HandshakeError("handshake frame too long")
+    try:
+        return _decoder.decode(line.strip())
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise HandshakeError(f"not a gputop handshake ({exc})") from None
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def mac(token: str, role: str, collector_nonce: str, reporter_nonce: str) -> str:
+    """HMAC-SHA256 of the role and both nonces under the token, hex."""
+    message = b"|".join((_DOMAIN, role.encode(), collector_nonce.encode(), reporter_nonce.encode()))
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def verify(token: str, role: str, collector_nonce: str, reporter_nonce: str, claimed: str) -> bool:
+    """Whether ``claimed`` is the MAC for this role; constant-time compare."""
+    return hmac.compare_digest(mac(token, role, collector_nonce, reporter_nonce), claimed)
+
+
+def answer(challenge: Challenge, token: str) -> Auth:
+    """The reporter's reply to a challenge."""
+    nonce = new_nonce()
+    return Auth(nonce=nonce, mac=mac(token, "reporter", challenge.nonce, nonce))
+
+
+@dataclass(frozen=True)
+class Security:
+    """What secures a TCP connection: the shared token and TLS files, from the environment."""
+
+    token: str = ""
+    tls_cert: str = ""  # collector: its certificate chain (PEM)
+    tls_key: str = ""  # collector: its private key (PEM)
+    tls_ca: str = ""  # reporter: the CA that signed the collector's certificate; "system" for the default store
+
+    @property
+    def tls_server(self) -> bool:
+        return bool(self.tls_cert)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Security:
+        return cls(
+            token=env.get("GPUTOP_TOKEN", ""),
+            tls_cert=env.get("GPUTOP_TLS_CERT", ""),
+            tls_key=env.get("GPUTOP_TLS_KEY", ""),
+            tls_ca=env.get("GPUTOP_TLS_CA", ""),
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener on ``host`` is reachable from this machine only."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

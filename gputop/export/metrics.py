@@ -1,0 +1,186 @@
+"""gputop's figures and findings as Prometheus metric families: pure, no client library.
+
+``families(figures, findings, ...)`` turns one refresh's ``Figures`` (the same
+numbers the dashboard and the report show) and the live findings into plain
+frozen families; ``gputop.export.prometheus`` hands them to prometheus-client.
+Every metric is declared once in ``METRICS`` with its help text, and
+docs/prometheus.md documents each one (a test checks).
+
+Conventions: base units in names (``_seconds``, ``_bytes``, ``_ratio`` for 0..1),
+counters end in ``_total`` (prometheus-client appends it), label names those of
+NVIDIA's DCGM exporter where the thing is the same (``UUID``, ``gpu``,
+``modelName``, ``Hostname``, ``pod``, ``namespace``) so a Grafana panel joins
+``gputop_*`` with ``DCGM_FI_*`` on ``UUID``.  Cardinality is bounded: ranks are
+those the store keeps (at most ``MAX_RUNS`` runs), capped at ``MAX_RANK_SERIES``;
+a finding is one series whatever the number of ranks it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gputop.diagnose.findings import Finding
+from gputop.model.figures import PHASES, Figures, RankFigures, phase_seconds
+from gputop.model.snapshot import LOST
+
+Kind = Literal["gauge", "counter"]
+MAX_RANK_SERIES = 4096  # ranks exported per scrape; a 1,024-rank job is ~35k series in all
+
+RANK_LABELS = ("run", "rank", "Hostname", "UUID", "pod", "namespace", "slurm_job")
+GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
+FINDING_LABELS = ("cause", "severity", "run", "Hostname", "rank", "gpu")
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str  # without _total for counters: the client library appends it
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Family:
+    spec: Spec
+    samples: tuple[tuple[tuple[str, ...], float], ...]  # label values in spec order, value
+
+
+def _rank(name: str, help_text: str, kind: Kind = "gauge", extra: tuple[str, ...] = ()) -> Spec:
+    return Spec(name, kind, help_text, RANK_LABELS + extra)
+
+
+def _gpu(name: str, help_text: str, extra: tuple[str, ...] = ()) -> Spec:
+    return Spec(name, "gauge", help_text, GPU_LABELS + extra)
+
+
+SPAN = "over the last 10 s of windows"
+METRICS: tuple[Spec, ...] = (
+    _rank("gputop_rank_up", "1 while the rank reports (or finished cleanly), 0 once it is lost"),
+    _rank("gputop_steps", "Optimizer steps the rank has taken", "counter"),
+    _rank("gputop_step_time_seconds", f"Wall time per training step, quantile {SPAN}", extra=("quantile",)),
+    _rank("gputop_step_time_mean_seconds", f"Mean wall time per training step {SPAN}"),
+    _rank("gputop_gpu_step_time_seconds", f"Median GPU time per step from CUDA events {SPAN}"),
+    _rank("gputop_steps_per_second", f"Steps per second {SPAN}"),
+    _rank("gputop_samples_per_second", f"Samples per second (steps x DataLoader batch size) {SPAN}"),
+    _rank("gputop_loader_wait_ratio", f"Share of step time blocked waiting for the next batch {SPAN}"),
+    _rank("gputop_exposed_comm_ratio", f"Share of step time in gradient exchange not hidden by backward {SPAN}"),
+    _rank("gputop_phase_seconds", f"Seconds per step in each phase {SPAN}", extra=("phase",)),
+    _rank("gputop_phase_ratio", f"Share of step time in each phase {SPAN}", extra=("phase",)),
+    _rank("gputop_memory_allocated_bytes", "CUDA memory allocated by tensors (torch.cuda.memory_stats)"),
+    _rank("gputop_memory_reserved_bytes", "CUDA memory reserved by PyTorch's caching allocator"),
+    _rank("gputop_memory_peak_bytes", "Peak CUDA memory allocated"),
+    _rank("gputop_memory_alloc_retries", "cudaMalloc retries after freeing the cache (memory pressure)", "counter"),
+    _rank("gputop_process_cpu_ratio", f"The rank process's CPU, 1 = one core busy {SPAN}"),
+    _rank("gputop_process_resident_memory_bytes", "The rank process's resident memory"),
+    _rank("gputop_dataloader_workers", "DataLoader worker processes of the rank"),
+    _rank("gputop_dataloader_workers_cpu_ratio", f"The rank's DataLoader workers' CPU, 1 = one core {SPAN}"),
+    _rank("gputop_reporter_cpu_ratio", f"gputop's own reporter thread's CPU in the rank, 1 = one core {SPAN}"),
+    _rank("gputop_windows_dropped", "Windows the rank dropped because its backlog was full", "counter"),
+    _gpu("gputop_gpu_utilization_ratio", "NVML GPU utilization (share of time a kernel ran)"),
+    _gpu("gputop_gpu_memory_used_bytes", "NVML memory used on the GPU, every process"),
+    _gpu("gputop_gpu_memory_total_bytes", "NVML memory on the GPU"),
+    _gpu("gputop_gpu_power_watts", "NVML power draw"),
+    _gpu("gputop_gpu_temperature_celsius", "NVML GPU temperature"),
+    _gpu("gputop_gpu_foreign_processes", "Processes on the GPU that are no reporting rank nor its child"),
+    _gpu("gputop_gpu_rank_info", "1 for each rank on the GPU, joined by device UUID", extra=("run", "rank")),
+    Spec(
+        "gputop_finding",
+        "gauge",
+        "1 for each diagnosis at work; rank is empty when it names several, Hostname when they span hosts",
+        FINDING_LABELS,
+    ),
+    Spec("gputop_collector_ranks", "gauge", "Ranks the collector knows, by status (live, lost, done)", ("status",)),
+    Spec("gputop_collector_hosts", "gauge", "Hosts with at least one reporting rank", ()),
+    Spec("gputop_token_refusals", "counter", "Connections refused for a wrong or missing GPUTOP_TOKEN", ()),
+    Spec(
+        "gputop_exporter_rank_series_omitted", "gauge", f"Ranks left out past {MAX_RANK_SERIES} (cardinality cap)", ()
+    ),
+)
+SPECS = {spec.name: spec for spec in METRICS}
+
+
+def _rank_labels(r: RankFigures) -> tuple[str, ...]:
+    hello = r.hello
+    return (
+        r.run_id, str(r.rank), hello.hostname, hello.device_uuid or "", hello.k8s_pod or "", hello.k8s_namespace or "",
+        hello.slurm_job_id or "",
+    )  # fmt: skip
+
+
+def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float | None]]]:
+    """Each rank metric's samples for one rank: extra label values and the value (None: not measured)."""
+    s = r.stats
+    last = r.view.windows[-1] if r.view.windows else None
+    phases = phase_seconds(s)
+    step = s.step_time_mean_s
+
+    def ratio(pct: float | None) -> float | None:
+        return None if pct is None else pct / 100
+
+    return {
+        "gputop_rank_up": [((), 0.0 if r.status == LOST else 1.0)],
+        "gputop_steps": [((), float(last.step_total) if last is not None and last.step_total is not None else None)],
+        "gputop_step_time_seconds": [(("0.5",), s.step_time_p50_s), (("0.95",), s.step_time_p95_s)],
+        "gputop_step_time_mean_seconds": [((), step)],
+        "gputop_gpu_step_time_seconds": [((), s.gpu_step_time_p50_s)],
+        "gputop_steps_per_second": [((), s.steps_per_s)],
+        "gputop_samples_per_second": [((), s.samples_per_s)],
+        "gputop_loader_wait_ratio": [((), s.loader_wait_frac)],
+        "gputop_exposed_comm_ratio": [((), s.exposed_comm_frac)],
+        "gputop_phase_seconds": [((p,), phases[p]) for p in PHASES],
+        "gputop_phase_ratio": [
+            ((p,), None if phases[p] is None or not step else phases[p] / step)  # type: ignore[operator]
+            for p in PHASES
+        ],
+        "gputop_memory_allocated_bytes": [((), s.mem_allocated_bytes)],
+        "gputop_memory_reserved_bytes": [((), s.mem_reserved_bytes)],
+        "gputop_memory_peak_bytes": [((), s.mem_peak_bytes)],
+        "gputop_memory_alloc_retries": [((), s.alloc_retries)],
+        "gputop_process_cpu_ratio": [((), ratio(s.cpu_pct))],
+        "gputop_process_resident_memory_bytes": [((), s.rss_bytes)],
+        "gputop_dataloader_workers": [((), s.workers)],
+        "gputop_dataloader_workers_cpu_ratio": [((), ratio(s.workers_cpu_pct))],
+        "gputop_reporter_cpu_ratio": [((), ratio(s.reporter_cpu_pct))],
+        "gputop_windows_dropped": [((), float(s.dropped))],
+    }
+
+
+def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str) -> list[Family]:
+    """Every metric of ``METRICS`` for one refresh; a value not measured is left out, never made up."""
+    out: dict[str, list[tuple[tuple[str, ...], float]]] = {spec.name: [] for spec in METRICS}
+    ranks = figures.all_ranks()
+    host_of = {(r.run_id, r.rank): r.hello.hostname for r in ranks}
+    for r in ranks[:MAX_RANK_SERIES]:
+        labels = _rank_labels(r)
+        for name, samples in _rank_values(r).items():
+            out[name] += [(labels + extra, float(v)) for extra, v in samples if v is not None]
+    for a in figures.assignments:
+        g = a.gpu
+        labels = (str(g.index), g.uuid, g.name, gpu_hostname)
+        for name, value in (
+            ("gputop_gpu_utilization_ratio", None if g.util_pct is None else g.util_pct / 100),
+            ("gputop_gpu_memory_used_bytes", g.mem_used_bytes),
+            ("gputop_gpu_memory_total_bytes", g.mem_total_bytes),
+            ("gputop_gpu_power_watts", g.power_w),
+            ("gputop_gpu_temperature_celsius", g.temp_c),
+            ("gputop_gpu_foreign_processes", len(a.unobserved)),
+        ):
+            if value is not None:
+                out[name].append((labels, float(value)))
+        out["gputop_gpu_rank_info"] += [((*labels, v.run_id, str(v.rank)), 1.0) for v in a.ranks]
+    finding_series: dict[tuple[str, ...], float] = {}  # two findings alike in every label are one series
+    for f in findings:
+        hosts = {host_of.get((f.run_id or "", rank), "") for rank in f.ranks}
+        host = f.extra.get("hostname") or (hosts.pop() if len(hosts) == 1 else "")
+        rank = str(f.ranks[0]) if len(f.ranks) == 1 else ""
+        gpu = str(f.gpus[0]) if len(f.gpus) == 1 else ""
+        finding_series[(f.cause, f.severity, f.run_id or "", str(host), rank, gpu)] = 1.0
+    out["gputop_finding"] = list(finding_series.items())
+    statuses = [r.status for r in ranks]
+    out["gputop_collector_ranks"] = [((status,), float(statuses.count(status))) for status in sorted(set(statuses))]
+    out["gputop_collector_hosts"] = [((), float(len({r.hello.hostname for r in ranks if r.status != LOST})))]
+    out["gputop_token_refusals"] = [((), float(figures.snapshot.token_refusals))]
+    out["gputop_exporter_rank_series_omitted"] = [((), float(max(len(ranks) - MAX_RANK_SERIES, 0)))]
+    return [Family(spec, tuple(out[spec.name])) for spec in METRICS]

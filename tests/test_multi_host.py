@@ -1,0 +1,130 @@
+"""Two hosts, one collector: a real 2-node torchrun job across network namespaces, reporting with a token.
+
+A real Prometheus in the head namespace scrapes the recorder's endpoint while the
+job trains, and a PromQL query returns the 4 ranks' step times under their hosts.
+
+The test makes three namespaces (``tests/netns.py``): a head where `gputop record
+--listen` runs, and two nodes, each running 2 ranks of one 4-rank gloo job under a
+host name of its own.  Every rank proves GPUTOP_TOKEN to the recorder across the
+bridge; a rank with a wrong token is refused, counted, and says so once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputop import recording
+from gputop.model.stats import rank_stats
+from tests.conftest import JOBS, finish, needs_torch, wait_for
+from tests.netns import Cluster
+from tests.prometheus_server import Prometheus
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+TOKEN = "g12-shared-secret"
+COLLECTOR_PORT = 32100
+MASTER_PORT = 32110
+STEPS = 300  # long enough for Prometheus to scrape the ranks mid-run (1 s scrapes)
+EXPORTER_PORT = 32101
+PROMETHEUS_PORT = 32102
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    made = Cluster(["head", "node-a", "node-b"], prefix=f"g12-{os.getpid()}")
+    made.create()
+    try:
+        yield made
+    finally:
+        made.destroy()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTOP_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    head, node_a, node_b = cluster.hosts
+    out = tmp_path / "cluster.jsonl"
+    recorder = subprocess.Popen(
+        head.command(sys.executable, "-m", "gputop", "record", "--listen", f"{head.address}:{COLLECTOR_PORT}",
+                     "--seconds", "600", "-o", str(out), "--prometheus", f"{head.address}:{EXPORTER_PORT}"),
+        env=_env(GPUTOP_TOKEN=TOKEN), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reporting = {"GPUTOP_ADDR": f"{head.address}:{COLLECTOR_PORT}", "GLOO_SOCKET_IFNAME": "eth0"}
+    nodes = []
+    for node_rank, host in enumerate((node_a, node_b)):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+                    "--nproc_per_node=2", f"--master_addr={node_a.address}", f"--master_port={MASTER_PORT}",
+                    str(JOBS / "ddp_job.py"), "--steps", str(STEPS), "--delay-ms", "10"]  # fmt: skip
+        nodes.append(
+            subprocess.Popen(
+                host.command(*torchrun),
+                env=_env(GPUTOP_TOKEN=TOKEN, **reporting),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    intruder = subprocess.Popen(
+        node_b.command(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                       str(JOBS / "ddp_job.py"), "--steps", "20"),
+        env=_env(GPUTOP_TOKEN="not-the-token", **reporting),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    prometheus = Prometheus([f"{head.address}:{EXPORTER_PORT}"], tmp_path, PROMETHEUS_PORT, netns=head.netns)
+    try:
+        prometheus.wait_ready()
+        scraped: list[dict[str, Any]] = []
+        while len(scraped) < 4 and nodes[0].poll() is None:  # the ranks' step times, while they train
+            time.sleep(1)
+            scraped = prometheus.query("gputop_step_time_mean_seconds")
+        outputs = [finish(node, timeout_s=180) for node in nodes]
+        intruder_out = finish(intruder, timeout_s=180)
+        assert wait_for(lambda: out.exists() and out.read_text().count('"type":"bye"') == 4, timeout_s=30), (
+            f"the recording has {out.read_text().count(chr(10)) if out.exists() else 0} lines and "
+            f"{out.read_text().count('bye') if out.exists() else 0} byes"
+        )
+    finally:
+        prometheus.stop()
+        recorder.send_signal(signal.SIGINT)
+        try:
+            _, recorder_err = recorder.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            recorder.kill()
+            _, recorder_err = recorder.communicate()
+    for rank in range(4):
+        assert f"rank {rank} steps {STEPS}" in "".join(outputs)
+    assert "not reporting" not in "".join(outputs), "a rank with the right token was refused"
+
+    store, last_t = recording.load(out)
+    snapshot = store.snapshot(last_t, history=None)
+    (run,) = snapshot.runs  # one run id on both nodes, though each node has its own torchrun agent
+    assert run.world_size == 4
+    assert Counter(v.hello.hostname for v in run.ranks) == {"node-a": 2, "node-b": 2}
+    assert {v.hello.hostname for v in run.ranks if v.hello.local_rank == 0} == {"node-a", "node-b"}
+    for view in run.ranks:
+        assert rank_stats(view.windows).steps == STEPS, f"rank {view.rank} on {view.hello.hostname}"
+
+    by_host = Counter(r["metric"]["Hostname"] for r in scraped)
+    assert by_host == {"node-a": 2, "node-b": 2}, f"PromQL over the head's Prometheus returned {scraped}"
+    assert all(0.001 < float(r["value"][1]) < 10 for r in scraped), scraped
+
+    refusals = [line for line in intruder_out.splitlines() if "gputop: not reporting" in line]
+    assert len(refusals) == 1 and "wrong token" in refusals[0], intruder_out[-2000:]
+    assert "rank 0 steps 20" in intruder_out  # refused, and it trained on
+    assert "from 4 rank(s) on 2 host(s)" in recorder_err, recorder_err
+    assert "for a wrong or missing token" in recorder_err and "wrong token" in recorder_err, recorder_err
