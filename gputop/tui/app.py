@@ -47,8 +47,10 @@ from gputop.tui.widgets.run_chart import RunChart
 # scrolling stay immediate, since the UI thread never does that work.
 FIGURES_DUTY = 0.05
 # Past views kept for time travel, as rank-views (a view of 1,024 ranks counts
-# 1,024): 10 minutes at 2 Hz for a 2-rank job, about a minute at 1,024 ranks.
-PAST_BUDGET_RANKS = 150_000
+# 1,024; one costs about 3 KiB with its figures and the windows it holds on to):
+# 10 minutes at 2 Hz for a 2-rank job, 2.6 minutes at 64 ranks, the last 20
+# views at 1,024 ranks, where a 150,000 budget had RSS past 580 MiB.
+PAST_BUDGET_RANKS = 20_000
 PAST_MAX_VIEWS = 1200
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
