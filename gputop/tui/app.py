@@ -49,8 +49,12 @@ from gputop.tui.widgets.run_chart import RunChart
 # scrolling stay immediate, since the UI thread never does that work.
 FIGURES_DUTY = 0.05
 # Past views kept for time travel, as rank-views (a view of 1,024 ranks counts
-# 1,024): 10 minutes at 2 Hz for a 2-rank job, about a minute at 1,024 ranks.
-PAST_BUDGET_RANKS = 150_000
+# 1,024).  A view holds its figures and the 40 windows a rank it was built from,
+# windows the store may already have dropped, so past views cost more memory
+# than the store at many ranks: 10 minutes at 2 Hz for a 2-rank job, a minute at
+# 64 ranks, the last 7 moments at 1,024 (where 20,000 held RSS near 575 MiB).
+PAST_BUDGET_RANKS = 8_000
+PAST_MIN_VIEWS = 5
 PAST_MAX_VIEWS = 1200
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
@@ -211,7 +215,7 @@ class GputopApp(App[int]):
         past.append(view)
         if self.paused:
             self._travel += 1  # keep pointing at the view on screen
-        keep = max(PAST_BUDGET_RANKS // max(len(view.rank_rows), 1), 20)
+        keep = max(PAST_BUDGET_RANKS // max(len(view.rank_rows), 1), PAST_MIN_VIEWS)
         while len(past) > keep:
             past.popleft()
         self._travel = min(self._travel, len(past) - 1)
