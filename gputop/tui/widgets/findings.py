@@ -84,4 +84,6 @@ class FindingsPanel(Widget):
             lines.append(self._hanging(head, f.title, "", 2))
             if not self.brief and f.suggestion:
                 lines.append(self._hanging([("  → ", "")], f.suggestion, "$text-muted", 4))
+            if not self.brief and f.worth_text:
+                lines.append(self._hanging([("  ≈ ", "")], f.worth_text, "$success", 4))
         return Content("\n").join(lines)
