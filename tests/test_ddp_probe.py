@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gputop.reporter.probes.ddp import CPU_DDP_SAMPLE_RATE, DEFAULT_DDP_SAMPLE_RATE, DdpProbe
+from gputop.reporter.probes.ddp import CPU_DDP_SAMPLE_RATE, DEFAULT_DDP_SAMPLE_RATE, DdpProbe, ddp_settings
 
 MS = 1e6  # DDP logs nanoseconds
 
@@ -132,3 +132,11 @@ def test_a_refused_sample_rate_still_reads_ddps_own_samples() -> None:
     assert isinstance(probe.rate_error, RuntimeError) and not probe.averaging
     ddp.step(10, 20, 8, 6)
     assert probe.read([])["comm_s"] == pytest.approx(0.008)
+
+
+def test_ddp_settings_count_the_rebuilt_buckets_that_run() -> None:
+    """DDP rebuilds its buckets after the first iteration: the construction-time layout is often one bucket."""
+    data = {"bucket_sizes": "38440", "has_rebuilt_buckets": 1, "rebuilt_bucket_sizes": "1024, 2048, 4096"}
+    assert ddp_settings(data)["ddp_buckets"] == 3
+    assert ddp_settings({"bucket_sizes": "38440", "has_rebuilt_buckets": 0})["ddp_buckets"] == 1
+    assert "ddp_buckets" not in ddp_settings({"find_unused_parameters": 1})

@@ -29,7 +29,7 @@ from gputop.diagnose.thresholds import (
 )
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import Figures, RankFigures
-from gputop.model.samples import BusyProcess
+from gputop.model.samples import BusyProcess, HostSample
 from gputop.model.stats import median
 
 
@@ -74,24 +74,27 @@ class HostLoad:
 
 
 def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> HostLoad:
-    """Count what runs on a host; others only from a host sample of that very host."""
+    """Count what runs on a host; others from the span's host samples of that very host, averaged."""
     cores = max((r.hello.cpu_count for r in ranks if r.hello.cpu_count), default=None)
-    host = machine.host
     job_pids = {r.hello.pid for r in ranks}
-    sampled = host is not None and any(p.pid in job_pids for p in host.processes)
+    since_t = None if machine.span_s is None else machine.t - machine.span_s
+    # The samples that saw these ranks: a report's last sample comes after the ranks exited.
+    samples = [
+        h
+        for h in machine.snapshot.host_history
+        if (since_t is None or h.t >= since_t) and any(p.pid in job_pids for p in h.processes)
+    ]
     others: tuple[BusyProcess, ...] = ()
     host_cpu: float | None = None
-    if sampled and host is not None:
-        for reading in host.processes:
-            job_pids.add(reading.pid)
-            job_pids.update(reading.child_pids)
-        others = tuple(
-            p
-            for p in host.busy
-            if p.pid not in job_pids and p.pid != host.gputop_pid and p.cpu_pct >= OTHER_PROCESS_CPU_PCT
-        )
-        host_cpu = host.cpu_pct
-        cores = cores or host.cpu_count
+    if samples:
+        for h in samples:
+            for reading in h.processes:
+                job_pids.add(reading.pid)
+                job_pids.update(reading.child_pids)
+        others = busy_others(samples, job_pids)
+        known = [h.cpu_pct for h in samples if h.cpu_pct is not None]
+        host_cpu = sum(known) / len(known) if known else None
+        cores = cores or samples[-1].cpu_count
     return HostLoad(
         hostname=hostname,
         cores=cores,
@@ -101,6 +104,24 @@ def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> 
         threads_per_rank=max((r.hello.torch_threads or 1 for r in ranks), default=1),
         others=others,
         host_cpu_pct=host_cpu,
+    )
+
+
+def busy_others(samples: Sequence[HostSample], job_pids: set[int]) -> tuple[BusyProcess, ...]:
+    """Processes outside the job and gputop, by their mean CPU over the samples (absent counts 0), busiest first."""
+    seen: dict[int, BusyProcess] = {}
+    used: dict[int, float] = {}
+    for h in samples:
+        for p in h.busy:
+            if p.pid in job_pids or p.pid == h.gputop_pid:
+                continue
+            seen[p.pid] = p
+            used[p.pid] = used.get(p.pid, 0.0) + p.cpu_pct
+    mean = {pid: total / len(samples) for pid, total in used.items()}
+    return tuple(
+        BusyProcess(pid=pid, name=seen[pid].name, cpu_pct=round(cpu, 1), user=seen[pid].user)
+        for pid, cpu in sorted(mean.items(), key=lambda item: -item[1])
+        if cpu >= OTHER_PROCESS_CPU_PCT
     )
 
 

@@ -43,7 +43,10 @@ def ddp_settings(data: dict[str, Any]) -> dict[str, Any]:
         value = data.get(key)
         return int(value) if isinstance(value, int) and value >= 0 else None
 
-    buckets = data.get("bucket_sizes")
+    # After its first iteration DDP rebuilds the buckets in the order gradients became ready:
+    # the construction-time layout (bucket_sizes) is often a single bucket, the rebuilt one is what runs.
+    buckets = data.get("rebuilt_bucket_sizes") if data.get("has_rebuilt_buckets") else None
+    buckets = buckets if isinstance(buckets, str) and buckets.strip() else data.get("bucket_sizes")
     facts = {
         "ddp_find_unused_parameters": flag("find_unused_parameters"),
         "ddp_unused_parameter_bytes": size("unused_parameter_size"),
