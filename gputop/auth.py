@@ -1,7 +1,8 @@
 """Proving a shared token over TCP without sending it: the HMAC challenge-response.
 
-Pure functions and the handshake's frame types; the sockets are the sender's
-and the collector's business.  One exchange per TCP connection, before any
+Pure functions and the handshake's frame types, and the connecting side's
+exchange on a blocking socket (``client_handshake``: the reporter's sender and
+``gputop capture`` run it); the collector's side is in the collector.  One exchange per TCP connection, before any
 telemetry:
 
     collector -> reporter   {"type":"challenge","nonce":Nc,"token":true}
@@ -24,6 +25,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -125,3 +127,41 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to anything
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """One handshake line, read a byte at a time so no telemetry-side byte is consumed."""
+    line = bytearray()
+    while len(line) <= MAX_HANDSHAKE_LINE_BYTES:
+        byte = sock.recv(1)
+        if not byte:
+            raise ConnectionResetError("collector closed the connection during the handshake")
+        if byte == b"\n":
+            return bytes(line)
+        line += byte
+    raise HandshakeError("handshake frame too long")
+
+
+def client_handshake(sock: socket.socket, token: str, where: str) -> str:
+    """The connecting side of the handshake on a blocking socket (a reporter, `gputop capture`).
+
+    "" when admitted, else the one-line reason to print.  Reads a byte at a
+    time, so no byte after the handshake is consumed.
+    """
+    challenge = decode_frame(_read_line(sock))
+    if not isinstance(challenge, Challenge):
+        raise HandshakeError(f"expected a challenge, got {type(challenge).__name__.lower()}")
+    if not challenge.token:
+        if token:
+            return f"{where} asks for no token but GPUTOP_TOKEN is set; start it with the same GPUTOP_TOKEN"
+        return ""
+    if not token:
+        return f"{where} requires a token; set GPUTOP_TOKEN to the collector's"
+    reply = answer(challenge, token)
+    sock.sendall(encode_frame(reply))
+    verdict = decode_frame(_read_line(sock))
+    if isinstance(verdict, Refused):
+        return f"{where} refused this connection: {verdict.reason}"
+    if not isinstance(verdict, Welcome) or not verify(token, "collector", challenge.nonce, reply.nonce, verdict.mac):
+        return f"{where} could not prove it holds GPUTOP_TOKEN; not sending it telemetry"
+    return ""

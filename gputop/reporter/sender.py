@@ -170,7 +170,7 @@ class Sender:
                 cafile = None if self.security.tls_ca == "system" else self.security.tls_ca
                 context = ssl.create_default_context(cafile=cafile)
                 sock = context.wrap_socket(sock, server_hostname=self.address.host)
-            refusal = _handshake(sock, self.security.token, str(self.address))
+            refusal = auth.client_handshake(sock, self.security.token, str(self.address))
         except auth.HandshakeError as exc:
             refusal = f"{self.address} is not a gputop collector that speaks this version ({exc})"
         except OSError:
@@ -207,39 +207,3 @@ class Sender:
 # What a non-blocking send raises when the kernel buffer is full; ssl's own two
 # join once a TLS socket exists (ssl is loaded only then).
 _WOULD_BLOCK: tuple[type[Exception], ...] = (BlockingIOError,)
-
-
-def _read_line(sock: socket.socket) -> bytes:
-    """One handshake line, read a byte at a time so no telemetry-side byte is consumed."""
-    line = bytearray()
-    while len(line) <= auth.MAX_HANDSHAKE_LINE_BYTES:
-        byte = sock.recv(1)
-        if not byte:
-            raise ConnectionResetError("collector closed the connection during the handshake")
-        if byte == b"\n":
-            return bytes(line)
-        line += byte
-    raise auth.HandshakeError("handshake frame too long")
-
-
-def _handshake(sock: socket.socket, token: str, where: str) -> str:
-    """Run the reporter's side of the handshake; "" when admitted, else the one-line reason."""
-    challenge = auth.decode_frame(_read_line(sock))
-    if not isinstance(challenge, auth.Challenge):
-        raise auth.HandshakeError(f"expected a challenge, got {type(challenge).__name__.lower()}")
-    if not challenge.token:
-        if token:
-            return f"{where} asks for no token but GPUTOP_TOKEN is set; start it with the same GPUTOP_TOKEN"
-        return ""
-    if not token:
-        return f"{where} requires a token; set GPUTOP_TOKEN to the collector's"
-    reply = auth.answer(challenge, token)
-    sock.sendall(auth.encode_frame(reply))
-    verdict = auth.decode_frame(_read_line(sock))
-    if isinstance(verdict, auth.Refused):
-        return f"{where} refused this rank: {verdict.reason}"
-    if not isinstance(verdict, auth.Welcome) or not auth.verify(
-        token, "collector", challenge.nonce, reply.nonce, verdict.mac
-    ):
-        return f"{where} could not prove it holds GPUTOP_TOKEN; not sending it telemetry"
-    return ""
