@@ -135,8 +135,9 @@ def contention_evidence(load: HostLoad, median_frac: float, threshold_frac: floa
     if load.demand_per_core is not None:
         evidence.append(Evidence("runnable_per_cpu", load.demand_per_core, CPU_DEMAND_OVER_CORES, "x"))
     main = [r.stats.main_cpu_wait_frac for r in load.ranks if r.stats.main_cpu_wait_frac is not None]
-    if main:
-        evidence.append(Evidence("training_thread_cpu_wait_pct", pct(max(main)), pct(threshold_frac), "%"))
+    if main:  # corroboration: shown with the comparison it makes, crossed or not
+        op = ">" if max(main) > threshold_frac else "<="
+        evidence.append(Evidence("training_thread_cpu_wait_pct", pct(max(main)), pct(threshold_frac), "%", op=op))
     if load.host_cpu_pct is not None and load.host_cpu_pct > HOST_CPU_BUSY_PCT:
         evidence.append(Evidence("host_cpu_pct", load.host_cpu_pct, HOST_CPU_BUSY_PCT, "%"))
     for other in load.others[:3]:
