@@ -1,0 +1,148 @@
+"""Healthy jobs of different shapes, and steady jobs interrupted by periodic stalls.
+
+Each function is one whole training job as a user would write it; the
+expected cause is in the runner's catalogue (benchmarks/diagnosis_accuracy.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+from common import Deadline, finish, start
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+import gputop
+
+
+def cifar_convnet() -> nn.Module:
+    """Much compute for few weights (the demo's healthy model): the all-reduce is small next to backward."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 8 * 8, 10),
+    )  # fmt: skip
+
+
+def images(n: int = 2048) -> TensorDataset:
+    return TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,)))
+
+
+def healthy_convnet(seconds: float) -> None:
+    """A CIFAR-sized convnet over epochs of a DistributedSampler (set_epoch each epoch), small buckets."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = images()
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=64, sampler=sampler)
+    deadline, steps, epoch = Deadline(seconds), 0, 0
+    while True:
+        sampler.set_epoch(epoch)
+        for x, y in gputop.track(loader):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+        epoch += 1
+
+
+class Features(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self) -> None:
+        self.x, self.y = torch.randn(8192, 256), torch.randint(0, 10, (8192,))
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+def healthy_accumulation_manual_marks(seconds: float) -> None:
+    """4 micro-batches per optimizer step under no_sync(), one worker, a step marked by hand with gputop.step()."""
+    rank = start()
+    width, accumulate = 512, 4
+    net = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    model = nn.parallel.DistributedDataParallel(net)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = Features()
+    loader = DataLoader(data, batch_size=256, sampler=DistributedSampler(data), num_workers=1, persistent_workers=True)
+    deadline, steps, micro = Deadline(seconds), 0, 0
+    while True:
+        for x, y in gputop.track(loader):
+            micro += 1
+            if micro % accumulate:
+                with model.no_sync():
+                    (nn.functional.cross_entropy(model(x), y) / accumulate).backward()
+                continue
+            (nn.functional.cross_entropy(model(x), y) / accumulate).backward()
+            opt.step()
+            opt.zero_grad()
+            gputop.step()
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
+def stall_checkpoint_rank0(seconds: float) -> None:
+    """Rank 0 saves a checkpoint every 20 steps to a slow disk (torch.save, then 400 ms to flush)."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = DataLoader(images(), batch_size=48, shuffle=True)
+    deadline, steps = Deadline(seconds), 0
+    with tempfile.TemporaryDirectory(prefix="gputop-bench-ckpt-") as folder:
+        while True:
+            for x, y in gputop.track(loader):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                steps += 1
+                if rank == 0 and steps % 20 == 0:
+                    path = os.path.join(folder, "last.pt")
+                    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": steps}, path)
+                    time.sleep(0.4)  # a network filesystem's flush
+                if deadline.reached(steps):
+                    finish(rank, steps)
+                    return
+
+
+def stall_periodic_evaluation(seconds: float) -> None:
+    """Every 25 steps all ranks evaluate on a held-out set (no_grad, model.eval()) for about half a second."""
+    rank = start()
+    net = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+    model = nn.parallel.DistributedDataParallel(net)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    train = DataLoader(Features(), batch_size=128, shuffle=True)
+    held_out = TensorDataset(torch.randn(16384, 256), torch.randint(0, 10, (16384,)))
+    deadline, steps = Deadline(seconds), 0
+    while True:
+        for x, y in gputop.track(train):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if steps % 25 == 0:
+                model.eval()
+                with torch.no_grad():
+                    correct = sum(
+                        int((model(vx).argmax(1) == vy).sum()) for vx, vy in DataLoader(held_out, batch_size=1024)
+                    )
+                model.train()
+                if rank == 0 and steps % 100 == 0:
+                    print(f"step {steps}: accuracy {correct / len(held_out):.3f}", flush=True)
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
