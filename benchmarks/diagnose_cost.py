@@ -14,7 +14,7 @@ from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.model.figures import summarize
 from gputop.model.stats import rank_stats
-from gputop.protocol import Hello, Window, hist_bucket
+from gputop.protocol import Hello, Window, sketch_bucket
 
 RANKS, WINDOWS = 64, 1200
 
@@ -27,7 +27,7 @@ def build() -> Store:
             store.ingest(
                 Window(run_id="big", rank=rank, seq=seq, t0=seq * 0.5, t1=seq * 0.5 + 0.5, steps=5,
                        step_total=5 * seq, step_time_sum_s=0.5, step_time_p50_s=0.1, step_time_p95_s=0.12,
-                       step_time_max_s=0.13, step_hist={hist_bucket(0.1): 5}, loader_wait_s=0.02,
+                       step_time_max_s=0.13, step_sketch={sketch_bucket(0.1): 5}, loader_wait_s=0.02,
                        loader_batches=5, samples=160, forward_s=0.03, backward_s=0.05, comm_s=0.02,
                        overlap_s=0.01, ddp_iteration=seq // 5 * 10, cpu_pct=100.0, rss_bytes=2**30),
                 seq * 0.5 + 0.5,

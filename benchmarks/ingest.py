@@ -23,7 +23,7 @@ import psutil
 from gputop.address import Address
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
-from gputop.protocol import Hello, Window, encode, hist_bucket
+from gputop.protocol import Hello, Window, encode, sketch_bucket
 
 
 def frames_of(rank: int, windows: int) -> bytes:
@@ -41,7 +41,7 @@ def frames_of(rank: int, windows: int) -> bytes:
                     step_total=5 * seq,
                     step_time_sum_s=0.5,
                     step_time_p50_s=0.1,
-                    step_hist={hist_bucket(0.1): 5},
+                    step_sketch={sketch_bucket(0.1): 5},
                     loader_wait_s=0.02,
                     loader_batches=5,
                     samples=160,

@@ -28,12 +28,22 @@ PROTOCOL_VERSION: Final = 1
 # keeping a misbehaving peer from making the collector buffer megabytes.
 MAX_FRAME_BYTES = 64 * 1024
 
-# Step-time histogram: log-spaced buckets, 4 per octave from 100 us.  Mergeable
-# across windows and ranks, so run-level percentiles need no per-step data.
+# Step-time sketch: log-spaced buckets with relative accuracy SKETCH_ACCURACY
+# (DDSketch, Masson et al., VLDB 2019): every step duration in bucket i lies in
+# (MIN * GAMMA**(i-1), MIN * GAMMA**i], and the bucket's value 2 * MIN * GAMMA**i
+# / (GAMMA + 1) is within 1% of each of them, so any quantile merged across
+# windows and ranks is within 1% of the exact one.  Mergeable: counts add.
+SKETCH_ACCURACY = 0.01
+SKETCH_GAMMA = (1 + SKETCH_ACCURACY) / (1 - SKETCH_ACCURACY)
+SKETCH_MIN_S = 1e-6  # bucket 0 holds every step of 1 us or less
+SKETCH_MAX_BUCKET = 1200  # 1 us * GAMMA**1200 ~ 7 h: longer steps land in the last bucket
+_LOG_GAMMA = math.log(SKETCH_GAMMA)
+
+# The first protocol's step-time histogram, 4 buckets per octave from 100 us
+# (up to 9% off): still read from recordings made before the sketch.
 HIST_BASE_S = 1e-4
 HIST_BUCKETS_PER_OCTAVE = 4
-HIST_MAX_BUCKET = 100  # 100 us * 2**25 ~ 56 min: longer steps land in the last bucket
-
+HIST_MAX_BUCKET = 100
 
 # Integers beyond what a double holds exactly are nobody's step count or pid.
 MAX_INT = 2**53
@@ -49,7 +59,8 @@ Text = Annotated[str, Meta(max_length=MAX_STRING_CHARS)]
 Count = Annotated[int, Meta(ge=0, lt=MAX_INT)]  # no reporter sends a negative count, rank, size or pid
 AtLeastOne = Annotated[int, Meta(ge=1, lt=MAX_INT)]
 Seconds = Annotated[float, Meta(ge=0.0)]  # a duration or a total of durations
-Bucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
+Bucket = Annotated[int, Meta(ge=0, le=SKETCH_MAX_BUCKET)]
+LegacyBucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
 
 
 class _Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
@@ -58,34 +69,48 @@ class _Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, ta
     TYPE: ClassVar[str]
 
 
-def hist_bucket(seconds: float) -> int:
-    """The histogram bucket a step duration falls into."""
-    if seconds <= HIST_BASE_S:
+def sketch_bucket(seconds: float) -> int:
+    """The sketch bucket a step duration falls into."""
+    if seconds <= SKETCH_MIN_S:
         return 0
-    index = int(math.log2(seconds / HIST_BASE_S) * HIST_BUCKETS_PER_OCTAVE) + 1
-    return min(index, HIST_MAX_BUCKET)
+    return min(math.ceil(math.log(seconds / SKETCH_MIN_S) / _LOG_GAMMA), SKETCH_MAX_BUCKET)
 
 
-def hist_bucket_mid_s(index: int) -> float:
-    """A representative duration for a bucket (its geometric middle)."""
-    index = min(max(index, 0), HIST_MAX_BUCKET)
+def sketch_value_s(index: int) -> float:
+    """The duration a bucket stands for: within SKETCH_ACCURACY of every duration in it."""
+    index = min(max(index, 0), SKETCH_MAX_BUCKET)
     if index == 0:
-        return HIST_BASE_S
-    return float(HIST_BASE_S * 2 ** ((index - 0.5) / HIST_BUCKETS_PER_OCTAVE))
+        return SKETCH_MIN_S
+    return 2 * SKETCH_MIN_S * SKETCH_GAMMA**index / (SKETCH_GAMMA + 1)
 
 
-def hist_quantile_s(hist: dict[int, int], q: float) -> float | None:
-    """The q-quantile (0..1) of a merged step-time histogram, or None if empty."""
-    total = sum(hist.values())
+def sketch_quantile_s(sketch: dict[int, int], q: float) -> float | None:
+    """The q-quantile (0..1) of a merged sketch, nearest rank as for exact values; None if empty.
+
+    The step at 0-based rank ``min(int(q * n), n - 1)`` of the sorted durations,
+    the same rank ``gputop.reporter.window.percentile`` takes, so the sketch and
+    the exact figure differ only by the bucket's width.
+    """
+    total = sum(sketch.values())
     if total == 0:
         return None
-    rank = q * total
+    target = min(int(q * total), total - 1)
     seen = 0
-    for index in sorted(hist):
-        seen += hist[index]
-        if seen >= rank:
-            return hist_bucket_mid_s(index)
-    return hist_bucket_mid_s(max(hist))
+    for index in sorted(sketch):
+        seen += sketch[index]
+        if seen > target:
+            return sketch_value_s(index)
+    return sketch_value_s(max(sketch))
+
+
+def legacy_hist_to_sketch(hist: dict[int, int]) -> dict[int, int]:
+    """A first-protocol histogram as sketch counts, each bucket at its geometric middle."""
+    sketch: dict[int, int] = {}
+    for index, count in hist.items():
+        mid_s = HIST_BASE_S * 2 ** ((index - 0.5) / HIST_BUCKETS_PER_OCTAVE) if index > 0 else HIST_BASE_S
+        bucket = sketch_bucket(mid_s)
+        sketch[bucket] = sketch.get(bucket, 0) + count
+    return sketch
 
 
 class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
@@ -160,7 +185,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     step_time_p50_s: float | None = None
     step_time_p95_s: float | None = None
     step_time_max_s: float | None = None
-    step_hist: dict[Bucket, Count] = {}
+    step_sketch: dict[Bucket, Count] = {}  # {bucket: steps}, see sketch_bucket
+    step_hist: dict[LegacyBucket, Count] = {}  # recordings of the first protocol only; new reporters send step_sketch
     gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
     loader_wait_s: Seconds = 0.0
     loader_batches: Count = 0

@@ -18,7 +18,7 @@ from gputop.diagnose import Finding, diagnose
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
 from gputop.model.snapshot import Snapshot
-from gputop.protocol import Hello, Window, hist_bucket
+from gputop.protocol import Hello, Window, sketch_bucket
 
 GIB = 1 << 30
 WINDOW_S = 0.5
@@ -97,7 +97,7 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 step_time_p50_s=step,
                 step_time_p95_s=step,
                 step_time_max_s=step,
-                step_hist={hist_bucket(step): steps},
+                step_sketch={sketch_bucket(step): steps},
                 gpu_step_time_p50_s=spec.gpu_step_frac * step if spec.gpu_step_frac is not None else None,
                 loader_wait_s=(spec.loader_frac or 0.0) * steps * step,
                 loader_batches=steps if spec.loader_frac is not None else 0,

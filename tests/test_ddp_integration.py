@@ -74,6 +74,20 @@ def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(
         assert mean_s == pytest.approx(int(average_ns) / 1e9, rel=1e-3)
 
 
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_manual_marks_beside_the_optimizer_hook_count_each_step_once(collector: Collector, order: str) -> None:
+    """gputop.step() before or after optimizer.step(), from the first step on: 40 steps are 40, not 41."""
+    out = finish(torchrun("ddp_job.py", "--steps", "40", "--manual", order, port=collector.address.port))
+    assert "rank 1 steps 40" in out
+    assert wait_for(lambda: _all_done(collector))
+    counted = {
+        v.rank: (rank_stats(v.windows).steps, v.windows[-1].step_total) for v in snapshot_of(collector).all_ranks()
+    }
+    assert counted == {0: (40, 40), 1: (40, 40)}, (
+        f"gputop.step() {order} optimizer.step(): (steps, step_total) {counted}"
+    )
+
+
 def test_collector_started_late_still_counts_every_step() -> None:
     """The reporter's backlog carries the steps made before any dashboard listened."""
     probe = Collector(Store(), Address(port=0))

@@ -128,6 +128,24 @@ def test_manual_step_marks_replace_optimizer_steps(collector) -> None:
 
 
 @needs_torch
+def test_a_manual_mark_after_the_optimizer_step_closes_the_same_step(collector) -> None:
+    """The hook counts the first step before gputop.step() is ever called; the switch must not add one."""
+    code = """
+        import torch, gputop
+        model = torch.nn.Linear(4, 2)
+        gputop.watch(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(10):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            gputop.step()
+    """
+    assert _run_script(code, collector.address.port).returncode == 0
+    assert wait_for(lambda: any(v.status == "done" for v in snapshot_of(collector).all_ranks()))
+    assert snapshot_of(collector).all_ranks()[0].windows[-1].step_total == 10
+
+
+@needs_torch
 def test_no_dashboard_costs_the_script_nothing_visible() -> None:
     """Nobody listens: no output, no error, a normal exit, and exit is not held up."""
     free = socket.socket()

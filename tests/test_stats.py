@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputop.model.stats import count_steps, rank_stats, recent
-from gputop.protocol import Window, hist_bucket
+from gputop.protocol import Window, sketch_bucket
+from gputop.reporter.clock import StepMark
+from gputop.reporter.window import step_fields
 
 
 def w(seq: int, steps: int, total: int, **kw: object) -> Window:
@@ -87,7 +94,8 @@ def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
 def test_percentiles_from_the_histogram_never_exceed_the_slowest_step() -> None:
     """Merged histograms report bucket middles; a p95 above the max would read as a contradiction."""
     windows = [
-        w(i, 2, 2 * i, step_time_sum_s=0.6, step_time_max_s=0.304, step_hist={hist_bucket(0.3): 2}) for i in range(1, 4)
+        w(i, 2, 2 * i, step_time_sum_s=0.6, step_time_max_s=0.304, step_sketch={sketch_bucket(0.3): 2})
+        for i in range(1, 4)
     ]
     stats = rank_stats(windows)
     assert stats.step_time_max_s == pytest.approx(0.304)
@@ -111,3 +119,42 @@ def test_gputop_accounts_for_its_own_cost() -> None:
 def test_a_reporter_that_does_not_account_for_itself_is_na() -> None:
     stats = rank_stats([w(1, 10, 10, step_time_sum_s=0.5, cpu_pct=50.0)])
     assert stats.reporter_cpu_pct is None and stats.hook_s_per_step is None and stats.gputop_cpu_frac is None
+
+
+def exact_quantile(durations: list[float], q: float) -> float:
+    ordered = sorted(durations)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.sampled_from(["lognormal", "bimodal", "steady", "uniform"]),
+    steps=st.integers(min_value=20, max_value=600),
+    per_window=st.integers(min_value=1, max_value=40),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_run_quantiles_merged_across_windows_are_within_two_percent_of_exact(
+    shape: str, steps: int, per_window: int, seed: int
+) -> None:
+    """p50/p95 of a run come from windows' sketches, never per-step data: still within 2% of the true steps'."""
+    rng = random.Random(seed)
+    draw = {
+        "lognormal": lambda: rng.lognormvariate(math.log(0.05), 0.6),
+        "bimodal": lambda: 0.223 if rng.random() < 0.5 else 0.266,  # the p50 that used to jump between two buckets
+        "steady": lambda: rng.gauss(0.1, 0.002),
+        "uniform": lambda: rng.uniform(0.001, 2.0),
+    }[shape]
+    durations = [draw() for _ in range(steps)]
+    windows, t, total = [], 0.0, 0
+    for seq, start in enumerate(range(0, steps, per_window), start=1):
+        chunk = durations[start : start + per_window]
+        marks = [StepMark(end_s=t + i, duration_s=d, loader_wait_s=0.0, batches=0) for i, d in enumerate(chunk)]
+        fields = step_fields(marks, None)
+        total += len(chunk)
+        windows.append(Window(run_id="r", rank=0, seq=seq, t0=t, t1=t + 0.5, step_total=total, **fields))
+        t += 0.5
+    stats = rank_stats(windows)
+    for q, got in ((0.5, stats.step_time_p50_s), (0.95, stats.step_time_p95_s)):
+        want = exact_quantile(durations, q)
+        assert got is not None
+        assert abs(got - want) / want <= 0.02, f"{shape}: p{q * 100:.0f} {got:.6f}s vs exact {want:.6f}s"

@@ -12,7 +12,7 @@ import sys
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
 from gputop.model.snapshot import Snapshot
-from gputop.protocol import Event, Hello, Window, hist_bucket
+from gputop.protocol import Event, Hello, Window, sketch_bucket
 
 T0 = 1_700_000_000.0
 WINDOW_S = 0.5
@@ -87,7 +87,7 @@ def window(
         step_time_p50_s=step,
         step_time_p95_s=step * 1.1,
         step_time_max_s=step * 1.2,
-        step_hist={hist_bucket(step): steps},
+        step_sketch={sketch_bucket(step): steps},
         loader_wait_s=loader_s * steps,
         loader_batches=steps,
         samples=steps * batch if batch else None,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.protocol import Window, hist_quantile_s
+from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantile_s
 
 # DDP's first iteration rebuilds its gradient buckets in the order gradients
 # became ready, and pays lazy allocation: its timings are no typical step's.
@@ -190,7 +190,7 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     tracked = False
     windows_with_steps = 0
     last_with_steps: Window | None = None
-    hist: dict[int, int] = {}
+    sketch: dict[int, int] = {}
     max_step: float | None = None
     gpu_p50s: list[float] = []
     samples_total = 0
@@ -214,8 +214,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
             timed_count += w.timed
             step_sum_s += w.step_time_sum_s
             loader_total += w.loader_wait_s
-            for bucket, count in w.step_hist.items():
-                hist[bucket] = hist.get(bucket, 0) + count
+            for bucket, count in (w.step_sketch or legacy_hist_to_sketch(w.step_hist)).items():
+                sketch[bucket] = sketch.get(bucket, 0) + count
             if w.step_time_max_s is not None and (max_step is None or w.step_time_max_s > max_step):
                 max_step = w.step_time_max_s
         if w.gpu_step_time_p50_s is not None:
@@ -240,8 +240,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     if windows_with_steps == 1 and last_with_steps is not None:  # one window: its exact figures beat the histogram
         p50, p95 = last_with_steps.step_time_p50_s, last_with_steps.step_time_p95_s
     else:
-        # A bucket's middle can lie above the slowest step in it: never report a p95 above the max.
-        p50, p95 = (_at_most(hist_quantile_s(hist, q), max_step) for q in (0.5, 0.95))
+        # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
+        p50, p95 = (_at_most(sketch_quantile_s(sketch, q), max_step) for q in (0.5, 0.95))
     ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
     exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
 

@@ -41,6 +41,11 @@ class StepClock:
         self._batches = 0
         self._last_mark_s: float | None = None
 
+    @property
+    def batches_since_mark(self) -> int:
+        """Batches fetched from the tracked loader since the last step mark."""
+        return self._batches
+
     def add_loader_wait(self, seconds: float) -> None:
         self._loader_wait_s += seconds
         self._batches += 1

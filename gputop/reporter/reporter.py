@@ -58,6 +58,7 @@ class Reporter:
         self._hook_handles: list[Any] = []
         self._primary_optimizer: int | None = None
         self.manual_steps = False
+        self._hook_marked = False  # the optimizer hook has marked a step (before any manual mark)
         self._seq = 0
         self._step_total = 0
         self._failed_probes: set[str] = set()
@@ -120,8 +121,18 @@ class Reporter:
         self._facts_changed.set()
 
     def mark_step(self) -> None:
-        """``gputop.step()``: from now on only manual marks count as steps."""
-        self.manual_steps = True
+        """``gputop.step()``: from now on only manual marks count as steps.
+
+        The switch never counts one step twice.  A loop that calls
+        ``optimizer.step()`` and then ``gputop.step()`` had its first step
+        counted by the optimizer hook already: when the hook has marked and no
+        batch was fetched since, the first manual mark closes that same step
+        and only takes over.  (Called first, before the hook, it simply counts.)
+        """
+        if not self.manual_steps:
+            self.manual_steps = True
+            if self._hook_marked and self.clock.batches_since_mark == 0:
+                return
         self.clock.mark_step()
 
     def _install_step_hook(self) -> None:
@@ -144,6 +155,7 @@ class Reporter:
         if self._primary_optimizer is None:
             self._primary_optimizer = id(optimizer)
         if id(optimizer) == self._primary_optimizer:
+            self._hook_marked = True
             self.clock.mark_step()
 
     def _on_forward(self, module: Any, args: Any) -> None:

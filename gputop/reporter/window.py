@@ -1,7 +1,7 @@
 """A window's step figures from the training thread's step marks: pure arithmetic.
 
 Exact p50/p95/max of the window's own steps, their sum, the mergeable
-step-time histogram, loader wait and batches.  The probes add the rest.
+step-time sketch, loader wait and batches.  The probes add the rest.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gputop.protocol import hist_bucket
+from gputop.protocol import sketch_bucket
 from gputop.reporter.clock import StepMark
 
 
@@ -23,16 +23,16 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None) -> dict[str, 
     """The Window fields that come from the step marks alone (not ``step_total``, a running count)."""
     timed = [m for m in marks if m.duration_s is not None]
     durations = sorted(m.duration_s for m in timed if m.duration_s is not None)
-    hist: dict[int, int] = {}
+    sketch: dict[int, int] = {}
     for d in durations:
-        bucket = hist_bucket(d)
-        hist[bucket] = hist.get(bucket, 0) + 1
+        bucket = sketch_bucket(d)
+        sketch[bucket] = sketch.get(bucket, 0) + 1
     batches = sum(m.batches for m in marks)
     fields: dict[str, Any] = {
         "steps": len(marks),
         "timed_steps": len(durations),
         "step_time_sum_s": sum(durations),
-        "step_hist": hist,
+        "step_sketch": sketch,
         "loader_wait_s": sum(m.loader_wait_s for m in timed),
         "loader_batches": batches,
     }

@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--no-watch", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
+    parser.add_argument(
+        "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -56,7 +59,11 @@ def main() -> None:
             continue
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
+        if args.manual == "before":
+            gputop.step()
         optimizer.step()
+        if args.manual == "after":
+            gputop.step()
         optimizer.zero_grad()
         steps += 1
         if steps == args.steps:
