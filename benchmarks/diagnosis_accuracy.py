@@ -10,6 +10,7 @@ the onset the live dashboard (the recording replayed through the persistent
 diagnoser) first shows it.
 
 Run: .venv/bin/python benchmarks/diagnosis_accuracy.py [--runs 3] [--cases a,b] [--seconds 14] [--out results.json]
+     [--keep DIR]  (keeps each run's recording and job log, for `gputop report` or `gputop replay`)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,8 @@ CASES: tuple[Case, ...] = (
     Case("parallelism_tiny_bag_of_words", "parallelism", "1000 x 16 EmbeddingBag, batch 4"),
     Case("allocation_threads_oversubscribed", "allocation", "3 torch threads per rank, 2 ranks, 2 cores"),
     Case("allocation_workers_cpu_transform", "allocation", "2 ranks x 2 workers with an FFT augmentation, 2 cores"),
-    Case("stall_checkpoint_rank0", "stall", "rank 0 saves a checkpoint + 400 ms every 20 steps"),
-    Case("stall_periodic_evaluation", "stall", "all ranks evaluate ~0.5 s every 25 steps"),
+    Case("stall_checkpoint_rank0", "stall", "rank 0 saves a checkpoint + 400 ms every 10 steps"),
+    Case("stall_periodic_evaluation", "stall", "all ranks evaluate 384 images every 10 steps"),
     Case("model_config_find_unused", "model_config", "find_unused_parameters=True, none unused"),
     Case("model_config_tiny_buckets", "model_config", "bucket_cap_mb=0.001, one bucket per parameter"),
     Case("healthy_convnet", HEALTHY, "CIFAR convnet, DistributedSampler with set_epoch"),
@@ -86,6 +87,7 @@ class RunResult:
     steps: tuple[int, ...]  # per rank
     wall_s: float
     onset_to_finding_s: float | None = None  # onset cases: when the expected cause first showed live
+    before_onset: tuple[str, ...] = ()  # onset cases: warn/critical causes the live view showed before the onset
     error: str = ""
 
 
@@ -124,8 +126,8 @@ def run_job(case: Case, seconds: float, work: Path, run: int) -> RunResult:
         why = "timed out" if code is None else f"exit {code}"
         return RunResult(case.name, case.expected, run, "error", "", (), (), wall_s, error=f"{why}: {tail}")
     report = gputop_report(rec_path)
-    onset_s = time_to_finding(rec_path, onset_path, case.expected) if case.onset else None
-    return result_of(case, run, report, wall_s, onset_s)
+    onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
+    return replace(result_of(case, run, report, wall_s), onset_to_finding_s=onset_s, before_onset=before)
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -145,7 +147,7 @@ def gputop_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def result_of(case: Case, run: int, report: dict[str, Any], wall_s: float, onset_s: float | None) -> RunResult:
+def result_of(case: Case, run: int, report: dict[str, Any], wall_s: float) -> RunResult:
     findings = report["findings"]
     shown = [f for f in findings if f["severity"] in ("warn", "critical")]
     top = shown[0] if shown else None
@@ -159,30 +161,36 @@ def result_of(case: Case, run: int, report: dict[str, Any], wall_s: float, onset
         findings=tuple(f"{f['severity']} {f['cause']}: {f['title']}" for f in findings),
         steps=tuple(int(r["steps"] or 0) for r in ranks),
         wall_s=round(wall_s, 1),
-        onset_to_finding_s=onset_s,
     )
 
 
-def time_to_finding(rec_path: Path, onset_path: Path, cause: str) -> float | None:
-    """Replay the recording as the dashboard sees it live; seconds from the onset to the cause first showing."""
+def time_to_finding(rec_path: Path, onset_path: Path, cause: str) -> tuple[float | None, tuple[str, ...]]:
+    """Replay the recording as the dashboard sees it live, refresh by refresh.
+
+    Returns the seconds from the onset to the cause first showing (warn or
+    critical, after the diagnoser's persistence), None if it never did, and
+    the causes shown before the onset (false alarms on the healthy part).
+    """
     try:
         onset_t = float(onset_path.read_text())
     except (OSError, ValueError):
-        return None
+        return None, ()
     entries = sorted(recording.read(rec_path), key=lambda e: e.t)
-    if not entries:
-        return None
     store, diagnoser = Store(), Diagnoser()
-    t, i = entries[0].t, 0
+    before: set[str] = set()
+    t, i = (entries[0].t if entries else 0.0), 0
     while i < len(entries):
         t += REFRESH_S
         while i < len(entries) and entries[i].t <= t:
             recording.apply(store, entries[i])
             i += 1
-        shown = diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
-        if t >= onset_t and any(f.cause == cause and f.severity != "info" for f in shown):
-            return round(t - onset_t, 1)
-    return None
+        shown = {f.cause for f in diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
+                 if f.severity != "info"}  # fmt: skip
+        if t < onset_t:
+            before |= shown
+        elif cause in shown:
+            return round(t - onset_t, 1), tuple(sorted(before))
+    return None, tuple(sorted(before))
 
 
 # -- the tables ----------------------------------------------------------------------------
@@ -243,6 +251,7 @@ def main() -> int:
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--seconds", type=float, default=14.0, help="training time of each run (default 14)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep recordings and job logs here")
     args = parser.parse_args()
     names = [n for n in args.cases.split(",") if n]
     unknown = sorted(set(names) - {c.name for c in CASES})
@@ -252,9 +261,11 @@ def main() -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="gputop-accuracy-") as folder:
+        work = Path(folder) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=True)
         for case in cases:
             for run in range(1, args.runs + 1):
-                result = run_job(case, args.seconds, Path(folder), run)
+                result = run_job(case, args.seconds, work, run)
                 results.append(result)
                 verdict = "ok" if result.top == result.expected else "WRONG"
                 print(f"{case.name} run {run}: {result.top} ({verdict}) {result.top_title or result.error}",

@@ -94,11 +94,12 @@ def data_loading_stream_main_process(seconds: float) -> None:
 
 
 class ColdCache(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Served from memory until the cache is evicted at ``cold_after_t``; then every batch reads a slow disk."""
+    """Images served from memory until the cache is evicted at ``cold_after_t``; then each is read from disk."""
 
     def __init__(self, cold_after_t: float) -> None:
         self.cold_after_t = cold_after_t
         self.cold = False
+        self.images = torch.randn(1024, 3, 32, 32)
 
     def __len__(self) -> int:
         return 100_000
@@ -108,18 +109,20 @@ class ColdCache(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             if not self.cold:
                 self.cold = True
                 mark_onset()
-            time.sleep(0.004)
-        return torch.full((64,), float(index % 13)), torch.tensor(index % 10)
+            time.sleep(0.004)  # 4 ms a 3 KB image: a network disk
+        return self.images[index % 1024], torch.tensor(index % 10)
 
 
 def data_loading_onset(seconds: float) -> None:
-    """Healthy for the first 40% of the run, then the loader turns slow: the time-to-finding case."""
+    """A healthy convnet job for the first 40% of the run; then its loader turns slow (the time-to-finding case)."""
     rank = start()
     data = ColdCache(cold_after_t=time.time() + 0.4 * seconds)
-    loader = DataLoader(data, batch_size=32, shuffle=False)
-    model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    )
+    loader = DataLoader(data, batch_size=64, shuffle=False)
+    net = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 8 * 8, 10),
+    )  # fmt: skip
+    model = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     deadline, steps = Deadline(seconds), 0

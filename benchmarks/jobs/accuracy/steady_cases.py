@@ -13,7 +13,7 @@ import time
 import torch
 from common import Deadline, finish, start
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import gputop
 
@@ -53,27 +53,15 @@ def healthy_convnet(seconds: float) -> None:
         epoch += 1
 
 
-class Features(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self) -> None:
-        self.x, self.y = torch.randn(8192, 256), torch.randint(0, 10, (8192,))
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
-
-
 def healthy_accumulation_manual_marks(seconds: float) -> None:
     """4 micro-batches per optimizer step under no_sync(), one worker, a step marked by hand with gputop.step()."""
     rank = start()
-    width, accumulate = 512, 4
-    net = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-    model = nn.parallel.DistributedDataParallel(net)
+    accumulate = 4
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = Features()
-    loader = DataLoader(data, batch_size=256, sampler=DistributedSampler(data), num_workers=1, persistent_workers=True)
+    data = images()
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data), num_workers=1, persistent_workers=True)
     deadline, steps, micro = Deadline(seconds), 0, 0
     while True:
         for x, y in gputop.track(loader):
@@ -93,7 +81,7 @@ def healthy_accumulation_manual_marks(seconds: float) -> None:
 
 
 def stall_checkpoint_rank0(seconds: float) -> None:
-    """Rank 0 saves a checkpoint every 20 steps to a slow disk (torch.save, then 400 ms to flush)."""
+    """Rank 0 saves a checkpoint every 10 steps to a slow disk (torch.save, then 400 ms to flush)."""
     rank = start()
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
@@ -107,7 +95,7 @@ def stall_checkpoint_rank0(seconds: float) -> None:
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
                 steps += 1
-                if rank == 0 and steps % 20 == 0:
+                if rank == 0 and steps % 10 == 0:
                     path = os.path.join(folder, "last.pt")
                     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": steps}, path)
                     time.sleep(0.4)  # a network filesystem's flush
@@ -117,16 +105,13 @@ def stall_checkpoint_rank0(seconds: float) -> None:
 
 
 def stall_periodic_evaluation(seconds: float) -> None:
-    """Every 25 steps all ranks evaluate on a held-out set (no_grad, model.eval()) for about half a second."""
+    """Every 10 steps all ranks evaluate on 384 held-out images (no_grad, model.eval()): a few steps' worth."""
     rank = start()
-    net = nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
-    model = nn.parallel.DistributedDataParallel(net)
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    train = DataLoader(Features(), batch_size=128, shuffle=True)
-    held_out = TensorDataset(torch.randn(16384, 256), torch.randint(0, 10, (16384,)))
+    train = DataLoader(images(), batch_size=64, shuffle=True)
+    held_out = images(384)
     deadline, steps = Deadline(seconds), 0
     while True:
         for x, y in gputop.track(train):
@@ -134,14 +119,13 @@ def stall_periodic_evaluation(seconds: float) -> None:
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             steps += 1
-            if steps % 25 == 0:
+            if steps % 10 == 0:
                 model.eval()
                 with torch.no_grad():
-                    correct = sum(
-                        int((model(vx).argmax(1) == vy).sum()) for vx, vy in DataLoader(held_out, batch_size=1024)
-                    )
+                    batches = DataLoader(held_out, batch_size=128)
+                    correct = sum(int((model(vx).argmax(1) == vy).sum()) for vx, vy in batches)
                 model.train()
-                if rank == 0 and steps % 100 == 0:
+                if rank == 0:
                     print(f"step {steps}: accuracy {correct / len(held_out):.3f}", flush=True)
             if deadline.reached(steps):
                 finish(rank, steps)
