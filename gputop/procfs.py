@@ -1,4 +1,4 @@
-"""Linux process facts for gputop's threads: children from /proc, and thread names ps can see.
+"""Linux process facts from /proc: children, run-queue wait (schedstat), and thread names ps can see.
 
 A process's children come from /proc, without scanning every process on the machine.
 
@@ -82,3 +82,98 @@ def _zombie(pid: int) -> bool:
     except (OSError, IndexError):
         return True  # gone already
     return state == b"Z"
+
+
+def schedstat_s(pid: int) -> dict[int, tuple[float, float]] | None:
+    """Each thread of ``pid``: (seconds on a CPU, seconds runnable but waiting for one), since it started.
+
+    From ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds; Linux with
+    schedstats, which every distribution kernel has).  The wait is the run-queue
+    delay: the thread was ready to run and no CPU was free, the direct measure
+    of CPU contention.  None where the file does not exist; an empty dict when
+    the process is gone.
+    """
+    task_dir = f"{_PROC}/{pid}/task"
+    try:
+        tasks = os.listdir(task_dir)
+    except FileNotFoundError:
+        return {}
+    except OSError:
+        return None
+    out: dict[int, tuple[float, float]] = {}
+    for tid in tasks:
+        try:
+            with open(f"{task_dir}/{tid}/schedstat", "rb") as handle:
+                run_ns, wait_ns = handle.read().split()[:2]
+        except FileNotFoundError:
+            if not os.path.exists(f"{task_dir}/{tid}"):
+                continue  # the thread ended between listing and reading
+            return None  # the thread exists but the kernel keeps no schedstat
+        except (OSError, ValueError):
+            continue
+        out[int(tid)] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
+    return out
+
+
+class RunQueueWait:
+    """Run-queue wait of a set of threads between two reads, robust to threads that come and go.
+
+    A thread first seen now counts its whole wait (it started after the last
+    read, or it would have been seen); a thread that ended takes its last
+    interval with it (at most one window of one thread).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, int], float] = {}
+        self._primed = False
+
+    def delta_s(self, threads: dict[tuple[int, int], float]) -> float | None:
+        """Seconds waited since the previous call, summed over threads; None on the first call."""
+        total = 0.0
+        for key, wait_s in threads.items():
+            total += wait_s - self._last.get(key, 0.0)
+        primed, self._primed, self._last = self._primed, True, threads
+        return max(total, 0.0) if primed else None
+
+
+def cpu_ticks() -> dict[int, tuple[int, str]]:
+    """Every process's CPU time so far, in clock ticks, with its command name: one read of each stat file.
+
+    What ``top`` reads, and no more: a few microseconds a process, where psutil
+    builds a full object per process.
+    """
+    out: dict[int, tuple[int, str]] = {}
+    try:
+        names = os.listdir(_PROC)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{_PROC}/{name}/stat", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue  # ended between listing and reading
+        head, _, tail = data.rpartition(b")")
+        fields = tail.split()
+        try:
+            # After "(comm)": state ppid ... utime is the 12th field, stime the 13th (proc(5) fields 14 and 15).
+            out[int(name)] = (int(fields[11]) + int(fields[12]), head.split(b"(", 1)[1].decode(errors="replace"))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def owner_of(pid: int) -> str | None:
+    """The user name owning a process (its /proc folder), or the uid as text; None if it is gone."""
+    try:
+        uid = os.stat(f"{_PROC}/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)

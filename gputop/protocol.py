@@ -39,6 +39,11 @@ SKETCH_MIN_S = 1e-6  # bucket 0 holds every step of 1 us or less
 SKETCH_MAX_BUCKET = 1200  # 1 us * GAMMA**1200 ~ 7 h: longer steps land in the last bucket
 _LOG_GAMMA = math.log(SKETCH_GAMMA)
 
+# The slowest steps each window names with their loader wait: a stall (a
+# checkpoint save, an evaluation pass, a slow batch) is a few steps among many,
+# and three per half-second window keep every stall that is occasional.
+SLOW_STEPS_KEPT = 3
+
 # The first protocol's step-time histogram, 4 buckets per octave from 100 us
 # (up to 9% off): still read from recordings made before the sketch.
 HIST_BASE_S = 1e-4
@@ -61,6 +66,7 @@ AtLeastOne = Annotated[int, Meta(ge=1, lt=MAX_INT)]
 Seconds = Annotated[float, Meta(ge=0.0)]  # a duration or a total of durations
 Bucket = Annotated[int, Meta(ge=0, le=SKETCH_MAX_BUCKET)]
 LegacyBucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
+SlowSteps = Annotated[list[tuple[Seconds, Seconds]], Meta(max_length=SLOW_STEPS_KEPT)]
 
 
 class _Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
@@ -186,6 +192,7 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     step_time_p95_s: float | None = None
     step_time_max_s: float | None = None
     step_sketch: dict[Bucket, Count] = {}  # {bucket: steps}, see sketch_bucket
+    slow_steps: SlowSteps = []  # the window's slowest steps: (duration, loader wait), slowest first
     step_hist: dict[LegacyBucket, Count] = {}  # recordings of the first protocol only; new reporters send step_sketch
     gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
     loader_wait_s: Seconds = 0.0
@@ -208,6 +215,10 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     threads: Count | None = None
     workers: Count | None = None  # live DataLoader worker processes
     workers_cpu_pct: float | None = None
+    # Run-queue wait in the window (ready to run, no CPU free), from /proc/<pid>/task/<tid>/schedstat:
+    main_cpu_wait_s: Seconds | None = None  # the training thread
+    cpu_wait_s: Seconds | None = None  # all the rank's threads together (gloo's all-reduce threads too)
+    workers_cpu_wait_s: Seconds | None = None  # all the DataLoader workers' threads together
     dropped: Count = 0  # windows this reporter had to drop so far
     # What gputop itself cost the rank in this window (self-accounting):
     reporter_cpu_s: float | None = None  # CPU time of the reporter thread

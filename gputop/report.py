@@ -62,6 +62,9 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "workers": stats.workers,
         "workers_cpu_pct": _round(stats.workers_cpu_pct, 1),
         "threads": stats.threads,
+        "cpu_wait_main_pct": _pct(stats.main_cpu_wait_frac),
+        "cpu_starved_pct": _pct(stats.cpu_starved_frac),
+        "workers_cpu_starved_pct": _pct(stats.workers_cpu_starved_frac),
         "dropped_windows": stats.dropped,
         "gputop_reporter_cpu_pct": _round(stats.reporter_cpu_pct, 3),
         "gputop_hook_us_per_step": _round(None if stats.hook_s_per_step is None else stats.hook_s_per_step * 1e6, 2),
@@ -178,6 +181,7 @@ _COLUMNS = (
     ("comm exp %", "comm_exposed_pct", lambda r: _fmt(r["comm_exposed_pct"])),
     ("mem peak", "mem_peak_bytes", lambda r: _gib(r["mem_peak_bytes"])),
     ("cpu %", "cpu_pct", lambda r: _fmt(r["cpu_pct"], digits=0)),
+    ("cpu wait %", "cpu_starved_pct", lambda r: _fmt(r["cpu_starved_pct"], digits=0)),
 )
 
 

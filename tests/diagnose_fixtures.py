@@ -16,7 +16,7 @@ from typing import Any
 from gputop.collect.store import Store
 from gputop.diagnose import Finding, diagnose
 from gputop.model.figures import SPAN_S, summarize
-from gputop.model.samples import GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
+from gputop.model.samples import BusyProcess, GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
 from gputop.model.snapshot import Snapshot
 from gputop.protocol import Hello, Window, sketch_bucket
 
@@ -39,6 +39,9 @@ class RankSpec:
     cpu_pct: float | None = 80.0
     workers: int | None = None
     workers_cpu_pct: float | None = None
+    # Of the time ready to run, the share spent waiting for a CPU (None: no schedstat):
+    cpu_starved_frac: float | None = None  # the rank's threads
+    workers_starved_frac: float | None = None  # its workers'
     mem_peak_frac: float | None = None  # of mem_total_bytes; None: no CUDA memory figures
     mem_total_bytes: int = 80 * GIB
     mem_reserved_over_allocated: float = 1.1
@@ -114,9 +117,20 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 cpu_pct=spec.cpu_pct,
                 workers=spec.workers,
                 workers_cpu_pct=spec.workers_cpu_pct,
+                main_cpu_wait_s=_wait_s(spec.cpu_starved_frac, spec.cpu_pct),
+                cpu_wait_s=_wait_s(spec.cpu_starved_frac, spec.cpu_pct),
+                workers_cpu_wait_s=_wait_s(spec.workers_starved_frac, spec.workers_cpu_pct),
             )
         )
     return out
+
+
+def _wait_s(starved_frac: float | None, cpu_pct: float | None) -> float | None:
+    """The run-queue wait in one window that makes ``starved_frac`` of (wait + CPU time)."""
+    if starved_frac is None or cpu_pct is None:
+        return None
+    cpu_s = cpu_pct / 100.0 * WINDOW_S
+    return cpu_s * starved_frac / (1.0 - starved_frac)
 
 
 def _per_step(frac: float | None, step_s: float) -> float | None:
@@ -169,13 +183,23 @@ def make_snapshot(
     return store.snapshot(t_end)
 
 
-def host_sample(pids: Sequence[int], *, cpu_count: int = 16, load_1m: float = 1.0, cpu_pct: float = 50.0) -> HostSample:
+def host_sample(
+    pids: Sequence[int],
+    *,
+    cpu_count: int = 16,
+    load_1m: float = 1.0,
+    cpu_pct: float = 50.0,
+    busy: Sequence[BusyProcess] = (),
+    gputop_pid: int | None = None,
+) -> HostSample:
     return HostSample(
         t=T0 + 10,
         cpu_pct=cpu_pct,
         load_1m=load_1m,
         cpu_count=cpu_count,
         processes=tuple(ProcessReading(pid=pid) for pid in pids),
+        busy=tuple(busy),
+        gputop_pid=gputop_pid,
     )
 
 

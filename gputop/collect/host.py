@@ -14,6 +14,7 @@ ending, a worker being replaced, are normal.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,8 +24,8 @@ import psutil
 
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
-from gputop.model.samples import HostSample, ProcessReading
-from gputop.procfs import descendants_of
+from gputop.model.samples import BusyProcess, HostSample, ProcessReading
+from gputop.procfs import cpu_ticks, descendants_of, owner_of
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -40,6 +41,12 @@ def _busy_and_total(times: Any) -> tuple[float, float, float]:
     iowait = float(getattr(times, "iowait", 0.0))
     busy = total - float(times.idle) - iowait
     return busy, iowait, total
+
+
+# The busiest processes kept per sample: enough to name a hog and count the job's
+# neighbours, few enough that a sample stays small on a server with thousands.
+BUSY_PROCESSES_KEPT = 12
+BUSY_MIN_PCT = 5.0  # of one core: below this a process is background noise
 
 
 def _pct(part: float, whole: float) -> float:
@@ -64,6 +71,9 @@ class HostSampler:
         self._own.cpu_percent(None)
         self._last_total = psutil.cpu_times()
         self._last_per_core = psutil.cpu_times(percpu=True)
+        self._tick_s = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+        self._last_ticks = (self._clock(), cpu_ticks())
+        self._owners: dict[int, str | None] = {}
 
     def sample(self) -> HostSample:
         with self._lock:
@@ -72,7 +82,34 @@ class HostSampler:
                 pids = [int(p) for p in self._pids_fn()]
             except Exception:  # the caller's snapshot code failing costs the process rows, not the sample
                 pids = []
-            return HostSample(t=t, **self._machine(), processes=self._processes(pids))
+            return HostSample(
+                t=t,
+                **self._machine(),
+                processes=self._processes(pids),
+                gputop_pid=self._own.pid,
+                busy=self._busy(t),
+            )
+
+    def _busy(self, t: float) -> tuple[BusyProcess, ...]:
+        """The processes that used the most CPU since the last sample (this one left out), from /proc."""
+        (t0, before), now = self._last_ticks, cpu_ticks()
+        self._last_ticks = (t, now)
+        span_s = t - t0
+        if span_s <= 0:
+            return ()
+        used = []
+        for pid, (ticks, name) in now.items():
+            if pid == self._own.pid or pid not in before:
+                continue
+            cpu_pct = 100.0 * (ticks - before[pid][0]) * self._tick_s / span_s
+            if cpu_pct >= BUSY_MIN_PCT:
+                used.append((cpu_pct, pid, name))
+        used.sort(reverse=True)
+        kept = used[:BUSY_PROCESSES_KEPT]
+        self._owners = {pid: self._owners[pid] if pid in self._owners else owner_of(pid) for _, pid, _ in kept}
+        return tuple(
+            BusyProcess(pid=pid, name=name, cpu_pct=round(cpu, 1), user=self._owners[pid]) for cpu, pid, name in kept
+        )
 
     def _machine(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpu_count": psutil.cpu_count(logical=True)}

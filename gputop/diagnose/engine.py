@@ -14,10 +14,12 @@ from collections.abc import Iterable
 from gputop.diagnose.findings import CAUSES, Finding
 from gputop.diagnose.rules.allocation import allocation_findings
 from gputop.diagnose.rules.communication import communication_findings
+from gputop.diagnose.rules.cpu_contention import absorb_cpu_symptoms
 from gputop.diagnose.rules.data_loading import data_loading_findings
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
+from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
 from gputop.diagnose.rules.unobserved import unobserved_findings
 from gputop.model.figures import Figures
@@ -36,11 +38,11 @@ def diagnose(machine: Figures) -> list[Finding]:
         for parallelism in parallelism_findings(run):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
-        findings += run_findings
+        findings += absorb_stall_symptoms(run_findings + stall_findings(run))
         findings += model_config_findings(run)
         findings += memory_findings(run)
     allocation = allocation_findings(machine)
-    findings += allocation
+    findings = absorb_cpu_symptoms(findings + allocation, machine)
     findings += unobserved_findings(machine, gpus_already_reported={g for f in allocation for g in f.gpus})
     return worst_first(findings)
 

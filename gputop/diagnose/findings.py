@@ -13,6 +13,7 @@ Cause = Literal[
     "communication",
     "straggler",
     "allocation",
+    "stall",
     "unobserved",
 ]
 Severity = Literal["info", "warn", "critical"]

@@ -52,6 +52,22 @@ EXPOSED_COMM_CRITICAL_FRAC = 0.30
 STRAGGLER_WAIT_WARN_FRAC = EXPOSED_COMM_WARN_FRAC
 STRAGGLER_WAIT_CRITICAL_FRAC = EXPOSED_COMM_CRITICAL_FRAC
 
+# --- stall ---------------------------------------------------------------------
+
+# A stall is a step of at least STALL_FACTOR (3) x the median (gputop.model.stats).
+# gputop: time lost to stalls is graded like loader wait, which it resembles
+# (the device idles while one thing finishes): torch-tb-profiler's 5% line and
+# gputop's 20%.
+STALL_WARN_FRAC = LOADER_WAIT_WARN_FRAC
+STALL_CRITICAL_FRAC = LOADER_WAIT_CRITICAL_FRAC
+# gputop: one long step is an event, two make a pattern worth naming.
+STALL_MIN_COUNT = 2
+# gputop: a rank that spent at least half of the stalls' extra time waiting in
+# exposed comm was waiting for another rank that stopped; the others stopped.
+STALL_IN_COMM_FRAC = 0.5
+# gputop: a stall spent at least half waiting for the batch is the loader's.
+STALL_LOADER_FRAC = 0.5
+
 # --- parallelism ---------------------------------------------------------------
 
 # torch-tb-profiler, RunProfileData._analyze_gpu_metrics: "GPU … has low
@@ -125,6 +141,24 @@ THREADS_PER_CORE_CRITICAL = 2.0
 # gputop: the host's CPUs at over 90% busy corroborate oversubscription (shown
 # as evidence beside the thread count; it never fires a finding on its own).
 HOST_CPU_BUSY_PCT = 90.0
+# gputop: of the time the ranks' threads and workers were ready to run, the
+# share they waited for a CPU (run-queue wait from schedstat).  At a quarter,
+# every CPU-bound phase of the step runs a third slower than it could (wait /
+# run = 1/3), as much as the communication warn line costs; Linux's scheduler
+# gives that at a load of 4 runnable threads per 3 cores.  At half, the job gets
+# a CPU only half the time it wants one.
+CPU_STARVED_WARN_FRAC = 0.25
+CPU_STARVED_CRITICAL_FRAC = 0.50
+# gputop: the wait alone is not oversubscription.  Two single-threaded ranks on
+# 2 cores, exactly subscribed, measured 24-37% here (scheduling latency, gloo's
+# threads, the test harness): a share that flips around any line.  So the CPUs
+# must also be oversubscribed: the threads ready to run (the ranks', their
+# workers', and the busy processes outside the job where the host is sampled)
+# over 1.25x the cores, where Linux's fair scheduler makes each wait ~20%.
+CPU_DEMAND_OVER_CORES = 1.25
+# gputop: a process outside the job is worth naming as competition for the
+# job's CPUs once it uses a quarter of a core on average.
+OTHER_PROCESS_CPU_PCT = 25.0
 # gputop: another process on the job's GPU matters when it computes (NVML's
 # per-process SM utilization above noise) or holds real memory.
 OTHER_PROCESS_SM_PCT = 5.0

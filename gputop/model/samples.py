@@ -74,6 +74,16 @@ class ProcessReading:
 
 
 @dataclass(frozen=True)
+class BusyProcess:
+    """A process on the host using CPU, whoever it belongs to: the job's, another user's, a stray one."""
+
+    pid: int
+    name: str
+    cpu_pct: float  # since the previous sample, 100 = one core
+    user: str | None = None
+
+
+@dataclass(frozen=True)
 class HostSample:
     """The machine's CPU, memory and the rank processes at one moment."""
 
@@ -91,6 +101,8 @@ class HostSample:
     cpu_count: int | None = None
     processes: tuple[ProcessReading, ...] = ()
     gputop_cpu_pct: float | None = None  # this dashboard or recorder process itself, 100 = one core
+    gputop_pid: int | None = None  # that process, so it is never counted as someone else's load
+    busy: tuple[BusyProcess, ...] = ()  # the busiest processes on the host (any owner), busiest first
 
 
 def sample_to_dict(sample: GpuSample | HostSample) -> dict[str, Any]:
@@ -120,4 +132,5 @@ def host_sample_from_dict(obj: dict[str, Any]) -> HostSample:
     fields_["processes"] = tuple(
         ProcessReading(**{**p, "child_pids": tuple(p.get("child_pids", ()))}) for p in fields_.get("processes", ())
     )
+    fields_["busy"] = tuple(BusyProcess(**p) for p in fields_.get("busy", ()))
     return HostSample(**fields_)

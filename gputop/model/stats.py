@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantile_s
+from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantile_s, sketch_value_s
+
+# A stall is a step that takes at least this many times the median step: a
+# checkpoint save, an evaluation pass, a GC pause or a slow batch among ordinary
+# steps.  Three times, so the tail of a noisy but steady run (p95 ~ 1.5x p50 on
+# 2 shared cores) is never one.
+STALL_FACTOR = 3.0
 
 # DDP's first iteration rebuilds its gradient buckets in the order gradients
 # became ready, and pays lazy allocation: its timings are no typical step's.
@@ -53,6 +59,17 @@ class RankStats:
     workers: int | None
     workers_cpu_pct: float | None
     dropped: int
+    # CPU contention, from the run-queue wait (ready to run, no CPU free):
+    main_cpu_wait_frac: float | None = None  # the training thread's wait over wall time
+    cpu_starved_frac: float | None = None  # the rank's and its workers' wait over (wait + CPU time)
+    workers_cpu_starved_frac: float | None = None  # the workers' alone
+    cpu_demand_cores: float | None = None  # the rank's and its workers' threads ready to run, on average (CPU + wait)
+    # Stalls: steps of at least STALL_FACTOR x the median step (None: too few steps to say).
+    stall_steps: int | None = None
+    stall_mean_s: float | None = None  # a stall step's mean duration
+    stall_frac: float | None = None  # time lost to stalls (beyond a median step each) over all step time
+    stall_loader_frac: float | None = None  # of the named stall steps' time, the share spent waiting for a batch
+    stall_in_comm_frac: float | None = None  # of the stalls' excess, the share this rank waited in exposed comm
     # What gputop itself cost the rank (the reporter's self-accounting); None from older reporters.
     reporter_cpu_pct: float | None = None  # the reporter thread, 100 = one core
     hook_s_per_step: float | None = None  # training-thread time inside gputop per step
@@ -139,6 +156,100 @@ def window_exposed_comm_frac(w: Window) -> float | None:
     return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
 
 
+@dataclass(frozen=True)
+class Stalls:
+    """The stall figures of a rank over its windows (see ``stalls``)."""
+
+    steps: int
+    mean_s: float | None
+    frac: float
+    loader_frac: float | None
+    in_comm_frac: float | None
+
+
+def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step_sum_s: float) -> Stalls:
+    """Steps of at least STALL_FACTOR x the median: how many, how long, what share of the run, and where.
+
+    Counts and durations come from the merged sketch (every step, 1% accurate);
+    where the time went from each window's slowest steps: their loader wait,
+    and, in the windows that hold a stall, this rank's exposed comm.  A rank
+    that waits in the all-reduce while another stops shows the same long steps
+    as the one that stopped, but its stall time is comm: that tells them apart.
+    """
+    line_s = STALL_FACTOR * p50_s
+    count, total_s, excess_s = 0, 0.0, 0.0
+    for bucket, n in sketch.items():
+        value = sketch_value_s(bucket)
+        if value >= line_s:
+            count += n
+            total_s += n * value
+            excess_s += n * (value - p50_s)
+    named_s = named_loader_s = window_excess_s = window_comm_s = 0.0
+    for w in windows:
+        stalled = [(d, loader) for d, loader in w.slow_steps if d >= line_s]
+        if not stalled:
+            continue
+        named_s += sum(d for d, _ in stalled)
+        named_loader_s += sum(loader for _, loader in stalled)
+        if w.exposed_comm_s is not None:
+            window_excess_s += sum(d - p50_s for d, _ in stalled)
+            window_comm_s += w.exposed_comm_s * (w.ddp_steps or w.timed or 1)
+    return Stalls(
+        steps=count,
+        mean_s=total_s / count if count else None,
+        frac=excess_s / step_sum_s if step_sum_s > 0 else 0.0,
+        loader_frac=named_loader_s / named_s if named_s > 0 else None,
+        in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 else None,
+    )
+
+
+def starved_share(wait_s: float, cpu_s: float) -> float | None:
+    """Of the time threads were ready to run, the share they waited for a CPU (0: never, 1: always)."""
+    return wait_s / (wait_s + cpu_s) if wait_s + cpu_s > 0 else None
+
+
+class _CpuWait:
+    """Run-queue wait and CPU time summed over the windows that measure both."""
+
+    def __init__(self) -> None:
+        self.main_wait_s = self.main_span_s = 0.0
+        self.wait_s = self.cpu_s = self.span_s = 0.0
+        self.workers_wait_s = self.workers_cpu_s = 0.0
+        self.main_seen = self.seen = self.workers_seen = False
+
+    def add(self, w: Window) -> None:
+        dt = w.t1 - w.t0
+        if w.main_cpu_wait_s is not None:
+            self.main_seen = True
+            self.main_wait_s += w.main_cpu_wait_s
+            self.main_span_s += dt
+        if w.cpu_wait_s is not None and w.cpu_pct is not None:
+            self.seen = True
+            self.span_s += dt
+            self.wait_s += w.cpu_wait_s
+            self.cpu_s += w.cpu_pct / 100.0 * dt
+            if w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None:
+                self.workers_seen = True
+                self.workers_wait_s += w.workers_cpu_wait_s
+                self.workers_cpu_s += w.workers_cpu_pct / 100.0 * dt
+
+    def main_frac(self) -> float | None:
+        return self.main_wait_s / self.main_span_s if self.main_seen and self.main_span_s > 0 else None
+
+    def starved_frac(self) -> float | None:
+        if not self.seen:
+            return None
+        return starved_share(self.wait_s + self.workers_wait_s, self.cpu_s + self.workers_cpu_s)
+
+    def demand_cores(self) -> float | None:
+        if not self.seen or self.span_s <= 0:
+            return None
+        return (self.wait_s + self.cpu_s + self.workers_wait_s + self.workers_cpu_s) / self.span_s
+
+    def workers_starved_frac(self) -> float | None:
+        return starved_share(self.workers_wait_s, self.workers_cpu_s) if self.workers_seen else None
+
+
 class _SelfCost:
     """Sums of the self-accounting fields over the windows that carry them."""
 
@@ -202,8 +313,10 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     cpu_n = workers_cpu_n = 0
     dropped = 0
     cost = _SelfCost()
+    cpu_wait = _CpuWait()
     for w in windows:
         cost.add(w)
+        cpu_wait.add(w)
         active_span += w.t1 - w.t0
         if w.loader_batches:
             tracked = True
@@ -242,6 +355,7 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     else:
         # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
         p50, p95 = (_at_most(sketch_quantile_s(sketch, q), max_step) for q in (0.5, 0.95))
+    stall = stalls(windows, sketch, p50, step_sum_s) if p50 is not None and sketch else None
     ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
     exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
 
@@ -286,6 +400,15 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         workers=last("workers"),
         workers_cpu_pct=workers_cpu_sum / workers_cpu_n if workers_cpu_n else None,
         dropped=dropped,
+        main_cpu_wait_frac=cpu_wait.main_frac(),
+        cpu_starved_frac=cpu_wait.starved_frac(),
+        workers_cpu_starved_frac=cpu_wait.workers_starved_frac(),
+        cpu_demand_cores=cpu_wait.demand_cores(),
+        stall_steps=None if stall is None else stall.steps,
+        stall_mean_s=None if stall is None else stall.mean_s,
+        stall_frac=None if stall is None else stall.frac,
+        stall_loader_frac=None if stall is None else stall.loader_frac,
+        stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
         reporter_cpu_pct=cost.reporter_cpu_pct(),
         hook_s_per_step=cost.hook_s_per_step(),
         gputop_cpu_frac=cost.cpu_frac(),

@@ -52,6 +52,7 @@ class Reporter:
         # Read by the reporter thread, replaced whole (never mutated) by the training thread.
         self._probes: tuple[Probe, ...] = ()
         self._process_probe: ProcessProbe | None = None  # psutil: imported on the reporter thread
+        self._train_tid = threading.get_native_id()  # the thread that calls gputop: the training thread
         # (reporter thread CPU, bytes sent) at the last window; a new thread's CPU time starts at 0.
         self._cost_mark = (0.0, 0)
         self._call_cost_s: tuple[float, float] | None = None  # a step mark's and a tracked batch's cost
@@ -90,6 +91,7 @@ class Reporter:
         if model is None or model is self._model:
             return
         self._model = model
+        self._train_tid = threading.get_native_id()
         self._facts.update(facts.model_facts(model))
         self._facts.update(facts.device_facts(self._facts.get("device")))
         self._facts.update(facts.identity())  # the process group may exist by now
@@ -275,7 +277,7 @@ class Reporter:
         """The model's probes, then the process probe, made on this thread at the first window."""
         if self._process_probe is None and "cpu" not in self._failed_probes:
             try:
-                self._process_probe = ProcessProbe()
+                self._process_probe = ProcessProbe(self._train_tid)
             except Exception as exc:
                 self._report_error("cpu", exc)
         return self._probes if self._process_probe is None else (*self._probes, self._process_probe)

@@ -1,7 +1,8 @@
 """A window's step figures from the training thread's step marks: pure arithmetic.
 
 Exact p50/p95/max of the window's own steps, their sum, the mergeable
-step-time sketch, loader wait and batches.  The probes add the rest.
+step-time sketch, the slowest steps with their loader wait (for stalls),
+loader wait and batches.  The probes add the rest.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gputop.protocol import sketch_bucket
+from gputop.protocol import SLOW_STEPS_KEPT, sketch_bucket
 from gputop.reporter.clock import StepMark
 
 
@@ -36,6 +37,10 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None) -> dict[str, 
         "loader_wait_s": sum(m.loader_wait_s for m in timed),
         "loader_batches": batches,
     }
+    if timed:
+        # The window's slowest steps with their loader wait: where a stall spent its time.
+        slowest = sorted(timed, key=lambda m: m.duration_s or 0.0)[-SLOW_STEPS_KEPT:]
+        fields["slow_steps"] = [(m.duration_s, m.loader_wait_s) for m in reversed(slowest)]
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)

@@ -16,9 +16,10 @@ import gputop
 class SleepyData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Each batch costs a known delay (one sample per batch sleeps)."""
 
-    def __init__(self, delay_s: float, batch_size: int) -> None:
+    def __init__(self, delay_s: float, batch_size: int, transform_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.batch_size = batch_size
+        self.transform_s = transform_s
 
     def __len__(self) -> int:
         return 1 << 20
@@ -26,6 +27,10 @@ class SleepyData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.delay_s and index % self.batch_size == 0:
             time.sleep(self.delay_s)
+        if self.transform_s:  # a CPU-heavy per-sample transform (decode, augment): it spins, it does not sleep
+            until = time.thread_time() + self.transform_s
+            while time.thread_time() < until:
+                pass
         return torch.ones(64) * (index % 7), torch.tensor(index % 10)
 
 
@@ -36,6 +41,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--no-watch", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--stall-every", type=int, default=0, help="after every Nth step, one rank stops")
+    parser.add_argument("--stall-ms", type=float, default=400.0, help="how long it stops (a checkpoint save)")
+    parser.add_argument("--stall-rank", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
@@ -43,12 +53,16 @@ def main() -> None:
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)))
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    )
     if not args.no_watch:
         gputop.watch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(
-        SleepyData(args.delay_ms / 1000.0, args.batch_size), batch_size=args.batch_size, num_workers=args.workers
+        SleepyData(args.delay_ms / 1000.0, args.batch_size, args.transform_ms / 1000.0),
+        batch_size=args.batch_size,
+        num_workers=args.workers,
     )
     steps = micro = 0
     for x, y in gputop.track(loader):
@@ -66,6 +80,8 @@ def main() -> None:
             gputop.step()
         optimizer.zero_grad()
         steps += 1
+        if args.stall_every and steps % args.stall_every == 0 and dist.get_rank() == args.stall_rank:
+            time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce
         if steps == args.steps:
             break
     print(f"rank {dist.get_rank()} steps {steps}", flush=True)

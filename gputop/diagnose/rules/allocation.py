@@ -2,9 +2,10 @@
 
 GPU side, from the rank-to-GPU join: GPUs no one uses while a job runs beside
 them, two ranks on one GPU, other processes computing on the job's GPUs.  CPU
-side: more torch compute threads across the ranks on a host than it has cores
-(the oversubscribed case), from each rank's hello and, where the host sampler
-sees those ranks, the host's load.
+side: the ranks' measured wait for a CPU (``cpu_contention``), beside more
+torch compute threads across the ranks on a host than it has cores (the
+oversubscribed case), from each rank's hello and, where the host sampler sees
+those ranks, the host's load.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import defaultdict
 
 from gputop.diagnose.findings import Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor, grade_above
+from gputop.diagnose.rules.cpu_contention import contention_finding, merge_contention
 from gputop.diagnose.thresholds import (
     HOST_CPU_BUSY_PCT,
     OTHER_PROCESS_MIN_BYTES,
@@ -29,15 +31,39 @@ MIB = float(1 << 20)
 
 
 def allocation_findings(machine: Figures) -> list[Finding]:
-    return oversubscription_findings(machine) + gpu_allocation_findings(machine)
+    return cpu_findings(machine) + gpu_allocation_findings(machine)
 
 
-def oversubscription_findings(machine: Figures) -> list[Finding]:
-    """Per host: torch threads of all live ranks (of every run) against the host's cores."""
+def cpu_findings(machine: Figures) -> list[Finding]:
+    """Per host and run: the measured CPU wait, with the torch-thread count beside it; one finding each."""
+    by_host = ranks_by_host(machine)
+    threads = {(f.extra["hostname"], f.run_id): f for f in oversubscription_findings(machine, by_host)}
+    findings = []
+    for hostname, members in by_host.items():
+        for run in {id(run): run for run, _ in members}.values():
+            ranks = [r for owner, r in members if owner is run]
+            thread_finding = threads.pop((hostname, run.run_id), None)
+            contention = contention_finding(machine, run.run_id, hostname, ranks)
+            if contention is not None:
+                findings.append(merge_contention(thread_finding, contention))
+            elif thread_finding is not None:
+                findings.append(thread_finding)
+    return findings
+
+
+def ranks_by_host(machine: Figures) -> dict[str, list[tuple[RunFigures, RankFigures]]]:
+    """Every live rank (of every run) under its host: they share its CPUs."""
     by_host: dict[str, list[tuple[RunFigures, RankFigures]]] = defaultdict(list)
     for run in machine.runs:
         for rank in run.active:
             by_host[rank.hello.hostname].append((run, rank))
+    return by_host
+
+
+def oversubscription_findings(
+    machine: Figures, by_host: dict[str, list[tuple[RunFigures, RankFigures]]]
+) -> list[Finding]:
+    """Per host: torch threads of all live ranks (of every run) against the host's cores."""
     findings = []
     for hostname, members in by_host.items():
         counted = [(run, r) for run, r in members if r.hello.torch_threads is not None]

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, measured
 from gputop.diagnose.thresholds import (
+    CPU_STARVED_WARN_FRAC,
     LOADER_WAIT_CRITICAL_FRAC,
     LOADER_WAIT_WARN_FRAC,
     SUGGESTED_MIN_WORKERS,
@@ -92,6 +93,13 @@ def loader_suggestion(rank: RankFigures, ranks_on_host: int) -> str:
     if cpu_share is not None:
         where = f" ({hello.cpu_count} CPUs shared by {ranks_on_host} rank{'s' if ranks_on_host != 1 else ''})"
 
+    starved = rank.stats.workers_cpu_starved_frac
+    if workers_now and starved is not None and starved > CPU_STARVED_WARN_FRAC:
+        return (
+            f"The {workers_now} workers wait for a CPU {pct(starved):.0f}% of the time they are ready to run{where}: "
+            "the CPUs are oversubscribed (see allocation), so more workers would make it worse; use fewer ranks "
+            "or workers per host, make each sample cheaper, or give the job more CPUs."
+        )
     if workers_now is not None and target <= workers_now:
         if saturated:
             return (

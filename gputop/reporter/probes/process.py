@@ -1,10 +1,16 @@
-"""CPU, RSS and threads of the rank process, and the CPU of its children (DataLoader workers)."""
+"""CPU, RSS and threads of the rank process, the CPU of its children (DataLoader workers), and their run-queue wait.
+
+The run-queue wait (``/proc/<pid>/task/<tid>/schedstat``) is how long the
+threads were ready to run while no CPU was free: CPU contention measured
+where it happens, for the training thread, all the rank's threads (gloo's
+all-reduce runs in its own) and the workers.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gputop.procfs import children_of
+from gputop.procfs import RunQueueWait, children_of, schedstat_s
 from gputop.reporter.clock import StepMark
 
 
@@ -13,7 +19,7 @@ class ProcessProbe:
 
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, train_tid: int | None = None) -> None:
         import psutil  # imported on the reporter thread's first window, not at `import gputop`
 
         self._psutil = psutil
@@ -21,6 +27,8 @@ class ProcessProbe:
         self._process.cpu_percent(None)  # the first call only sets the baseline
         self._children: dict[int, Any] = {}  # pid -> Process, kept for their cpu_percent baselines
         self._primed = False
+        self._train_tid = train_tid
+        self._main_wait, self._rank_wait, self._workers_wait = RunQueueWait(), RunQueueWait(), RunQueueWait()
 
     def _child_pids(self) -> list[int]:
         """Direct children from /proc (a few reads); psutil's whole-machine scan only where /proc cannot say."""
@@ -55,4 +63,28 @@ class ProcessProbe:
         out["workers"] = len(children)
         if children:
             out["workers_cpu_pct"] = worker_cpu
+        out.update(self._run_queue_wait(proc.pid, children))
+        return out
+
+    def _run_queue_wait(self, pid: int, children: list[int]) -> dict[str, float]:
+        """Seconds the training thread, all the rank's threads and the workers waited for a CPU."""
+        own = schedstat_s(pid)
+        if own is None:
+            return {}  # no schedstat on this kernel: the fields stay N/A
+        out: dict[str, float] = {}
+        main = {(pid, tid): wait for tid, (_, wait) in own.items() if tid == self._train_tid}
+        for name, tracker, threads in (
+            ("main_cpu_wait_s", self._main_wait, main),
+            ("cpu_wait_s", self._rank_wait, {(pid, tid): wait for tid, (_, wait) in own.items()}),
+        ):
+            waited = tracker.delta_s(threads) if threads else None
+            if waited is not None:
+                out[name] = waited
+        workers: dict[tuple[int, int], float] = {}
+        for child in children:
+            for tid, (_, wait) in (schedstat_s(child) or {}).items():
+                workers[(child, tid)] = wait
+        waited = self._workers_wait.delta_s(workers)
+        if waited is not None and children:
+            out["workers_cpu_wait_s"] = waited
         return out

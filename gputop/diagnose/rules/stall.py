@@ -1,0 +1,142 @@
+"""stall: a rank stops now and then (a checkpoint save, an evaluation pass, a GC pause, a slow batch).
+
+Read from per-step data, not from means: the run's step-time sketch counts the
+steps of at least ``STALL_FACTOR`` x the median and the time they lose, and
+each window's slowest steps say whether that time went to waiting for a batch.
+In synchronous DDP every rank sees the long step; the one that stopped is the
+one that did not spend it waiting in the all-reduce.
+
+A stall raises means too, so the exposed comm of the ranks that waited, a
+straggler's own time or the loader share can cross their lines because of it.
+``absorb_stall_symptoms`` moves those under the stall when what is left of
+them without the stall's share is below their warn line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
+from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.thresholds import (
+    EXPOSED_COMM_WARN_FRAC,
+    LOADER_WAIT_WARN_FRAC,
+    STALL_CRITICAL_FRAC,
+    STALL_IN_COMM_FRAC,
+    STALL_LOADER_FRAC,
+    STALL_MIN_COUNT,
+    STALL_WARN_FRAC,
+    STRAGGLER_WAIT_WARN_FRAC,
+)
+from gputop.diagnose.wording import pct, ranks_text
+from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.stats import STALL_FACTOR
+
+# Each symptom's own warn line: what is left of it without the stall must stay under it.
+SYMPTOM_WARN_FRAC = {
+    "communication": EXPOSED_COMM_WARN_FRAC,
+    "straggler": STRAGGLER_WAIT_WARN_FRAC,
+    "data_loading": LOADER_WAIT_WARN_FRAC,
+}
+
+
+def stall_findings(run: RunFigures) -> list[Finding]:
+    """One finding per run whose ranks lose a share of their time to occasional long steps."""
+    stalled = [
+        r
+        for r in measured(run)
+        if (r.stats.stall_steps or 0) >= STALL_MIN_COUNT and r.stats.stall_frac and r.stats.stall_mean_s
+    ]
+    if not stalled:
+        return []
+    worst = max(stalled, key=lambda r: r.stats.stall_frac or 0.0)
+    frac = worst.stats.stall_frac or 0.0
+    severity = grade_above(frac, STALL_WARN_FRAC, STALL_CRITICAL_FRAC)
+    if severity is None:
+        return []
+    # The ranks that stopped: those whose stall time was not spent waiting for another in the all-reduce.
+    stoppers = [r for r in stalled if (r.stats.stall_in_comm_frac or 0.0) < STALL_IN_COMM_FRAC]
+    named = stoppers or stalled
+    main = max(named, key=lambda r: r.stats.stall_frac or 0.0)
+    stats = main.stats
+    steps, count = stats.steps, stats.stall_steps or 1
+    loader = (stats.stall_loader_frac or 0.0) >= STALL_LOADER_FRAC
+    threshold = STALL_CRITICAL_FRAC if severity == "critical" else STALL_WARN_FRAC
+    title = (
+        f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
+        f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms every {steps / count:.0f} steps "
+        f"({count} of {steps}): {pct(stats.stall_frac or 0.0):.0f}% of the run"
+    )
+    title += ", waiting for a batch" if loader else ", outside the loader"
+    waiting = [r for r in stalled if r not in named]
+    if waiting:
+        verb = "waits" if len(waiting) == 1 else "wait"
+        title += f"; {ranks_text([r.rank for r in waiting])} {verb} for it in the all-reduce"
+    p50 = stats.step_time_p50_s or 0.0
+    evidence = [
+        Evidence("stall_pct", pct(stats.stall_frac or 0.0), pct(threshold), "%", rank=main.rank),
+        Evidence(
+            "stall_ms", 1e3 * (stats.stall_mean_s or 0.0), 1e3 * STALL_FACTOR * p50, "ms", op=">=", rank=main.rank
+        ),
+    ]
+    if stats.stall_loader_frac is not None:
+        evidence.append(
+            Evidence("stall_in_loader_pct", pct(stats.stall_loader_frac), pct(STALL_LOADER_FRAC), "%", op="vs")
+        )
+    return [
+        Finding(
+            cause="stall",
+            severity=severity,
+            title=title,
+            suggestion=stall_suggestion(main, loader=loader, every_steps=steps / count),
+            evidence=tuple(evidence),
+            ranks=tuple(sorted(r.rank for r in named)),
+            run_id=run.run_id,
+            doc=doc_anchor("stall"),
+            magnitude=frac,
+            extra={"phase": "loader" if loader else "other", "waiting_ranks": [r.rank for r in waiting]},
+        )
+    ]
+
+
+def stall_suggestion(rank: RankFigures, *, loader: bool, every_steps: float) -> str:
+    if loader:
+        return (
+            f"Rank {rank.rank} waits for a batch now and then: DataLoader(persistent_workers=True) if it happens "
+            "at each epoch's start (workers restart), a larger prefetch_factor to ride out slow batches, and look "
+            "for slow samples (large files, remote reads) or a worker that dies."
+        )
+    return (
+        f"Rank {rank.rank} stops outside the loader about every {every_steps:.0f} steps: a checkpoint save, an "
+        "evaluation pass, logging or a GC pause. Save checkpoints asynchronously "
+        "(torch.distributed.checkpoint.async_save) or less often, evaluate less often or on all ranks at once, "
+        "and try gc.freeze() after start-up."
+    )
+
+
+def absorb_stall_symptoms(findings: list[Finding]) -> list[Finding]:
+    """Move the findings a stall explains under it: kept, as info, with a pointer."""
+    out = list(findings)
+    for index, stall in enumerate(out):
+        if stall.cause != "stall":
+            continue
+        absorbed = [
+            f
+            for f in out
+            if f.run_id == stall.run_id
+            and f.cause in SYMPTOM_WARN_FRAC
+            and f.severity != "info"
+            and f.magnitude - stall.magnitude <= SYMPTOM_WARN_FRAC[f.cause]
+        ]
+        if not absorbed:
+            continue
+        out[index] = replace(
+            stall,
+            severity=max([stall.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index),
+            evidence=stall.evidence + tuple(e for f in absorbed for e in f.evidence[:1]),
+        )
+        out = [
+            replace(f, severity="info", title=f.title + " (mostly the stalls, see stall)") if f in absorbed else f
+            for f in out
+        ]
+    return out

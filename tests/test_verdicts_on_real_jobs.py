@@ -1,0 +1,69 @@
+"""Verdicts on real 2-rank jobs shaped the way users write them: each far from its threshold on 2 shared cores."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.collect.server import Collector
+from gputop.diagnose import diagnose
+from gputop.diagnose.findings import Finding
+from gputop.model.figures import summarize
+from gputop.model.snapshot import DONE
+from tests.conftest import finish, needs_torch, snapshot_of, torchrun, wait_for
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+
+def run_and_diagnose(collector: Collector, *args: str) -> tuple[list[Finding], str]:
+    """Run ddp_job.py with ``args``; the whole run's findings (as `gputop report` sees them) and a summary."""
+    finish(torchrun("ddp_job.py", *args, port=collector.address.port), timeout_s=240)
+    assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
+    figures = summarize(snapshot_of(collector), span_s=None)
+    findings = diagnose(figures)
+    measured = "; ".join(
+        f"rank {r.rank}: step {1e3 * (r.stats.step_time_mean_s or 0):.0f} ms, "
+        f"cpu wait {100 * (r.stats.cpu_starved_frac or 0):.0f}% wanting {r.stats.cpu_demand_cores or 0:.2f} CPUs, "
+        f"workers' cpu wait {100 * (r.stats.workers_cpu_starved_frac or 0):.0f}%, "
+        f"loader {100 * (r.stats.loader_wait_frac or 0):.0f}%, "
+        f"exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%, "
+        f"p50 {1e3 * (r.stats.step_time_p50_s or 0):.1f} ms, stalls {r.stats.stall_steps} "
+        f"of {1e3 * (r.stats.stall_mean_s or 0):.0f} ms ({100 * (r.stats.stall_frac or 0):.0f}%, "
+        f"in comm {100 * (r.stats.stall_in_comm_frac or 0):.0f}%)"
+        for r in figures.all_ranks()
+    )
+    said = " | ".join(f"[{f.severity}] {f.cause}: {f.title}" for f in findings)
+    return findings, f"measured {measured}; found {said}"
+
+
+def test_workers_with_a_cpu_heavy_transform_on_too_few_cores_are_named_cpu_oversubscription(
+    collector: Collector,
+) -> None:
+    """2 ranks x (1 main + 3 workers) burning CPU on 2 cores: allocation, never 'compress gradients' or 'I/O'.
+
+    Eight CPU-bound processes on two cores wait for a CPU about three quarters
+    of the time they are ready to run, three times the 25% line.
+    """
+    findings, summary = run_and_diagnose(
+        collector, "--steps", "50", "--workers", "3", "--transform-ms", "3", "--batch-size", "8"
+    )
+    top = findings[0]
+    assert top.cause == "allocation" and top.severity in ("warn", "critical"), summary
+    assert "2 ranks x (1 main + 3 workers)" in top.title and "want" in top.title, summary
+    assert all(f.severity == "info" for f in findings if f.cause in ("communication", "data_loading")), summary
+    assert not any("not CPU-bound" in f.suggestion or "likely I/O" in f.suggestion for f in findings), summary
+
+
+def test_a_checkpoint_save_every_20_steps_on_rank_0_is_a_stall_of_rank_0(collector: Collector) -> None:
+    """Rank 0 stops 400 ms after every 20th step; rank 1 waits for it in the all-reduce.
+
+    Each stop is about 40 ordinary steps long, so the stalls are most of the
+    run, far past the 5% line; the finding names rank 0, not the rank that waited.
+    """
+    findings, summary = run_and_diagnose(
+        collector, "--steps", "101", "--batch-size", "256", "--hidden", "512", "--stall-every", "20"
+    )
+    top = findings[0]
+    assert top.cause == "stall" and top.severity in ("warn", "critical"), summary
+    assert top.ranks == (0,), summary
+    assert "every 20 steps" in top.title and "outside the loader" in top.title, summary
+    assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary
