@@ -81,7 +81,7 @@ def healthy_accumulation_manual_marks(seconds: float) -> None:
 
 
 def stall_checkpoint_rank0(seconds: float) -> None:
-    """Rank 0 saves a checkpoint every 10 steps to a slow disk (torch.save, then 400 ms to flush)."""
+    """Rank 0 saves a checkpoint every 5 steps to a slow network disk (torch.save, then 2 s to flush)."""
     rank = start()
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
@@ -95,23 +95,23 @@ def stall_checkpoint_rank0(seconds: float) -> None:
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
                 steps += 1
-                if rank == 0 and steps % 10 == 0:
+                if rank == 0 and steps % 5 == 0:
                     path = os.path.join(folder, "last.pt")
                     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": steps}, path)
-                    time.sleep(0.4)  # a network filesystem's flush
+                    time.sleep(2.0)  # a network filesystem's flush: many median steps long on any machine
                 if deadline.reached(steps):
                     finish(rank, steps)
                     return
 
 
 def stall_periodic_evaluation(seconds: float) -> None:
-    """Every 10 steps all ranks evaluate on 384 held-out images (no_grad, model.eval()): a few steps' worth."""
+    """Every 10 steps all ranks evaluate on 1536 held-out images (no_grad, model.eval()): ~8 steps' worth."""
     rank = start()
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     train = DataLoader(images(), batch_size=64, shuffle=True)
-    held_out = images(384)
+    held_out = images(1536)
     deadline, steps = Deadline(seconds), 0
     while True:
         for x, y in gputop.track(train):
