@@ -71,8 +71,17 @@ CASES: tuple[Case, ...] = (
     Case("model_config_find_unused", "model_config", "find_unused_parameters=True, none unused"),
     Case("model_config_tiny_buckets", "model_config", "bucket_cap_mb=0.001, one bucket per parameter"),
     Case("healthy_convnet", HEALTHY, "CIFAR convnet, DistributedSampler with set_epoch"),
-    Case("healthy_accumulation_manual_marks", HEALTHY, "4 micro-batches under no_sync, 1 worker, gputop.step()"),
-    Case("healthy_lightning", HEALTHY, "Lightning Trainer(strategy='ddp'), convnet", script="lightning_case.py"),
+    Case(
+        "healthy_accumulation_manual_marks",
+        HEALTHY,
+        "convnet, 4 micro-batches of 32 in no_sync, 1 worker, gputop.step()",
+    ),
+    Case(
+        "healthy_lightning",
+        HEALTHY,
+        "Lightning Trainer(strategy='ddp', max_time=...), convnet",
+        script="lightning_case.py",
+    ),
 )
 
 
