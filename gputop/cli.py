@@ -43,6 +43,14 @@ def _positive(text: str) -> float:
     return value
 
 
+def _theme(text: str) -> str:
+    from textual.theme import BUILTIN_THEMES
+
+    if text not in BUILTIN_THEMES:
+        raise argparse.ArgumentTypeError(f"unknown theme {text!r}; one of: {', '.join(BUILTIN_THEMES)}")
+    return text
+
+
 def _add_address(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--port", type=int, help="listen on TCP 127.0.0.1:PORT (runs started with GPUTOP_PORT=PORT)")
@@ -51,8 +59,9 @@ def _add_address(parser: argparse.ArgumentParser) -> None:
 
 def _add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--refresh", type=_positive, default=0.5, metavar="S", help="redraw every S seconds (default 0.5)"
+        "--refresh", type=_positive, default=None, metavar="S", help="redraw every S seconds (default 0.5; remembered)"
     )
+    parser.add_argument("--theme", type=_theme, default=None, help="a Textual theme, e.g. textual-light (remembered)")
     parser.add_argument(
         "--interval", type=_positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
     )
@@ -83,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="show a recording in the dashboard")
     replay.add_argument("recording", type=Path)
     replay.add_argument("--speed", type=_positive, default=1.0, help="playback speed (default 1)")
-    replay.add_argument("--refresh", type=_positive, default=0.5, metavar="S", help="redraw every S seconds")
+    replay.add_argument("--refresh", type=_positive, default=None, metavar="S", help="redraw every S seconds")
+    replay.add_argument("--theme", type=_theme, default=None, help="a Textual theme, e.g. textual-light (remembered)")
 
     demo = commands.add_parser("demo", help="run a bundled 2-rank CPU DDP job and watch it")
     from gputop.demos.scenarios import SCENARIO_NAMES
@@ -117,15 +127,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- the dashboard -----------------------------------------------------------------
 
 
-def _run_dashboard(source: Any, refresh_s: float) -> int:
-    """Show a started source until the user quits; the caller owns the source's start and stop."""
+def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
+    """Show a started source until the user quits; the caller owns the source's start and stop.
+
+    ``--refresh`` and ``--theme`` given here are remembered (gputop.tui.settings) for the next start.
+    """
+    from textual.theme import BUILTIN_THEMES
+
     from gputop.diagnose import Diagnoser
+    from gputop.tui import settings
     from gputop.tui.app import run_dashboard
+
+    saved = settings.load()
+    theme = getattr(args, "theme", None)  # checked by the parser
+    if saved.theme not in BUILTIN_THEMES:
+        saved = settings.Settings(refresh_s=saved.refresh_s)
+    chosen = settings.Settings(refresh_s=args.refresh or saved.refresh_s, theme=theme or saved.theme)
+    if chosen != saved:
+        settings.save(chosen)
+
+    def remember_theme(name: str) -> None:
+        if name != (chosen.theme or settings.DEFAULT_THEME):
+            settings.save(settings.Settings(refresh_s=chosen.refresh_s, theme=name))
 
     # The UI shows rejected connections itself; log lines would corrupt the screen.
     logging.getLogger("gputop").addHandler(logging.NullHandler())
     logging.getLogger("gputop").propagate = False
-    return run_dashboard(source, refresh_s=refresh_s, diagnoser_factory=Diagnoser)
+    return run_dashboard(
+        source,
+        refresh_s=chosen.refresh_s or settings.DEFAULT_REFRESH_S,
+        diagnoser_factory=Diagnoser,
+        theme=chosen.theme or settings.DEFAULT_THEME,
+        remember_theme=remember_theme,
+    )
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -134,7 +168,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     source = LiveSource(resolve(args.port, args.socket), sample_interval_s=args.interval)
     source.start()
     try:
-        return _run_dashboard(source, args.refresh)
+        return _run_dashboard(source, args)
     finally:
         source.stop()
 
@@ -149,7 +183,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     source.start()
     try:
-        return _run_dashboard(source, args.refresh)
+        return _run_dashboard(source, args)
     finally:
         source.stop()
 
@@ -332,7 +366,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name)
         )
         if not args.headless:
-            ui_code = _run_dashboard(source, args.refresh)
+            ui_code = _run_dashboard(source, args)
             keep_log = job.proc.poll() not in (None, 0)  # the job failed while watched
             if keep_log:
                 print(f"gputop: the demo job exited with code {job.proc.returncode}; its log: {job.log_path}")

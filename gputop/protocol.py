@@ -161,6 +161,14 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     cpu_count: Count | None = None  # CPUs this process may run on
     model_name: Text | None = None
     ddp: bool | None = None
+    # How DDP was built, from its logging data once it has run an iteration:
+    ddp_find_unused_parameters: bool | None = None
+    ddp_unused_parameter_bytes: Count | None = None  # what find_unused_parameters found unused
+    ddp_static_graph: bool | None = None
+    ddp_gradient_as_bucket_view: bool | None = None
+    ddp_bucket_cap_bytes: Count | None = None
+    ddp_buckets: Count | None = None  # gradient buckets each backward all-reduces
+    ddp_gradient_bytes: Count | None = None  # all parameters' size: what one all-reduce round moves
 
 
 class Window(_Message, frozen=True, kw_only=True, tag="window"):
@@ -202,6 +210,7 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     backward_s: float | None = None  # backward compute
     comm_s: float | None = None  # gradient all-reduce, start to end
     overlap_s: float | None = None  # part of comm hidden behind backward compute
+    forwards: Count | None = None  # forwards of the watched model with autograd on: micro-batches
     ddp_iteration: Count | None = None  # DDP's iteration the figures come from (the last one)
     ddp_steps: AtLeastOne | None = None  # iterations the DDP figures average; None: one sampled iteration
     mem_allocated_bytes: Count | None = None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gputop.diagnose import Finding, diagnose
+from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.snapshot import LOST, Snapshot
@@ -49,6 +50,7 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "gpu_step_time_p50_ms": _ms(stats.gpu_step_time_p50_s),
         "samples_per_s": _round(stats.samples_per_s, 1),
         "loader_wait_pct": _pct(stats.loader_wait_frac),
+        "micro_batches_per_step": _round(stats.micro_batches, 2),
         "forward_ms": _ms(stats.forward_s),
         "backward_ms": _ms(stats.backward_s),
         "comm_ms": _ms(stats.comm_s),
@@ -63,6 +65,10 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "workers_cpu_pct": _round(stats.workers_cpu_pct, 1),
         "threads": stats.threads,
         "cpu_wait_main_pct": _pct(stats.main_cpu_wait_frac),
+        "cpu_demand_cores": _round(stats.cpu_demand_cores, 2),
+        "stall_steps": stats.stall_steps,
+        "stall_mean_ms": _ms(stats.stall_mean_s),
+        "stall_pct": _pct(stats.stall_frac),
         "cpu_starved_pct": _pct(stats.cpu_starved_frac),
         "workers_cpu_starved_pct": _pct(stats.workers_cpu_starved_frac),
         "dropped_windows": stats.dropped,
@@ -138,12 +144,26 @@ def cost_text(cost: dict[str, Any], process_cpu_pct: float | None) -> str | None
     return "gputop's own cost: " + ", ".join(parts)
 
 
+def undecided_notes(figures: Figures) -> list[str]:
+    """Ranks whose run was too short to judge: the rules stay silent on them, and the report says so."""
+    notes = []
+    for run in figures.runs:
+        short = [r for r in run.ranks if r.stats.steps < MIN_STEPS or r.stats.step_time_mean_s is None]
+        if short:
+            made = ", ".join(f"rank {r.rank}: {r.stats.steps}" for r in short)
+            notes.append(
+                f"run {run.run_id} too short to decide: steps made ({made}) are fewer than the {MIN_STEPS} "
+                "timed steps a share of step time needs"
+            )
+    return notes
+
+
 def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = ()) -> str:
     """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
     figures = summarize(snapshot, span_s=None)
     findings = diagnose(figures)
     gpus = summarize_gpus(snapshot.gpu_history, snapshot)
-    data = build(figures, findings, gpus=gpus, notes=notes)
+    data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)])
     if fmt == "json":
         return to_json(data) + "\n"
     gpu_lines = format_gpu_summary_text(gpus)
@@ -201,6 +221,8 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
         for e in f["evidence"]:
             lines.append(f"    evidence: {e['text']}")
         lines.append(f"    fix: {f['suggestion']}")
+        if f.get("worth"):
+            lines.append(f"    {f['worth']}")
     return lines
 
 
@@ -259,6 +281,8 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         for e in f["evidence"]:
             out.append(f"  - evidence: {e['text']}")
         out.append(f"  - fix: {f['suggestion']}")
+        if f.get("worth"):
+            out.append(f"  - {f['worth']}")
     for note in report["notes"]:
         out.append(f"\n> note: {note}")
     return "\n".join(out) + "\n"

@@ -35,6 +35,7 @@ class RankSpec:
     forward_frac: float | None = 0.3  # None: no DDP timings
     backward_frac: float | None = 0.5
     comm_frac: float | None = 0.1
+    comm_swing_frac: float = 0.0  # comm alternates +- this share window to window (a noisy shared machine)
     overlap_frac: float | None = 0.08
     cpu_pct: float | None = 80.0
     workers: int | None = None
@@ -106,7 +107,9 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 loader_batches=steps if spec.loader_frac is not None else 0,
                 forward_s=_per_step(spec.forward_frac, step),
                 backward_s=_per_step(spec.backward_frac, step),
-                comm_s=_per_step(spec.comm_frac, step),
+                comm_s=_per_step(
+                    None if spec.comm_frac is None else spec.comm_frac + spec.comm_swing_frac * (-1) ** i, step
+                ),
                 overlap_s=_per_step(spec.overlap_frac, step) if spec.comm_frac is not None else None,
                 mem_allocated_bytes=allocated,
                 mem_reserved_bytes=int(allocated * spec.mem_reserved_over_allocated) if allocated else None,

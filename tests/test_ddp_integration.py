@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 
 from gputop import recording
@@ -167,3 +168,20 @@ def test_dataloader_workers_never_report(collector: Collector) -> None:
     for view in views:
         assert view.hello.loader_num_workers == 2
         assert any(w.workers == 2 for w in view.windows)
+
+
+def test_gradient_accumulation_accounts_for_every_micro_batch(collector: Collector) -> None:
+    """4 micro-batches per optimizer step under no_sync(): DDP times one; the step's phases count all four."""
+    finish(
+        torchrun("ddp_job.py", "--steps", "40", "--accumulate", "4", "--batch-size", "64", port=collector.address.port)
+    )
+    assert wait_for(lambda: _all_done(collector))
+    for view in snapshot_of(collector).runs[0].ranks:
+        stats = rank_stats(view.windows)
+        # The same windows without the forward count: DDP's one timed micro-batch per step, as before.
+        one = rank_stats([msgspec.structs.replace(w, forwards=None) for w in view.windows])
+        assert stats.micro_batches == pytest.approx(4.0, rel=0.05), f"rank {view.rank}: {stats.micro_batches}"
+        assert one.micro_batches is None and one.forward_s and one.backward_s
+        assert stats.forward_s == pytest.approx(stats.micro_batches * one.forward_s)
+        assert stats.backward_s == pytest.approx(stats.micro_batches * one.backward_s)
+        assert stats.comm_s == one.comm_s  # one all-reduce per step either way

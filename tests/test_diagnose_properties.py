@@ -101,7 +101,7 @@ def test_diagnose_never_raises_and_findings_are_well_formed(snapshot, span_s: fl
         finding.to_dict()  # serialisable for the report
         for evidence in finding.evidence:
             str(evidence)
-    ranks = [(-f.severity_rank, -f.magnitude) for f in findings]
+    ranks = [(-f.severity_rank, -f.stake) for f in findings]  # worst first: severity, then what fixing it is worth
     assert ranks == sorted(ranks)
 
 

@@ -119,6 +119,15 @@ class TestCommunication:
         assert finding.evidence[0].threshold == pytest.approx(line * 100)
         assert by_cause(findings_of(snapshot), "straggler") == []
 
+    @pytest.mark.parametrize(("swing", "severity"), [(0.0, "warn"), (0.09, "info")])
+    def test_a_share_near_the_line_is_decided_by_its_band(self, swing: float, severity: str) -> None:
+        """Exposed comm averaging 11.5%: steady, a warning; swinging 2.5-20.5% window to window, too close to call."""
+        snapshot = make_snapshot(two_ranks(comm_frac=0.165, overlap_frac=0.05, comm_swing_frac=swing))
+        finding = only(findings_of(snapshot), "communication")
+        assert finding.severity == severity, finding.title
+        if severity == "info":
+            assert "too close to the 10% line to call" in finding.title and " ± " in str(finding.evidence[0])
+
     def test_nccl_suggested_for_gloo_on_cuda(self) -> None:
         specs = [
             RankSpec(rank=i, comm_frac=0.5, overlap_frac=0.0, hello=cuda_hello(i, backend="gloo")) for i in range(2)
@@ -432,6 +441,17 @@ class TestOrdering:
         causes = [(f.severity, f.cause) for f in findings_of(snapshot)]
         assert causes[:3] == [("critical", "communication"), ("critical", "data_loading"), ("warn", "allocation")]
 
+    def test_each_finding_says_what_fixing_it_is_worth(self) -> None:
+        # 100-ms steps: 30 ms waiting for data, exposed comm 45 - 8 = 37 ms.
+        findings = findings_of(make_snapshot(two_ranks(loader_frac=0.3, comm_frac=0.45, overlap_frac=0.08)))
+        loader, comm = only(findings, "data_loading"), only(findings, "communication")
+        assert loader.cost_s == pytest.approx(0.030) and loader.speedup == pytest.approx(1 / 0.7)
+        assert comm.cost_s == pytest.approx(0.037) and comm.speedup == pytest.approx(1 / 0.63)
+        assert "about 30 ms a step, 1.4x steps/s" in (loader.worth_text or "")
+        # Both critical: the one worth more comes first, whatever the rule order.
+        assert [f.cause for f in findings[:2]] == ["communication", "data_loading"]
+        assert loader.to_dict()["speedup_x"] == pytest.approx(1.43)
+
     def test_runs_are_diagnosed_separately(self) -> None:
         snapshot = make_snapshot(two_ranks(), more_runs={"slow": two_ranks(loader_frac=0.3)})
         (finding,) = above_info(findings_of(snapshot))
@@ -443,3 +463,34 @@ class TestOrdering:
         assert len(snapshot.runs[0].ranks[0].windows) == 1200
         finding = only(findings_of(snapshot, span_s=600.0), "data_loading")
         assert finding.ranks == tuple(range(64)) and finding.title.startswith("ranks 0-63 wait for data 30%")
+
+
+class TestDdpSettings:
+    """How DDP was built, from its own logging data: model_config findings on the CPU as on CUDA."""
+
+    def test_find_unused_parameters_that_finds_none_is_a_warning(self) -> None:
+        facts = {"ddp": True, "ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 0}
+        finding = only(findings_of(make_snapshot(two_ranks(), hello=facts)), "model_config")
+        assert finding.severity == "warn" and finding.ranks == (0, 1)
+        assert "find_unused_parameters=False" in finding.suggestion
+
+    @pytest.mark.parametrize(
+        ("facts", "fires"),
+        [
+            ({"ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 4096}, False),  # it does find some
+            ({"ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 0, "ddp_static_graph": True}, False),
+            ({"ddp_find_unused_parameters": False, "ddp_unused_parameter_bytes": 0}, False),
+            ({"ddp_find_unused_parameters": True}, False),  # not known yet: never read as "none"
+        ],
+    )
+    def test_only_when_it_is_known_to_find_nothing(self, facts: dict[str, Any], fires: bool) -> None:
+        findings = findings_of(make_snapshot(two_ranks(), hello={"ddp": True, **facts}))
+        assert bool(by_cause(findings, "model_config")) == fires
+
+    def test_many_tiny_buckets_are_a_warning_and_the_default_cap_is_fine(self) -> None:
+        tiny = {"ddp": True, "ddp_buckets": 40, "ddp_gradient_bytes": 40 << 15, "ddp_bucket_cap_bytes": 1 << 15}
+        finding = only(findings_of(make_snapshot(two_ranks(), hello=tiny)), "model_config")
+        assert finding.severity == "warn" and "40 gradient buckets of 32 KiB" in finding.title
+        assert "bucket_cap_mb=0.0312 now" in finding.suggestion
+        default = {"ddp": True, "ddp_buckets": 4, "ddp_gradient_bytes": 80 << 20, "ddp_bucket_cap_bytes": 25 << 20}
+        assert by_cause(findings_of(make_snapshot(two_ranks(), hello=default)), "model_config") == []

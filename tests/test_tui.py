@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from textual.binding import Binding
 from textual.pilot import Pilot
 
 from gputop.diagnose.findings import Evidence, Finding
@@ -114,17 +115,40 @@ class TestData:
             assert "10µs per step in its hooks" in stats_text
 
     async def test_sixty_four_ranks_render_and_refresh_keeps_up(self) -> None:
-        """All 64 rows are there, and each new snapshot is shown within a few refresh periods."""
+        """64 ranks on 8 hosts start folded under 8 host rows; f opens all 64; new snapshots keep coming."""
         source = FixedSource(fx.big_run())
         async with GputopApp(source, refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
             app = await shown(pilot)
-            assert app.query_one(RanksTable).row_count == 64
-            assert sorted(int(r[0].strip(" ▲")) for r in table_text(app)) == list(range(64))
+            table = app.query_one(RanksTable)
+            assert [r[0] for r in table_text(app)] == [f"▸ node-{n}" for n in range(8)]
+            assert "64/64 ranks" in str(app.query_one("#header").render())
+            assert "8 hosts" in str(app.query_one("#header").render())
+            await pilot.press("f")
+            await pilot.pause()
+            assert table.row_count == 8 + 64
+            ranks = [int(r[0].strip(" ▲")) for r in table_text(app) if "node" not in r[0]]
+            assert sorted(ranks) == list(range(64))
             for n_windows in (21, 22, 23):
                 snapshot = fx.big_run(n_windows=n_windows)
                 source.set(snapshot)
                 await shown(pilot, snapshot, max_pauses=200)
-                assert app.query_one(RanksTable).row_count == 64
+                assert table.row_count == 8 + 64
+
+    async def test_enter_on_a_host_folds_and_unfolds_it(self) -> None:
+        """Enter on a host's summary row opens its ranks under it, and enter again folds them."""
+        async with GputopApp(FixedSource(fx.big_run()), refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            table = app.query_one(RanksTable)
+            await pilot.press("down", "enter")  # node-1
+            await pilot.pause()
+            rows = table_text(app)
+            assert rows[1][0] == "▾ node-1"
+            assert [r[0].strip(" ▲") for r in rows[2:10]] == [str(n) for n in range(8, 16)]
+            assert rows[10][0] == "▸ node-2"
+            await pilot.press("enter")
+            await pilot.pause()
+            assert table.row_count == 8
+            assert not isinstance(app.screen, RankDetailScreen)
 
     async def test_no_gpu_data_says_why(self) -> None:
         async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
@@ -277,3 +301,64 @@ class TestRejections:
                 await pilot.pause(FAST_S)
             messages = [n.message for n in app._notifications]
             assert messages.count(reason) == 1
+
+
+class TestTimeTravel:
+    """[ pauses and steps back through the views shown; ] steps forward and, past the newest, resumes."""
+
+    async def test_back_shows_an_earlier_moment_and_forward_returns_live(self) -> None:
+        source = FixedSource(fx.two_ranks(n_windows=40))
+        async with GputopApp(source, refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            later = fx.two_ranks(n_windows=50)
+            source.set(later)
+            await shown(pilot, later)
+            await pilot.press("left_square_bracket")
+            await pilot.pause()
+            assert app.paused
+            assert app.view is not None and app.view.snapshot.t < later.t
+            header = str(app.query_one("#header").render())
+            assert "PAUSED -5s" in header  # 10 windows of 0.5 s behind the newest
+            await pilot.pause(5 * FAST_S)  # newer views keep arriving while paused: the screen stays put
+            assert app.view.snapshot.t < later.t
+            while app.paused:
+                await pilot.press("right_square_bracket")
+            await shown(pilot, later)
+            assert app.view.snapshot is later
+
+
+class TestSharedCpu:
+    """When other processes take a real share of the host's CPUs, the findings panel says who, first."""
+
+    def test_the_view_names_who_shares_the_cpus(self) -> None:
+        from dataclasses import replace
+
+        from gputop.model.figures import summarize
+        from gputop.model.samples import HostSample, ProcessReading
+        from gputop.tui.view import build_view
+
+        snapshot = fx.two_ranks()
+        host = HostSample(
+            t=snapshot.t,
+            cpu_pct=100.0,
+            cpu_count=2,
+            load_1m=5.5,
+            processes=(ProcessReading(pid=4100, cpu_pct=25.0), ProcessReading(pid=4101, cpu_pct=27.0)),
+            gputop_cpu_pct=8.0,
+        )
+        view = build_view(summarize(replace(snapshot, host=host, host_history=(host,))))
+        assert view.cpu_sharing is not None
+        assert "2 CPUs are 100% busy, load 5.5: ranks 0.5 cores, 26% of a core each" in view.cpu_sharing
+        assert "other processes 1.4" in view.cpu_sharing
+        quiet = replace(host, cpu_pct=60.0)
+        assert build_view(summarize(replace(snapshot, host=quiet, host_history=(quiet,)))).cpu_sharing is None
+
+
+def test_help_lists_every_key() -> None:
+    """Each key the main screen binds is in the ? help, as the user types it."""
+    from gputop.tui.screens.help import HELP
+
+    for binding in GputopApp.BINDINGS:
+        assert isinstance(binding, Binding)
+        shown = binding.key_display or binding.key
+        assert f"`{shown}`" in HELP, f"{binding.action} ({shown}) is missing from the help"

@@ -1,4 +1,4 @@
-"""How the dashboard looks, at 80×24 and 160×48, from fixed data (pytest-textual-snapshot).
+"""How the dashboard looks, from 80×24 to 200×60, from fixed data (pytest-textual-snapshot).
 
 Regenerate after an intended change with ``pytest tests/test_tui_snapshots.py --snapshot-update``
 and look at the SVGs before committing them.
@@ -21,6 +21,8 @@ from tests import tui_fixtures as fx
 
 SMALL = (80, 24)
 LARGE = (160, 48)
+SIZES = [(80, 24), (120, 40), (200, 60)]
+SIZE_IDS = ["80x24", "120x40", "200x60"]
 
 SnapCompare = Callable[..., bool]
 
@@ -75,24 +77,49 @@ def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
     return run_before
 
 
+EIGHT_FINDINGS = [
+    Finding(
+        cause="straggler",
+        severity="warn",
+        title="rank 6 is slow: it waits for data 30% of its step; the others wait for it 20% of each step",
+        suggestion="rank 6's host (node-b) needs more DataLoader workers or faster storage",
+        evidence=(Evidence("loader_wait_pct", 30.0, 5.0, "%", rank=6),),
+        ranks=(6,),
+        run_id="run-8",
+    ),
+]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+class TestMainScreen:
+    """The main screen at three sizes: phase bars per row, the run chart, GPUs, host rows (folded at 64)."""
+
+    def test_two_ranks(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        assert snap_compare(make_app(fx.two_ranks(), "two_ranks", []), terminal_size=size, run_before=after())
+
+    def test_eight_ranks_on_two_hosts(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        app = make_app(fx.eight_ranks(), "eight_ranks", EIGHT_FINDINGS)
+        assert snap_compare(app, terminal_size=size, run_before=after())
+
+    def test_sixty_four_ranks_folded(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+        assert snap_compare(make_app(fx.big_run(), "big_run", FINDINGS), terminal_size=size, run_before=after())
+
+
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
 class TestTwoRanks:
-    """A 2-rank CUDA run where rank 1 waits for data: the common case."""
-
-    def test_main(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
-        assert snap_compare(make_app(fx.two_ranks(), "two_ranks", []), terminal_size=size, run_before=after())
+    """A 2-rank CUDA run where rank 1 waits for data: its detail screen."""
 
     def test_detail(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
         app = make_app(fx.two_ranks(), "two_ranks", [])
         assert snap_compare(app, terminal_size=size, run_before=after("down", "enter"))
 
 
-@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])
-class TestBigRun:
-    """64 ranks on 8 nodes, this node's 8 GPUs, a straggler and a foreign process, with findings."""
+class TestBigRunOpen:
+    """64 ranks with one host opened: its ranks under its summary row, the straggler marked."""
 
-    def test_main(self, snap_compare: SnapCompare, size: tuple[int, int]) -> None:
-        assert snap_compare(make_app(fx.big_run(), "big_run", FINDINGS), terminal_size=size, run_before=after())
+    def test_host_opened(self, snap_compare: SnapCompare) -> None:
+        app = make_app(fx.big_run(), "big_run", FINDINGS)
+        assert snap_compare(app, terminal_size=LARGE, run_before=after("enter"))
 
 
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "160x48"])

@@ -67,3 +67,13 @@ def test_a_checkpoint_save_every_20_steps_on_rank_0_is_a_stall_of_rank_0(collect
     assert top.ranks == (0,), summary
     assert "every 20 steps" in top.title and "outside the loader" in top.title, summary
     assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary
+
+
+def test_find_unused_parameters_with_none_unused_is_read_from_ddp_itself(collector: Collector) -> None:
+    """DDP(find_unused_parameters=True) on a model that uses every parameter: a model_config warning."""
+    findings, summary = run_and_diagnose(collector, "--steps", "40", "--find-unused")
+    (finding,) = [f for f in findings if f.cause == "model_config"]
+    assert finding.severity == "warn" and "find_unused_parameters=True" in finding.title, summary
+    for view in snapshot_of(collector).all_ranks():
+        assert view.hello.ddp_find_unused_parameters is True and view.hello.ddp_unused_parameter_bytes == 0
+        assert view.hello.ddp_buckets and view.hello.ddp_gradient_bytes

@@ -206,6 +206,27 @@ def big_run(*, n_windows: int = 20) -> Snapshot:
     return store.snapshot(T0 + n_windows * WINDOW_S)
 
 
+def eight_ranks(*, n_windows: int = 40) -> Snapshot:
+    """8 ranks on 2 hosts of 4 GPUs (this machine is node-a); rank 6 on node-b waits for data."""
+    store = Store(listen=LISTEN)
+    for rank in range(8):
+        node, local = divmod(rank, 4)
+        host = "node-a" if node == 0 else "node-b"
+        uuid = f"GPU-{local:08d}-aaaa-bbbb-cccc-{node:012d}"
+        facts = dict(hostname=host, device=f"cuda:{local}", local_rank=local, device_uuid=uuid)
+        store.ingest(hello("run-8", rank, 8, **facts), T0)
+    for seq in range(n_windows):
+        now = T0 + (seq + 1) * WINDOW_S
+        for rank in range(8):
+            slow = rank == 6
+            w = window(
+                "run-8", rank, seq, step_s=0.080, loader_s=0.024 if slow else 0.002, exposed_s=0.002 if slow else 0.018
+            )
+            store.ingest(w, now)
+    _gpu_samples(store, 4, n_windows // 2)
+    return store.snapshot(T0 + n_windows * WINDOW_S)
+
+
 def no_gpu(*, n_windows: int = 30) -> Snapshot:
     """A 2-rank CPU gloo run on a machine without NVML."""
     store = Store(listen=LISTEN)
@@ -271,6 +292,7 @@ def two_runs() -> Snapshot:
 
 FIXTURES = {
     "two_ranks": two_ranks,
+    "eight_ranks": eight_ranks,
     "big_run": big_run,
     "no_gpu": no_gpu,
     "empty": empty,

@@ -9,7 +9,7 @@ from gputop.collect.gpu import GpuSamplerThread
 from gputop.collect.host import HostSamplerThread
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
-from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
 from gputop.recording import Recorder
 
 
@@ -37,6 +37,7 @@ class LiveSource:
         self._gpu = GpuSamplerThread(self.store, sample_interval_s)
         self._host = HostSamplerThread(self.store, self.store.rank_pids, sample_interval_s)
         self._started = False
+        self.focus: frozenset[str] = frozenset()  # rank keys whose whole history the UI shows
 
     @property
     def description(self) -> str:
@@ -56,7 +57,9 @@ class LiveSource:
         self._started = True
 
     def snapshot(self) -> Snapshot:
-        return self.store.snapshot(time.time(), history=VIEW_HISTORY_WINDOWS)
+        return self.store.snapshot(
+            time.time(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=VIEW_HISTORY_WINDOWS
+        )
 
     def stop(self) -> None:
         if not self._started:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gputop import recording
 from gputop.collect.store import Store
-from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
 
 
 class ReplaySource:
@@ -32,6 +32,7 @@ class ReplaySource:
         self._wall0 = 0.0
         self._done = threading.Event()
         self._stop = threading.Event()
+        self.focus: frozenset[str] = frozenset()  # rank keys whose whole history the UI shows
         self._thread = threading.Thread(target=self._play, name="gputop-replay", daemon=True)
 
     @property
@@ -52,7 +53,9 @@ class ReplaySource:
         return min(self._start_t + played, self._end_t)
 
     def snapshot(self) -> Snapshot:
-        return self.store.snapshot(self.clock(), history=VIEW_HISTORY_WINDOWS)
+        return self.store.snapshot(
+            self.clock(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=VIEW_HISTORY_WINDOWS
+        )
 
     def stop(self) -> None:
         self._stop.set()

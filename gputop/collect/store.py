@@ -9,16 +9,24 @@ replay drives the same code at its own pace and tests need no sleeping.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from gputop.model.samples import GpuSample, HostSample
-from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunView, Snapshot, Status
+from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
 from gputop.protocol import Bye, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
+# Windows kept across all ranks (a window is about 1 KiB as a Python object): at
+# 125 ranks or fewer each keeps 10 minutes; at 1,024 each keeps 73 s, so the
+# dashboard's memory stays flat however many ranks report.  The run's step-time
+# and throughput history is kept apart, per second, for an hour (``RunHistory``).
+WINDOW_BUDGET = 150_000
+MIN_HISTORY_WINDOWS = 60  # 30 s: the figures' span with room to scroll back
+RUN_HISTORY_S = 3600
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
@@ -38,6 +46,54 @@ class _Rank:
     last_seq: int = -1
 
 
+class _RunSeconds:
+    """One run's steps, step time and samples summed per second of window end, for the run chart.
+
+    Bounded: four numbers a second whatever the rank count, an hour of them,
+    updated as windows arrive, so the chart never walks the windows.
+    """
+
+    def __init__(self) -> None:
+        self.first_s = 0  # the second of row 0
+        # Per second: [timed steps, step time sum, samples, windows with samples].
+        self.rows: deque[list[float]] = deque(maxlen=RUN_HISTORY_S)
+
+    def add(self, w: Window) -> None:
+        second = int(w.t1)
+        newest_s = self.first_s + len(self.rows) - 1
+        if not self.rows or second - newest_s >= RUN_HISTORY_S:
+            self.rows.clear()
+            self.rows.append([0.0, 0.0, 0.0, 0.0])
+            self.first_s = second
+        elif second > newest_s:
+            for _ in range(second - newest_s):
+                self.rows.append([0.0, 0.0, 0.0, 0.0])  # the deque drops the oldest second
+            self.first_s = second - len(self.rows) + 1
+        index = second - self.first_s
+        if index < 0:
+            return  # older than the history kept
+        row = self.rows[index]
+        row[0] += w.timed
+        row[1] += w.step_time_sum_s
+        if w.samples is not None:
+            row[2] += w.samples
+            row[3] += 1
+
+    def view(self, until_t: float) -> RunHistory:
+        """Whole seconds before ``until_t`` (the current second is still filling)."""
+        t_s: list[float] = []
+        step_s: list[float | None] = []
+        samples: list[float | None] = []
+        for i, (timed, step_sum, n, counted) in enumerate(self.rows):
+            second = self.first_s + i
+            if second + 1 > until_t:
+                break
+            t_s.append(float(second))
+            step_s.append(step_sum / timed if timed else None)
+            samples.append(n if counted else None)
+        return RunHistory(t_s=tuple(t_s), step_time_s=tuple(step_s), samples_per_s=tuple(samples))
+
+
 class Store:
     """Thread-safe store of everything received; ``snapshot()`` for readers."""
 
@@ -53,6 +109,7 @@ class Store:
         self._lock = threading.Lock()
         self._history_windows = history_windows
         self._ranks: dict[tuple[str, int], _Rank] = {}
+        self._run_seconds: dict[str, _RunSeconds] = {}
         self._gpu: deque[GpuSample] = deque(maxlen=history_samples)
         self._host: deque[HostSample] = deque(maxlen=history_samples)
         self._rejected: deque[str] = deque(maxlen=20)
@@ -85,8 +142,9 @@ class Store:
                     hello=message,
                     first_seen_t=now,
                     last_seen_t=now,
-                    windows=deque(maxlen=self._history_windows),
+                    windows=deque(maxlen=self._per_rank_windows()),
                 )
+                self._fit_history()
             else:
                 rank.hello = message
                 rank.last_seen_t = now
@@ -100,10 +158,29 @@ class Store:
                 return  # a backlog window seen before, re-sent after a reconnect
             rank.last_seq = message.seq
             rank.windows.append(message)
+            run = self._run_seconds.get(message.run_id)
+            if run is None:
+                run = self._run_seconds[message.run_id] = _RunSeconds()
+            run.add(message)
         elif isinstance(message, Event):
             rank.events.append(message)
         elif isinstance(message, Bye):
             rank.done = True
+
+    def _per_rank_windows(self) -> int | None:
+        if self._history_windows is None:
+            return None
+        share = WINDOW_BUDGET // max(len(self._ranks), 1)
+        return max(min(self._history_windows, share), min(MIN_HISTORY_WINDOWS, self._history_windows))
+
+    def _fit_history(self) -> None:
+        """Shorten every rank's history when more ranks joined than the budget allows at the old length."""
+        keep = self._per_rank_windows()
+        if keep is None:
+            return
+        for state in self._ranks.values():
+            if state.windows.maxlen is not None and state.windows.maxlen > keep:
+                state.windows = deque(state.windows, maxlen=keep)
 
     def disconnected(self, run_id: str, rank: int, reason: str, pid: int | None = None) -> None:
         """The connection a rank reported on closed (``reason`` says how).
@@ -133,6 +210,7 @@ class Store:
         for _, run_id in sorted(finished)[: len(runs) - MAX_RUNS + 1]:
             for key in [k for k in self._ranks if k[0] == run_id]:
                 del self._ranks[key]
+            self._run_seconds.pop(run_id, None)
 
     def rejected(self, reason: str) -> None:
         """Remember why a connection was closed for a bad frame (shown in the UI)."""
@@ -160,18 +238,27 @@ class Store:
                 if r.hello.pid and (include_finished or (r.connected and not r.done))
             ]
 
-    def snapshot(self, now: float, *, history: int | None = None) -> Snapshot:
+    def snapshot(
+        self, now: float, *, history: int | None = None, full: Collection[str] = (), full_history: int | None = None
+    ) -> Snapshot:
         """Immutable views of everything, with each rank's status as of ``now``.
 
-        ``history`` limits how many of each rank's newest windows are copied.
+        ``history`` limits how many of each rank's newest windows are copied;
+        the ranks whose keys ("run_id:rank") are in ``full`` get ``full_history``
+        (the one rank whose sparklines are on screen, say).
         """
         with self._lock:
             by_run: dict[str, list[tuple[float, RankView]]] = {}
             for (run_id, rank_no), state in self._ranks.items():
-                if history is None:
+                keep = full_history if (full and f"{run_id}:{rank_no}" in full) else history
+                if keep is None:
+                    windows = tuple(state.windows)
+                elif keep <= 0:
+                    windows = ()
+                elif keep >= len(state.windows):
                     windows = tuple(state.windows)
                 else:
-                    windows = tuple(list(state.windows)[-history:]) if history > 0 else ()
+                    windows = tuple(itertools.islice(state.windows, len(state.windows) - keep, None))
                 status, reason = self._status(state, now)
                 view = RankView(
                     run_id=run_id,
@@ -186,6 +273,7 @@ class Store:
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
             rejected = tuple(self._rejected)
+            histories = {run_id: seconds.view(now) for run_id, seconds in self._run_seconds.items()}
         runs = []
         for run_id, entries in by_run.items():
             ranks = tuple(sorted((v for _, v in entries), key=lambda v: v.rank))
@@ -196,6 +284,7 @@ class Store:
                     world_size=max(v.hello.world_size for v in ranks),
                     first_seen_t=min(t for t, _ in entries),
                     ranks=ranks,
+                    history=histories.get(run_id, RunHistory()),
                 )
             )
         runs.sort(key=lambda r: r.first_seen_t)

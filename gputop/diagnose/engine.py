@@ -48,8 +48,8 @@ def diagnose(machine: Figures) -> list[Finding]:
 
 
 def worst_first(findings: Iterable[Finding]) -> list[Finding]:
-    """Critical before warn before info; within one severity the larger share of step time first."""
+    """Critical before warn before info; within one severity, what fixing it is worth (share of step time) first."""
     return sorted(
         findings,
-        key=lambda f: (-f.severity_rank, -f.magnitude, CAUSES.index(f.cause), f.run_id or "", f.ranks, f.gpus),
+        key=lambda f: (-f.severity_rank, -f.stake, CAUSES.index(f.cause), f.run_id or "", f.ranks, f.gpus),
     )

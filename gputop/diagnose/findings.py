@@ -35,10 +35,12 @@ class Evidence:
     op: str = ">"  # how value compared with threshold
     rank: int | None = None
     gpu: int | None = None
+    spread: float | None = None  # the value's band half-width (2 standard errors), same unit
 
     def __str__(self) -> str:
         where = f"rank {self.rank} " if self.rank is not None else (f"GPU {self.gpu} " if self.gpu is not None else "")
-        return f"{where}{self.metric} {self.value:.3g}{self.unit} {self.op} {self.threshold:.3g}{self.unit}"
+        band = f" ± {self.spread:.2g}" if self.spread is not None else ""
+        return f"{where}{self.metric} {self.value:.3g}{band}{self.unit} {self.op} {self.threshold:.3g}{self.unit}"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,32 @@ class Finding:
     # For ordering findings of one severity: the share of step time at stake
     # (0..1) where the rule measures one, else how far past its threshold.
     magnitude: float = 0.0
+    # What fixing it is worth: the step time it costs each step, estimated from
+    # the measured phases with the culprit removed, and the step it is part of.
+    cost_s: float | None = None
+    step_s: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        """Steps per second after the fix over now, if the cost went away and nothing else changed."""
+        if self.cost_s is None or not self.step_s or self.cost_s >= self.step_s:
+            return None
+        return self.step_s / (self.step_s - self.cost_s)
+
+    @property
+    def stake(self) -> float:
+        """The share of step time at stake: the cost estimate where there is one, else the magnitude."""
+        if self.cost_s is not None and self.step_s:
+            return min(self.cost_s / self.step_s, 1.0)
+        return self.magnitude
+
+    @property
+    def worth_text(self) -> str | None:
+        """'fixing it: about 58 ms a step, 2.4x steps/s', or None without an estimate."""
+        speedup = self.speedup
+        if speedup is None or self.cost_s is None:
+            return None
+        return f"fixing it: about {self.cost_s * 1e3:.3g} ms a step, {speedup:.2g}x steps/s"
 
     @property
     def key(self) -> FindingKey:
@@ -79,4 +107,7 @@ class Finding:
             "evidence": [{k: v for k, v in vars(e).items() if v is not None} | {"text": str(e)} for e in self.evidence],
             "suggestion": self.suggestion,
             "doc": self.doc,
+            "cost_ms_per_step": None if self.cost_s is None else round(self.cost_s * 1e3, 3),
+            "speedup_x": None if self.speedup is None else round(self.speedup, 2),
+            "worth": self.worth_text,
         }

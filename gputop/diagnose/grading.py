@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gputop.diagnose.findings import Cause, Severity
+from collections.abc import Sequence
+
+from gputop.diagnose.findings import Cause, Finding, Severity
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import RankFigures, RunFigures
 
@@ -24,6 +26,18 @@ def measured(run: RunFigures) -> list[RankFigures]:
     return [r for r in run.ranks if is_measured(r)]
 
 
+def mean_step_s(ranks: Sequence[RankFigures]) -> float | None:
+    """The ranks' mean wall step time: what a finding's cost is a part of."""
+    steps = [r.stats.step_time_mean_s for r in ranks if r.stats.step_time_mean_s]
+    return sum(steps) / len(steps) if steps else None
+
+
+def largest_cost(findings: Sequence[Finding]) -> float | None:
+    """A merged finding is worth what the costliest of its parts is (they overlap; they do not add)."""
+    costs = [f.cost_s for f in findings if f.cost_s is not None]
+    return max(costs) if costs else None
+
+
 def grade_above(value: float | None, warn: float, critical: float) -> Severity | None:
     """'critical' past the critical line, 'warn' past the warn line, else None (N/A never fires)."""
     if value is None:
@@ -33,6 +47,26 @@ def grade_above(value: float | None, warn: float, critical: float) -> Severity |
     if value > warn:
         return "warn"
     return None
+
+
+# A share is decided by its band, share +- BAND_ERRORS standard errors: past a
+# line only when the whole band is (about 95% confidence for a mean of windows).
+BAND_ERRORS = 2.0
+
+
+def grade_band(value: float | None, se: float | None, warn: float, critical: float) -> tuple[Severity | None, bool]:
+    """Grade the low end of the value's band; also say whether the point is past ``warn`` but the band is not.
+
+    The second item, "too close to call", lets a rule report as info a share
+    whose identical runs would fall on both sides of the line, instead of a
+    warning that flips between them.  Without an error (too few windows) the
+    point decides, as ``grade_above``.
+    """
+    if value is None:
+        return None, False
+    low = value - BAND_ERRORS * se if se is not None else value
+    severity = grade_above(low, warn, critical)
+    return severity, severity is None and value > warn
 
 
 def grade_below(value: float | None, warn: float, critical: float) -> Severity | None:

@@ -107,6 +107,18 @@ AMPERE_OR_NEWER_GPU_NAMES = (
     "l4", "l40", "h100", "h200", "h800", "gh200", "b100", "b200", "gb200", "rtx 6000 ada",
 )  # fmt: skip
 
+# --- model_config: how DDP was built ---------------------------------------------
+
+# PyTorch DDP notes: each bucket is one all-reduce, and a small collective costs
+# its latency (tens of microseconds on NCCL, more on gloo) whatever its size;
+# DDP's default bucket_cap_mb is 25.  Sixteen buckets averaging under 1 MiB is
+# a cap set far below the gradients' scale (gputop's judgement).
+DDP_MANY_BUCKETS = 16
+DDP_SMALL_BUCKET_BYTES = 1 << 20
+# gputop: gradient_as_bucket_view=False copies every gradient into its bucket each
+# step; worth an info line once the gradients are 64 MiB or more.
+DDP_BIG_GRADIENT_BYTES = 64 << 20
+
 # --- memory --------------------------------------------------------------------
 
 # torch-tb-profiler, RunProfileData.analyze: "memory peak … is close to the GPU

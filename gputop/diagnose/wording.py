@@ -15,6 +15,12 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(str(r) for r in ordered)
 
 
+def too_close_text(value: float, se: float | None, line: float, steps: int) -> str:
+    """'9 ± 2% over 40 steps, too close to the 10% line to call' for a share whose band straddles a line."""
+    band = f" ± {pct(2 * se):.0f}" if se is not None else ""
+    return f"{pct(value):.0f}{band}% over {steps} steps, too close to the {pct(line):.0f}% line to call"
+
+
 def pct(frac: float) -> float:
     """A fraction as a percentage, for evidence and titles."""
     return frac * 100.0

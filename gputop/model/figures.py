@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus
@@ -76,12 +77,13 @@ class RankFigures:
     def on_cuda(self) -> bool:
         return (self.hello.device or "").startswith("cuda")
 
-    @property
+    @cached_property
     def own_s(self) -> float | None:
         """Per-step time the rank spends on its own work: step time minus exposed comm.
 
         None when either is unmeasured: the ▲ slowest marker and the straggler
-        finding both come from this one figure.
+        finding both come from this one figure.  Cached: the straggler rule
+        compares every rank with every other (a million reads at 1,024 ranks).
         """
         step, exposed = self.stats.step_time_mean_s, self.stats.exposed_comm_s
         if step is None or exposed is None:
@@ -186,9 +188,13 @@ class Figures:
     def all_ranks(self) -> list[RankFigures]:
         return [rank for run in self.runs for rank in run.ranks]
 
+    @cached_property
+    def _by_key(self) -> dict[str, RankFigures]:
+        return {r.key: r for r in self.all_ranks()}
+
     def rank(self, key: str) -> RankFigures | None:
-        """A rank by its key, "run_id:rank"."""
-        return next((r for r in self.all_ranks() if r.key == key), None)
+        """A rank by its key, "run_id:rank" (a dict: the UI asks for ranks by key on every refresh)."""
+        return self._by_key.get(key)
 
     def ranks_on_host(self) -> Counter[str]:
         """How many active ranks each host runs (of every run): they share its CPUs."""

@@ -22,6 +22,10 @@ DONE: Final = "done"  # said bye: the process finished
 # How many of each rank's newest windows a live view copies per refresh, and so
 # how far back the dashboard's histories reach: 2 minutes of 0.5-s windows.
 VIEW_HISTORY_WINDOWS = 240
+# How many newest windows a live view copies of every other rank: twice the
+# figures' 10-s span.  The figures read only their span, so a refresh copies
+# 40 windows a rank, not 240, and only the focused ranks carry their history.
+SPAN_COPY_WINDOWS = 40
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,19 @@ class RankView:
 
 
 @dataclass(frozen=True)
+class RunHistory:
+    """A run's history per whole second, oldest first: what its chart draws.
+
+    Summed over every rank's windows that ended in the second, so the mean step
+    time weighs every timed step once and the throughput is the run's.
+    """
+
+    t_s: tuple[float, ...] = ()  # the second's start
+    step_time_s: tuple[float | None, ...] = ()  # mean wall step time; None: no step timed
+    samples_per_s: tuple[float | None, ...] = ()  # samples of every rank in the second; None: batch size unknown
+
+
+@dataclass(frozen=True)
 class RunView:
     """One training job: every rank that reported under one run id."""
 
@@ -56,6 +73,7 @@ class RunView:
     world_size: int
     first_seen_t: float
     ranks: tuple[RankView, ...]
+    history: RunHistory = RunHistory()
 
     @property
     def live_ranks(self) -> int:

@@ -19,6 +19,9 @@ class SnapshotSource(Protocol):
 
     kind: str  # "live" or "replay"
     description: str  # "listening on /run/user/1000/gputop/gputop.sock", "replay of run.jsonl at 4x"
+    # Rank keys whose whole history a snapshot carries (the UI's selected rank);
+    # every other rank carries only its figures' span.
+    focus: frozenset[str]
 
     def start(self) -> None: ...
 
@@ -40,6 +43,7 @@ class FixedSource:
     def __init__(self, snapshot: Snapshot, description: str = "fixed data") -> None:
         self._snapshot = snapshot
         self.description = description
+        self.focus: frozenset[str] = frozenset()
 
     def start(self) -> None:
         pass

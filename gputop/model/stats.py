@@ -9,6 +9,7 @@ divided by wall step time, over the same steps, everywhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ class RankStats:
     samples_per_s: float | None
     loader_wait_s: float | None  # per step
     loader_wait_frac: float | None  # of wall step time
-    forward_s: float | None  # per step, DDP sample
+    forward_s: float | None  # per optimizer step: DDP's timed micro-batch x micro_batches
     backward_s: float | None
     comm_s: float | None
     overlap_s: float | None
@@ -63,6 +64,13 @@ class RankStats:
     main_cpu_wait_frac: float | None = None  # the training thread's wait over wall time
     cpu_starved_frac: float | None = None  # the rank's and its workers' wait over (wait + CPU time)
     workers_cpu_starved_frac: float | None = None  # the workers' alone
+    # The standard error of the shares, from their per-window values (None: fewer than 3 windows):
+    # a share near a threshold is decided by its band, share +- 2 errors, not by its point.
+    loader_wait_frac_se: float | None = None
+    exposed_comm_frac_se: float | None = None
+    # Forwards per optimizer step: k under gradient accumulation, where DDP times only the
+    # synchronising micro-batch and forward_s/backward_s are scaled by k (an estimate).
+    micro_batches: float | None = None
     cpu_demand_cores: float | None = None  # the rank's and its workers' threads ready to run, on average (CPU + wait)
     # Stalls: steps of at least STALL_FACTOR x the median step (None: too few steps to say).
     stall_steps: int | None = None
@@ -101,6 +109,21 @@ def _covers_ddp_warmup(w: Window) -> bool:
     return w.ddp_iteration is not None and w.ddp_iteration - (w.ddp_steps or 1) < DDP_WARMUP_ITERATIONS
 
 
+def micro_batches_per_step(windows: Sequence[Window]) -> float | None:
+    """Forwards with autograd on per optimizer step, over the windows that count both (None: not counted)."""
+    forwards = steps = 0
+    for w in windows:
+        if w.forwards is not None and w.steps:
+            forwards += w.forwards
+            steps += w.steps
+    return forwards / steps if steps and forwards else None
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    """DDP times one micro-batch per step: the step's k micro-batches take about k times as long."""
+    return None if value is None else value * factor
+
+
 def _at_most(value: float | None, limit: float | None) -> float | None:
     return value if value is None or limit is None else min(value, limit)
 
@@ -110,6 +133,23 @@ def _newest(windows: Sequence[Window], name: str) -> Window | None:
         if getattr(w, name) is not None:
             return w
     return None
+
+
+# Fewer windows than this give no error estimate worth the name.
+MIN_WINDOWS_FOR_ERROR = 3
+
+
+def standard_error(values: Sequence[float]) -> float | None:
+    """The standard error of the mean of ``values`` (sample stdev / sqrt(n)); None for too few values."""
+    n = len(values)
+    if n < MIN_WINDOWS_FOR_ERROR:
+        return None
+    try:
+        mean = sum(values) / n
+        variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    except OverflowError:  # shares of absurd windows (a hostile or broken reporter): no band
+        return None
+    return (variance / n) ** 0.5 if math.isfinite(variance) else None
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -358,6 +398,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     stall = stalls(windows, sketch, p50, step_sum_s) if p50 is not None and sketch else None
     ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
     exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
+    micro = micro_batches_per_step(windows)
+    scale = micro if micro is not None and micro > 1.0 else 1.0
 
     # Fields a probe fills together come from the newest window that probe filled.
     memory = _newest(windows, "mem_allocated_bytes")
@@ -382,8 +424,9 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
         loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
         loader_wait_frac=loader_wait_share(loader_total, step_sum_s, tracked=tracked),
-        forward_s=_ddp_mean(ddp, lambda w: w.forward_s),
-        backward_s=_ddp_mean(ddp, lambda w: w.backward_s),
+        forward_s=_scaled(_ddp_mean(ddp, lambda w: w.forward_s), scale),
+        backward_s=_scaled(_ddp_mean(ddp, lambda w: w.backward_s), scale),
+        micro_batches=micro,
         comm_s=_ddp_mean(ddp, lambda w: w.comm_s),
         overlap_s=_ddp_mean(ddp, lambda w: w.overlap_s),
         exposed_comm_s=exposed,
@@ -404,6 +447,12 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         cpu_starved_frac=cpu_wait.starved_frac(),
         workers_cpu_starved_frac=cpu_wait.workers_starved_frac(),
         cpu_demand_cores=cpu_wait.demand_cores(),
+        loader_wait_frac_se=standard_error(
+            [f for f in (window_loader_wait_frac(w) for w in windows if w.timed > 0) if f is not None]
+        ),
+        exposed_comm_frac_se=standard_error(
+            [f for f in (window_exposed_comm_frac(w) for w in ddp if w.timed > 0) if f is not None]
+        ),
         stall_steps=None if stall is None else stall.steps,
         stall_mean_s=None if stall is None else stall.mean_s,
         stall_frac=None if stall is None else stall.frac,

@@ -64,6 +64,9 @@ class Reporter:
         self._step_total = 0
         self._failed_probes: set[str] = set()
         self._forward_calls = 0
+        self._train_forwards = 0  # forwards with autograd on: micro-batches, counted on the training thread
+        self._train_forwards_sent = 0  # read by the reporter thread at the last window
+        self._grad_enabled: Any = None  # torch.is_grad_enabled, once a model is watched
         self._clock_errors_reported = 0
         self._refusal_said = False
         self._stop = threading.Event()
@@ -115,6 +118,10 @@ class Reporter:
                     pass
         self._probes = (*(p for p in self._probes if p.name not in {q.name for q in probes}), *probes)
         with contextlib.suppress(Exception):
+            import torch
+
+            self._grad_enabled = torch.is_grad_enabled
+        with contextlib.suppress(Exception):
             self._hook_handles.append(model.register_forward_pre_hook(self._on_forward))
         self._facts_changed.set()
 
@@ -163,6 +170,9 @@ class Reporter:
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
         self._forward_calls += 1
+        grad_enabled = self._grad_enabled
+        if grad_enabled is not None and grad_enabled():  # evaluation forwards are no micro-batches
+            self._train_forwards += 1
         if self._forward_calls % 50 != 1:
             return
         try:
@@ -273,6 +283,14 @@ class Reporter:
             "sent_bytes": max(sent - before[1], 0),
         }
 
+    def _learn_ddp_settings(self) -> None:
+        """DDP's build settings, once its probe has read them: into the hello (reporter thread)."""
+        for probe in self._probes:
+            settings = getattr(probe, "settings", None)
+            if settings and any(self._facts.get(k) != v for k, v in settings.items()):
+                self._facts.update(settings)
+                self._refresh_hello()
+
     def _window_probes(self) -> tuple[Probe, ...]:
         """The model's probes, then the process probe, made on this thread at the first window."""
         if self._process_probe is None and "cpu" not in self._failed_probes:
@@ -307,6 +325,10 @@ class Reporter:
                 fields.update(probe.read(marks))
             except Exception as exc:
                 self._report_error(probe.name, exc)
+        self._learn_ddp_settings()
+        if self._grad_enabled is not None:
+            forwards, self._train_forwards_sent = self._train_forwards - self._train_forwards_sent, self._train_forwards
+            fields["forwards"] = max(forwards, 0)
         if self.clock.errors > self._clock_errors_reported:
             self._clock_errors_reported = self.clock.errors
             self._report_error("step_mark", RuntimeError(f"{self.clock.errors} step mark(s) failed; CUDA events off"))

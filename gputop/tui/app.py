@@ -11,6 +11,8 @@ So the UI never waits on the collector's lock, and redraws at most once per
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -18,6 +20,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
@@ -34,8 +37,19 @@ from gputop.tui.widgets.findings import FindingsPanel
 from gputop.tui.widgets.gpu_panel import GpuPanel
 from gputop.tui.widgets.header import HeaderBar
 from gputop.tui.widgets.history import HistoryPanel
+from gputop.tui.widgets.phase_bar import phase_legend
 from gputop.tui.widgets.ranks_table import RanksTable
+from gputop.tui.widgets.run_chart import RunChart
 
+# The worker spends at most this share of a core on figures and diagnosis: when
+# one refresh's work takes longer than FIGURES_DUTY × refresh_s (hundreds of ranks),
+# the next waits, and the header says how often figures update.  Keys and
+# scrolling stay immediate, since the UI thread never does that work.
+FIGURES_DUTY = 0.05
+# Past views kept for time travel, as rank-views (a view of 1,024 ranks counts
+# 1,024): 10 minutes at 2 Hz for a 2-rank job, about a minute at 1,024 ranks.
+PAST_BUDGET_RANKS = 150_000
+PAST_MAX_VIEWS = 1200
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
 DiagnoserFactory = Callable[[], Diagnoser]
@@ -54,7 +68,10 @@ class GputopApp(App[int]):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("p", "pause", "Pause"),
+        Binding("left_square_bracket", "travel_back", "Back", key_display="["),
+        Binding("right_square_bracket", "travel_forward", "Fwd", key_display="]"),
         Binding("s", "sort", "Sort"),
+        Binding("f", "fold_all", "Fold hosts", show=False),
         Binding("enter", "open_rank", "Detail", show=False),
     ]
 
@@ -67,6 +84,7 @@ class GputopApp(App[int]):
         refresh_s: float = 0.5,
         *,
         diagnoser_factory: DiagnoserFactory | None = None,
+        theme: str | None = None,
     ) -> None:
         """Build the app.
 
@@ -74,8 +92,11 @@ class GputopApp(App[int]):
             source: Where snapshots come from (already started, or a FixedSource).
             refresh_s: Seconds between snapshots, and so between redraws.
             diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
+            theme: A Textual theme name; None keeps Textual's default.
         """
         super().__init__()
+        if theme is not None:
+            self.theme = theme
         self.source = source
         self.refresh_s = refresh_s
         self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
@@ -83,6 +104,10 @@ class GputopApp(App[int]):
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
         self._selected: str | None = None
         self._fetch_lock = threading.Lock()
+        self._next_fetch_t = 0.0  # monotonic: the worker waits until then (FIGURES_DUTY)
+        self.figures_every_s = refresh_s  # how often figures are really updated
+        self._past: deque[DashboardView] = deque(maxlen=PAST_MAX_VIEWS)  # newest last, for time travel
+        self._travel = 0  # views back from the newest while paused; 0 = the newest
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
 
@@ -96,6 +121,8 @@ class GputopApp(App[int]):
         self.findings_box = VerticalScroll(id="findings-box")
         self.findings = FindingsPanel(id="findings")
         self.history = HistoryPanel(id="history")
+        self.chart = RunChart(id="run-chart")
+        self.chart.border_title = "run"
         self.gpus.border_title = "GPUs"
         self.ranks_box.border_title = "ranks"
         self.findings_box.border_title = "findings"
@@ -111,6 +138,7 @@ class GputopApp(App[int]):
                 yield self.table
             with self.findings_box:
                 yield self.findings
+        yield self.chart
         yield self.history
         yield Footer()
 
@@ -126,13 +154,18 @@ class GputopApp(App[int]):
     def _fetch(self) -> None:
         """Take a snapshot and build the view, off the UI thread."""
         # A slow snapshot must not pile up threads, nor feed the stateful diagnoser twice at once.
-        if not self._fetch_lock.acquire(blocking=False):
+        if time.monotonic() < self._next_fetch_t or not self._fetch_lock.acquire(blocking=False):
             return
         try:
+            started = time.thread_time()
+            self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
             figures = summarize(self.source.snapshot())
             findings, diagnosis = self._diagnose(figures)
             view = build_view(figures, findings, diagnosis)
             finished = self.source.finished
+            cost_s = time.thread_time() - started
+            self.figures_every_s = max(self.refresh_s, cost_s / FIGURES_DUTY)
+            self._next_fetch_t = time.monotonic() + self.figures_every_s - self.refresh_s / 2
         except Exception as exc:  # a broken source shows as a notice, the last view stays
             self.post_message(SourceFailed(f"{type(exc).__name__}: {exc}"))
             return
@@ -154,10 +187,26 @@ class GputopApp(App[int]):
         if not self.table.is_attached:  # a message that arrives while the app shuts down
             return
         self._newest = message.view
+        self._remember(message.view)
         self._announce_rejections(message.view.snapshot.rejected)
         self.header.finished = message.finished
+        self.header.figures_every_s = self.figures_every_s if self.figures_every_s > 1.5 * self.refresh_s else None
         if not self.paused:
             self._show(message.view)
+
+    def _remember(self, view: DashboardView) -> None:
+        """Keep the view for time travel, one per moment, within PAST_BUDGET_RANKS rank-views."""
+        past = self._past
+        if past and past[-1].snapshot.t == view.snapshot.t:
+            past[-1] = view  # the same moment again (a finished replay, fixed data): nothing to step through
+            return
+        past.append(view)
+        if self.paused:
+            self._travel += 1  # keep pointing at the view on screen
+        keep = max(PAST_BUDGET_RANKS // max(len(view.rank_rows), 1), 20)
+        while len(past) > keep:
+            past.popleft()
+        self._travel = min(self._travel, len(past) - 1)
 
     def _announce_rejections(self, rejected: tuple[str, ...]) -> None:
         """A connection closed for a bad frame: say so once, also while runs are showing."""
@@ -192,11 +241,12 @@ class GputopApp(App[int]):
             empty.rejected = snapshot.rejected
         else:
             table = self.table
-            table.show(view.rank_rows, Palette.from_app(self))
+            table.show(view.rank_rows, Palette.from_app(self), view.host_rows)
             self._title_ranks(table)
             findings = self.findings
             findings.findings = view.findings
             findings.diagnosis = view.diagnosis
+            findings.cpu_sharing = view.cpu_sharing
             findings.brief = self.size.height < SHORT_HEIGHT
             box = self.findings_box
             worst = view.findings[0].severity if view.findings else ""
@@ -204,8 +254,10 @@ class GputopApp(App[int]):
             box.set_class(worst == "warn", "-warn")
             box.border_title = f"findings ({len(view.findings)})" if view.findings else "findings"
             if self._selected is None or view.row(self._selected) is None:
-                self._selected = table.selected_key
+                cursor = table.selected_key
+                self._selected = cursor if cursor is not None and not cursor.startswith("host:") else None
             self._show_history()
+            self._show_chart()
 
         if isinstance(self.screen, RankDetailScreen):
             self.screen.show(view)
@@ -214,9 +266,26 @@ class GputopApp(App[int]):
         view = self.view
         n = len(view.rank_rows) if view else 0
         title = f"ranks ({n}) · sort: {table.sort_key.name}"
+        if view and view.grouped:
+            title += f" · {view.hosts} hosts{' folded' if table.all_folded else ''}"
         if view and any(r.slowest for r in view.rank_rows):
             title += " · ▲ slowest"
-        self.ranks_box.border_title = title
+        # The phase bars' legend rides on the title, where the eye starts reading the table.
+        self.ranks_box.border_title = Content.assemble(title, "  ", phase_legend(Palette.from_app(self)))
+
+    def _show_chart(self) -> None:
+        """The run of the selected rank (else the first run): step time, samples/s, and every GPU."""
+        view = self.view
+        if view is None or not view.snapshot.runs:
+            return
+        runs = view.snapshot.runs
+        run_id = self._selected.rsplit(":", 1)[0] if self._selected else runs[0].run_id
+        run = next((r for r in runs if r.run_id == run_id), runs[0])
+        chart = self.chart
+        chart.show_gpus = self.size.height >= SHORT_HEIGHT
+        chart.history = run.history
+        chart.gpu_history = view.snapshot.gpu_history
+        chart.border_title = f"run {run.name or run.run_id} · per second, newest right"
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected
@@ -246,17 +315,60 @@ class GputopApp(App[int]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         key = event.row_key.value
-        if key is not None and key != self._selected:
+        if key is not None and key != self._selected and not key.startswith("host:"):
             self._selected = key
             self._show_history()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None:
-            self._selected = event.row_key.value
-            self.action_open_rank()
+        """Enter or a click: a rank opens its detail, a host folds or unfolds."""
+        key = event.row_key.value
+        if key is None:
+            return
+        if key.startswith("host:"):
+            self.table.toggle_fold(key)
+            self._title_ranks(self.table)
+            return
+        self._selected = key
+        self.action_open_rank()
+
+    def action_fold_all(self) -> None:
+        """Fold every host, or open them all when all are folded."""
+        table = self.table
+        table.set_all_folded(not table.all_folded)
+        self._title_ranks(table)
+
+    def action_travel_back(self) -> None:
+        """Pause and show the view one refresh earlier."""
+        if not self._past:
+            return
+        self._travel = min(self._travel + 1, len(self._past) - 1)
+        if not self.paused:
+            self.paused = True
+        self._show_travel()
+
+    def action_travel_forward(self) -> None:
+        """One refresh later; past the newest, back to live."""
+        if not self.paused:
+            return
+        if self._travel == 0:
+            self.paused = False
+            return
+        self._travel -= 1
+        self._show_travel()
+
+    def _show_travel(self) -> None:
+        view = self._past[-1 - self._travel]
+        newest = self._past[-1]
+        self.header.behind_s = newest.snapshot.t - view.snapshot.t
+        self._show(view)
 
     def action_open_rank(self) -> None:
         """Open the selected rank's detail screen."""
+        cursor = self.table.selected_key
+        if cursor is not None and cursor.startswith("host:") and not isinstance(self.screen, RankDetailScreen):
+            self.table.toggle_fold(cursor)
+            self._title_ranks(self.table)
+            return
         if self.view is None or self._selected is None or self.view.rank(self._selected) is None:
             return
         if isinstance(self.screen, RankDetailScreen):
@@ -268,8 +380,11 @@ class GputopApp(App[int]):
 
     def watch_paused(self, paused: bool) -> None:
         self.header.paused = paused
-        if not paused and self._newest is not None and self._newest is not self.view:
-            self._show(self._newest)
+        if not paused:
+            self._travel = 0
+            self.header.behind_s = 0.0
+            if self._newest is not None and self._newest is not self.view:
+                self._show(self._newest)
 
     def action_sort(self) -> None:
         table = self.table
@@ -286,12 +401,17 @@ def run_dashboard(
     *,
     refresh_s: float = 0.5,
     diagnoser_factory: DiagnoserFactory | None = None,
+    theme: str | None = None,
+    remember_theme: Callable[[str], None] | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
     The caller owns the source: it starts it before (so "address in use"
-    is its one-line error) and stops it after.
+    is its one-line error) and stops it after.  ``remember_theme`` gets the
+    theme on screen at exit (the user may have picked one in the command palette).
     """
-    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory)
+    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme)
     result = app.run()
+    if remember_theme is not None:
+        remember_theme(app.theme)
     return result if isinstance(result, int) else (app.return_code or 0)

@@ -21,6 +21,12 @@ class Palette:
     bad: str = "red"
     accent: str = "cyan"
     muted: str = "dim"
+    # The phase colours of the detail screen's bar (PHASE_STYLES), for the table's bars.
+    loader: str = "red"
+    forward: str = "blue"
+    backward: str = "magenta"
+    exposed_comm: str = "yellow"
+    other: str = "#8a8a8a"
 
     @classmethod
     def from_app(cls, app: App[Any]) -> Palette:
@@ -32,7 +38,16 @@ class Palette:
             bad=variables.get("error", cls.bad),
             accent=variables.get("accent", cls.accent),
             muted="dim",
+            loader=variables.get("error", cls.loader),
+            forward=variables.get("primary", cls.forward),
+            backward=variables.get("secondary", cls.backward),
+            exposed_comm=variables.get("warning", cls.exposed_comm),
+            other=cls.other,
         )
+
+    def phase(self, name: str) -> str:
+        """The colour of one phase of a step (loader, forward, backward, exposed_comm, other)."""
+        return str(getattr(self, name, self.muted))
 
     def level(self, frac: float | None, warn_at: float, bad_at: float) -> str:
         """A colour for a share that is worse the higher it is ("" when fine or N/A)."""

@@ -12,10 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from statistics import median
+from functools import cached_property
+from statistics import mean, median
 
 from gputop.diagnose.findings import Finding
-from gputop.model.figures import SPAN_S, Figures, GputopCost, RankFigures, RankSeries, RunFigures, rank_series
+from gputop.model.figures import (
+    PHASES,
+    SPAN_S,
+    Figures,
+    GputopCost,
+    Phase,
+    RankFigures,
+    RankSeries,
+    RunFigures,
+    phase_seconds,
+    rank_series,
+)
 from gputop.model.samples import GpuProcess, GpuReading
 from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
 from gputop.model.stats import RankStats
@@ -36,6 +48,37 @@ class RankRow:
     status_reason: str
     na: dict[str, str] = field(default_factory=dict)  # column -> why it is N/A
     slowest: bool = False  # named by the straggler finding on screen
+
+    @property
+    def phases(self) -> tuple[tuple[Phase, float | None], ...]:
+        """Seconds per step in each phase, for the phase bar."""
+        return tuple(phase_seconds(self.stats).items())
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One host of a run, as the summary row its ranks fold under.
+
+    Summaries of the ranks' own figures (no figure of its own): the median step,
+    the host's samples/s, the mean of the ranks' shares and phases.
+    """
+
+    key: str  # "host:run_id:hostname", the table's row key
+    run_id: str
+    run_name: str
+    host: str
+    ranks: tuple[RankRow, ...]
+    step_time_p50_s: float | None  # median over its ranks
+    samples_per_s: float | None  # sum over its ranks
+    loader_wait_frac: float | None  # mean over its ranks
+    exposed_comm_frac: float | None
+    cpu_pct: float | None
+    phases: tuple[tuple[Phase, float | None], ...]  # mean seconds per step over its ranks
+    live: int
+
+    @property
+    def slowest(self) -> bool:
+        return any(r.slowest for r in self.ranks)
 
 
 @dataclass(frozen=True)
@@ -72,6 +115,18 @@ class DashboardView:
     gpu_unavailable: str | None  # why there is no GPU data; None when there is (or none yet)
     findings: tuple[Finding, ...]
     diagnosis: str  # "off" (no rules), "ok", or "failed: <reason>"
+    host_rows: tuple[HostRow, ...] = ()  # per run and host, in the order the hosts' first ranks appear
+    cpu_sharing: str | None = None  # who else uses this host's CPUs, when they take a real part
+
+    @property
+    def hosts(self) -> int:
+        """Hosts with a reporting rank (the header counts them)."""
+        return len({row.host for row in self.rank_rows})
+
+    @property
+    def grouped(self) -> bool:
+        """Ranks on more than one host: the table groups them under host rows."""
+        return self.hosts > 1
 
     @property
     def snapshot(self) -> Snapshot:
@@ -95,10 +150,11 @@ class DashboardView:
         return rank_series(rank, self.snapshot.gpu_history, VIEW_HISTORY_WINDOWS)
 
     def row(self, key: str) -> RankRow | None:
-        for row in self.rank_rows:
-            if row.key == key:
-                return row
-        return None
+        return self._rows_by_key.get(key)
+
+    @cached_property
+    def _rows_by_key(self) -> dict[str, RankRow]:
+        return {row.key: row for row in self.rank_rows}
 
 
 def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
@@ -179,6 +235,68 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
     )
 
 
+def _mean_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return mean(known) if known else None
+
+
+def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
+    groups: dict[tuple[str, str], list[RankRow]] = {}
+    for row in rows:
+        groups.setdefault((row.run_id, row.host), []).append(row)
+    result = []
+    for (run_id, host), ranks in groups.items():
+        steps = [r.stats.step_time_p50_s for r in ranks if r.stats.step_time_p50_s is not None]
+        samples = [r.stats.samples_per_s for r in ranks if r.stats.samples_per_s is not None]
+        per_rank = [dict(r.phases) for r in ranks]
+        result.append(
+            HostRow(
+                key=f"host:{run_id}:{host}",
+                run_id=run_id,
+                run_name=ranks[0].run_name,
+                host=host,
+                ranks=tuple(ranks),
+                step_time_p50_s=median(steps) if steps else None,
+                samples_per_s=sum(samples) if samples else None,
+                loader_wait_frac=_mean_of([r.stats.loader_wait_frac for r in ranks]),
+                exposed_comm_frac=_mean_of([r.stats.exposed_comm_frac for r in ranks]),
+                cpu_pct=_mean_of([r.stats.cpu_pct for r in ranks]),
+                phases=tuple((phase, _mean_of([p[phase] for p in per_rank])) for phase in PHASES),
+                live=sum(1 for r in ranks if r.status == LIVE),
+            )
+        )
+    return tuple(result)
+
+
+# The host counts as shared when its CPUs are this busy and processes other than the
+# ranks (this dashboard included: it is one more process on the same cores) take at
+# least this much of them: then step times, stragglers and waits reflect the
+# sharing as much as the job.
+SHARED_BUSY_PCT = 90.0
+SHARED_OTHERS_CORES = 0.5
+
+
+def cpu_sharing(figures: Figures) -> str | None:
+    """One line saying who shares this host's CPUs with the ranks, when others take a real part; else None."""
+    host = figures.host
+    if host is None or host.cpu_pct is None or not host.cpu_count or host.cpu_pct < SHARED_BUSY_PCT:
+        return None
+    busy_cores = host.cpu_pct / 100.0 * host.cpu_count
+    ranks = [p for p in host.processes if p.cpu_pct is not None]
+    ranks_cores = sum((p.cpu_pct or 0.0) + (p.children_cpu_pct or 0.0) for p in ranks) / 100.0
+    own_cores = (host.gputop_cpu_pct or 0.0) / 100.0
+    others_cores = busy_cores - ranks_cores - own_cores
+    if others_cores + own_cores < SHARED_OTHERS_CORES:
+        return None
+    per_rank = f", {ranks_cores / len(ranks) * 100:.0f}% of a core each" if ranks else ""
+    load = f", load {host.load_1m:.1f}" if host.load_1m is not None else ""
+    return (
+        f"this host's {host.cpu_count} CPUs are {host.cpu_pct:.0f}% busy{load}: ranks {ranks_cores:.1f} cores"
+        f"{per_rank}, this dashboard {own_cores:.1f}, other processes {others_cores:.1f}; "
+        "step times and waits reflect the sharing"
+    )
+
+
 def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: str = "off") -> DashboardView:
     """The whole main screen's content for one refresh."""
     snapshot = figures.snapshot
@@ -202,4 +320,6 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
         gpu_unavailable=snapshot.gpu.unavailable if snapshot.gpu is not None else None,
         findings=tuple(findings),
         diagnosis=diagnosis,
+        host_rows=_host_rows(rank_rows),
+        cpu_sharing=cpu_sharing(figures),
     )

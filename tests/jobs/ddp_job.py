@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--stall-ms", type=float, default=400.0, help="how long it stops (a checkpoint save)")
     parser.add_argument("--stall-rank", type=int, default=0)
     parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True): none are unused")
     parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     parser.add_argument(
@@ -54,7 +55,8 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     model = nn.parallel.DistributedDataParallel(
-        nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+        nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)),
+        find_unused_parameters=args.find_unused,
     )
     if not args.no_watch:
         gputop.watch(model)

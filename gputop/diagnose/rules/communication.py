@@ -9,9 +9,9 @@ minimum.  One slow rank is the straggler rule's business.
 from __future__ import annotations
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import BAND_ERRORS, doc_anchor, grade_band, mean_step_s, measured
 from gputop.diagnose.thresholds import EXPOSED_COMM_CRITICAL_FRAC, EXPOSED_COMM_WARN_FRAC
-from gputop.diagnose.wording import pct, ranks_text
+from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
 
 
@@ -28,27 +28,35 @@ def communication_findings(run: RunFigures) -> list[Finding]:
         return []  # "all ranks alike" needs every measured rank's figure
     fracs = [r.stats.exposed_comm_frac or 0.0 for r in ranks]
     least = min(fracs)
-    severity = grade_above(least, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC)
-    if severity is None:
+    lowest = min(ranks, key=lambda r: r.stats.exposed_comm_frac or 0.0)
+    se = lowest.stats.exposed_comm_frac_se
+    severity, close = grade_band(least, se, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC)
+    if severity is None and not close:
         return []
     threshold = EXPOSED_COMM_CRITICAL_FRAC if severity == "critical" else EXPOSED_COMM_WARN_FRAC
     mean = sum(fracs) / len(fracs)
-    lowest = min(ranks, key=lambda r: r.stats.exposed_comm_frac or 0.0)
-    evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank),)
+    spread = None if se is None else pct(BAND_ERRORS * se)
+    evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank, spread=spread),)
+    title = f"{ranks_text([r.rank for r in ranks])} wait for gradient exchange {pct(mean):.0f}% of each step"
+    if severity is None:
+        title += f": {too_close_text(least, se, threshold, lowest.stats.steps)}"
     comm = [r.stats.comm_s for r in ranks if r.stats.comm_s]
     overlap = [r.stats.overlap_s or 0.0 for r in ranks if r.stats.comm_s]
     hidden_frac = sum(overlap) / sum(c for c in comm if c) if comm else None
     return [
         Finding(
             cause="communication",
-            severity=severity,
-            title=f"{ranks_text([r.rank for r in ranks])} wait for gradient exchange {pct(mean):.0f}% of each step",
+            severity=severity or "info",
+            title=title,
             suggestion=communication_suggestion(ranks[0]),
             evidence=evidence,
             ranks=tuple(sorted(r.rank for r in ranks)),
             run_id=run.run_id,
             doc=doc_anchor("communication"),
             magnitude=mean,
+            # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
+            cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),
+            step_s=mean_step_s(ranks),
             extra={"comm_hidden_frac": hidden_frac},
         )
     ]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, is_measured
+from gputop.diagnose.grading import doc_anchor, grade_above, is_measured, largest_cost, mean_step_s
 from gputop.diagnose.thresholds import (
     CPU_DEMAND_OVER_CORES,
     CPU_STARVED_CRITICAL_FRAC,
@@ -193,6 +193,15 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
         run_id=run_id,
         doc=doc_anchor("allocation"),
         magnitude=median_frac,
+        # The training thread's own wait for a CPU is step time lost outright.
+        cost_s=median(
+            [
+                (r.stats.main_cpu_wait_frac or 0.0) * (r.stats.step_time_mean_s or 0.0)
+                for r in ranks
+                if r.stats.main_cpu_wait_frac is not None
+            ]
+        ),
+        step_s=mean_step_s(ranks),
         extra={"hostname": hostname, "cpu_contention": True},
     )
 
@@ -245,6 +254,7 @@ def absorb_cpu_symptoms(findings: list[Finding], machine: Figures) -> list[Findi
             evidence=contention.evidence + tuple(e for f in absorbed for e in f.evidence[:1]),
             title=contention.title + f"; it shows as {shown}",
             magnitude=max([contention.magnitude, *(f.magnitude for f in absorbed)]),
+            cost_s=largest_cost([contention, *absorbed]),
         )
         out = [
             replace(f, severity="info", title=f.title + " (a symptom of CPU contention, see allocation)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import BAND_ERRORS, doc_anchor, grade_band, mean_step_s, measured
 from gputop.diagnose.thresholds import (
     CPU_STARVED_WARN_FRAC,
     LOADER_WAIT_CRITICAL_FRAC,
@@ -18,7 +18,7 @@ from gputop.diagnose.thresholds import (
     SUGGESTED_MIN_WORKERS,
     WORKER_SATURATED_PCT,
 )
-from gputop.diagnose.wording import pct, ranks_text
+from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
 
 
@@ -34,25 +34,31 @@ def data_loading_findings(
     if not ranks:
         return []
     mean_frac = sum(r.stats.loader_wait_frac or 0.0 for r in ranks) / len(ranks)
-    severity = grade_above(mean_frac, LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC)
-    if severity is None:
+    errors = [r.stats.loader_wait_frac_se for r in ranks]
+    # The mean's error from the ranks' own (independent enough: each rank has its own loader).
+    se = None if None in errors else sum(e * e for e in errors if e is not None) ** 0.5 / len(ranks)
+    severity, close = grade_band(mean_frac, se, LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC)
+    if severity is None and not close:
         return []
     waiting = [r for r in ranks if (r.stats.loader_wait_frac or 0.0) > LOADER_WAIT_WARN_FRAC] or ranks
     worst = max(waiting, key=lambda r: r.stats.loader_wait_frac or 0.0)
     threshold = LOADER_WAIT_CRITICAL_FRAC if severity == "critical" else LOADER_WAIT_WARN_FRAC
-    evidence = [Evidence("loader_wait_pct", pct(mean_frac), pct(threshold), "%")]
+    spread = None if se is None else pct(BAND_ERRORS * se)
+    evidence = [Evidence("loader_wait_pct", pct(mean_frac), pct(threshold), "%", spread=spread)]
     if len(ranks) > 1:
         evidence.append(
             Evidence("loader_wait_pct", pct(worst.stats.loader_wait_frac or 0.0), pct(threshold), "%", rank=worst.rank)
         )
     evidence.extend(worker_evidence(worst))
     title = f"{ranks_text([r.rank for r in waiting])} wait for data {pct(mean_frac):.0f}% of each step"
+    if severity is None:
+        title += f": {too_close_text(mean_frac, se, threshold, min(r.stats.steps for r in ranks))}"
     if len(waiting) > 1 and (worst.stats.loader_wait_frac or 0.0) > 1.5 * mean_frac:
         title += f" (rank {worst.rank}: {pct(worst.stats.loader_wait_frac or 0.0):.0f}%)"
     return [
         Finding(
             cause="data_loading",
-            severity=severity,
+            severity=severity or "info",
             title=title,
             suggestion=loader_suggestion(worst, ranks_on_host.get(worst.hello.hostname, 1)),
             evidence=tuple(evidence),
@@ -60,6 +66,8 @@ def data_loading_findings(
             run_id=run.run_id,
             doc=doc_anchor("data_loading"),
             magnitude=mean_frac,
+            cost_s=sum(r.stats.loader_wait_s or 0.0 for r in ranks) / len(ranks),
+            step_s=mean_step_s(ranks),
         )
     ]
 

@@ -1,9 +1,9 @@
-"""model_config: settings that leave a CUDA GPU's fast paths unused.
+"""model_config: settings that leave a CUDA GPU's fast paths unused, and DDP built to cost time.
 
 Read from the facts each rank sends in its hello (autocast seen during forward,
-the parameters' dtype, the TF32 and cudnn.benchmark flags).  A fact that is
-unknown (None) is never read as "off", and CPU runs get no finding: these
-settings only exist for CUDA devices.
+the parameters' dtype, the TF32 and cudnn.benchmark flags; DDP's own settings,
+``ddp_settings``).  A fact that is unknown (None) is never read as "off"; the
+precision settings only exist for CUDA devices, DDP's hold on the CPU too.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from gputop.diagnose.findings import Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor
+from gputop.diagnose.rules.ddp_settings import Problem, ddp_problems
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -34,52 +35,64 @@ def full_precision(rank: RankFigures) -> bool:
 
 
 def model_config_findings(run: RunFigures) -> list[Finding]:
-    """One finding per run naming every setting that is off, worst severity first."""
+    """One finding per run naming every setting that wastes the hardware, worst severity first."""
     cuda = [r for r in run.active if r.on_cuda]
-    if not cuda:
-        return []
-    rank = cuda[0]  # settings are per script, so the ranks agree; the first speaks for all
-    gpu_name = rank.hello.device_name or (rank.gpu.name if rank.gpu is not None else None)
-    tensor_cores = name_matches(gpu_name, TENSOR_CORE_GPU_NAMES)
-    ampere = name_matches(gpu_name, AMPERE_OR_NEWER_GPU_NAMES)
-
-    problems: list[tuple[Severity, str, str, str]] = []  # severity, fact, what, fix
-    if full_precision(rank):
-        problems.append(
-            (
-                "warn" if tensor_cores else "info",
-                "autocast_on",
-                "no autocast, float32 parameters",
-                "with torch.autocast('cuda', dtype=torch.bfloat16): around forward and loss",
-            )
-        )
-    if rank.hello.tf32_matmul is False and ampere and full_precision(rank):
-        problems.append(("warn", "tf32_matmul_on", "TF32 matmul off", "torch.backends.cuda.matmul.allow_tf32 = True"))
-    if rank.hello.tf32_cudnn is False and ampere and full_precision(rank):
-        problems.append(("info", "tf32_cudnn_on", "TF32 cuDNN off", "torch.backends.cudnn.allow_tf32 = True"))
-    if rank.hello.cudnn_benchmark is False:
-        problems.append(
-            (
-                "info",
-                "cudnn_benchmark_on",
-                "cudnn.benchmark off",
-                "torch.backends.cudnn.benchmark = True (convnets with fixed input shapes)",
-            )
-        )
+    ddp = [r for r in run.active if r.hello.ddp]
+    # Settings are per script, so the ranks agree: the first rank speaks for all.
+    cuda_found = cuda_problems(cuda[0]) if cuda else []
+    ddp_found = ddp_problems(ddp[0]) if ddp else []
+    problems = cuda_found + ddp_found
     if not problems:
         return []
-    severity: Severity = "warn" if any(p[0] == "warn" for p in problems) else "info"
-    problems.sort(key=lambda p: p[0] != "warn")
+    severity: Severity = "warn" if any(p.severity == "warn" for p in problems) else "info"
+    problems.sort(key=lambda p: p.severity != "warn")
+    ranks = sorted({r.rank for r in cuda if cuda_found} | {r.rank for r in ddp if ddp_found})
+    gpu_name = gpu_name_of(cuda[0]) if cuda else None
     on = f" on {gpu_name}" if gpu_name else ""
     return [
         Finding(
             cause="model_config",
             severity=severity,
-            title=f"{ranks_text([r.rank for r in cuda])}{on}: " + ", ".join(p[2] for p in problems),
-            suggestion="; ".join(p[3] for p in problems) + ".",
-            evidence=tuple(Evidence(p[1], 0.0, 1.0, op="<") for p in problems),
-            ranks=tuple(r.rank for r in cuda),
+            title=f"{ranks_text(ranks)}{on}: " + ", ".join(p.what for p in problems),
+            suggestion="; ".join(p.fix for p in problems) + ".",
+            evidence=tuple(p.evidence for p in problems),
+            ranks=tuple(ranks),
             run_id=run.run_id,
             doc=doc_anchor("model_config"),
         )
     ]
+
+
+def gpu_name_of(rank: RankFigures) -> str | None:
+    return rank.hello.device_name or (rank.gpu.name if rank.gpu is not None else None)
+
+
+def cuda_problems(rank: RankFigures) -> list[Problem]:
+    """Precision and kernel-selection settings of a CUDA rank (unknown facts are never "off")."""
+    gpu_name = gpu_name_of(rank)
+    tensor_cores = name_matches(gpu_name, TENSOR_CORE_GPU_NAMES)
+    ampere = name_matches(gpu_name, AMPERE_OR_NEWER_GPU_NAMES)
+    problems: list[Problem] = []
+
+    def off(severity: Severity, fact: str, what: str, fix: str) -> None:
+        problems.append(Problem(severity, Evidence(fact, 0.0, 1.0, op="<"), what, fix))
+
+    if full_precision(rank):
+        off(
+            "warn" if tensor_cores else "info",
+            "autocast_on",
+            "no autocast, float32 parameters",
+            "with torch.autocast('cuda', dtype=torch.bfloat16): around forward and loss",
+        )
+    if rank.hello.tf32_matmul is False and ampere and full_precision(rank):
+        off("warn", "tf32_matmul_on", "TF32 matmul off", "torch.backends.cuda.matmul.allow_tf32 = True")
+    if rank.hello.tf32_cudnn is False and ampere and full_precision(rank):
+        off("info", "tf32_cudnn_on", "TF32 cuDNN off", "torch.backends.cudnn.allow_tf32 = True")
+    if rank.hello.cudnn_benchmark is False:
+        off(
+            "info",
+            "cudnn_benchmark_on",
+            "cudnn.benchmark off",
+            "torch.backends.cudnn.benchmark = True (convnets with fixed input shapes)",
+        )
+    return problems

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, grade_below, measured
+from gputop.diagnose.grading import doc_anchor, grade_below, largest_cost, measured
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
     GPU_STEP_OVER_WALL_STEP_RATIO,
@@ -148,6 +148,8 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
         severity=severity,
         evidence=evidence,
         magnitude=max([parallelism.magnitude, *(f.magnitude for f in absorbed)]),
+        cost_s=largest_cost([parallelism, *absorbed]),
+        step_s=parallelism.step_s or next((f.step_s for f in absorbed if f.step_s), None),
         title=parallelism.title + "; the all-reduce and rank jitter add up to a large share",
     )
     kept = [

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import doc_anchor, grade_above, largest_cost, measured
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
     LOADER_WAIT_WARN_FRAC,
@@ -94,6 +94,8 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             run_id=run.run_id,
             doc=doc_anchor("stall"),
             magnitude=frac,
+            cost_s=frac * (stats.step_time_mean_s or 0.0),  # each stall's excess, spread over the steps
+            step_s=stats.step_time_mean_s,
             extra={"phase": "loader" if loader else "other", "waiting_ranks": [r.rank for r in waiting]},
         )
     ]
@@ -134,6 +136,7 @@ def absorb_stall_symptoms(findings: list[Finding]) -> list[Finding]:
             stall,
             severity=max([stall.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index),
             evidence=stall.evidence + tuple(e for f in absorbed for e in f.evidence[:1]),
+            cost_s=largest_cost([stall, *absorbed]),
         )
         out = [
             replace(f, severity="info", title=f.title + " (mostly the stalls, see stall)") if f in absorbed else f

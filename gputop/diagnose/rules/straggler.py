@@ -105,6 +105,8 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[F
             run_id=run.run_id,
             doc=doc_anchor("straggler"),
             magnitude=wait_frac,
+            cost_s=wait_frac * (worst.stats.step_time_mean_s or 0.0),  # what every other rank waits each step
+            step_s=worst.stats.step_time_mean_s,
             extra={"phase": phase.name, "waiting_ranks": [r.rank for r in waiting]},
         )
     ]
@@ -173,6 +175,8 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
             run_id=run.run_id,
             doc=doc_anchor("straggler"),
             magnitude=gap,
+            cost_s=gap * (worst.stats.step_time_mean_s or 0.0),
+            step_s=worst.stats.step_time_mean_s,
             extra={"phase": "loader", "waiting_ranks": [r.rank for r in ranks if r is not worst]},
         )
     ]

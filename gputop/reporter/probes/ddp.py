@@ -27,6 +27,33 @@ DDP_TIMES = (
     ("backward_compute_comm_overlap_time", "overlap_s"),
 )
 _NS = 1e9
+# DDP knows what find_unused_parameters found, and its final buckets, after the
+# first iterations (it rebuilds the buckets in gradient order after the first).
+SETTLED_ITERATIONS = 2
+
+
+def ddp_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """Hello facts from DDP's logging data; a key missing or of another type is left out."""
+
+    def flag(key: str) -> bool | None:
+        value = data.get(key)
+        return bool(value) if isinstance(value, int) else None
+
+    def size(key: str) -> int | None:
+        value = data.get(key)
+        return int(value) if isinstance(value, int) and value >= 0 else None
+
+    buckets = data.get("bucket_sizes")
+    facts = {
+        "ddp_find_unused_parameters": flag("find_unused_parameters"),
+        "ddp_unused_parameter_bytes": size("unused_parameter_size"),
+        "ddp_static_graph": flag("static_graph"),
+        "ddp_gradient_as_bucket_view": flag("gradient_as_bucket_view"),
+        "ddp_bucket_cap_bytes": size("bucket_cap_bytes"),
+        "ddp_buckets": len([b for b in buckets.split(",") if b.strip()]) if isinstance(buckets, str) else None,
+        "ddp_gradient_bytes": size("total_parameter_size_bytes"),
+    }
+    return {k: v for k, v in facts.items() if v is not None}
 
 
 class DdpProbe:
@@ -46,6 +73,7 @@ class DdpProbe:
         # the difference between two reads is the window's own total.
         self._totals_from: tuple[int, dict[str, float]] | None = None
         self.rate_error: Exception | None = None
+        self.settings: dict[str, Any] | None = None  # Hello facts: how DDP was built, read once it has settled
         default = CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE
         try:
             self.sample_rate = max(int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", default)), 1)
@@ -65,6 +93,8 @@ class DdpProbe:
         if not isinstance(data, dict) or "iteration" not in data:
             return {}
         iteration = int(data["iteration"])
+        if self.settings is None and iteration >= SETTLED_ITERATIONS:
+            self.settings = ddp_settings(data)
         if self._totals_from is not None:
             means = self._window_means(data, iteration, *self._totals_from)
             if means is not None:

@@ -15,19 +15,32 @@ HELP = """\
 
 | key | does |
 |---|---|
-| `q` | quit |
+| `q`, `ctrl+c` | quit |
 | `?` | this help |
-| `p` | pause: freeze the view (data keeps arriving) |
+| `p` | pause: freeze the view (data keeps arriving); again to go live |
+| `[` | pause and step back one moment: the whole screen shows it |
+| `]` | step forward; past the newest moment, live again |
 | `s` | sort the ranks by the next column |
-| `enter` | the selected rank's detail: step phases, histories, facts |
+| `f` | fold every host under its summary row, or open them all |
+| `enter`, click | on a rank: its detail (step phases, histories, facts); on a host: fold or open it |
+| `↑` `↓` `pgup` `pgdn` `home` `end` | move through the ranks |
 | `esc` | back |
 | `tab` | move focus |
-| `ctrl+p` | command palette (themes, …) |
+| `ctrl+p` | command palette (themes, …); the theme and `--refresh` are remembered in `~/.config/gputop/config.toml` |
 
-**Columns.** *step p50*: median wall time between optimizer steps over the last
+**Columns.** *step phases* (*step* on narrow screens): where each step goes, as
+a stacked bar: ■ loader wait, ■ forward, ■ backward, ■ exposed comm, ■ other
+(colours as in the legend on the table's title and the detail screen); dots
+when a phase is not measured. *step p50*: median wall time between optimizer steps over the last
 10 s. *loader*: share of the step blocked in the tracked loader's `next()`.
 *comm*: gradient exchange not hidden behind backward compute, as a share of the step.
 *memory*: CUDA memory allocated / device total. *CPU%*: the rank process (100 = one core).
+
+**Hosts.** Ranks on several hosts are grouped under one row per host (×N ranks,
+median step, summed samples/s, mean shares); past 16 ranks the hosts start folded.
+
+**Charts.** *run*: the run's mean step time and samples/s per second, and each
+GPU's utilization and memory, newest at the right.
 
 **▲** marks the rank the straggler finding names: its own time per step
 (step time minus exposed comm) stands out while the others wait for it.

@@ -28,6 +28,10 @@ class HeaderBar(Widget):
     """Where the data comes from: "listening on …", "replay of run.jsonl"."""
     finished: reactive[bool] = reactive(False)
     """A replay reached the end of its recording."""
+    behind_s: reactive[float] = reactive(0.0)
+    """While paused: how far the view on screen is behind the newest (time travel)."""
+    figures_every_s: reactive[float | None] = reactive(None)
+    """Set when figures update less often than the refresh (many ranks): how often they do."""
 
     def __init__(
         self,
@@ -61,6 +65,10 @@ class HeaderBar(Widget):
             ("/step", "$text-muted"),
         ]
 
+    @staticmethod
+    def _hosts(view: DashboardView) -> list[str | tuple[str, str]]:
+        return [f"  {view.hosts} hosts"] if view.hosts > 1 else []
+
     def render(self) -> RenderResult:
         parts: list[str | tuple[str, str]] = [("gputop", "bold $accent"), "  "]
         view = self.view
@@ -71,6 +79,7 @@ class HeaderBar(Widget):
             lost = run.reporting - run.live
             parts += [
                 (run.name, "bold"),
+                *self._hosts(view),
                 f"  {run.live}/{run.world_size} ranks",
                 (f" ({lost} not live)", "$warning") if lost else "",
                 f"  up {fmt_uptime(run.uptime_s)}",
@@ -82,16 +91,22 @@ class HeaderBar(Widget):
         else:
             live = sum(r.live for r in view.runs)
             world = sum(r.world_size for r in view.runs)
-            parts += [(f"{len(view.runs)} runs", "bold"), f"  {live}/{world} ranks"]
+            parts += [(f"{len(view.runs)} runs", "bold"), *self._hosts(view), f"  {live}/{world} ranks"]
             oldest = max(view.runs, key=lambda r: r.uptime_s)
             parts.append(f"  up {fmt_uptime(oldest.uptime_s)}")
+        if view is not None and not view.empty:
+            gpus = len(view.gpu_rows)
+            parts.append(f"  {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "")
+        if self.figures_every_s is not None:
+            parts.append((f" · figures every {self.figures_every_s:.0f} s", "$warning"))
         if view is not None and view.figures.dashboard_cpu_pct is not None:
             parts.append((f" · dashboard {fmt_pct(view.figures.dashboard_cpu_pct)} CPU", "$text-muted"))
         right: list[str | tuple[str, str]] = []
         if self.finished:
             right.append(("■ replay finished ", "bold $warning"))
         if self.paused:
-            right.append(("⏸ PAUSED ", "reverse bold $warning"))
+            behind = f" -{fmt_uptime(self.behind_s)}" if self.behind_s > 0 else ""
+            right.append((f"⏸ PAUSED{behind} ", "reverse bold $warning"))
         right.append((self.source_text, "$text-muted"))
         left = Content.assemble(*parts)
         right_content = Content.assemble(*right)

@@ -7,8 +7,9 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputop.model.figures import Phase
+from gputop.model.figures import PHASES, Phase
 from gputop.tui.format import NA, fmt_s
+from gputop.tui.palette import Palette
 
 # Theme variables, so the phases stay distinguishable on light and dark themes.
 PHASE_STYLES: dict[Phase, str] = {
@@ -16,9 +17,20 @@ PHASE_STYLES: dict[Phase, str] = {
     "forward": "$primary",
     "backward": "$secondary",
     "exposed_comm": "$warning",
-    "other": "$text-muted",
+    "other": "#8a8a8a",  # a mid grey: readable on light and dark themes alike
 }
 PHASE_LABELS: dict[Phase, str] = {"exposed_comm": "exposed comm"}
+
+
+LEGEND_LABELS: dict[Phase, str] = {"loader": "load", "forward": "fwd", "backward": "bwd", "exposed_comm": "comm"}
+
+
+def phase_legend(palette: Palette) -> Content:
+    """The colours of the table's phase bars, in their order: "■load ■fwd ■bwd ■comm ■other"."""
+    parts: list[tuple[str, str] | str] = []
+    for phase in PHASES:
+        parts += [("■", palette.phase(phase)), f"{LEGEND_LABELS.get(phase, phase)} "]
+    return Content.assemble(*parts).rstrip()
 
 
 class PhaseBar(Widget):

@@ -1,4 +1,10 @@
-"""The ranks table: one row per rank, grouped by run, sortable, updated in place."""
+"""The ranks table: one row per rank with its step as a stacked bar, grouped by run and host.
+
+Ranks on several hosts fold under one summary row per host (folded by default
+past ``FOLD_ABOVE`` ranks), so a 1,024-rank job is 128 rows until a host is
+opened.  Only rows whose text changed are touched on a refresh, and cells
+are built only for the rows the table holds (folded ranks cost nothing).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +19,13 @@ from textual.widgets import DataTable
 from gputop.model.snapshot import DONE, LIVE
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
-from gputop.tui.view import RankRow
+from gputop.tui.view import HostRow, RankRow
 
 SLOWEST_MARK = "▲"
-NARROW_BELOW = 106  # table width under which host and fwd/bwd are hidden
+FOLD_ABOVE = 16  # more ranks than this on several hosts: hosts start folded
+PHASE_GLYPH = "█"
+FOLDED, UNFOLDED = "▸", "▾"
+GROUPED_RANK_WIDTH = 11  # "▸ node-0031": host rows name their host in the rank column
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,8 @@ class Column:
     key: str
     label: str
     width: int
-    narrow: bool = True
+    narrow: bool = True  # shown on narrow tables
+    wide: bool = True  # shown on wide tables
 
 
 COLUMNS = (
@@ -34,15 +44,21 @@ COLUMNS = (
     Column("rank", "rank", 5),
     Column("host", "host", 10, narrow=False),
     Column("gpu", "GPU", 4),
+    Column("phases", "step phases", 16, narrow=False),
+    Column("bar", "step", 8, wide=False),
     Column("step", "step p50", 8),
     Column("samples", "samples/s", 9),
-    Column("loader", "loader", 7),
-    Column("fwdbwd", "fwd/bwd", 13, narrow=False),
+    Column("loader", "loader", 6),
     Column("comm", "comm", 6),
-    Column("mem", "memory", 10),
-    Column("cpu", "CPU%", 5),
-    Column("status", "status", 6),
+    Column("mem", "memory", 8),
+    Column("cpu", "CPU%", 5, narrow=False),
+    Column("status", "state", 5),
 )
+
+
+# The table's width under which host, the wide phase bar and CPU% give way: every wide
+# column with its cell padding, and the vertical scrollbar's 2 cells.
+NARROW_BELOW = sum(c.width + 2 for c in COLUMNS if c.wide and c.key != "run") + 2
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,45 @@ def sort_rows(rows: Sequence[RankRow], key: SortKey) -> list[RankRow]:
     return sorted(rows, key=order)
 
 
+def phase_text(phases: Sequence[tuple[str, float | None]], width: int, palette: Palette) -> Text:
+    """A step as a stacked bar of ``width`` cells, coloured by phase; dots when nothing is timed."""
+    known = [(name, s) for name, s in phases if s is not None and s > 0]
+    total = sum(s for _, s in known)
+    if total <= 0 or any(s is None for _, s in phases):
+        # A bar with a phase missing would put its time in the others: say N/A instead.
+        return Text("·" * width, style=palette.muted)
+    text = Text()
+    used = 0
+    for i, (name, seconds) in enumerate(known):
+        cells = width - used if i == len(known) - 1 else min(round(seconds / total * width), width - used)
+        used += cells
+        text.append(PHASE_GLYPH * cells, style=palette.phase(name))
+    return text
+
+
+def sort_hosts(hosts: Sequence[HostRow], key: SortKey) -> list[HostRow]:
+    """Hosts grouped by run, ordered by the same key as their ranks (their summary's value)."""
+    run_order: dict[str, int] = {}
+    for host in hosts:
+        run_order.setdefault(host.run_id, len(run_order))
+    values: dict[str, Callable[[HostRow], float | None]] = {
+        "step": lambda h: h.step_time_p50_s,
+        "loader": lambda h: h.loader_wait_frac,
+        "comm": lambda h: h.exposed_comm_frac,
+        "samples": lambda h: h.samples_per_s,
+        "cpu": lambda h: h.cpu_pct,
+    }
+    value = values.get(key.column)
+
+    def order(item: tuple[int, HostRow]) -> tuple[int, int, float, int]:
+        index, host = item
+        v = value(host) if value is not None else None
+        number = 0.0 if v is None else (-v if key.descending else v)
+        return (run_order[host.run_id], 1 if v is None else 0, number, index)
+
+    return [h for _, h in sorted(enumerate(hosts), key=order)]
+
+
 def _na(palette: Palette, justify: JustifyMethod = "right") -> Text:
     """N/A, dim: never a zero, so "not measured" cannot be read as "none"."""
     return Text(NA, style=palette.muted, justify=justify)
@@ -110,10 +165,6 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         "comm": _frac_cell(s.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(s.cpu_pct), justify="right") if s.cpu_pct is not None else _na(palette),
     }
-    if s.forward_s is None and s.backward_s is None:
-        cells["fwdbwd"] = _na(palette, "left")
-    else:
-        cells["fwdbwd"] = Text(f"{fmt_s(s.forward_s)}/{fmt_s(s.backward_s)}")
     if s.mem_allocated_bytes is None:
         cells["mem"] = _na(palette, "left")
     elif s.mem_total_bytes:
@@ -126,16 +177,45 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         cells["mem"] = Text(fmt_bytes(s.mem_allocated_bytes))
     status_style = {LIVE: palette.ok, DONE: palette.muted}.get(row.status, f"bold {palette.bad}")
     cells["status"] = Text(row.status, style=status_style)
+    cells["phases"] = phase_text(row.phases, 16, palette)
+    cells["bar"] = phase_text(row.phases, 8, palette)
+    return cells
+
+
+def host_cells(host: HostRow, folded: bool, palette: Palette) -> dict[str, Text]:
+    """The summary row of one host: its ranks' figures folded into one line."""
+    mark = palette.bad if host.slowest else ""
+    n = len(host.ranks)
+    label = f"{FOLDED if folded else UNFOLDED} {host.host or NA}"
+    cells: dict[str, Text] = {
+        "run": Text(host.run_name[:12], style="bold"),
+        "rank": Text(label[:GROUPED_RANK_WIDTH], style=f"bold {mark}".strip()),
+        "host": Text(label[:10], style=f"bold {mark}".strip()),
+        "gpu": Text(""),
+        "step": Text(fmt_s(host.step_time_p50_s), style=mark, justify="right")
+        if host.step_time_p50_s is not None
+        else _na(palette),
+        "samples": Text(fmt_rate(host.samples_per_s), justify="right")
+        if host.samples_per_s is not None
+        else _na(palette),
+        "loader": _frac_cell(host.loader_wait_frac, palette, 0.05, 0.20),
+        "comm": _frac_cell(host.exposed_comm_frac, palette, 0.10, 0.30),
+        "cpu": Text(fmt_pct(host.cpu_pct), justify="right") if host.cpu_pct is not None else _na(palette),
+        "mem": Text(""),
+        "status": Text(f"{host.live}/{n}"[:5], style=palette.ok if host.live == n else f"bold {palette.bad}"),
+        "phases": phase_text(host.phases, 16, palette),
+        "bar": phase_text(host.phases, 8, palette),
+    }
     return cells
 
 
 class RanksTable(DataTable[Text]):
-    """Every rank of every run; the app's ``s`` cycles the sort column; enter opens the rank."""
+    """Every rank of every run; the app's ``s`` cycles the sort column; enter opens a rank or folds a host."""
 
     sort_index: reactive[int] = reactive(0)
     """Which of SORT_KEYS orders the rows."""
     narrow: reactive[bool] = reactive(False)
-    """Hide the secondary columns (host, fwd/bwd)."""
+    """Hide the secondary columns (host, CPU%) and draw the phase bar short."""
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         """Build an empty table; ``show`` fills it.
@@ -147,11 +227,16 @@ class RanksTable(DataTable[Text]):
         """
         super().__init__(name=name, id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         self._rows: list[RankRow] = []
+        self._hosts: list[HostRow] = []
         self._order: list[str] = []
         self._cells: dict[str, dict[str, Text]] = {}
         self._columns: tuple[str, ...] = ()
         self._labelled_sort = -1
+        self._labelled_grouped = False
         self._palette = Palette()
+        self._unfolded: set[str] = set()  # host keys opened by the user
+        self._folded: set[str] = set()  # host keys closed by the user
+        self.fold_by_default = False
 
     @property
     def sort_key(self) -> SortKey:
@@ -159,10 +244,44 @@ class RanksTable(DataTable[Text]):
 
     @property
     def selected_key(self) -> str | None:
-        """The row key under the cursor."""
+        """The row key under the cursor (a rank's "run:rank", or a host's "host:run:name")."""
         if not self._order or not 0 <= self.cursor_row < len(self._order):
             return None
         return self._order[self.cursor_row]
+
+    @property
+    def grouped(self) -> bool:
+        return len(self._hosts) > len({h.run_id for h in self._hosts})
+
+    def is_folded(self, host_key: str) -> bool:
+        if host_key in self._unfolded:
+            return False
+        return host_key in self._folded or self.fold_by_default
+
+    def toggle_fold(self, host_key: str) -> None:
+        """Open a folded host or fold an open one."""
+        if self.is_folded(host_key):
+            self._folded.discard(host_key)
+            self._unfolded.add(host_key)
+        else:
+            self._unfolded.discard(host_key)
+            self._folded.add(host_key)
+        self._apply()
+
+    def set_all_folded(self, folded: bool) -> None:
+        """Fold or open every host."""
+        keys = {h.key for h in self._hosts}
+        if folded:
+            self._folded |= keys
+            self._unfolded -= keys
+        else:
+            self._unfolded |= keys
+            self._folded -= keys
+        self._apply()
+
+    @property
+    def all_folded(self) -> bool:
+        return all(self.is_folded(h.key) for h in self._hosts)
 
     def on_resize(self) -> None:
         self.narrow = self.size.width < NARROW_BELOW
@@ -176,54 +295,94 @@ class RanksTable(DataTable[Text]):
     def watch_narrow(self) -> None:
         self._apply()
 
-    def show(self, rows: Sequence[RankRow], palette: Palette) -> None:
-        """Show these rows, changing only the cells whose text changed."""
+    def show(self, rows: Sequence[RankRow], palette: Palette, hosts: Sequence[HostRow] = ()) -> None:
+        """Show these rows (under these host rows when there are several hosts), changing only what changed."""
         self._rows = list(rows)
+        self._hosts = list(hosts)
+        self.fold_by_default = len(rows) > FOLD_ABOVE
         self._palette = palette
         self._apply()
 
     def _wanted_columns(self) -> tuple[str, ...]:
         several_runs = len({r.run_id for r in self._rows}) > 1
-        return tuple(c.key for c in COLUMNS if (c.narrow or not self.narrow) and (c.key != "run" or several_runs))
+        # Grouped by host, the rank column names the hosts (and carries the fold marks): no host
+        # column; narrow, samples/s gives way (the run chart shows the throughput).
+        hidden = {"host", "samples"} if (self.grouped and self.narrow) else {"host"} if self.grouped else set()
+        return tuple(
+            c.key
+            for c in COLUMNS
+            if (c.narrow if self.narrow else c.wide) and (c.key != "run" or several_runs) and c.key not in hidden
+        )
+
+    def _entries(self) -> list[RankRow | HostRow]:
+        """The table's rows in order: per run, per host (a summary row, then its ranks unless folded)."""
+        ordered = sort_rows(self._rows, self.sort_key)
+        if not self.grouped:
+            return list(ordered)
+        by_host: dict[str, list[RankRow]] = {}
+        for row in ordered:
+            by_host.setdefault(f"host:{row.run_id}:{row.host}", []).append(row)
+        hosts = sort_hosts(self._hosts, self.sort_key)
+        entries: list[RankRow | HostRow] = []
+        for host in hosts:
+            entries.append(host)
+            if not self.is_folded(host.key):
+                entries += by_host.get(host.key, [])
+        return entries
+
+    def _cells_of(self, entry: RankRow | HostRow) -> dict[str, Text]:
+        if isinstance(entry, HostRow):
+            return host_cells(entry, self.is_folded(entry.key), self._palette)
+        cells = row_cells(entry, self._palette)
+        if self.grouped:  # indented under its host's row
+            cells["rank"] = Text("  ") + cells["rank"]
+        return cells
 
     def _apply(self) -> None:
         columns = self._wanted_columns()
-        rows = sort_rows(self._rows, self.sort_key)
-        order = [r.key for r in rows]
+        entries = self._entries()
+        order = [e.key for e in entries]
         keep = self.selected_key  # before clear(), which moves the cursor to the top
-        if columns != self._columns or self.sort_index != self._labelled_sort:
+        if columns != self._columns or self.sort_index != self._labelled_sort or self.grouped != self._labelled_grouped:
             self._set_columns(columns)
         if order != self._order:
-            self._rebuild(rows, keep)
+            self._rebuild(entries, keep)
             return
-        for row in rows:
-            new = row_cells(row, self._palette)
-            old = self._cells.get(row.key, {})
+        for entry in entries:
+            new = self._cells_of(entry)
+            old = self._cells.get(entry.key, {})
             for column in columns:
                 if old.get(column) != new[column]:
-                    self.update_cell(row.key, column, new[column])
-            self._cells[row.key] = new
+                    self.update_cell(entry.key, column, new[column])
+            self._cells[entry.key] = new
 
     def _set_columns(self, columns: tuple[str, ...]) -> None:
         self.clear(columns=True)
         self._order = []
         self._columns = columns
         self._labelled_sort = self.sort_index
+        self._labelled_grouped = self.grouped
         sort_column = self.sort_key.column
         arrow = "↑" if not self.sort_key.descending else "↓"
         for column in COLUMNS:
             if column.key in columns:
                 label = f"{column.label}{arrow}" if column.key == sort_column else column.label
-                self.add_column(label, key=column.key, width=column.width)
+                width = GROUPED_RANK_WIDTH if (column.key == "rank" and self.grouped) else column.width
+                self.add_column(label, key=column.key, width=width)
 
-    def _rebuild(self, rows: list[RankRow], keep: str | None) -> None:
-        """New ranks, lost ones, or a new order: re-add the rows, keeping the cursor on its rank."""
+    def _rebuild(self, entries: list[RankRow | HostRow], keep: str | None) -> None:
+        """New ranks, lost ones, a fold, or a new order: re-add the rows, keeping the cursor on its row."""
         self.clear()
         self._cells = {}
-        for row in rows:
-            cells = row_cells(row, self._palette)
-            self._cells[row.key] = cells
-            self.add_row(*(cells[c] for c in self._columns), key=row.key)
-        self._order = [r.key for r in rows]
+        for entry in entries:
+            cells = self._cells_of(entry)
+            self._cells[entry.key] = cells
+            self.add_row(*(cells[c] for c in self._columns), key=entry.key)
+        self._order = [e.key for e in entries]
         if keep in self._order:
             self.move_cursor(row=self._order.index(keep), animate=False)
+        elif keep is not None and not keep.startswith("host:"):
+            # The rank's host was folded: the cursor goes to the host's row.
+            host = next((h.key for h in self._hosts if any(r.key == keep for r in h.ranks)), None)
+            if host in self._order:
+                self.move_cursor(row=self._order.index(host), animate=False)

@@ -1,0 +1,116 @@
+"""The run's step time and throughput over time, and each GPU's utilization and memory: the main screen's charts.
+
+Drawn from per-second histories the store keeps as windows arrive
+(``RunHistory``) and from the GPU samples, one character a second, newest at
+the right; one render, no child widgets, so a refresh costs a few string joins
+whatever the rank count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from textual.app import RenderResult
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from gputop.model.samples import GpuSample
+from gputop.model.snapshot import RunHistory
+from gputop.tui.format import NA, fmt_gib, fmt_pct, fmt_rate, fmt_s
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+LABEL_W = 12
+VALUE_W = 8
+
+
+def spark(values: Sequence[float | None], width: int, *, low: float | None = None, high: float | None = None) -> str:
+    """The newest ``width`` values as block characters scaled between low and high; N/A as a space."""
+    shown = list(values[-width:]) if width > 0 else []
+    known = [v for v in shown if v is not None]
+    if not known:
+        return " " * width
+    lo = min(known) if low is None else low
+    hi = max(known) if high is None else high
+    span = hi - lo
+    chars = []
+    for v in shown:
+        if v is None:
+            chars.append(" ")
+        elif span <= 0:
+            chars.append(BLOCKS[len(BLOCKS) // 2] if low is None else BLOCKS[0])
+        else:
+            level = round((min(max(v, lo), hi) - lo) / span * (len(BLOCKS) - 1))
+            chars.append(BLOCKS[level])
+    return " " * (width - len(chars)) + "".join(chars)
+
+
+def _newest(values: Sequence[float | None]) -> float | None:
+    return next((v for v in reversed(values) if v is not None), None)
+
+
+class RunChart(Widget):
+    """Step time and samples/s of one run; per GPU, utilization and memory used, when GPUs report."""
+
+    DEFAULT_CSS = """
+    RunChart {
+        height: auto;
+    }
+    """
+
+    history: reactive[RunHistory | None] = reactive(None, layout=True)
+    """The run's per-second history (None: no run yet)."""
+    gpu_history: reactive[tuple[GpuSample, ...]] = reactive((), layout=True)
+    """GPU samples, oldest first."""
+    show_gpus: reactive[bool] = reactive(True, layout=True)
+    """Draw the per-GPU lines (off on short terminals)."""
+
+    def _line(
+        self, label: str, values: Sequence[float | None], fmt: Callable[[float | None], str], style: str
+    ) -> Content:
+        width = max(self.size.width - LABEL_W - VALUE_W - 2, 8)
+        newest = _newest(values)
+        return Content.assemble(
+            (f"{label:<{LABEL_W}}", "$text-muted"),
+            (f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} ", "" if newest is not None else "$text-muted"),
+            (spark(values, width, low=0.0), style),
+        )
+
+    def _gpu_lines(self) -> list[Content]:
+        samples = self.gpu_history
+        if not samples or not samples[-1].gpus:
+            return []
+        width = max((self.size.width - LABEL_W - 2 * VALUE_W - 8) // 2, 4)
+        lines = []
+        for gpu in samples[-1].gpus:
+            util: list[float | None] = []
+            mem: list[float | None] = []
+            for sample in samples[-width:]:
+                reading = next((g for g in sample.gpus if g.uuid == gpu.uuid), None)
+                util.append(reading.util_pct if reading is not None else None)
+                mem.append(float(reading.mem_used_bytes) if reading and reading.mem_used_bytes is not None else None)
+            total = float(gpu.mem_total_bytes) if gpu.mem_total_bytes else None
+            newest_mem = _newest(mem)
+            lines.append(
+                Content.assemble(
+                    (f"{f'GPU {gpu.index} util':<{LABEL_W}}", "$text-muted"),
+                    (f"{fmt_pct(_newest(util)) if _newest(util) is not None else NA:>{VALUE_W}} ", ""),
+                    (spark(util, width, low=0.0, high=100.0), "$success"),
+                    ("  mem", "$text-muted"),
+                    (f"{fmt_gib(int(newest_mem)) + 'G' if newest_mem is not None else NA:>{VALUE_W - 2}} ", ""),
+                    (spark(mem, width, low=0.0, high=total), "$accent"),
+                )
+            )
+        return lines
+
+    def render(self) -> RenderResult:
+        history = self.history
+        if history is None:
+            return Content.styled("no run yet", "$text-muted")
+        lines = [
+            self._line("step mean", history.step_time_s, fmt_s, "$primary"),
+            self._line("samples/s", history.samples_per_s, fmt_rate, "$secondary"),
+        ]
+        if self.show_gpus:
+            lines += self._gpu_lines()
+        return Content("\n").join(lines)

@@ -1,0 +1,43 @@
+"""The store's memory is bounded across ranks, and the run's per-second history adds up its ranks' windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.collect.store import WINDOW_BUDGET, Store
+from tests import tui_fixtures as fx
+
+
+def test_many_ranks_share_the_window_budget() -> None:
+    store = Store()
+    ranks = 2048
+    for rank in range(ranks):
+        store.ingest(fx.hello("run-big", rank, ranks, hostname=f"node-{rank // 8}"), fx.T0)
+    for seq in range(200):  # 100 s: past every rank's share of the budget
+        now = fx.T0 + (seq + 1) * fx.WINDOW_S
+        store.ingest_many((fx.window("run-big", r, seq, step_s=0.1, loader_s=0.01) for r in range(0, ranks, 64)), now)
+    kept = store.snapshot(fx.T0 + 100, history=None)
+    per_rank = {len(v.windows) for v in kept.all_ranks() if v.windows}
+    assert per_rank == {WINDOW_BUDGET // ranks}, per_rank  # 73 windows (36 s) each, not 200
+
+
+def test_a_few_ranks_keep_ten_minutes() -> None:
+    store = Store()
+    store.ingest(fx.hello("run-a", 0, 1), fx.T0)
+    for seq in range(1300):
+        store.ingest(fx.window("run-a", 0, seq, step_s=0.1, loader_s=0.01), fx.T0 + (seq + 1) * fx.WINDOW_S)
+    (rank,) = store.snapshot(fx.T0 + 650, history=None).all_ranks()
+    assert len(rank.windows) == 1200
+
+
+def test_run_history_sums_every_ranks_windows_per_second() -> None:
+    snapshot = fx.two_ranks(n_windows=40)  # two ranks, 20 s, a window each every 0.5 s
+    (run,) = snapshot.runs
+    history = run.history
+    # Whole seconds before the snapshot's time (T0 + 20 s): the current one is still filling.
+    assert history.t_s == tuple(fx.T0 + s for s in range(20))
+    # 10 steps of batch 64 a window; the first second holds one window per rank, the others two.
+    assert history.samples_per_s == (2 * 640, *[2 * 2 * 640] * 19)
+    windows = [w for rank in run.ranks for w in rank.windows if int(w.t1) == int(history.t_s[5])]
+    mean_step = sum(w.step_time_sum_s for w in windows) / sum(w.timed for w in windows)
+    assert history.step_time_s[5] == pytest.approx(mean_step)
