@@ -69,7 +69,7 @@ CASES: tuple[Case, ...] = (
     Case("stall_checkpoint_rank0", "stall", "rank 0 saves a checkpoint + 2 s flush every 5 steps"),
     Case("stall_periodic_evaluation", "stall", "all ranks evaluate 1536 images every 10 steps"),
     Case("model_config_find_unused", "model_config", "find_unused_parameters=True, none unused"),
-    Case("model_config_tiny_buckets", "model_config", "bucket_cap_mb=0.001, one bucket per parameter"),
+    Case("model_config_tiny_buckets", "model_config", "bucket_cap_mb=0.001 on a 40-layer convnet: ~40 buckets"),
     Case("healthy_convnet", HEALTHY, "CIFAR convnet, DistributedSampler with set_epoch"),
     Case(
         "healthy_accumulation_manual_marks",

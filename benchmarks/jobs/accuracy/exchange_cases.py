@@ -79,11 +79,11 @@ def parallelism_tiny_bag_of_words(seconds: float) -> None:
     _train(model, DataLoader(data, batch_size=4, shuffle=True), seconds, rank, lr=0.1)
 
 
-def small_convnet(depth: int, width: int) -> nn.Module:
+def small_convnet(depth: int, width: int, image_px: int = 32) -> nn.Module:
     layers: list[nn.Module] = [nn.Conv2d(3, width, 3, padding=1), nn.ReLU()]
     for _ in range(depth - 1):
         layers += [nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.MaxPool2d(4), nn.Flatten(), nn.Linear(width * 8 * 8, 10))
+    return nn.Sequential(*layers, nn.MaxPool2d(4), nn.Flatten(), nn.Linear(width * (image_px // 4) ** 2, 10))
 
 
 def model_config_find_unused(seconds: float) -> None:
@@ -96,9 +96,9 @@ def model_config_find_unused(seconds: float) -> None:
 
 
 def model_config_tiny_buckets(seconds: float) -> None:
-    """bucket_cap_mb=0.001 on a deeper convnet: every parameter its own all-reduce."""
+    """bucket_cap_mb=0.001 on a 40-layer convnet: one all-reduce per layer, ~40 buckets (the line: 16)."""
     rank = start()
-    model = nn.parallel.DistributedDataParallel(small_convnet(depth=6, width=24), bucket_cap_mb=0.001)
+    model = nn.parallel.DistributedDataParallel(small_convnet(depth=40, width=16, image_px=16), bucket_cap_mb=0.001)
     gputop.watch(model)
-    data = TensorDataset(torch.randn(1024, 3, 32, 32), torch.randint(0, 10, (1024,)))
+    data = TensorDataset(torch.randn(1024, 3, 16, 16), torch.randint(0, 10, (1024,)))
     _train(model, DataLoader(data, batch_size=32, shuffle=True), seconds, rank)
