@@ -1,0 +1,300 @@
+"""How often gputop names the right cause: a corpus of real 2-rank CPU DDP jobs, each run K times.
+
+Every case is a job written the way users write them (benchmarks/jobs/accuracy/),
+run under ``torchrun --nproc_per_node=2`` (gloo) beside an in-process collector
+that records it, then reported with ``gputop report FILE --format json``.  It
+prints the confusion table (expected cause x the top warn/critical finding's
+cause; "healthy" when there is none), the flip rate (cases whose K identical
+runs disagree), and, for cases whose cause switches on mid-run, how long after
+the onset the live dashboard (the recording replayed through the persistent
+diagnoser) first shows it.
+
+Run: .venv/bin/python benchmarks/diagnosis_accuracy.py [--runs 3] [--cases a,b] [--seconds 14] [--out results.json]
+     [--keep DIR]  (keeps each run's recording and job log, for `gputop report` or `gputop replay`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gputop import recording
+from gputop.address import Address
+from gputop.collect.live import LiveSource
+from gputop.collect.store import Store
+from gputop.diagnose.persistence import Diagnoser
+from gputop.model.figures import summarize
+from gputop.model.snapshot import VIEW_HISTORY_WINDOWS
+
+JOBS = Path(__file__).resolve().parent / "jobs" / "accuracy"
+ONSET_FILE_ENV = "GPUTOP_BENCH_ONSET_FILE"  # as in jobs/accuracy/common.py
+HEALTHY = "healthy"  # the top-cause column when no warn/critical finding shows
+REFRESH_S = 0.5  # the dashboard's default refresh: the replay diagnoses this often
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expected: str  # a finding cause, or "healthy"
+    about: str
+    script: str = "job.py"
+    onset: bool = False  # the cause switches on mid-run; the job writes when
+
+
+CASES: tuple[Case, ...] = (
+    Case("data_loading_sleepy_worker", "data_loading", "DistributedSampler, 1 worker, 4 ms read per sample"),
+    Case("data_loading_stream_main_process", "data_loading", "IterableDataset in the main process, 3 ms a record"),
+    Case("data_loading_onset", "data_loading", "loader turns slow at 40% of the run", onset=True),
+    Case("communication_wide_mlp", "communication", "2048-wide MLP + LayerNorm, batch 16"),
+    Case("communication_embedding_table", "communication", "250k x 64 dense EmbeddingBag, batch 32"),
+    Case("straggler_slow_loader_rank1", "straggler", "rank 1's worker reads 6 ms a sample"),
+    Case("straggler_extra_compute_rank1", "straggler", "rank 1 computes an 80-ms metric each step"),
+    Case("parallelism_tiny_mlp", "parallelism", "16-32-4 MLP, batch 2"),
+    Case("parallelism_tiny_bag_of_words", "parallelism", "1000 x 16 EmbeddingBag, batch 4"),
+    Case("allocation_threads_oversubscribed", "allocation", "3 torch threads per rank, 2 ranks, 2 cores"),
+    Case("allocation_workers_cpu_transform", "allocation", "2 ranks x 2 workers with an FFT augmentation, 2 cores"),
+    Case("stall_checkpoint_rank0", "stall", "rank 0 saves a checkpoint + 2 s flush every 5 steps"),
+    Case("stall_periodic_evaluation", "stall", "all ranks evaluate 1536 images every 10 steps"),
+    Case("model_config_find_unused", "model_config", "find_unused_parameters=True, none unused"),
+    Case("model_config_tiny_buckets", "model_config", "bucket_cap_mb=0.001 on a 40-layer convnet: ~40 buckets"),
+    Case("healthy_convnet", HEALTHY, "CIFAR convnet, DistributedSampler with set_epoch"),
+    Case(
+        "healthy_accumulation_manual_marks",
+        HEALTHY,
+        "convnet, 4 micro-batches of 32 in no_sync, 1 worker, gputop.step()",
+    ),
+    Case(
+        "healthy_lightning",
+        HEALTHY,
+        "Lightning Trainer(strategy='ddp', max_time=...), convnet",
+        script="lightning_case.py",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    case: str
+    expected: str
+    run: int
+    top: str  # the top warn/critical finding's cause, "healthy", or "error"
+    top_title: str
+    findings: tuple[str, ...]  # "severity cause: title" for each finding, worst first
+    steps: tuple[int, ...]  # per rank
+    wall_s: float
+    onset_to_finding_s: float | None = None  # onset cases: when the expected cause first showed live
+    before_onset: tuple[str, ...] = ()  # onset cases: warn/critical causes the live view showed before the onset
+    error: str = ""
+
+
+def run_job(case: Case, seconds: float, work: Path, run: int) -> RunResult:
+    """Run one case once under torchrun beside a recorder; report the recording."""
+    rec_path = work / f"{case.name}.{run}.jsonl"
+    onset_path = work / f"{case.name}.{run}.onset"
+    log_path = work / f"{case.name}.{run}.log"
+    recorder = recording.Recorder(rec_path, source="diagnosis_accuracy")
+    source = LiveSource(Address(port=0), sample_interval_s=1.0, recorder=recorder)
+    started = time.monotonic()
+    code: int | None = None
+    try:
+        source.start()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(JOBS / case.script), "--seconds", str(seconds)]  # fmt: skip
+        if case.script == "job.py":
+            cmd += ["--case", case.name]
+        env = {**os.environ, "GPUTOP_PORT": str(source.address.port), "PYTHONUNBUFFERED": "1",
+               ONSET_FILE_ENV: str(onset_path)}  # fmt: skip
+        env.pop("GPUTOP_SOCKET", None)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            try:
+                code = proc.wait(seconds + 120)
+            except subprocess.TimeoutExpired:
+                stop_group(proc)
+        time.sleep(0.3)  # the ranks' last windows are sent at exit
+    finally:
+        source.stop()
+        recorder.close()
+    wall_s = time.monotonic() - started
+    if code != 0:
+        tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-3:])
+        why = "timed out" if code is None else f"exit {code}"
+        return RunResult(case.name, case.expected, run, "error", "", (), (), wall_s, error=f"{why}: {tail}")
+    report = gputop_report(rec_path)
+    onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
+    return replace(result_of(case, run, report, wall_s), onset_to_finding_s=onset_s, before_onset=before)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT torchrun's session (it stops its ranks), then SIGKILL it."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+            return
+
+
+def gputop_report(path: Path) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "gputop", "report", str(path), "--format", "json"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    report: dict[str, Any] = json.loads(out.stdout)
+    return report
+
+
+def result_of(case: Case, run: int, report: dict[str, Any], wall_s: float) -> RunResult:
+    findings = report["findings"]
+    shown = [f for f in findings if f["severity"] in ("warn", "critical")]
+    top = shown[0] if shown else None
+    ranks = report["runs"][0]["ranks"] if report["runs"] else []
+    return RunResult(
+        case=case.name,
+        expected=case.expected,
+        run=run,
+        top=top["cause"] if top else HEALTHY,
+        top_title=top["title"] if top else "",
+        findings=tuple(f"{f['severity']} {f['cause']}: {f['title']}" for f in findings),
+        steps=tuple(int(r["steps"] or 0) for r in ranks),
+        wall_s=round(wall_s, 1),
+    )
+
+
+def time_to_finding(rec_path: Path, onset_path: Path, cause: str) -> tuple[float | None, tuple[str, ...]]:
+    """Replay the recording as the dashboard sees it live, refresh by refresh.
+
+    Returns the seconds from the onset to the cause first showing (warn or
+    critical, after the diagnoser's persistence), None if it never did, and
+    the causes shown before the onset (false alarms on the healthy part).
+    """
+    try:
+        onset_t = float(onset_path.read_text())
+    except (OSError, ValueError):
+        return None, ()
+    entries = sorted(recording.read(rec_path), key=lambda e: e.t)
+    store, diagnoser = Store(), Diagnoser()
+    before: set[str] = set()
+    t, i = (entries[0].t if entries else 0.0), 0
+    while i < len(entries):
+        t += REFRESH_S
+        while i < len(entries) and entries[i].t <= t:
+            recording.apply(store, entries[i])
+            i += 1
+        shown = {f.cause for f in diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
+                 if f.severity != "info"}  # fmt: skip
+        if t < onset_t:
+            before |= shown
+        elif cause in shown:
+            return round(t - onset_t, 1), tuple(sorted(before))
+    return None, tuple(sorted(before))
+
+
+# -- the tables ----------------------------------------------------------------------------
+
+
+def summary(results: list[RunResult]) -> dict[str, Any]:
+    by_case: dict[str, list[RunResult]] = {}
+    for r in results:
+        by_case.setdefault(r.case, []).append(r)
+    flipped = sorted(name for name, runs in by_case.items() if len({r.top for r in runs}) > 1)
+    right = sum(r.top == r.expected for r in results)
+    onsets = [r.onset_to_finding_s for r in results if r.onset_to_finding_s is not None]
+    return {
+        "runs": len(results),
+        "right": right,
+        "cases": len(by_case),
+        "flipped_cases": flipped,
+        "flip_rate": round(len(flipped) / len(by_case), 3) if by_case else None,
+        "onset_to_finding_s": onsets,
+        "onset_missed": sum(1 for r in results if r.onset_to_finding_s is None and case_of(r.case).onset),
+    }
+
+
+def case_of(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def confusion_markdown(results: list[RunResult]) -> str:
+    expected = list(dict.fromkeys(r.expected for r in results))
+    found = expected + sorted({r.top for r in results} - set(expected))
+    counts = Counter((r.expected, r.top) for r in results)
+    lines = ["| expected \\ top finding | " + " | ".join(found) + " |", "|---" * (len(found) + 1) + "|"]
+    for row in expected:
+        cells = [str(counts[row, col]) if counts[row, col] else "." for col in found]
+        lines.append(f"| **{row}** | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def runs_markdown(results: list[RunResult]) -> str:
+    lines = ["| case | expected | run | top finding | steps (per rank) | wall s | onset→finding s |", "|---" * 7 + "|"]
+    for r in results:
+        mark = "" if r.top == r.expected else " ✗"
+        title = r.error or (f"{r.top}: {r.top_title}" if r.top_title else r.top)
+        onset = (
+            ""
+            if not case_of(r.case).onset
+            else ("missed" if r.onset_to_finding_s is None else f"{r.onset_to_finding_s:g}")
+        )
+        steps = "/".join(map(str, r.steps))
+        title = title.replace("|", "/") + mark
+        lines.append(f"| {r.case} | {r.expected} | {r.run} | {title} | {steps} | {r.wall_s:g} | {onset} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs of each case (default 3)")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--seconds", type=float, default=14.0, help="training time of each run (default 14)")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep recordings and job logs here")
+    args = parser.parse_args()
+    names = [n for n in args.cases.split(",") if n]
+    unknown = sorted(set(names) - {c.name for c in CASES})
+    if unknown or args.runs < 1:
+        parser.error(f"unknown case(s): {', '.join(unknown)}" if unknown else "--runs must be at least 1")
+    cases = [c for c in CASES if not names or c.name in names]
+    started = datetime.datetime.now(datetime.timezone.utc)
+    results: list[RunResult] = []
+    with tempfile.TemporaryDirectory(prefix="gputop-accuracy-") as folder:
+        work = Path(folder) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=True)
+        for case in cases:
+            for run in range(1, args.runs + 1):
+                result = run_job(case, args.seconds, work, run)
+                results.append(result)
+                verdict = "ok" if result.top == result.expected else "WRONG"
+                print(f"{case.name} run {run}: {result.top} ({verdict}) {result.top_title or result.error}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    total = summary(results)
+    machine = f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}"
+    load = os.getloadavg()
+    print(f"\n{started:%Y-%m-%d %H:%M} UTC, {machine}; load at the end {load[0]:.1f}")
+    print(f"command: {' '.join(['.venv/bin/python', *sys.argv])}\n")
+    print(confusion_markdown(results), "\n")
+    print(f"right: {total['right']}/{total['runs']} runs; flip rate: {len(total['flipped_cases'])}/{total['cases']} "
+          f"cases ({', '.join(total['flipped_cases']) or 'none'}); onset to finding: {total['onset_to_finding_s']} s"
+          f"{'; missed ' + str(total['onset_missed']) if total['onset_missed'] else ''}\n")  # fmt: skip
+    print(runs_markdown(results))
+    if args.out is not None:
+        payload = {"started_utc": started.isoformat(), "machine": machine, "command": sys.argv,
+                   "seconds": args.seconds, "summary": total, "results": [asdict(r) for r in results]}  # fmt: skip
+        args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

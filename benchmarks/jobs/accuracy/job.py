@@ -1,0 +1,70 @@
+"""One job of the diagnosis-accuracy corpus, by name; run under torchrun (the runner does this).
+
+    torchrun --nproc_per_node=2 benchmarks/jobs/accuracy/job.py --case healthy_convnet --seconds 15
+
+The Lightning case has a script of its own (lightning_case.py): Lightning runs the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from exchange_cases import (
+    communication_embedding_table,
+    communication_wide_mlp,
+    model_config_find_unused,
+    model_config_tiny_buckets,
+    parallelism_tiny_bag_of_words,
+    parallelism_tiny_mlp,
+)
+from input_cases import (
+    allocation_threads_oversubscribed,
+    allocation_workers_cpu_transform,
+    data_loading_onset,
+    data_loading_sleepy_worker,
+    data_loading_stream_main_process,
+    straggler_extra_compute_rank1,
+    straggler_slow_loader_rank1,
+)
+from steady_cases import (
+    healthy_accumulation_manual_marks,
+    healthy_convnet,
+    stall_checkpoint_rank0,
+    stall_periodic_evaluation,
+)
+
+CASES: dict[str, Callable[[float], None]] = {
+    fn.__name__: fn
+    for fn in (
+        data_loading_sleepy_worker,
+        data_loading_stream_main_process,
+        data_loading_onset,
+        communication_wide_mlp,
+        communication_embedding_table,
+        straggler_slow_loader_rank1,
+        straggler_extra_compute_rank1,
+        parallelism_tiny_mlp,
+        parallelism_tiny_bag_of_words,
+        allocation_threads_oversubscribed,
+        allocation_workers_cpu_transform,
+        stall_checkpoint_rank0,
+        stall_periodic_evaluation,
+        model_config_find_unused,
+        model_config_tiny_buckets,
+        healthy_convnet,
+        healthy_accumulation_manual_marks,
+    )
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=sorted(CASES), required=True)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    args = parser.parse_args()
+    CASES[args.case](args.seconds)
+
+
+if __name__ == "__main__":
+    main()
