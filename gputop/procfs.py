@@ -115,8 +115,26 @@ def schedstat_s(pid: int) -> dict[int, tuple[float, float]] | None:
     return out
 
 
+# Threads of the communication libraries (gloo's and NCCL's own): their CPU is the
+# gradient exchange itself, so contention among them is communication's cost.
+COMM_THREAD_PREFIXES = ("gloo", "pt_gloo", "pt_nccl", "nccl", "ncclproxy")
+
+
+def thread_name(pid: int, tid: int) -> str:
+    """A thread's OS name (/proc/<pid>/task/<tid>/comm), "" if it is gone."""
+    try:
+        with open(f"{_PROC}/{pid}/task/{tid}/comm", "rb") as handle:
+            return handle.read().strip().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def is_comm_thread(name: str) -> bool:
+    return name.lower().startswith(COMM_THREAD_PREFIXES)
+
+
 class RunQueueWait:
-    """Run-queue wait of a set of threads between two reads, robust to threads that come and go.
+    """A per-thread cumulative time (run-queue wait, CPU) between two reads, robust to threads that come and go.
 
     A thread first seen now counts its whole wait (it started after the last
     read, or it would have been seen); a thread that ended takes its last

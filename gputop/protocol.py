@@ -236,7 +236,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window"):
     workers_cpu_pct: float | None = None
     # Run-queue wait in the window (ready to run, no CPU free), from /proc/<pid>/task/<tid>/schedstat:
     main_cpu_wait_s: Seconds | None = None  # the training thread
-    cpu_wait_s: Seconds | None = None  # all the rank's threads together (gloo's all-reduce threads too)
+    cpu_wait_s: Seconds | None = None  # the rank's compute threads together (gloo's and NCCL's own left out)
+    cpu_run_s: Seconds | None = None  # the CPU time of those same threads
     workers_cpu_wait_s: Seconds | None = None  # all the DataLoader workers' threads together
     dropped: Count = 0  # windows this reporter had to drop so far
     # What gputop itself cost the rank in this window (self-accounting):

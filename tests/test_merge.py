@@ -17,7 +17,7 @@ def full_window(seq: int) -> Window:
         samples=320, forwards=5, forward_s=0.02, backward_s=0.04, comm_s=0.03, overlap_s=0.02, ddp_iteration=5 * seq,
         ddp_steps=5, mem_allocated_bytes=1, mem_reserved_bytes=2, mem_peak_bytes=3, mem_total_bytes=4,
         alloc_retries=0, ooms=0, cpu_pct=90.0, rss_bytes=5, threads=6, workers=2, workers_cpu_pct=80.0,
-        main_cpu_wait_s=0.01, cpu_wait_s=0.02, workers_cpu_wait_s=0.03, dropped=0, reporter_cpu_s=0.001,
+        main_cpu_wait_s=0.01, cpu_wait_s=0.02, cpu_run_s=0.4, workers_cpu_wait_s=0.03, dropped=0, reporter_cpu_s=0.001,
         hook_s=0.0001, sent_bytes=900,
     )  # fmt: skip
 

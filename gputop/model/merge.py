@@ -109,6 +109,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         workers_cpu_pct=_weighted(ws, lambda w: w.workers_cpu_pct, duration),
         main_cpu_wait_s=_sum_or_none([w.main_cpu_wait_s for w in ws]),
         cpu_wait_s=_sum_or_none([w.cpu_wait_s for w in ws]),
+        cpu_run_s=_sum_or_none([w.cpu_run_s for w in ws]),
         workers_cpu_wait_s=_sum_or_none([w.workers_cpu_wait_s for w in ws]),
         dropped=last.dropped,
         reporter_cpu_s=_sum_or_none([w.reporter_cpu_s for w in ws]),

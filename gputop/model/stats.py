@@ -263,11 +263,13 @@ class _CpuWait:
             self.main_seen = True
             self.main_wait_s += w.main_cpu_wait_s
             self.main_span_s += dt
-        if w.cpu_wait_s is not None and w.cpu_pct is not None:
+        # The compute threads' own CPU time where the reporter measures it, else the process's.
+        run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
+        if w.cpu_wait_s is not None and run_s is not None:
             self.seen = True
             self.span_s += dt
             self.wait_s += w.cpu_wait_s
-            self.cpu_s += w.cpu_pct / 100.0 * dt
+            self.cpu_s += run_s
             if w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None:
                 self.workers_seen = True
                 self.workers_wait_s += w.workers_cpu_wait_s

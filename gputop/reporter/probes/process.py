@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputop.procfs import RunQueueWait, children_of, schedstat_s
+from gputop.procfs import RunQueueWait, children_of, is_comm_thread, schedstat_s, thread_name
 from gputop.reporter.clock import StepMark
 
 
@@ -29,6 +29,8 @@ class ProcessProbe:
         self._primed = False
         self._train_tid = train_tid
         self._main_wait, self._rank_wait, self._workers_wait = RunQueueWait(), RunQueueWait(), RunQueueWait()
+        self._rank_run = RunQueueWait()  # CPU time of the same threads as _rank_wait
+        self._comm_threads: dict[int, bool] = {}  # tid -> a gloo/NCCL thread (names read once per thread)
 
     def _child_pids(self) -> list[int]:
         """Direct children from /proc (a few reads); psutil's whole-machine scan only where /proc cannot say."""
@@ -67,15 +69,25 @@ class ProcessProbe:
         return out
 
     def _run_queue_wait(self, pid: int, children: list[int]) -> dict[str, float]:
-        """Seconds the training thread, all the rank's threads and the workers waited for a CPU."""
+        """Seconds the training thread, the rank's compute threads and the workers waited for a CPU.
+
+        The rank's gloo/NCCL threads are left out: their CPU is the gradient
+        exchange itself, which the communication figures already account for.
+        """
         own = schedstat_s(pid)
         if own is None:
             return {}  # no schedstat on this kernel: the fields stay N/A
         out: dict[str, float] = {}
+        for tid in own.keys() - self._comm_threads.keys():
+            self._comm_threads[tid] = is_comm_thread(thread_name(pid, tid))
+        for tid in self._comm_threads.keys() - own.keys():
+            del self._comm_threads[tid]
+        compute = {tid: times for tid, times in own.items() if not self._comm_threads.get(tid)}
         main = {(pid, tid): wait for tid, (_, wait) in own.items() if tid == self._train_tid}
         for name, tracker, threads in (
             ("main_cpu_wait_s", self._main_wait, main),
-            ("cpu_wait_s", self._rank_wait, {(pid, tid): wait for tid, (_, wait) in own.items()}),
+            ("cpu_wait_s", self._rank_wait, {(pid, tid): wait for tid, (_, wait) in compute.items()}),
+            ("cpu_run_s", self._rank_run, {(pid, tid): run for tid, (run, _) in compute.items()}),
         ):
             waited = tracker.delta_s(threads) if threads else None
             if waited is not None:
