@@ -155,6 +155,19 @@ class TestStraggler:
         assert by_cause(findings, "communication") == []  # rank 1 itself hardly waits
         assert by_cause(findings, "data_loading") == []  # one slow rank is not a run-wide input problem
 
+    @pytest.mark.parametrize(("swing", "severity"), [(0.0, "warn"), (0.08, "info")])
+    def test_a_wait_near_the_line_is_decided_by_its_band(self, swing: float, severity: str) -> None:
+        """The others wait 11.5% for rank 1: steady, a warning; swinging window to window, too close to call."""
+        specs = [
+            RankSpec(rank=0, forward_frac=0.2, backward_frac=0.3, comm_frac=0.185, overlap_frac=0.05,
+                     comm_swing_frac=swing),
+            RankSpec(rank=1, forward_frac=0.2, backward_frac=0.415, comm_frac=0.07, overlap_frac=0.05),
+        ]  # fmt: skip
+        finding = only(findings_of(make_snapshot(specs)), "straggler")
+        assert finding.severity == severity and finding.ranks == (1,), finding.title
+        if severity == "info":
+            assert "too close to the 10% line to call" in finding.title
+
     def test_backward_phase_among_four_ranks(self) -> None:
         specs = [RankSpec(rank=i, backward_frac=0.4, comm_frac=0.35, overlap_frac=0.05) for i in (0, 1, 3)]
         specs.insert(2, RankSpec(rank=2, backward_frac=0.7, comm_frac=0.07, overlap_frac=0.05))

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import doc_anchor, grade_above, grade_band, measured
 from gputop.diagnose.rules.data_loading import loader_suggestion
 from gputop.diagnose.thresholds import (
     STRAGGLER_WAIT_CRITICAL_FRAC,
     STRAGGLER_WAIT_WARN_FRAC,
 )
-from gputop.diagnose.wording import pct, ranks_text
+from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.stats import median
 
@@ -75,8 +75,11 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[F
     # the others wait beyond that base is what the straggler costs them.
     others_exposed = median([r.stats.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
     wait_frac = max(others_exposed - (worst.stats.exposed_comm_frac or 0.0), 0.0)
-    severity = grade_above(wait_frac, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
-    if severity is None:
+    # A difference of two shares: its error is theirs combined (the waiting ranks' typical one).
+    errors = [worst.stats.exposed_comm_frac_se, median([r.stats.exposed_comm_frac_se or 0.0 for r in waiting])]
+    se = None if None in errors else sum(e * e for e in errors if e is not None) ** 0.5
+    severity, close = grade_band(wait_frac, se, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
+    if severity is None and not close:
         return []
 
     phase, others_share = slow_phase(worst, waiting)
@@ -89,15 +92,17 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[F
     )
     title += PHASE_TEXT[phase.name].format(share=pct(phase.share))
     title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
+    if severity is None:
+        title += f": {too_close_text(wait_frac, se, threshold, worst.stats.steps)}"
     evidence = (
         Evidence("own_time_excess_pct", pct(excess), pct(STRAGGLER_WAIT_WARN_FRAC), "%", rank=worst.rank),
         Evidence(f"{phase.name}_pct", pct(phase.share), pct(others_share), "%", rank=worst.rank),
-        Evidence("others_wait_pct", pct(wait_frac), pct(threshold), "%"),
+        Evidence("others_wait_pct", pct(wait_frac), pct(threshold), "%", spread=None if se is None else pct(2 * se)),
     )
     return [
         Finding(
             cause="straggler",
-            severity=severity,
+            severity=severity or "info",
             title=title,
             suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
             evidence=evidence,
