@@ -81,7 +81,7 @@ def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_ref
         )
     intruder = subprocess.Popen(
         node_b.command(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                       str(JOBS / "ddp_job.py"), "--steps", "20"),
+                       str(JOBS / "ddp_job.py"), "--steps", "20", "--delay-ms", "100"),  # ~2 s: time to be refused
         env=_env(GPUTOP_TOKEN="not-the-token", **reporting),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
