@@ -17,6 +17,7 @@ from gputop.model.figures import Figures
 from gputop.model.snapshot import Snapshot
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
+from gputop.tui.screens.detail import RankDetailScreen
 from tests import tui_fixtures as fx
 
 SMALL = (80, 24)
@@ -56,9 +57,25 @@ class StaticDiagnoser:
         return self.findings
 
 
+# One snapshot per test: a second refresh racing the key presses on a loaded machine
+# made a picture depend on timing (CI saw one detail screen differ).
+ONE_FETCH_S = 3600.0
+
+
 def make_app(snapshot: Snapshot, name: str, findings: list[Finding] | None = None) -> GputopApp:
     factory = (lambda: StaticDiagnoser(findings)) if findings is not None else None
-    return GputopApp(FixedSource(snapshot, description=f"fixed data: {name}"), diagnoser_factory=factory)
+    source = FixedSource(snapshot, description=f"fixed data: {name}")
+    return GputopApp(source, diagnoser_factory=factory, refresh_s=ONE_FETCH_S)
+
+
+async def wait_until(pilot: Pilot[Any], ready: Callable[[], bool], what: str) -> None:
+    """Let the app run until ``ready()``; a slow machine waits longer, never shows a half-drawn state."""
+    for _ in range(3000):
+        if ready():
+            await pilot.pause()
+            return
+        await pilot.pause(0.01)
+    raise AssertionError(f"the dashboard never got to: {what}")
 
 
 def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
@@ -67,13 +84,16 @@ def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
     async def run_before(pilot: Pilot[Any]) -> None:
         app = pilot.app
         assert isinstance(app, GputopApp)
-        for _ in range(200):
-            if app.view is not None:
-                break
-            await pilot.pause(0.01)
-        await pilot.pause()
-        if keys:
-            await pilot.press(*keys)
+        await wait_until(pilot, lambda: app.view is not None, "its first snapshot")
+        for key in keys:
+            await pilot.press(key)
+            await pilot.pause()
+        if keys and keys[-1] == "enter" and app.view is not None and not app.view.empty:
+
+            def opened() -> bool:  # a rank opens its detail screen; a host row unfolds in place
+                return isinstance(app.screen, RankDetailScreen) or (app.table.selected_key or "").startswith("host:")
+
+            await wait_until(pilot, opened, f"what {keys} opens")
         await pilot.pause()
 
     return run_before

@@ -137,13 +137,15 @@ class RankDetailScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one(PhaseBar).border_title = "one step, by phase"
         self.query_one(HistoryPanel).border_title = "history"
-        self.show(self._view)
+        self._draw(self._view)  # is_mounted turns True only after this handler: show() would skip it
 
     def show(self, view: DashboardView) -> None:
         """Redraw from a newer view (the app calls this on every refresh while open)."""
         self._view = view
-        if not self.is_mounted:  # a refresh between push_screen and compose: on_mount shows the newest view
-            return
+        if self.is_mounted:  # a refresh between push_screen and mount: on_mount draws the newest view
+            self._draw(view)
+
+    def _draw(self, view: DashboardView) -> None:
         rank, row = view.rank(self.key), view.row(self.key)
         title = self.query_one("#detail-title", Static)
         if rank is None or row is None:

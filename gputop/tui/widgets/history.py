@@ -84,16 +84,18 @@ class HistoryPanel(Widget):
                 yield Sparkline([], summary_function=max)
 
     def on_mount(self) -> None:
-        self.watch_series(self.series)
+        self._draw(self.series)  # is_mounted turns True only after this handler
 
     def watch_series(self, series: RankSeries | None) -> None:
-        if not self.is_mounted:
-            return
+        if self.is_mounted:
+            self._draw(series)
+
+    def _draw(self, series: RankSeries | None) -> None:
         for key, _, attribute, fmt in _LINES:
             line = self.query_one(f"#history-{key}", Horizontal)
             values: Sequence[float | None] = getattr(series, attribute) if series is not None else ()
             # GPU util is hidden for a rank with no GPU, rather than shown as an empty line.
-            line.display = key != "util" or bool(values)
+            line.display = key != "util" or series is None or bool(values)
             points = _present(values)
             value_label = line.query_one(".history-value", Label)
             newest = next((v for v in reversed(values) if v is not None), None)
