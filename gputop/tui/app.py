@@ -23,13 +23,13 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.notifications import SeverityLevel
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer
+from textual.widgets import Footer
 
 from gputop.diagnose import Diagnoser, Finding
 from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
 from gputop.model.figures import Figures, summarize
 from gputop.model.source import SnapshotSource
-from gputop.tui.messages import SnapshotReady, SourceFailed
+from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
@@ -346,23 +346,24 @@ class GputopApp(App[int]):
 
     # -- events and actions -----------------------------------------------------
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        key = event.row_key.value
-        if key is not None and key != self._selected and not key.startswith("host:"):
+    def on_row_highlighted(self, event: RowHighlighted) -> None:
+        key = event.key
+        if key != self._selected and not key.startswith("host:"):
             self._selected = key
             self._show_history()
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_row_selected(self, event: RowSelected) -> None:
         """Enter or a click: a rank opens its detail, a host folds or unfolds."""
-        key = event.row_key.value
-        if key is None:
-            return
+        key = event.key
         if key.startswith("host:"):
             self.table.toggle_fold(key)
             self._title_ranks(self.table)
             return
         self._selected = key
         self.action_open_rank()
+
+    def on_sort_changed(self) -> None:
+        self._title_ranks(self.table)
 
     def action_fold_all(self) -> None:
         """Fold every host, or open them all when all are folded."""

@@ -28,3 +28,22 @@ class SourceFailed(Message):
     """``source.snapshot()`` or the view built from it raised; the dashboard keeps the last view."""
 
     reason: str
+
+
+@dataclass
+class RowHighlighted(Message):
+    """The ranks table's cursor came to a row: a rank's "run:rank" or a host's "host:run:name"."""
+
+    key: str
+
+
+@dataclass
+class RowSelected(Message):
+    """Enter or a click on the ranks table's cursor row."""
+
+    key: str
+
+
+@dataclass
+class SortChanged(Message):
+    """A click on a column's header sorted the ranks by it (the app retitles the panel)."""

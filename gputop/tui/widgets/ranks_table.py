@@ -2,215 +2,82 @@
 
 Ranks on several hosts fold under one summary row per host (folded by default
 past ``FOLD_ABOVE`` ranks), so a 1,024-rank job is 128 rows until a host is
-opened.  Only rows whose text changed are touched on a refresh, and cells
-are built only for the rows the table holds (folded ranks cost nothing).
+opened.
+
+A Line-API widget (Textual's ``ScrollView`` with ``render_line``) rather than a
+``DataTable``, whose cell cache is keyed on an update counter: one changed cell
+re-rendered every visible cell, ~2.5 ms a row, and a sort or a fold rebuilt
+every row.  Here the cost of a refresh follows the rows on screen whose text
+changed: cells are built only for the rows on screen, a row's rendering is
+cached by its cells' content (so a sort or a fold re-orders cached lines),
+and only the screen lines whose row, content or cursor changed are redrawn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from typing import ClassVar
 
-from rich.console import JustifyMethod
+from rich.padding import Padding
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Region, Size
 from textual.reactive import reactive
-from textual.widgets import DataTable
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
-from gputop.model.snapshot import DONE, LIVE
-from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
+from gputop.tui.messages import RowHighlighted, RowSelected, SortChanged
 from gputop.tui.palette import Palette
 from gputop.tui.view import HostRow, RankRow
-
-SLOWEST_MARK = "▲"
-FOLD_ABOVE = 16  # more ranks than this on several hosts: hosts start folded
-PHASE_GLYPH = "█"
-FOLDED, UNFOLDED = "▸", "▾"
-GROUPED_RANK_WIDTH = 11  # "▸ node-0031": host rows name their host in the rank column
-
-
-@dataclass(frozen=True)
-class Column:
-    """A table column: its key, header, width, and whether it shows on narrow screens."""
-
-    key: str
-    label: str
-    width: int
-    narrow: bool = True  # shown on narrow tables
-    wide: bool = True  # shown on wide tables
-
-
-COLUMNS = (
-    Column("run", "run", 12),
-    Column("rank", "rank", 5),
-    Column("host", "host", 10, narrow=False),
-    Column("gpu", "GPU", 4),
-    Column("phases", "step phases", 16, narrow=False),
-    Column("bar", "step", 8, wide=False),
-    Column("step", "step p50", 8),
-    Column("samples", "samples/s", 9),
-    Column("loader", "loader", 6),
-    Column("comm", "comm", 6),
-    Column("mem", "memory", 8),
-    Column("cpu", "CPU%", 5, narrow=False),
-    Column("status", "state", 5),
+from gputop.tui.widgets.rank_cells import (
+    COLUMNS,
+    FOLD_ABOVE,
+    GROUPED_RANK_WIDTH,
+    NARROW_BELOW,
+    SORT_KEYS,
+    Entry,
+    SortKey,
+    host_cells,
+    ordered_entries,
+    row_cells,
 )
 
+# Re-exported: the figures test reads a rank's cells from here.
+__all__ = ["NARROW_BELOW", "SORT_KEYS", "RanksTable", "host_cells", "row_cells"]
 
-# The table's width under which host, the wide phase bar and CPU% give way: every wide
-# column with its cell padding, and the vertical scrollbar's 2 cells.
-NARROW_BELOW = sum(c.width + 2 for c in COLUMNS if c.wide and c.key != "run") + 2
-
-
-@dataclass(frozen=True)
-class SortKey:
-    """One way to order the ranks; rows without the value (N/A) go last."""
-
-    name: str  # shown in the panel title
-    column: str  # the column whose header gets the arrow
-    value: Callable[[RankRow], float | None]
-    descending: bool = True  # worst (largest) first
+CELL_PADDING = 1  # blank cells each side of a column, as a DataTable draws them
+CellsKey = tuple[Hashable, ...]
+# Rendered lines kept: every row on a tall screen in its three looks (even, odd, cursor), with room.
+LINE_CACHE_MAX = 1024
 
 
-SORT_KEYS = (
-    SortKey("rank", "rank", lambda r: float(r.rank), descending=False),
-    SortKey("step p50", "step", lambda r: r.stats.step_time_p50_s),
-    SortKey("loader wait", "loader", lambda r: r.stats.loader_wait_frac),
-    SortKey("exposed comm", "comm", lambda r: r.stats.exposed_comm_frac),
-    SortKey("samples/s", "samples", lambda r: r.stats.samples_per_s, descending=False),
-    SortKey("memory", "mem", lambda r: r.stats.mem_allocated_bytes),
-    SortKey("CPU%", "cpu", lambda r: r.stats.cpu_pct),
-)
+def _text_key(text: Text) -> Hashable:
+    """What a cell shows, as a hashable value: two cells with equal keys draw the same."""
+    return (text.plain, str(text.style), tuple(text.spans), text.justify)
 
 
-def sort_rows(rows: Sequence[RankRow], key: SortKey) -> list[RankRow]:
-    """Rows grouped by run (in the order runs appeared), ordered by ``key`` inside each run."""
-    run_order: dict[str, int] = {}
-    for row in rows:
-        run_order.setdefault(row.run_id, len(run_order))
-
-    def order(row: RankRow) -> tuple[int, int, float, int]:
-        value = key.value(row)
-        missing = 1 if value is None else 0
-        number = 0.0 if value is None else (-value if key.descending else value)
-        return (run_order[row.run_id], missing, number, row.rank)
-
-    return sorted(rows, key=order)
-
-
-def phase_text(phases: Sequence[tuple[str, float | None]], width: int, palette: Palette) -> Text:
-    """A step as a stacked bar of ``width`` cells, coloured by phase; dots when nothing is timed."""
-    known = [(name, s) for name, s in phases if s is not None and s > 0]
-    total = sum(s for _, s in known)
-    if total <= 0 or any(s is None for _, s in phases):
-        # A bar with a phase missing would put its time in the others: say N/A instead.
-        return Text("·" * width, style=palette.muted)
-    text = Text()
-    used = 0
-    for i, (name, seconds) in enumerate(known):
-        cells = width - used if i == len(known) - 1 else min(round(seconds / total * width), width - used)
-        used += cells
-        text.append(PHASE_GLYPH * cells, style=palette.phase(name))
-    return text
-
-
-def sort_hosts(hosts: Sequence[HostRow], key: SortKey) -> list[HostRow]:
-    """Hosts grouped by run, ordered by the same key as their ranks (their summary's value)."""
-    run_order: dict[str, int] = {}
-    for host in hosts:
-        run_order.setdefault(host.run_id, len(run_order))
-    values: dict[str, Callable[[HostRow], float | None]] = {
-        "step": lambda h: h.step_time_p50_s,
-        "loader": lambda h: h.loader_wait_frac,
-        "comm": lambda h: h.exposed_comm_frac,
-        "samples": lambda h: h.samples_per_s,
-        "cpu": lambda h: h.cpu_pct,
-    }
-    value = values.get(key.column)
-
-    def order(item: tuple[int, HostRow]) -> tuple[int, int, float, int]:
-        index, host = item
-        v = value(host) if value is not None else None
-        number = 0.0 if v is None else (-v if key.descending else v)
-        return (run_order[host.run_id], 1 if v is None else 0, number, index)
-
-    return [h for _, h in sorted(enumerate(hosts), key=order)]
-
-
-def _na(palette: Palette, justify: JustifyMethod = "right") -> Text:
-    """N/A, dim: never a zero, so "not measured" cannot be read as "none"."""
-    return Text(NA, style=palette.muted, justify=justify)
-
-
-def _frac_cell(frac: float | None, palette: Palette, warn_at: float, bad_at: float) -> Text:
-    if frac is None:
-        return _na(palette)
-    return Text(fmt_frac(frac), style=palette.level(frac, warn_at, bad_at), justify="right")
-
-
-def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
-    """The text of every column for one rank."""
-    s = row.stats
-    mark = palette.bad if row.slowest else ""
-    cells: dict[str, Text] = {
-        "run": Text(row.run_name[:12], style="bold"),
-        "rank": Text(f"{SLOWEST_MARK if row.slowest else ' '}{row.rank}", style=f"bold {mark}".strip()),
-        "host": Text(row.host[:10] or NA, style="" if row.host else palette.muted),
-        "gpu": Text(row.gpu, style="" if row.gpu.isdigit() else palette.muted),
-        "step": Text(fmt_s(s.step_time_p50_s), style=mark or "", justify="right")
-        if s.step_time_p50_s is not None
-        else _na(palette),
-        "samples": Text(fmt_rate(s.samples_per_s), justify="right") if s.samples_per_s is not None else _na(palette),
-        # Thresholds as in the PyTorch profiler's old advice: loader > 5%, communication > 10% of the step.
-        "loader": _frac_cell(s.loader_wait_frac, palette, 0.05, 0.20),
-        "comm": _frac_cell(s.exposed_comm_frac, palette, 0.10, 0.30),
-        "cpu": Text(fmt_pct(s.cpu_pct), justify="right") if s.cpu_pct is not None else _na(palette),
-    }
-    if s.mem_allocated_bytes is None:
-        cells["mem"] = _na(palette, "left")
-    elif s.mem_total_bytes:
-        near_full = s.mem_peak_bytes is not None and s.mem_peak_bytes > 0.95 * s.mem_total_bytes
-        cells["mem"] = Text(
-            f"{fmt_gib(s.mem_allocated_bytes)}/{fmt_gib(s.mem_total_bytes, digits=0)}G",
-            style=palette.warn if near_full else "",
-        )
-    else:
-        cells["mem"] = Text(fmt_bytes(s.mem_allocated_bytes))
-    status_style = {LIVE: palette.ok, DONE: palette.muted}.get(row.status, f"bold {palette.bad}")
-    cells["status"] = Text(row.status, style=status_style)
-    cells["phases"] = phase_text(row.phases, 16, palette)
-    cells["bar"] = phase_text(row.phases, 8, palette)
-    return cells
-
-
-def host_cells(host: HostRow, folded: bool, palette: Palette) -> dict[str, Text]:
-    """The summary row of one host: its ranks' figures folded into one line."""
-    mark = palette.bad if host.slowest else ""
-    n = len(host.ranks)
-    label = f"{FOLDED if folded else UNFOLDED} {host.host or NA}"
-    cells: dict[str, Text] = {
-        "run": Text(host.run_name[:12], style="bold"),
-        "rank": Text(label[:GROUPED_RANK_WIDTH], style=f"bold {mark}".strip()),
-        "host": Text(label[:10], style=f"bold {mark}".strip()),
-        "gpu": Text(""),
-        "step": Text(fmt_s(host.step_time_p50_s), style=mark, justify="right")
-        if host.step_time_p50_s is not None
-        else _na(palette),
-        "samples": Text(fmt_rate(host.samples_per_s), justify="right")
-        if host.samples_per_s is not None
-        else _na(palette),
-        "loader": _frac_cell(host.loader_wait_frac, palette, 0.05, 0.20),
-        "comm": _frac_cell(host.exposed_comm_frac, palette, 0.10, 0.30),
-        "cpu": Text(fmt_pct(host.cpu_pct), justify="right") if host.cpu_pct is not None else _na(palette),
-        "mem": Text(""),
-        "status": Text(f"{host.live}/{n}"[:5], style=palette.ok if host.live == n else f"bold {palette.bad}"),
-        "phases": phase_text(host.phases, 16, palette),
-        "bar": phase_text(host.phases, 8, palette),
-    }
-    return cells
-
-
-class RanksTable(DataTable[Text]):
+class RanksTable(ScrollView, can_focus=True):
     """Every rank of every run; the app's ``s`` cycles the sort column; enter opens a rank or folds a host."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Select", show=False),
+        Binding("up", "cursor_up", "Cursor up", show=False),
+        Binding("down", "cursor_down", "Cursor down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("home,ctrl+home", "first", "First row", show=False),
+        Binding("end,ctrl+end", "last", "Last row", show=False),
+    ]
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "ranks-table--header",
+        "ranks-table--cursor",
+        "ranks-table--even-row",
+        "ranks-table--odd-row",
+    }
 
     sort_index: reactive[int] = reactive(0)
     """Which of SORT_KEYS orders the rows."""
@@ -225,33 +92,66 @@ class RanksTable(DataTable[Text]):
             id: The widget's DOM id.
             classes: Space-separated CSS classes.
         """
-        super().__init__(name=name, id=id, classes=classes, cursor_type="row", zebra_stripes=True)
+        super().__init__(name=name, id=id, classes=classes)
         self._rows: list[RankRow] = []
         self._hosts: list[HostRow] = []
-        self._order: list[str] = []
-        self._cells: dict[str, dict[str, Text]] = {}
+        self._entries: list[Entry] = []  # the rows in order, folded ranks left out
+        self._order: list[str] = []  # their keys
+        self._index: dict[str, int] = {}  # key -> position in _order
         self._columns: tuple[str, ...] = ()
-        self._labelled_sort = -1
-        self._labelled_grouped = False
+        self._widths: tuple[int, ...] = ()  # each column's width with its padding
+        self._header: tuple[Text, ...] = ()
         self._palette = Palette()
         self._unfolded: set[str] = set()  # host keys opened by the user
         self._folded: set[str] = set()  # host keys closed by the user
         self.fold_by_default = False
+        self._cursor = 0
+        self._highlighted: str | None = None  # the key last announced with RowHighlighted
+        # Per row key: the entry its cells were built from (by identity), its fold, the cells, their key.
+        self._cells: dict[str, tuple[Entry, bool, Palette, dict[str, Text], CellsKey]] = {}
+        self._segments: dict[tuple[Hashable, tuple[int, ...]], list[Segment]] = {}  # a row's cells, unstyled
+        self._lines: dict[Hashable, Strip] = {}  # finished lines, by content, look, width and scroll
+        self._drawn: dict[int, Hashable] = {}  # screen line -> what render_line drew there
+
+    # -- what the app reads ------------------------------------------------------
 
     @property
     def sort_key(self) -> SortKey:
         return SORT_KEYS[self.sort_index]
 
     @property
+    def cursor_row(self) -> int:
+        return self._cursor
+
+    @property
+    def row_count(self) -> int:
+        return len(self._entries)
+
+    @property
     def selected_key(self) -> str | None:
         """The row key under the cursor (a rank's "run:rank", or a host's "host:run:name")."""
-        if not self._order or not 0 <= self.cursor_row < len(self._order):
+        if not 0 <= self._cursor < len(self._order):
             return None
-        return self._order[self.cursor_row]
+        return self._order[self._cursor]
 
     @property
     def grouped(self) -> bool:
         return len(self._hosts) > len({h.run_id for h in self._hosts})
+
+    @property
+    def all_folded(self) -> bool:
+        return all(self.is_folded(h.key) for h in self._hosts)
+
+    def get_column_index(self, column: str) -> int:
+        """Where a column (by key: "mem", "step", ...) is among the columns shown."""
+        return self._columns.index(column)
+
+    def get_row_at(self, index: int) -> list[Text]:
+        """The cells of one row, in the columns shown."""
+        cells = self._cells_of(index)[0]
+        return [cells[c] for c in self._columns]
+
+    # -- folding and sorting -----------------------------------------------------
 
     def is_folded(self, host_key: str) -> bool:
         if host_key in self._unfolded:
@@ -279,13 +179,6 @@ class RanksTable(DataTable[Text]):
             self._folded -= keys
         self._apply()
 
-    @property
-    def all_folded(self) -> bool:
-        return all(self.is_folded(h.key) for h in self._hosts)
-
-    def on_resize(self) -> None:
-        self.narrow = self.size.width < NARROW_BELOW
-
     def action_cycle_sort(self) -> None:
         self.sort_index = (self.sort_index + 1) % len(SORT_KEYS)
 
@@ -295,8 +188,15 @@ class RanksTable(DataTable[Text]):
     def watch_narrow(self) -> None:
         self._apply()
 
+    def on_resize(self) -> None:
+        self.narrow = self.size.width < NARROW_BELOW
+        self._lines.clear()  # lines are cut to the width
+        self._scroll_to_cursor()
+
+    # -- data ------------------------------------------------------------------
+
     def show(self, rows: Sequence[RankRow], palette: Palette, hosts: Sequence[HostRow] = ()) -> None:
-        """Show these rows (under these host rows when there are several hosts), changing only what changed."""
+        """Show these rows (under these host rows when there are several hosts), redrawing only what changed."""
         self._rows = list(rows)
         self._hosts = list(hosts)
         self.fold_by_default = len(rows) > FOLD_ABOVE
@@ -314,75 +214,217 @@ class RanksTable(DataTable[Text]):
             if (c.narrow if self.narrow else c.wide) and (c.key != "run" or several_runs) and c.key not in hidden
         )
 
-    def _entries(self) -> list[RankRow | HostRow]:
-        """The table's rows in order: per run, per host (a summary row, then its ranks unless folded)."""
-        ordered = sort_rows(self._rows, self.sort_key)
-        if not self.grouped:
-            return list(ordered)
-        by_host: dict[str, list[RankRow]] = {}
-        for row in ordered:
-            by_host.setdefault(f"host:{row.run_id}:{row.host}", []).append(row)
-        hosts = sort_hosts(self._hosts, self.sort_key)
-        entries: list[RankRow | HostRow] = []
-        for host in hosts:
-            entries.append(host)
-            if not self.is_folded(host.key):
-                entries += by_host.get(host.key, [])
-        return entries
-
-    def _cells_of(self, entry: RankRow | HostRow) -> dict[str, Text]:
-        if isinstance(entry, HostRow):
-            return host_cells(entry, self.is_folded(entry.key), self._palette)
-        cells = row_cells(entry, self._palette)
-        if self.grouped:  # indented under its host's row
-            cells["rank"] = Text("  ") + cells["rank"]
-        return cells
-
     def _apply(self) -> None:
-        columns = self._wanted_columns()
-        entries = self._entries()
-        order = [e.key for e in entries]
-        keep = self.selected_key  # before clear(), which moves the cursor to the top
-        if columns != self._columns or self.sort_index != self._labelled_sort or self.grouped != self._labelled_grouped:
-            self._set_columns(columns)
-        if order != self._order:
-            self._rebuild(entries, keep)
-            return
-        for entry in entries:
-            new = self._cells_of(entry)
-            old = self._cells.get(entry.key, {})
-            for column in columns:
-                if old.get(column) != new[column]:
-                    self.update_cell(entry.key, column, new[column])
-            self._cells[entry.key] = new
+        """Lay out the rows again; redraw the screen lines that now show something else."""
+        keep = self.selected_key
+        self._set_columns()
+        self._entries = ordered_entries(self._rows, self._hosts, self.sort_key, self.grouped, self.is_folded)
+        self._order = [e.key for e in self._entries]
+        self._index = {key: i for i, key in enumerate(self._order)}
+        if len(self._cells) > 2 * len(self._order) + 256:  # rows that left: forget their cells
+            self._cells = {k: v for k, v in self._cells.items() if k in self._index}
+        self._cursor = self._cursor_after(keep)
+        self.virtual_size = Size(sum(self._widths), len(self._entries) + 1)  # + the header line
+        self._scroll_to_cursor()
+        self._refresh_changed_lines()
+        self._announce_cursor()
 
-    def _set_columns(self, columns: tuple[str, ...]) -> None:
-        self.clear(columns=True)
-        self._order = []
-        self._columns = columns
-        self._labelled_sort = self.sort_index
-        self._labelled_grouped = self.grouped
+    def _set_columns(self) -> None:
+        columns = self._wanted_columns()
         sort_column = self.sort_key.column
         arrow = "↑" if not self.sort_key.descending else "↓"
+        header, widths = [], []
         for column in COLUMNS:
             if column.key in columns:
-                label = f"{column.label}{arrow}" if column.key == sort_column else column.label
+                header.append(Text(f"{column.label}{arrow}" if column.key == sort_column else column.label))
                 width = GROUPED_RANK_WIDTH if (column.key == "rank" and self.grouped) else column.width
-                self.add_column(label, key=column.key, width=width)
+                widths.append(width + 2 * CELL_PADDING)
+        self._columns, self._header, self._widths = columns, tuple(header), tuple(widths)
 
-    def _rebuild(self, entries: list[RankRow | HostRow], keep: str | None) -> None:
-        """New ranks, lost ones, a fold, or a new order: re-add the rows, keeping the cursor on its row."""
-        self.clear()
-        self._cells = {}
-        for entry in entries:
-            cells = self._cells_of(entry)
-            self._cells[entry.key] = cells
-            self.add_row(*(cells[c] for c in self._columns), key=entry.key)
-        self._order = [e.key for e in entries]
-        if keep in self._order:
-            self.move_cursor(row=self._order.index(keep), animate=False)
-        elif keep is not None and not keep.startswith("host:"):
-            # The rank's host was folded: the cursor goes to the host's row.
+    def _cursor_after(self, keep: str | None) -> int:
+        """The cursor stays on its row when rows move; on a folded rank, it goes to the rank's host."""
+        if keep in self._index:
+            return self._index[keep]
+        if keep is not None and not keep.startswith("host:"):
             host = next((h.key for h in self._hosts if any(r.key == keep for r in h.ranks)), None)
-            if host in self._order:
-                self.move_cursor(row=self._order.index(host), animate=False)
+            if host in self._index:
+                return self._index[host]
+        return max(min(self._cursor, len(self._order) - 1), 0)
+
+    def _cells_of(self, index: int) -> tuple[dict[str, Text], CellsKey]:
+        """The cells of the row at ``index`` and their content key, built once per row and refresh."""
+        entry = self._entries[index]
+        folded = isinstance(entry, HostRow) and self.is_folded(entry.key)
+        cached = self._cells.get(entry.key)
+        if cached is not None and cached[0] is entry and cached[1] == folded and cached[2] == self._palette:
+            return cached[3], cached[4]
+        if isinstance(entry, HostRow):
+            cells = host_cells(entry, folded, self._palette)
+        else:
+            cells = row_cells(entry, self._palette)
+            if self.grouped:  # indented under its host's row
+                cells["rank"] = Text("  ") + cells["rank"]
+        key = tuple(_text_key(t) for t in cells.values())
+        self._cells[entry.key] = (entry, folded, self._palette, cells, key)
+        return cells, key
+
+    # -- drawing ---------------------------------------------------------------
+
+    def _line_key(self, y: int) -> Hashable:
+        """What screen line ``y`` should show: the header, or a row's content in its look."""
+        if y == 0:
+            return ("header", tuple(t.plain for t in self._header), self._widths)
+        index = y - 1 + self.scroll_offset.y
+        if index >= len(self._entries):
+            return ("blank",)
+        content = self._cells_of(index)[1]
+        look = "cursor" if index == self._cursor else ("even" if index % 2 == 0 else "odd")
+        return (content, self._columns, self._widths, look)
+
+    def _refresh_changed_lines(self) -> None:
+        if not self._drawn:  # nothing drawn yet: the first paint draws everything
+            self.refresh()
+            return
+        width = max(self.virtual_size.width, self.size.width)
+        for y in range(self.size.height):
+            if self._drawn.get(y) != self._line_key(y):
+                self.refresh(Region(0, y, width, 1))
+
+    def _row_segments(self, cells: Sequence[Text], content: Hashable) -> list[Segment]:
+        """One row's cells rendered side by side, padded to their columns, unstyled by row or cursor."""
+        key = (content, self._widths)
+        segments = self._segments.get(key)
+        if segments is None:
+            if len(self._segments) > LINE_CACHE_MAX:
+                self._segments.clear()
+            console = self.app.console
+            options = self.app.console_options.update(no_wrap=True)
+            segments = []
+            for cell, width in zip(cells, self._widths, strict=True):
+                rendered = console.render_lines(
+                    Padding(cell, (0, CELL_PADDING)), options.update_dimensions(width, 1), pad=True
+                )
+                segments += rendered[0]
+            self._segments[key] = segments
+        return segments
+
+    def render_line(self, y: int) -> Strip:
+        line_key = self._line_key(y)
+        self._drawn[y] = line_key
+        width = self.size.width
+        base = self.rich_style
+        if line_key == ("blank",):
+            return Strip.blank(width, base)
+        style = self.get_component_rich_style
+        if y == 0:
+            row_style, cursor, post = style("ranks-table--header"), Style(), Style()
+            cells, content = list(self._header), line_key
+        else:
+            index = y - 1 + self.scroll_offset.y
+            row_cells_, content = self._cells_of(index)
+            cells = [row_cells_[c] for c in self._columns]
+            even = index % 2 == 0
+            row_style = style("ranks-table--even-row" if even else "ranks-table--odd-row")
+            at_cursor = index == self._cursor
+            cursor = style("ranks-table--cursor") if at_cursor else Style()
+            post = Style.from_color(color=cursor.color) if at_cursor else Style()  # the cursor's text colour wins
+        scroll_x = self.scroll_offset.x
+        cache_key = (content, self._widths, row_style, cursor, post, base, width, scroll_x)
+        strip = self._lines.get(cache_key)
+        if strip is None:
+            if len(self._lines) > LINE_CACHE_MAX:
+                self._lines.clear()
+            pre = row_style + cursor
+            segments = list(Segment.apply_style(self._row_segments(cells, content), pre, post))
+            table_width = sum(self._widths)
+            segments.append(Segment(" " * max(0, width - table_width), pre))  # the row's look to the edge
+            strip = Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, base).simplify()
+            self._lines[cache_key] = strip
+        return strip
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._lines.clear()
+        self._drawn.clear()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._drawn.clear()  # every line moved
+
+    # -- cursor ----------------------------------------------------------------
+
+    def move_cursor(self, row: int) -> None:
+        """Put the cursor on row ``row`` (clamped), scrolled into view."""
+        if not self._order:
+            return
+        row = max(0, min(row, len(self._order) - 1))
+        if row == self._cursor:
+            return
+        self._cursor = row
+        self._scroll_to_cursor()
+        self._refresh_changed_lines()
+        self._announce_cursor()
+
+    def _scroll_to_cursor(self) -> None:
+        rows_shown = max(self.size.height - 1, 1)  # under the header
+        top = int(self.scroll_offset.y)
+        if self._cursor < top:
+            self.scroll_to(y=self._cursor, animate=False)
+        elif self._cursor > top + rows_shown - 1:
+            self.scroll_to(y=self._cursor - rows_shown + 1, animate=False)
+
+    def _announce_cursor(self) -> None:
+        key = self.selected_key
+        if key is not None and key != self._highlighted:
+            self._highlighted = key
+            self.post_message(RowHighlighted(key))
+
+    def action_cursor_up(self) -> None:
+        self.move_cursor(self._cursor - 1)
+
+    def action_cursor_down(self) -> None:
+        self.move_cursor(self._cursor + 1)
+
+    def action_page_up(self) -> None:
+        self.move_cursor(self._cursor - max(self.size.height - 1, 1))
+
+    def action_page_down(self) -> None:
+        self.move_cursor(self._cursor + max(self.size.height - 1, 1))
+
+    def action_first(self) -> None:
+        self.move_cursor(0)
+
+    def action_last(self) -> None:
+        self.move_cursor(len(self._order) - 1)
+
+    def action_select_cursor(self) -> None:
+        key = self.selected_key
+        if key is not None:
+            self.post_message(RowSelected(key))
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a row puts the cursor there, a click on the cursor's row opens it (as enter does);
+        a click on a column's header sorts by that column."""
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        event.stop()
+        if offset.y == 0:
+            x = offset.x + self.scroll_offset.x
+            for column, width in zip(self._columns, self._widths, strict=True):
+                if x < width:
+                    self._sort_by(column)
+                    return
+                x -= width
+            return
+        index = offset.y - 1 + self.scroll_offset.y
+        if index < len(self._order):
+            if index == self._cursor:
+                self.action_select_cursor()
+            self.move_cursor(index)
+
+    def _sort_by(self, column: str) -> None:
+        index = next((i for i, key in enumerate(SORT_KEYS) if key.column == column), None)
+        if index is not None and index != self.sort_index:
+            self.sort_index = index
+            self.post_message(SortChanged())
