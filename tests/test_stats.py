@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputop.model.stats import count_steps, rank_stats, recent
+from gputop.model.stats import count_steps, leave_one_out_medians, median, rank_stats, recent
 from gputop.protocol import Window, sketch_bucket
 from gputop.reporter.clock import StepMark
 from gputop.reporter.window import step_fields
@@ -158,3 +158,10 @@ def test_run_quantiles_merged_across_windows_are_within_two_percent_of_exact(
         want = exact_quantile(durations, q)
         assert got is not None
         assert abs(got - want) / want <= 0.02, f"{shape}: p{q * 100:.0f} {got:.6f}s vs exact {want:.6f}s"
+
+
+@given(st.lists(st.sampled_from([0.0, 0.1, 0.5, 2.0]) | st.floats(0, 10), max_size=40))
+def test_each_value_is_compared_with_the_median_of_the_others(values: list[float]) -> None:
+    """The straggler rule's one-sort leave-one-out medians are the medians it used to compute one by one."""
+    expected = [median(values[:i] + values[i + 1 :]) for i in range(len(values))]
+    assert leave_one_out_medians(values) == expected

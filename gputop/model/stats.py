@@ -161,6 +161,30 @@ def median(values: Sequence[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def leave_one_out_medians(values: Sequence[float]) -> list[float | None]:
+    """For each value, the median of all the others (None where there are no others).
+
+    ``[median(values without i) for i]`` in one sort instead of one per value: at
+    1,024 ranks the straggler rule compared every rank with the other 1,023.
+    """
+    n = len(values)
+    if n < 2:
+        return [None] * n
+    positions = sorted(range(n), key=values.__getitem__)
+    ordered = [values[i] for i in positions]
+    m = n - 1  # how many the others are
+    mid = m // 2
+
+    def other(j: int, removed: int) -> float:
+        """The j-th smallest of the others, when the value at sorted position ``removed`` is left out."""
+        return ordered[j] if j < removed else ordered[j + 1]
+
+    result: list[float | None] = [None] * n
+    for removed, i in enumerate(positions):
+        result[i] = other(mid, removed) if m % 2 else (other(mid - 1, removed) + other(mid, removed)) / 2
+    return result
+
+
 def count_steps(windows: Sequence[Window]) -> int:
     """Steps made across the windows, robust to windows lost in between.
 

@@ -22,7 +22,7 @@ from gputop.diagnose.thresholds import (
 )
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
-from gputop.model.stats import median
+from gputop.model.stats import leave_one_out_medians, median
 
 # The phases of a rank's own time, and how each reads in a title.
 # The phases a slow rank can lose time in; "own" is its own time as a whole, when no phase is measured.
@@ -57,8 +57,8 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[F
     if len(ranks) < 2:
         return loader_only_straggler_findings(run, ranks_on_host)
     slow: list[tuple[RankFigures, float]] = []  # (rank, its own-time excess as a share of its step)
-    for rank in ranks:
-        others = median([r.own_s or 0.0 for r in ranks if r is not rank])
+    others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
+    for rank, others in zip(ranks, others_own, strict=True):
         step = rank.stats.step_time_mean_s
         if others is not None and rank.own_s is not None and step:
             excess = (rank.own_s - others) / step
@@ -150,8 +150,9 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
     if len(ranks) < 2 or run.world_size <= 1:
         return []
     found: list[tuple[RankFigures, float, float]] = []
-    for rank in ranks:
-        others = median([r.stats.loader_wait_frac or 0.0 for r in ranks if r is not rank]) or 0.0
+    others_loader = leave_one_out_medians([r.stats.loader_wait_frac or 0.0 for r in ranks])
+    for rank, others_or_none in zip(ranks, others_loader, strict=True):
+        others = others_or_none or 0.0
         mine = rank.stats.loader_wait_frac or 0.0
         if mine - others > STRAGGLER_WAIT_WARN_FRAC:
             found.append((rank, mine - others, others))
