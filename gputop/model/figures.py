@@ -11,7 +11,7 @@ value the table shows.  Pure: a snapshot in, frozen figures out.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -201,8 +201,15 @@ class Figures:
         return Counter(r.hello.hostname for run in self.runs for r in run.active)
 
 
-def summarize(snapshot: Snapshot, *, span_s: float | None = SPAN_S) -> Figures:
-    """Every rank's figures over the last ``span_s`` seconds of its windows (None: all of them)."""
+def summarize(
+    snapshot: Snapshot, *, span_s: float | None = SPAN_S, between_ranks: Callable[[], None] | None = None
+) -> Figures:
+    """Every rank's figures over the last ``span_s`` seconds of its windows (None: all of them).
+
+    ``between_ranks`` is called before each rank: the dashboard's worker waits
+    there while the user is typing, so a keypress does not share the
+    interpreter with a thousand ranks' figures.
+    """
     assignments = tuple(join_ranks_to_gpus(snapshot))
     gpu_of: dict[tuple[str, int], GpuReading] = {}
     for a in assignments:
@@ -217,6 +224,8 @@ def summarize(snapshot: Snapshot, *, span_s: float | None = SPAN_S) -> Figures:
     for run in snapshot.runs:
         ranks = []
         for view in run.ranks:
+            if between_ranks is not None:
+                between_ranks()
             windows = tuple(view.windows if span_s is None else recent(view.windows, span_s))
             stats = rank_stats(windows)
             gpu = gpu_of.get((view.run_id, view.rank))

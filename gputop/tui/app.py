@@ -10,13 +10,14 @@ So the UI never waits on the collector's lock, and redraws at most once per
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import ClassVar
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -56,6 +57,10 @@ FIGURES_DUTY = 0.05
 PAST_BUDGET_RANKS = 8_000
 PAST_MIN_VIEWS = 5
 PAST_MAX_VIEWS = 1200
+# After a key or a click, the figures worker pauses this long (between ranks) before
+# going on: Python runs one thread at a time, and a keypress must not wait behind
+# a thousand ranks' figures.
+INPUT_QUIET_S = 0.3
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
 DiagnoserFactory = Callable[[], Diagnoser]
@@ -120,6 +125,7 @@ class GputopApp(App[int]):
         self._rejections_seen: set[str] = set()
         self.alerts = alerts
         self._findings_to_ranks = FindingsToRanks()
+        self._input_t = 0.0  # monotonic: the user's last key or click
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -169,8 +175,11 @@ class GputopApp(App[int]):
         try:
             started = time.thread_time()
             self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
-            figures = summarize(self.source.snapshot())
+            snapshot = self.source.snapshot()
+            figures = summarize(snapshot, between_ranks=self._wait_for_quiet)
+            self._wait_for_quiet()
             findings, diagnosis = self._diagnose(figures)
+            self._wait_for_quiet()
             view = build_view(figures, findings, diagnosis)
             finished = self.source.finished
             cost_s = time.thread_time() - started
@@ -182,6 +191,16 @@ class GputopApp(App[int]):
         finally:
             self._fetch_lock.release()
         self.post_message(SnapshotReady(view, finished=finished))
+
+    def _wait_for_quiet(self) -> None:
+        """In the worker: sleep (letting the UI thread run) until INPUT_QUIET_S after the last input."""
+        while (wait_s := self._input_t + INPUT_QUIET_S - time.monotonic()) > 0:
+            time.sleep(wait_s)
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key | events.MouseDown | events.MouseScrollDown | events.MouseScrollUp):
+            self._input_t = time.monotonic()
+        await super().on_event(event)
 
     def _diagnose(self, figures: Figures) -> tuple[list[Finding], str]:
         if self.diagnoser is None:
@@ -446,6 +465,9 @@ def run_dashboard(
     theme on screen at exit (the user may have picked one in the command palette).
     """
     app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts)
+    # The UI thread waits for the interpreter at most this long when the figures worker or the
+    # collector holds it (Python's default is 5 ms, several times per frame).
+    sys.setswitchinterval(0.001)
     result = app.run()
     if remember_theme is not None:
         remember_theme(app.theme)

@@ -10,10 +10,11 @@ so the worker thread can run it and tests can check it directly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from statistics import mean, median
+from statistics import median
 
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import (
@@ -241,7 +242,8 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
 
 def _mean_of(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
-    return mean(known) if known else None
+    # fsum, not statistics.mean: its exact fractions cost 0.1 ms a call, 128 ms a refresh at 1,024 ranks.
+    return math.fsum(known) / len(known) if known else None
 
 
 def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:

@@ -112,6 +112,7 @@ class RanksTable(ScrollView, can_focus=True):
         self._segments: dict[tuple[Hashable, tuple[int, ...]], list[Segment]] = {}  # a row's cells, unstyled
         self._lines: dict[Hashable, Strip] = {}  # finished lines, by content, look, width and scroll
         self._drawn: dict[int, Hashable] = {}  # screen line -> what render_line drew there
+        self._looks: dict[str, Style] | None = None
 
     # -- what the app reads ------------------------------------------------------
 
@@ -308,25 +309,41 @@ class RanksTable(ScrollView, can_focus=True):
             self._segments[key] = segments
         return segments
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._looks = None  # read the styles once a paint: focus or theme may have changed them
+        return super().render_lines(crop)
+
+    def _look(self) -> dict[str, Style]:
+        """The widget's and its rows' styles (each a CSS look-up that costs more than drawing a cached line)."""
+        if self._looks is None:
+            style = self.get_component_rich_style
+            self._looks = {
+                "base": self.rich_style,
+                "header": style("ranks-table--header"),
+                "even": style("ranks-table--even-row"),
+                "odd": style("ranks-table--odd-row"),
+                "cursor": style("ranks-table--cursor"),
+            }
+        return self._looks
+
     def render_line(self, y: int) -> Strip:
         line_key = self._line_key(y)
         self._drawn[y] = line_key
         width = self.size.width
-        base = self.rich_style
+        looks = self._look()
+        base = looks["base"]
         if line_key == ("blank",):
             return Strip.blank(width, base)
-        style = self.get_component_rich_style
         if y == 0:
-            row_style, cursor, post = style("ranks-table--header"), Style(), Style()
+            row_style, cursor, post = looks["header"], Style(), Style()
             cells, content = list(self._header), line_key
         else:
             index = y - 1 + self.scroll_offset.y
             row_cells_, content = self._cells_of(index)
             cells = [row_cells_[c] for c in self._columns]
-            even = index % 2 == 0
-            row_style = style("ranks-table--even-row" if even else "ranks-table--odd-row")
+            row_style = looks["even" if index % 2 == 0 else "odd"]
             at_cursor = index == self._cursor
-            cursor = style("ranks-table--cursor") if at_cursor else Style()
+            cursor = looks["cursor"] if at_cursor else Style()
             post = Style.from_color(color=cursor.color) if at_cursor else Style()  # the cursor's text colour wins
         scroll_x = self.scroll_offset.x
         cache_key = (content, self._widths, row_style, cursor, post, base, width, scroll_x)
