@@ -151,7 +151,13 @@ def measure(ranks: int, port: int, size: str, warmup_s: float, seconds: float, r
     width, height = size.split("x")
     gputop = shutil.which("gputop") or str(Path(sys.executable).with_name("gputop"))
     cmd = f"exec {gputop} attach --port {port} --refresh {refresh}"
-    subprocess.run(["tmux", "new", "-d", "-s", session, "-x", width, "-y", height, cmd], check=True)
+    for attempt in range(5):  # a tmux server still exiting after the last session refuses new ones
+        started = subprocess.run(["tmux", "new", "-d", "-s", session, "-x", width, "-y", height, cmd])
+        if started.returncode == 0:
+            break
+        time.sleep(1.0 + attempt)
+    else:
+        raise RuntimeError("tmux would not start a session")
     sender = None
     try:
         pid = _dashboard_pid(session)

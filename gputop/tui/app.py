@@ -41,6 +41,7 @@ from gputop.tui.widgets.gpu_panel import GpuPanel
 from gputop.tui.widgets.header import HeaderBar
 from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.phase_bar import phase_legend
+from gputop.tui.widgets.rank_cells import evidence_highlight
 from gputop.tui.widgets.ranks_table import RanksTable
 from gputop.tui.widgets.run_chart import RunChart
 
@@ -293,7 +294,9 @@ class GputopApp(App[int]):
             empty.rejected = snapshot.rejected
         else:
             table = self.table
-            table.show(view.rank_rows, Palette.from_app(self), view.host_rows)
+            palette = Palette.from_app(self)
+            top = view.findings[0] if view.findings else None
+            table.show(view.rank_rows, palette, view.host_rows, evidence_highlight(top, view.rank_rows, palette))
             self._title_ranks(table)
             findings = self.findings
             findings.findings = view.findings

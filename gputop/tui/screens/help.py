@@ -20,7 +20,7 @@ HELP = """\
 | `p` | pause: freeze the view (data keeps arriving); again to go live |
 | `[` | pause and step back one moment: the whole screen shows it |
 | `]` | step forward; past the newest moment, live again |
-| `s` | sort the ranks by the next column |
+| `s`, click a column's header | sort the ranks by the next column, or by that column |
 | `f` | fold every host under its summary row, or open them all |
 | `enter`, click | on a rank: its detail (step phases, histories, facts); on a host: fold or open it |
 | `↑` `↓` `pgup` `pgdn` `home` `end` | move through the ranks |
@@ -41,6 +41,9 @@ median step, summed samples/s, mean shares); past 16 ranks the hosts start folde
 
 **Charts.** *run*: the run's mean step time and samples/s per second, and each
 GPU's utilization and memory, newest at the right.
+
+**Underlined**: the columns (in the finding's colour) and the ranks' cells the top
+finding's evidence reads, so the numbers behind it are easy to find.
 
 **▲** marks the rank the straggler finding names: its own time per step
 (step time minus exposed comm) stands out while the others wait for it.

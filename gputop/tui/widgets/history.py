@@ -1,25 +1,34 @@
-"""Sparklines of one rank's recent windows: step time, loader wait, exposed comm, GPU util."""
+"""Sparklines of one rank's recent windows: step time, loader wait, exposed comm, GPU util.
+
+One widget that renders its lines as text (the run chart's ``spark``), not four
+rows of Label and Sparkline widgets: Textual's Sparkline blends a colour per
+cell and a Label's update lays the whole screen out again, which together were
+most of what a 2-rank dashboard cost on each refresh.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.app import RenderResult
+from textual.content import Content
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Label, Sparkline
 
 from gputop.model.figures import RankSeries
-from gputop.tui.format import NA, fmt_frac, fmt_pct, fmt_s
+from gputop.tui.format import fmt_frac, fmt_pct, fmt_s
+from gputop.tui.widgets.run_chart import spark
 
-# (id, label, series attribute, how the newest value reads)
-_LINES: tuple[tuple[str, str, str, Callable[[float | None], str]], ...] = (
-    ("step", "step time", "step_s", fmt_s),
-    ("loader", "loader wait", "loader_wait_frac", fmt_frac),
-    ("comm", "exposed comm", "exposed_comm_frac", fmt_frac),
-    ("util", "GPU util", "gpu_util_pct", fmt_pct),
+# (label, series attribute, how the newest value reads, the line's colour: the phase legend's where it has one)
+_LINES: tuple[tuple[str, str, Callable[[float | None], str], str], ...] = (
+    ("step time", "step_s", fmt_s, "$primary"),
+    ("loader wait", "loader_wait_frac", fmt_frac, "$error"),
+    ("exposed comm", "exposed_comm_frac", fmt_frac, "$warning"),
+    ("GPU util", "gpu_util_pct", fmt_pct, "$success"),
 )
+LABEL_W = 14
+VALUE_W = 8
 
 
 def _present(values: Sequence[float | None]) -> list[float]:
@@ -27,30 +36,29 @@ def _present(values: Sequence[float | None]) -> list[float]:
     return [v for v in values if v is not None]
 
 
+def fit(points: Sequence[float], width: int) -> list[float | None]:
+    """At most ``width`` points: consecutive points merged by their max (a slow step stays visible)."""
+    if width <= 0:
+        return []
+    if len(points) <= width:
+        return list(points)
+    per = -(-len(points) // width)  # ceil: the newest points keep the right edge
+    start = len(points) - per * (len(points) // per)
+    merged: list[float | None] = [max(points[:start])] if start else []
+    merged += [max(points[i : i + per]) for i in range(start, len(points), per)]
+    return merged[-width:]
+
+
 class HistoryPanel(Widget):
-    """Four labelled sparklines for the selected rank (the GPU line only when GPU data exists)."""
+    """Labelled sparklines for the selected rank (the GPU line only when GPU data exists)."""
 
     DEFAULT_CSS = """
     HistoryPanel {
         height: auto;
-    }
-    HistoryPanel > Horizontal {
-        height: 1;
-    }
-    HistoryPanel .history-label {
-        width: 14;
-        color: $text-muted;
-    }
-    HistoryPanel .history-value {
-        width: 8;
-        text-align: right;
-        margin-right: 1;
-    }
-    HistoryPanel .history-na {
-        color: $text-muted;
-    }
-    HistoryPanel Sparkline {
-        width: 1fr;
+        /* A line is exactly as wide as the panel: one drawn a moment before a scrollbar
+           took two cells must be cut, not wrapped onto a second line. */
+        text-wrap: nowrap;
+        text-overflow: clip;
     }
     """
 
@@ -76,29 +84,32 @@ class HistoryPanel(Widget):
         super().__init__(name=name, id=id, classes=classes)
         self.set_reactive(HistoryPanel.series, series)
 
-    def compose(self) -> ComposeResult:
-        for key, label, _, _ in _LINES:
-            with Horizontal(id=f"history-{key}"):
-                yield Label(label, classes="history-label")
-                yield Label(NA, classes="history-value history-na")
-                yield Sparkline([], summary_function=max)
+    @staticmethod
+    def _shows_gpu(series: RankSeries | None) -> bool:
+        # GPU util is hidden for a rank with no GPU, rather than shown as an empty line.
+        return series is None or bool(series.gpu_util_pct)
 
-    def on_mount(self) -> None:
-        self._draw(self.series)  # is_mounted turns True only after this handler
+    def watch_series(self, old: RankSeries | None, new: RankSeries | None) -> None:
+        if self._shows_gpu(old) != self._shows_gpu(new):
+            self.refresh(layout=True)  # a line more or less
 
-    def watch_series(self, series: RankSeries | None) -> None:
-        if self.is_mounted:
-            self._draw(series)
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return 3 + self._shows_gpu(self.series)
 
-    def _draw(self, series: RankSeries | None) -> None:
-        for key, _, attribute, fmt in _LINES:
-            line = self.query_one(f"#history-{key}", Horizontal)
+    def render(self) -> RenderResult:
+        series = self.series
+        width = max(self.size.width - LABEL_W - VALUE_W - 1, 4)
+        lines = []
+        for label, attribute, fmt, style in _LINES:
+            if attribute == "gpu_util_pct" and not self._shows_gpu(series):
+                continue
             values: Sequence[float | None] = getattr(series, attribute) if series is not None else ()
-            # GPU util is hidden for a rank with no GPU, rather than shown as an empty line.
-            line.display = key != "util" or series is None or bool(values)
-            points = _present(values)
-            value_label = line.query_one(".history-value", Label)
             newest = next((v for v in reversed(values) if v is not None), None)
-            value_label.update(fmt(newest))
-            value_label.set_class(newest is None, "history-na")
-            line.query_one(Sparkline).data = points
+            lines.append(
+                Content.assemble(
+                    (f"{label:<{LABEL_W}}", "$foreground-muted"),
+                    (f"{fmt(newest):>{VALUE_W}} ", "" if newest is not None else "$foreground-muted"),
+                    (spark(fit(_present(values), width), width), style),  # newest at the right, as in the run chart,
+                )
+            )
+        return Content("\n").join(lines)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rich.console import JustifyMethod
 from rich.text import Text
 
+from gputop.diagnose.findings import Finding
 from gputop.model.snapshot import DONE, LIVE
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
@@ -228,3 +229,61 @@ def ordered_entries(
         if not is_folded(host.key):
             entries += by_host.get(host.key, [])
     return entries
+
+
+# Which column shows what a finding's evidence reads, by the evidence's metric name
+# (first match wins): the table underlines those columns for the top finding.
+EVIDENCE_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loader", ("loader",)),
+    ("exposed_comm", ("comm",)),
+    ("others_wait", ("comm",)),
+    ("forward_pct", ("phases", "bar")),
+    ("backward_pct", ("phases", "bar")),
+    ("other_pct", ("phases", "bar")),
+    ("own_pct", ("phases", "bar")),
+    ("own_time", ("step",)),
+    ("step", ("step",)),
+    ("stall", ("step",)),
+    ("mem", ("mem",)),
+    ("alloc", ("mem",)),
+    ("reserved", ("mem",)),
+    ("ooms", ("mem",)),
+    ("cpu", ("cpu",)),
+    ("gpu", ("gpu",)),
+)
+
+
+@dataclass(frozen=True)
+class Highlight:
+    """The rows and columns a finding's evidence reads, drawn underlined in its severity's colour."""
+
+    rank_keys: frozenset[str] = frozenset()  # "run_id:rank"
+    columns: frozenset[str] = frozenset()
+    style: str = ""
+
+
+NO_HIGHLIGHT = Highlight()
+
+
+def evidence_highlight(finding: Finding | None, rows: Sequence[RankRow], palette: Palette) -> Highlight:
+    """What the table marks for ``finding``: its ranks (and its evidence's) and the columns its evidence reads."""
+    if finding is None:
+        return NO_HIGHLIGHT
+    columns: set[str] = set()
+    for evidence in finding.evidence:
+        metric = evidence.metric
+        columns.update(next((cols for part, cols in EVIDENCE_COLUMNS if part in metric), ()))
+    ranks = set(finding.ranks) | {e.rank for e in finding.evidence if e.rank is not None}
+    keys = frozenset(r.key for r in rows if r.rank in ranks and finding.run_id in (None, r.run_id))
+    style = {"critical": palette.bad, "warn": palette.warn}.get(finding.severity, palette.accent)
+    return Highlight(keys, frozenset(columns), style)
+
+
+def highlighted(cells: dict[str, Text], highlight: Highlight) -> dict[str, Text]:
+    """The cells with the highlighted columns underlined (a copy; the cells may be cached elsewhere)."""
+    marked = dict(cells)
+    for column in highlight.columns & cells.keys():
+        text = cells[column].copy()
+        text.stylize(f"underline {highlight.style}" if column not in ("phases", "bar") else "underline")
+        marked[column] = text
+    return marked

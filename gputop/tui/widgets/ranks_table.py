@@ -37,9 +37,12 @@ from gputop.tui.widgets.rank_cells import (
     FOLD_ABOVE,
     GROUPED_RANK_WIDTH,
     NARROW_BELOW,
+    NO_HIGHLIGHT,
     SORT_KEYS,
     Entry,
+    Highlight,
     SortKey,
+    highlighted,
     host_cells,
     ordered_entries,
     row_cells,
@@ -102,13 +105,14 @@ class RanksTable(ScrollView, can_focus=True):
         self._widths: tuple[int, ...] = ()  # each column's width with its padding
         self._header: tuple[Text, ...] = ()
         self._palette = Palette()
+        self._highlight = NO_HIGHLIGHT
         self._unfolded: set[str] = set()  # host keys opened by the user
         self._folded: set[str] = set()  # host keys closed by the user
         self.fold_by_default = False
         self._cursor = 0
         self._highlighted: str | None = None  # the key last announced with RowHighlighted
         # Per row key: the entry its cells were built from (by identity), its fold, the cells, their key.
-        self._cells: dict[str, tuple[Entry, bool, Palette, dict[str, Text], CellsKey]] = {}
+        self._cells: dict[str, tuple[Entry, bool, Palette, Highlight, dict[str, Text], CellsKey]] = {}
         self._segments: dict[tuple[Hashable, tuple[int, ...]], list[Segment]] = {}  # a row's cells, unstyled
         self._lines: dict[Hashable, Strip] = {}  # finished lines, by content, look, width and scroll
         self._drawn: dict[int, Hashable] = {}  # screen line -> what render_line drew there
@@ -196,12 +200,22 @@ class RanksTable(ScrollView, can_focus=True):
 
     # -- data ------------------------------------------------------------------
 
-    def show(self, rows: Sequence[RankRow], palette: Palette, hosts: Sequence[HostRow] = ()) -> None:
-        """Show these rows (under these host rows when there are several hosts), redrawing only what changed."""
+    def show(
+        self,
+        rows: Sequence[RankRow],
+        palette: Palette,
+        hosts: Sequence[HostRow] = (),
+        highlight: Highlight = NO_HIGHLIGHT,
+    ) -> None:
+        """Show these rows (under these host rows when there are several hosts), redrawing only what changed.
+
+        ``highlight``: the ranks and columns the top finding's evidence reads, underlined.
+        """
         self._rows = list(rows)
         self._hosts = list(hosts)
         self.fold_by_default = len(rows) > FOLD_ABOVE
         self._palette = palette
+        self._highlight = highlight
         self._apply()
 
     def _wanted_columns(self) -> tuple[str, ...]:
@@ -237,7 +251,10 @@ class RanksTable(ScrollView, can_focus=True):
         header, widths = [], []
         for column in COLUMNS:
             if column.key in columns:
-                header.append(Text(f"{column.label}{arrow}" if column.key == sort_column else column.label))
+                label = Text(f"{column.label}{arrow}" if column.key == sort_column else column.label)
+                if column.key in self._highlight.columns:
+                    label.stylize(f"underline {self._highlight.style}")
+                header.append(label)
                 width = GROUPED_RANK_WIDTH if (column.key == "rank" and self.grouped) else column.width
                 widths.append(width + 2 * CELL_PADDING)
         self._columns, self._header, self._widths = columns, tuple(header), tuple(widths)
@@ -257,16 +274,21 @@ class RanksTable(ScrollView, can_focus=True):
         entry = self._entries[index]
         folded = isinstance(entry, HostRow) and self.is_folded(entry.key)
         cached = self._cells.get(entry.key)
-        if cached is not None and cached[0] is entry and cached[1] == folded and cached[2] == self._palette:
-            return cached[3], cached[4]
+        highlight = self._highlight
+        if cached is not None and cached[0] is entry and cached[1:4] == (folded, self._palette, highlight):
+            return cached[4], cached[5]
         if isinstance(entry, HostRow):
             cells = host_cells(entry, folded, self._palette)
+            marked = any(r.key in highlight.rank_keys for r in entry.ranks)
         else:
             cells = row_cells(entry, self._palette)
             if self.grouped:  # indented under its host's row
                 cells["rank"] = Text("  ") + cells["rank"]
+            marked = entry.key in highlight.rank_keys
+        if marked:
+            cells = highlighted(cells, highlight)
         key = tuple(_text_key(t) for t in cells.values())
-        self._cells[entry.key] = (entry, folded, self._palette, cells, key)
+        self._cells[entry.key] = (entry, folded, self._palette, highlight, cells, key)
         return cells, key
 
     # -- drawing ---------------------------------------------------------------
@@ -274,7 +296,7 @@ class RanksTable(ScrollView, can_focus=True):
     def _line_key(self, y: int) -> Hashable:
         """What screen line ``y`` should show: the header, or a row's content in its look."""
         if y == 0:
-            return ("header", tuple(t.plain for t in self._header), self._widths)
+            return ("header", tuple(_text_key(t) for t in self._header), self._widths)
         index = y - 1 + self.scroll_offset.y
         if index >= len(self._entries):
             return ("blank",)

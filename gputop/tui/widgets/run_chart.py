@@ -20,6 +20,7 @@ from gputop.model.snapshot import RunHistory
 from gputop.tui.format import NA, fmt_gib, fmt_pct, fmt_rate, fmt_s
 
 BLOCKS = "▁▂▃▄▅▆▇█"
+MUTED = "$foreground-muted"  # not $text-muted, which Content resolves as "auto": white on a dark theme
 LABEL_W = 12
 VALUE_W = 8
 
@@ -58,12 +59,25 @@ class RunChart(Widget):
     }
     """
 
-    history: reactive[RunHistory | None] = reactive(None, layout=True)
+    # New data repaints the chart; only a change in its number of lines lays the screen out
+    # again (a layout of the whole screen on every refresh was most of a 2-rank dashboard's CPU).
+    history: reactive[RunHistory | None] = reactive(None)
     """The run's per-second history (None: no run yet)."""
-    gpu_history: reactive[tuple[GpuSample, ...]] = reactive((), layout=True)
+    gpu_history: reactive[tuple[GpuSample, ...]] = reactive(())
     """GPU samples, oldest first."""
     show_gpus: reactive[bool] = reactive(True, layout=True)
     """Draw the per-GPU lines (off on short terminals)."""
+
+    def watch_history(self, old: RunHistory | None, new: RunHistory | None) -> None:
+        if (old is None) != (new is None):
+            self.refresh(layout=True)
+
+    def watch_gpu_history(self, old: tuple[GpuSample, ...], new: tuple[GpuSample, ...]) -> None:
+        def gpus(samples: tuple[GpuSample, ...]) -> int:
+            return len(samples[-1].gpus) if samples else 0
+
+        if gpus(old) != gpus(new):
+            self.refresh(layout=True)
 
     def _line(
         self, label: str, values: Sequence[float | None], fmt: Callable[[float | None], str], style: str
@@ -71,8 +85,8 @@ class RunChart(Widget):
         width = max(self.size.width - LABEL_W - VALUE_W - 2, 8)
         newest = _newest(values)
         return Content.assemble(
-            (f"{label:<{LABEL_W}}", "$text-muted"),
-            (f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} ", "" if newest is not None else "$text-muted"),
+            (f"{label:<{LABEL_W}}", MUTED),
+            (f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} ", "" if newest is not None else MUTED),
             (spark(values, width, low=0.0), style),
         )
 
@@ -93,10 +107,10 @@ class RunChart(Widget):
             newest_mem = _newest(mem)
             lines.append(
                 Content.assemble(
-                    (f"{f'GPU {gpu.index} util':<{LABEL_W}}", "$text-muted"),
+                    (f"{f'GPU {gpu.index} util':<{LABEL_W}}", MUTED),
                     (f"{fmt_pct(_newest(util)) if _newest(util) is not None else NA:>{VALUE_W}} ", ""),
                     (spark(util, width, low=0.0, high=100.0), "$success"),
-                    ("  mem", "$text-muted"),
+                    ("  mem", MUTED),
                     (f"{fmt_gib(int(newest_mem)) + 'G' if newest_mem is not None else NA:>{VALUE_W - 2}} ", ""),
                     (spark(mem, width, low=0.0, high=total), "$accent"),
                 )
@@ -106,7 +120,7 @@ class RunChart(Widget):
     def render(self) -> RenderResult:
         history = self.history
         if history is None:
-            return Content.styled("no run yet", "$text-muted")
+            return Content.styled("no run yet", MUTED)
         lines = [
             self._line("step mean", history.step_time_s, fmt_s, "$primary"),
             self._line("samples/s", history.samples_per_s, fmt_rate, "$secondary"),
