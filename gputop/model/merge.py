@@ -83,7 +83,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         step_time_p95_s=_weighted(ws, lambda w: w.step_time_p95_s, steps_weight),
         step_time_max_s=max(maxima) if maxima else None,
         step_sketch=dict(sketch),
-        slow_steps=slowest,
+        slow_steps=tuple(slowest),
         step_hist=dict(hist),
         gpu_step_time_p50_s=_weighted(ws, lambda w: w.gpu_step_time_p50_s, steps_weight),
         loader_wait_s=sum(w.loader_wait_s for w in ws),

@@ -40,7 +40,7 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None) -> dict[str, 
     if timed:
         # The window's slowest steps with their loader wait: where a stall spent its time.
         slowest = sorted(timed, key=lambda m: m.duration_s or 0.0)[-SLOW_STEPS_KEPT:]
-        fields["slow_steps"] = [(m.duration_s, m.loader_wait_s) for m in reversed(slowest)]
+        fields["slow_steps"] = tuple((m.duration_s, m.loader_wait_s) for m in reversed(slowest))
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)
