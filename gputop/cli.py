@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- the dashboard -----------------------------------------------------------------
 
 
-def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
+def _run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = None) -> int:
     """Show a started source until the user quits; the caller owns the source's start and stop.
 
     ``--refresh`` and ``--theme`` given here are remembered (gputop.tui.settings) for the next start.
@@ -295,6 +295,7 @@ def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
         theme=chosen.theme or settings.DEFAULT_THEME,
         remember_theme=remember_theme,
         alerts=alerts,
+        notice=notice,
     )
 
 
@@ -561,12 +562,14 @@ class DemoJob:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gputop import report
     from gputop.collect.live import LiveSource
+    from gputop.demos.scenarios import plan, usable_cores
 
     if importlib.util.find_spec("torch") is None:
         raise UserError("`gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop[torch]'")
     if args.nproc < 1:
         raise UserError("--nproc must be at least 1")
     seconds = args.seconds if args.seconds is not None else (15.0 if args.headless else None)
+    planned = plan(args.scenario, cores=usable_cores(), nproc=args.nproc)
     recorder = _open_recorder(args.record, source="demo") if args.record is not None else None
     source = LiveSource(Address(port=0), sample_interval_s=args.interval, recorder=recorder)
     job: DemoJob | None = None
@@ -581,14 +584,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name)
         )
         if not args.headless:
-            ui_code = _run_dashboard(source, args)
+            ui_code = _run_dashboard(source, args, notice=planned)
             keep_log = job.proc.poll() not in (None, 0)  # the job failed while watched
             if keep_log:
                 print(f"gputop: the demo job exited with code {job.proc.returncode}; its log: {job.log_path}")
             return ui_code
         _log_to_stderr()
         assert seconds is not None  # headless runs always have a length
-        print(f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s", file=sys.stderr)
+        print(f"gputop: {planned}, {seconds:g} s", file=sys.stderr)
         # torch's import and the process group's start take a few seconds before the timed part.
         code = job.wait(seconds + 90.0)
         keep_log = True

@@ -92,6 +92,7 @@ class GputopApp(App[int]):
         diagnoser_factory: DiagnoserFactory | None = None,
         theme: str | None = None,
         alerts: AlertTracker | None = None,
+        notice: str | None = None,
     ) -> None:
         """Build the app.
 
@@ -101,12 +102,14 @@ class GputopApp(App[int]):
             diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
             theme: A Textual theme name; None keeps Textual's default.
             alerts: Decides which findings ring the bell; None rings nothing.
+            notice: Said once at start, as a notification (the demo says what it runs where).
         """
         super().__init__()
         if theme is not None:
             self.theme = theme
         self.source = source
         self.refresh_s = refresh_s
+        self.notice = notice
         self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
@@ -155,6 +158,8 @@ class GputopApp(App[int]):
     def on_mount(self) -> None:
         self.screen.set_class(True, "-empty")
         self.table.focus()
+        if self.notice:
+            self.notify(self.notice, timeout=15)
         self._fetch()
         self.set_interval(self.refresh_s, self._fetch)
 
@@ -437,6 +442,7 @@ def run_dashboard(
     theme: str | None = None,
     remember_theme: Callable[[str], None] | None = None,
     alerts: AlertTracker | None = None,
+    notice: str | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
@@ -444,7 +450,9 @@ def run_dashboard(
     is its one-line error) and stops it after.  ``remember_theme`` gets the
     theme on screen at exit (the user may have picked one in the command palette).
     """
-    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts)
+    app = GputopApp(
+        source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts, notice=notice
+    )
     result = app.run()
     if remember_theme is not None:
         remember_theme(app.theme)
