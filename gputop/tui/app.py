@@ -337,10 +337,10 @@ class GputopApp(App[int]):
         lines = []
         for row in view.gpu_rows:
             g = row.reading
-            lines += [f"GPU {g.index} {name}: N/A, {why}" for name, why in g.na.items()]
+            gpu = f"{row.hostname} GPU {g.index}" if row.hostname else f"GPU {g.index}"
+            lines += [f"{gpu} {name}: N/A, {why}" for name, why in g.na.items()]
             lines += [
-                f"GPU {g.index}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ")
-                for p in row.unobserved
+                f"{gpu}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ") for p in row.unobserved
             ]
         return "\n".join(lines) or None
 
