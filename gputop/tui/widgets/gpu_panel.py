@@ -18,7 +18,7 @@ from gputop.tui.view import GpuRow
 
 Part = str | tuple[str, str]
 LOCAL_HOST = "this dashboard's host"  # the group of GPUs the dashboard reads itself
-UTIL_CELLS = " ▁▂▃▄▅▆▇█"
+UTIL_CELLS = "▁▂▃▄▅▆▇█"  # an idle GPU still shows a cell
 DEFAULT_LINES = 11  # when the panel's max-height is not in cells (gputop.tcss sets 12, border included)
 
 
