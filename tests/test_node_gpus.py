@@ -300,3 +300,15 @@ def test_the_node_sampler_dies_with_the_rank_that_started_it(tmp_path: Path) -> 
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_findings_about_another_hosts_gpu_name_the_host() -> None:
+    """Indices repeat across hosts: "GPU 0" alone would point at the wrong machine."""
+    from gputop.diagnose import diagnose
+
+    store = two_hosts()
+    store.add_gpu(GpuSample(t=0.5, unavailable="NVML unavailable: no driver"))  # a head node without GPUs
+    findings = diagnose(summarize(store.snapshot(1.0)))
+    (stranger,) = [f for f in findings if f.cause == "unobserved" and f.gpus]
+    assert stranger.title.startswith("node-a GPU 0: pid 300") and stranger.extra["hostname"] == "node-a"
+    assert not any(f.title.startswith("No GPU data") for f in findings)  # the nodes' GPUs are data
