@@ -312,3 +312,19 @@ def test_findings_about_another_hosts_gpu_name_the_host() -> None:
     (stranger,) = [f for f in findings if f.cause == "unobserved" and f.gpus]
     assert stranger.title.startswith("node-a GPU 0: pid 300") and stranger.extra["hostname"] == "node-a"
     assert not any(f.title.startswith("No GPU data") for f in findings)  # the nodes' GPUs are data
+
+
+def test_many_hosts_keep_a_shorter_history_each_so_memory_stays_flat() -> None:
+    from gputop.collect.store import MIN_NODE_SAMPLES, NODE_SAMPLE_BUDGET
+
+    store = Store()
+    for i in range(200):
+        store.add_node_gpu(GpuSample(t=float(i), hostname="node-000", gpus=(reading(0, "GPU-0"),)))
+    assert len(store.snapshot(200.0).node_gpu_history["node-000"]) == 200  # alone, it keeps 10 minutes
+    hosts = NODE_SAMPLE_BUDGET // MIN_NODE_SAMPLES
+    for h in range(1, hosts):
+        for i in range(50):
+            store.add_node_gpu(GpuSample(t=200.0 + i, hostname=f"node-{h:03d}", gpus=(reading(0, f"GPU-{h}"),)))
+    kept = store.snapshot(250.0).node_gpu_history
+    assert len(kept) == hosts and max(len(h) for h in kept.values()) == MIN_NODE_SAMPLES
+    assert kept["node-000"][-1].t == 199.0  # the newest are the ones kept

@@ -36,6 +36,11 @@ LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashb
 # (its job ended, or the sampler died): ten missed 1-s samples.  Its history stays.
 NODE_GPU_STALE_S = 10.0
 MAX_NODE_HOSTS = 4096  # hosts whose GPUs are kept; beyond it the longest silent one is forgotten
+# Other hosts' GPU samples kept over all hosts (a sample of 8 GPUs is ~6 KiB as Python
+# objects): 8 hosts keep 10 minutes each, 128 hosts 37 s (the figures read 10 s, the
+# sparklines up to 2 minutes), so the dashboard's memory stays flat however many nodes send.
+NODE_SAMPLE_BUDGET = 4800
+MIN_NODE_SAMPLES = 30
 
 
 @dataclass
@@ -247,10 +252,21 @@ class Store:
                 if len(self._node_gpu) >= MAX_NODE_HOSTS:
                     silent = min(self._node_gpu, key=lambda host: self._node_gpu[host][-1].t)
                     del self._node_gpu[silent]
-                history = self._node_gpu[sample.hostname] = deque(maxlen=self._history_samples)
+                history = self._node_gpu[sample.hostname] = deque(
+                    maxlen=self._per_host_samples(len(self._node_gpu) + 1)
+                )
+                for host, kept in self._node_gpu.items():
+                    if kept.maxlen is not None and history.maxlen is not None and kept.maxlen > history.maxlen:
+                        self._node_gpu[host] = deque(kept, maxlen=history.maxlen)
+                history = self._node_gpu[sample.hostname]
             history.append(sample)
         for listener in self.sample_listeners:
             listener(sample)
+
+    def _per_host_samples(self, hosts: int) -> int | None:
+        if self._history_samples is None:
+            return None  # a whole recording: keep everything
+        return max(min(self._history_samples, NODE_SAMPLE_BUDGET // max(hosts, 1)), MIN_NODE_SAMPLES)
 
     def add_host(self, sample: HostSample) -> None:
         with self._lock:
