@@ -6,8 +6,9 @@ Three figures (docs/performance.md):
    (one ``fork+exec`` through subprocess) in a process that has imported torch and
    built a model, like a rank; repeated ``--starts`` times, each child stopped again.
 2. The training thread meanwhile: a thread doing step marks (``perf_counter`` and a
-   deque append in a loop) records its longest gap between two marks, with and
-   without starts happening on another thread: what the GIL or the fork takes from it.
+   deque append in a loop) records every gap between two marks; the longest gap
+   overlapping each start, against the longest in an interval as long 50 ms later
+   (nothing starting): what the start takes from the training thread (GIL, fork).
 3. The sampler itself at 1 Hz: ``python -m gputop.node`` reading ``--gpus`` fake GPUs
    (tests/fake_pynvml, two processes each) and sending to a real collector over TCP
    with a token: its CPU time over ``--seconds`` (after its start-up), RSS, and the
@@ -54,51 +55,58 @@ def fake_env(gpus: int) -> dict[str, str]:
     }
 
 
-def longest_gap_s(stop: threading.Event, out: list[float]) -> None:
-    """A training thread's step marks: the longest time between two of them."""
-    marks: collections.deque[tuple[float, int]] = collections.deque(maxlen=1000)
+GAP_S = 0.0005  # mark-to-mark gaps longer than this are kept (a free loop marks every ~0.3 us)
+
+
+def mark_gaps(stop: threading.Event, gaps: list[tuple[float, float]]) -> None:
+    """A training thread's step marks in a loop; every gap over GAP_S as (end, length)."""
+    marks: collections.deque[float] = collections.deque(maxlen=1000)
     last = time.perf_counter()
-    worst = 0.0
-    n = 0
     while not stop.is_set():
         now = time.perf_counter()
-        marks.append((now, n))
-        worst = max(worst, now - last)
+        marks.append(now)
+        if now - last > GAP_S:
+            gaps.append((now, now - last))
         last = now
-        n += 1
-    out.append(worst)
 
 
-def starts(address: Address, count: int, env: dict[str, str]) -> tuple[list[float], float, float]:
-    """Start and stop the sampler ``count`` times; the spawn times and the marking thread's worst gaps."""
+def longest_overlap_s(gaps: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """The longest gap in the marks that overlaps [t0, t1]: how long the training thread was held then."""
+    return max((g for end, g in gaps if end >= t0 and end - g <= t1), default=0.0)
+
+
+def starts(address: Address, count: int, env: dict[str, str]) -> tuple[list[float], list[float], list[float]]:
+    """Start and stop the sampler ``count`` times while a thread marks steps.
+
+    Returns the start times, the marking thread's longest gap overlapping each start,
+    and its longest gap in an interval as long, 50 ms later, when nothing starts.
+    """
     os.environ.update(env)  # the child inherits the rank's environment, as in a rank
     import torch  # a rank has torch loaded: a bigger process to fork
 
     model = torch.nn.Sequential(*(torch.nn.Linear(512, 512) for _ in range(8)))
-    del model
-    quiet: list[float] = []
+    gaps: list[tuple[float, float]] = []
     stop = threading.Event()
-    marker = threading.Thread(target=longest_gap_s, args=(stop, quiet))
+    marker = threading.Thread(target=mark_gaps, args=(stop, gaps))
     marker.start()
-    time.sleep(2.0)
-    stop.set()
-    marker.join()
-    spawn_s: list[float] = []
-    busy: list[float] = []
-    stop = threading.Event()
-    marker = threading.Thread(target=longest_gap_s, args=(stop, busy))
-    marker.start()
+    intervals: list[tuple[float, float]] = []
     for _ in range(count):
         child = NodeSamplerChild()
+        t0 = time.perf_counter()
         child.start(address, os.getpid())
-        assert child.spawn_s is not None and child.process is not None
-        spawn_s.append(child.spawn_s)
-        time.sleep(0.1)
+        intervals.append((t0, time.perf_counter()))
+        time.sleep(0.2)
+        assert child.process is not None
         child.stop()
         child.process.wait(5)
+        time.sleep(0.1)
     stop.set()
     marker.join()
-    return spawn_s, quiet[0], busy[0]
+    del model
+    spawn_s = [t1 - t0 for t0, t1 in intervals]
+    during = [longest_overlap_s(gaps, t0, t1) for t0, t1 in intervals]
+    quiet = [longest_overlap_s(gaps, t0 + 0.05, t1 + 0.05) for t0, t1 in intervals]
+    return spawn_s, during, quiet
 
 
 def steady(address: Address, seconds: float, env: dict[str, str]) -> dict[str, float]:
@@ -136,7 +144,7 @@ def main() -> None:
         result = steady(collector.address, args.seconds, env)
         history = store.snapshot(time.time()).node_gpu_history
         samples = sum(len(h) for h in history.values())
-        spawn_s, quiet_gap_s, busy_gap_s = starts(collector.address, args.starts, env)
+        spawn_s, during_s, quiet_s = starts(collector.address, args.starts, env)
     finally:
         collector.stop()
     from gputop.model.samples import gpu_sample_to_wire
@@ -151,8 +159,9 @@ def main() -> None:
         f"max {max(spawn_s) * 1e3:.1f} ms"
     )
     print(
-        f"training thread's longest gap between step marks: {quiet_gap_s * 1e3:.2f} ms without starts, "
-        f"{busy_gap_s * 1e3:.2f} ms while {len(spawn_s)} starts ran on another thread"
+        "training thread's longest gap between step marks, median / max over the starts: "
+        f"{statistics.median(during_s) * 1e3:.2f} / {max(during_s) * 1e3:.2f} ms during a start, "
+        f"{statistics.median(quiet_s) * 1e3:.2f} / {max(quiet_s) * 1e3:.2f} ms in as long an interval without one"
     )
     print(
         f"sampler at 1 Hz, {args.gpus} fake GPUs x 2 processes, {args.seconds:.0f} s: "
