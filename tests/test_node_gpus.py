@@ -328,3 +328,15 @@ def test_many_hosts_keep_a_shorter_history_each_so_memory_stays_flat() -> None:
     kept = store.snapshot(250.0).node_gpu_history
     assert len(kept) == hosts and max(len(h) for h in kept.values()) == MIN_NODE_SAMPLES
     assert kept["node-000"][-1].t == 199.0  # the newest are the ones kept
+
+
+def test_an_agent_started_by_hand_says_once_that_it_cannot_reach_the_collector(guarded: Collector) -> None:
+    said: list[str] = []
+    port = guarded.address.port or 0
+    guarded.stop()  # nobody listens there now
+    link = Link(Address(host="127.0.0.1", port=port), auth.Security(token=TOKEN), say=said.append,
+                say_unreachable=True)  # fmt: skip
+    sample = fake_sampler().sample()
+    for attempt in range(3):
+        assert not link.send(gpus_frame(sample, "node-a"), time.monotonic() + 100 * attempt)
+    assert len(said) == 1 and said[0].startswith(f"cannot reach tcp://127.0.0.1:{port}"), said

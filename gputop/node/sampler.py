@@ -47,10 +47,16 @@ PROCESSES_DROPPED = "left out: the sample was over the frame limit"
 class Link:
     """A blocking connection to the collector that reconnects with backoff; ``send`` never raises."""
 
-    def __init__(self, address: Address, security: auth.Security, *, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, address: Address, security: auth.Security, *, say: Callable[[str], None], say_unreachable: bool = False
+    ) -> None:
+        """``say_unreachable``: say once that the collector cannot be reached (an agent started by hand;
+        a rank's child keeps quiet, as the rank's reporter does while a dashboard is not up yet)."""
         self.address = address
         self.security = security
         self._say = say
+        self._say_unreachable = say_unreachable
+        self._unreachable_said = False
         self._sock: socket.socket | None = None
         self._next_attempt_s = 0.0
         self._backoff_s = BACKOFF_MIN_S
@@ -80,14 +86,23 @@ class Link:
     def _connect(self, now_s: float) -> bool:
         try:
             sock = self._open()
-        except OSError:
+        except OSError as exc:
+            self._unreachable(exc)
             self._next_attempt_s = now_s + self._backoff_s
             self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
             return False
         self._sock = sock
         self._backoff_s = BACKOFF_MIN_S
         self._refusal = ""
+        if self._unreachable_said:
+            self._unreachable_said = False
+            self._say(f"connected to {self.address}")
         return True
+
+    def _unreachable(self, exc: OSError) -> None:
+        if self._say_unreachable and not self._unreachable_said and not self._refusal:
+            self._unreachable_said = True
+            self._say(f"cannot reach {self.address} ({exc.strerror or exc}); retrying")
 
     def _open(self) -> socket.socket:
         if not self.address.is_tcp:
@@ -214,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(line: str) -> None:
         print(f"gputop agent: {line}", file=sys.stderr, flush=True)
 
-    link = Link(address, auth.Security.from_env(), say=say)
+    link = Link(address, auth.Security.from_env(), say=say, say_unreachable=args.parent_pid is None)
     hostname = args.hostname or os.environ.get("GPUTOP_NODE_HOSTNAME") or socket.gethostname()
     run(link, GpuSampler(), hostname, interval_s=args.interval, parent_pid=args.parent_pid, stop=stop)
     return 0
