@@ -406,6 +406,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         f"gputop: wrote {recorder.lines} lines from {len(ranks)} rank(s) on {hosts} host(s) to {args.output}",
         file=sys.stderr,
     )
+    if snapshot.node_gpu_history:  # nodes' samplers sent their GPUs: say whose, so a missing node shows
+        names = list(snapshot.node_gpu_history)
+        nodes = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        print(f"gputop: GPUs of {len(snapshot.node_gpu_history)} other host(s): {nodes}", file=sys.stderr)
     if snapshot.token_refusals:
         print(f"gputop: refused {snapshot.token_refusals} connection(s) for a wrong or missing token", file=sys.stderr)
     return 0

@@ -184,4 +184,5 @@ def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_ref
     assert len(refusals) == 1 and "wrong token" in refusals[0], intruder_out[-2000:]
     assert "rank 0 steps 20" in intruder_out  # refused, and it trained on
     assert "from 4 rank(s) on 2 host(s)" in recorder_err, recorder_err
+    assert "GPUs of 2 other host(s): node-a, node-b" in recorder_err, recorder_err
     assert "for a wrong or missing token" in recorder_err and "wrong token" in recorder_err, recorder_err
