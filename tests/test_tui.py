@@ -167,6 +167,9 @@ class TestData:
             assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]  # indices repeat per host
             assert "r6" in lines[9] and "+pid 9999 jupyter" in lines[9]  # node-b's GPU 2: rank 6 and a stranger
             assert "8 GPUs" in str(app.query_one("#header").render())
+            # The run chart draws the GPUs of the selected rank's host (the first rank's: node-a).
+            assert "GPUs of node-a" in str(app.chart.border_title)
+            assert app.chart.gpu_history and app.chart.gpu_history[-1].hostname == "node-a"
 
     async def test_many_hosts_gpus_fold_to_a_line_each_when_they_do_not_fit(self) -> None:
         async with GputopApp(FixedSource(fx.remote_gpus()), refresh_s=FAST_S).run_test(size=(120, 20)) as pilot:

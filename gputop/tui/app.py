@@ -317,8 +317,12 @@ class GputopApp(App[int]):
         chart = self.chart
         chart.show_gpus = self.size.height >= SHORT_HEIGHT
         chart.history = run.history
-        chart.gpu_history = view.snapshot.gpu_history
-        chart.border_title = f"run {run.name or run.run_id} · per second, newest right"
+        # The GPUs of the selected rank's host (its node sampler's), else this machine's.
+        rank = view.rank(self._selected) if self._selected else None
+        host = (rank or run.ranks[0]).hello.hostname if (rank or run.ranks) else ""
+        chart.gpu_history = view.snapshot.gpu_history_of(host)
+        on = f" · GPUs of {host}" if host in view.snapshot.node_gpu_history else ""
+        chart.border_title = f"run {run.name or run.run_id} · per second, newest right{on}"
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected
