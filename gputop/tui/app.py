@@ -322,8 +322,12 @@ class GputopApp(App[int]):
         chart = self.chart
         chart.show_gpus = self.size.height >= SHORT_HEIGHT
         chart.history = run.history
-        chart.gpu_history = view.snapshot.gpu_history
-        chart.border_title = f"run {run.name or run.run_id} · per second, newest right"
+        # The GPUs of the selected rank's host (its node sampler's), else this machine's.
+        rank = view.rank(self._selected) if self._selected else None
+        host = (rank or run.ranks[0]).hello.hostname if (rank or run.ranks) else ""
+        chart.gpu_history = view.snapshot.gpu_history_of(host)
+        on = f" · GPUs of {host}" if host in view.snapshot.node_gpu_history else ""
+        chart.border_title = f"run {run.name or run.run_id} · per second, newest right{on}"
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected
@@ -342,10 +346,10 @@ class GputopApp(App[int]):
         lines = []
         for row in view.gpu_rows:
             g = row.reading
-            lines += [f"GPU {g.index} {name}: N/A, {why}" for name, why in g.na.items()]
+            gpu = f"{row.hostname} GPU {g.index}" if row.hostname else f"GPU {g.index}"
+            lines += [f"{gpu} {name}: N/A, {why}" for name, why in g.na.items()]
             lines += [
-                f"GPU {g.index}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ")
-                for p in row.unobserved
+                f"{gpu}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ") for p in row.unobserved
             ]
         return "\n".join(lines) or None
 
