@@ -1,4 +1,4 @@
-"""The ``gputop`` command: attach (default), record, report, replay, demo.
+"""The ``gputop`` command: attach (default), record, report, replay, capture, agent, demo.
 
 Errors a user can meet print one line (``gputop: ...``) and exit 1; usage
 errors exit 2 (argparse).  Tracebacks are for bugs.
@@ -212,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--timeout", type=_positive, default=120.0, metavar="S", help="wait at most S seconds")
     capture.add_argument("--format", choices=("text", "json"), default="text")
 
+    agent = commands.add_parser(
+        "agent",
+        help="send this host's GPU readings to a dashboard or recorder on another machine "
+        "(local rank 0 starts one by itself; this is for a DaemonSet or a Slurm prolog)",
+    )
+    agent.add_argument(
+        "--addr", metavar="HOST:PORT", default=None,
+        help="the collector (default: GPUTOP_ADDR, GPUTOP_PORT or the local socket, as reporters resolve it)",
+    )  # fmt: skip
+    agent.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="seconds between samples")
+    agent.add_argument(
+        "--hostname", default=None,
+        help="the host name this node's ranks report (default: this machine's; a DaemonSet pod passes its node's)",
+    )  # fmt: skip
+
     report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
     report.add_argument("recording", type=Path)
     report.add_argument("--format", choices=("text", "json", "markdown"), default="text")
@@ -241,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
     handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
-               "capture": cmd_capture,
+               "capture": cmd_capture, "agent": cmd_agent,
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)
@@ -255,10 +270,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    """The node sampler, started by hand: this host's GPUs to a collector elsewhere (gputop.node)."""
+    from gputop.node.sampler import main as agent_main
+
+    argv = ["--interval", str(args.interval)]
+    if args.addr:
+        argv += ["--addr", args.addr]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
+    return agent_main(argv)
+
+
 # -- the dashboard -----------------------------------------------------------------
 
 
-def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
+def _run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = None) -> int:
     """Show a started source until the user quits; the caller owns the source's start and stop.
 
     ``--refresh`` and ``--theme`` given here are remembered (gputop.tui.settings) for the next start.
@@ -295,6 +322,7 @@ def _run_dashboard(source: Any, args: argparse.Namespace) -> int:
         theme=chosen.theme or settings.DEFAULT_THEME,
         remember_theme=remember_theme,
         alerts=alerts,
+        notice=notice,
     )
 
 
@@ -379,6 +407,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         f"gputop: wrote {recorder.lines} lines from {len(ranks)} rank(s) on {hosts} host(s) to {args.output}",
         file=sys.stderr,
     )
+    if snapshot.node_gpu_history:  # nodes' samplers sent their GPUs: say whose, so a missing node shows
+        names = list(snapshot.node_gpu_history)
+        nodes = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        print(f"gputop: GPUs of {len(snapshot.node_gpu_history)} other host(s): {nodes}", file=sys.stderr)
     if snapshot.token_refusals:
         print(f"gputop: refused {snapshot.token_refusals} connection(s) for a wrong or missing token", file=sys.stderr)
     return 0
@@ -561,12 +593,14 @@ class DemoJob:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gputop import report
     from gputop.collect.live import LiveSource
+    from gputop.demos.scenarios import plan, usable_cores
 
     if importlib.util.find_spec("torch") is None:
         raise UserError("`gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop[torch]'")
     if args.nproc < 1:
         raise UserError("--nproc must be at least 1")
     seconds = args.seconds if args.seconds is not None else (15.0 if args.headless else None)
+    planned = plan(args.scenario, cores=usable_cores(), nproc=args.nproc)
     recorder = _open_recorder(args.record, source="demo") if args.record is not None else None
     source = LiveSource(Address(port=0), sample_interval_s=args.interval, recorder=recorder)
     job: DemoJob | None = None
@@ -581,14 +615,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             scenario=args.scenario, nproc=args.nproc, port=port, seconds=seconds, log_path=Path(log_file.name)
         )
         if not args.headless:
-            ui_code = _run_dashboard(source, args)
+            ui_code = _run_dashboard(source, args, notice=planned)
             keep_log = job.proc.poll() not in (None, 0)  # the job failed while watched
             if keep_log:
                 print(f"gputop: the demo job exited with code {job.proc.returncode}; its log: {job.log_path}")
             return ui_code
         _log_to_stderr()
         assert seconds is not None  # headless runs always have a length
-        print(f"gputop: demo {args.scenario!r}, {args.nproc} ranks, {seconds:g} s", file=sys.stderr)
+        print(f"gputop: {planned}, {seconds:g} s", file=sys.stderr)
         # torch's import and the process group's start take a few seconds before the timed part.
         code = job.wait(seconds + 90.0)
         keep_log = True

@@ -341,6 +341,28 @@ Message = Union[Hello, Window, Event, Bye, CaptureResult]  # noqa: UP007 - a run
 MESSAGE_TYPES: tuple[type[Message], ...] = (Hello, Window, Event, Bye, CaptureResult)
 
 
+class Gpus(_Message, frozen=True, kw_only=True, tag="gpus"):
+    """One host's NVML readings, from its node sampler (``python -m gputop.node``), once a second.
+
+    Speaks for a host, not a rank: no run id, no hello before it.  ``sample``
+    is a ``GpuSample`` (``gputop.model.samples``) as recordings write it; the
+    collector checks it field by field on arrival (``gpu_sample_from_wire``),
+    and a sample that does not check closes the connection like any bad frame.
+    """
+
+    TYPE: ClassVar[str] = "gpus"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    hostname: Annotated[str, Meta(min_length=1, max_length=255)]
+    t: float  # the node's clock; the collector stamps its own receive time on the sample it keeps
+    sample: dict[str, Any]
+
+
+# What a connection may send upstream: a rank's messages, or a node sampler's readings.
+Upstream = Union[Hello, Window, Event, Bye, CaptureResult, Gpus]  # noqa: UP007 - a runtime alias
+
+
 # -- commands: the only frames that travel from the dashboard to a reporter ------------------------
 
 
@@ -403,6 +425,7 @@ class _Head(msgspec.Struct):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Message)
+_upstream_decoder = msgspec.json.Decoder(Upstream)
 _command_decoder = msgspec.json.Decoder(Command)
 _head_decoder = msgspec.json.Decoder(_Head)
 _VERSION_PREFIX = b'{"v":%d,' % PROTOCOL_VERSION
@@ -413,17 +436,26 @@ def to_dict(message: Message) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, **msgspec.to_builtins(message)}
 
 
-def encode(message: Message | Command) -> bytes:
+def encode(message: Message | Gpus | Command) -> bytes:
     """One frame: compact JSON, ``v`` first, and a newline."""
     return _VERSION_PREFIX + _encoder.encode(message)[1:] + b"\n"
 
 
 def decode(frame: bytes | str) -> Message:
     """Parse and check one frame; raise ProtocolError saying what is wrong with it."""
+    return _decode_with(_decoder, frame)  # type: ignore[no-any-return]
+
+
+def decode_upstream(frame: bytes | str) -> Upstream:
+    """Parse and check one frame a connection sent the collector: a rank's message or a host's GPUs."""
+    return _decode_with(_upstream_decoder, frame)  # type: ignore[no-any-return]
+
+
+def _decode_with(decoder: msgspec.json.Decoder[Any], frame: bytes | str) -> Any:
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     try:
-        return _decoder.decode(frame)
+        return decoder.decode(frame)
     except msgspec.ValidationError as exc:
         try:
             version = _head_decoder.decode(frame).v

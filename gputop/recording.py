@@ -2,7 +2,8 @@
 
 The first line is a header (``{"type": "recording", ...}``).  Reporter messages
 are stored as their protocol objects with ``recv_t`` added; samples as
-``{"type": "gpu"|"host", ...}``; a rank's connection ending as
+``{"type": "gpu"|"node_gpu"|"host", ...}`` (``node_gpu``: another host's GPUs,
+with its ``hostname``); a rank's connection ending as
 ``{"type": "disconnect", ...}``.  Each line is flushed as it is written, so a
 recorder killed at any moment leaves a file whose complete lines all read back.
 
@@ -142,7 +143,7 @@ class Entry:
     """One line of a recording, decoded."""
 
     t: float  # when it was received or sampled
-    kind: str  # "message", "gpu", "host", "disconnect"
+    kind: str  # "message", "gpu", "node_gpu", "host", "disconnect"
     value: Any  # a protocol Message, GpuSample, HostSample, or (run_id, rank, reason, pid)
 
 
@@ -214,9 +215,11 @@ def _decode_line(line: str) -> Entry | None:
     try:
         obj = json.loads(line)
         kind = obj.get("type")
-        if kind == "gpu":
+        if kind in ("gpu", "node_gpu"):  # node_gpu: another host's GPUs, from its node sampler
             sample = gpu_sample_from_dict(obj)
-            return Entry(sample.t, "gpu", sample)
+            if kind == "node_gpu" and not sample.hostname:
+                return None
+            return Entry(sample.t, kind, sample)
         if kind == "host":
             host = host_sample_from_dict(obj)
             return Entry(host.t, "host", host)
@@ -235,6 +238,8 @@ def apply(store: Store, entry: Entry) -> None:
         store.ingest(entry.value, entry.t)
     elif entry.kind == "gpu":
         store.add_gpu(entry.value)
+    elif entry.kind == "node_gpu":
+        store.add_node_gpu(entry.value)
     elif entry.kind == "host":
         store.add_host(entry.value)
     elif entry.kind == "disconnect":

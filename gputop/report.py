@@ -165,7 +165,7 @@ def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = ()) -> str:
     """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
     figures = summarize(snapshot, span_s=None)
     findings = diagnose(figures)
-    gpus = summarize_gpus(snapshot.gpu_history, snapshot)
+    gpus = summarize_gpus(list(snapshot.gpu_samples()), snapshot)
     data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)])
     if fmt == "json":
         return to_json(data) + "\n"
@@ -299,13 +299,21 @@ def _num(value: float | None, fmt: str, unit: str = "") -> str:
     return "N/A" if value is None else f"{value:{fmt}}{unit}"
 
 
+RECORDER_MACHINE = "this machine (the recorder's)"
+
+
 def format_gpu_summary_text(summary: dict[str, Any]) -> list[str]:
     """Lines for the text report: one headline per GPU, then what needs a second line."""
     if not summary.get("gpus"):
         return [f"GPUs: no data ({summary.get('unavailable') or 'no GPU samples were recorded'})"]
     driver = f", driver {summary['driver_version']}" if summary.get("driver_version") else ""
     lines = [f"GPUs ({summary['samples']} samples{driver})"]
+    several_hosts = any(g.get("hostname") for g in summary["gpus"])
+    host = None
     for g in summary["gpus"]:
+        if several_hosts and g.get("hostname", "") != host:
+            host = g.get("hostname", "")
+            lines.append(f" {host or RECORDER_MACHINE}:")
         label = f"GPU {g['index']}" + (" MIG" if g["mig_parent_uuid"] else "")
         mem_total = "?" if g["mem_total_bytes"] is None else f"{g['mem_total_bytes'] / GIB:.1f}"
         mem_peak = None if g["mem_peak_bytes"] is None else g["mem_peak_bytes"] / GIB

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -110,6 +111,8 @@ def test_headless_demo_prints_a_two_rank_report(tmp_path) -> None:
     record = tmp_path / "demo.jsonl"
     result = gputop("demo", "--headless", "--seconds", "6", "--format", "json", "--record", str(record))
     assert result.returncode == 0, result.stderr
+    cores = len(os.sched_getaffinity(0))
+    assert f"demo 'healthy': 2 ranks x 1 compute thread on {cores} CPU" in result.stderr, result.stderr
     (run,) = json.loads(result.stdout)["runs"]
     assert run["world_size"] == 2
     assert [r["rank"] for r in run["ranks"]] == [0, 1]

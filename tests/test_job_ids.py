@@ -7,13 +7,35 @@ import time
 from gputop import report
 from gputop.model.figures import summarize
 from gputop.model.jobs import job_text
-from gputop.reporter.facts import job_facts, run_id
+from gputop.reporter.facts import identity, job_facts, run_id
 from gputop.tui.view import build_view
 from tests.conftest import needs_torch, snapshot_of, wait_for
 from tests.test_reporter import _run_script
 from tests.tui_fixtures import hello
 
 SLURM = {"SLURM_JOB_ID": "48213", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[01-04]"}
+
+
+def test_each_launchers_rank_and_local_rank_are_read() -> None:
+    """The local rank picks the GPU a rank is joined to and the node's sampler: the global rank would not do."""
+
+    def where(env: dict[str, str]) -> tuple[int, int, int]:
+        found = identity(env)
+        return found["rank"], found["local_rank"], found["world_size"]
+
+    torchrun = {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16"}
+    srun = {**SLURM, "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"}
+    assert where(torchrun) == (9, 1, 16)
+    assert where(srun) == (9, 1, 16)  # a task per GPU, no torchrun: rank 9 is the second GPU of node 2
+    assert where({"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "16"}) == (
+        9,
+        1,
+        16,
+    )
+    assert where({**srun, **torchrun, "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}) == (9, 1, 16)  # torchrun in sbatch
+    # Another launcher's local rank is taken only where its rank is ours.
+    assert where({**SLURM, "RANK": "3", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "WORLD_SIZE": "4"}) == (3, 3, 4)
+    assert where({}) == (0, 0, 1)
 
 
 def test_slurm_job_and_step_name_the_run_for_every_task() -> None:

@@ -7,11 +7,18 @@ The test makes three namespaces (``tests/netns.py``): a head where `gputop recor
 --listen` runs, and two nodes, each running 2 ranks of one 4-rank gloo job under a
 host name of its own.  Every rank proves GPUTOP_TOKEN to the recorder across the
 bridge; a rank with a wrong token is refused, counted, and says so once.
+
+Each node has two GPUs of its own, indices 0 and 1 on both, that only the fake
+NVML in its namespace lists (``tests/fake_pynvml``); each rank claims one by UUID.
+Local rank 0 on each node starts its host's node sampler, which sends those GPUs
+to the recorder, and the report joins every rank to its GPU under its host.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gputop import recording
@@ -37,6 +45,19 @@ MASTER_PORT = 32110
 STEPS = 300  # long enough for Prometheus to scrape the ranks mid-run (1 s scrapes)
 EXPORTER_PORT = 32101
 PROMETHEUS_PORT = 32102
+REPO = Path(__file__).resolve().parents[1]
+FOREIGN_PID = 3_999_999  # another job's process on node-a's GPU 1 (no such pid here: its name stays unknown)
+
+
+def gpu_uuid(host: str, index: int) -> str:
+    return f"GPU-{host}-{index}-0000-0000-000000000000"
+
+
+def fake_gpus(host: str) -> str:
+    gpus: list[dict[str, Any]] = [{"uuid": gpu_uuid(host, i), "util_pct": 60 + 10 * i} for i in range(2)]
+    if host == "node-a":
+        gpus[1]["processes"] = [FOREIGN_PID]
+    return json.dumps(gpus)
 
 
 @pytest.fixture
@@ -47,6 +68,13 @@ def cluster() -> Iterator[Cluster]:
         yield made
     finally:
         made.destroy()
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -70,10 +98,15 @@ def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_ref
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
                     "--nproc_per_node=2", f"--master_addr={node_a.address}", f"--master_port={MASTER_PORT}",
                     str(JOBS / "ddp_job.py"), "--steps", str(STEPS), "--delay-ms", "10"]  # fmt: skip
+        gpus = {  # this host's GPUs, seen only by the fake NVML in its namespace
+            "PYTHONPATH": f"{REPO / 'tests' / 'fake_pynvml'}:{REPO}",
+            "FAKE_NVML_GPUS": fake_gpus(host.hostname),
+            "TEST_FAKE_DEVICE_UUIDS": ",".join(gpu_uuid(host.hostname, i) for i in range(2)),
+        }
         nodes.append(
             subprocess.Popen(
                 host.command(*torchrun),
-                env=_env(GPUTOP_TOKEN=TOKEN, **reporting),
+                env=_env(GPUTOP_TOKEN=TOKEN, **reporting, **gpus),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -89,9 +122,11 @@ def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_ref
     try:
         prometheus.wait_ready()
         scraped: list[dict[str, Any]] = []
-        while len(scraped) < 4 and nodes[0].poll() is None:  # the ranks' step times, while they train
+        on_gpus: list[dict[str, Any]] = []
+        while (len(scraped) < 4 or len(on_gpus) < 4) and nodes[0].poll() is None:  # while they train
             time.sleep(1)
             scraped = prometheus.query("gputop_step_time_mean_seconds")
+            on_gpus = prometheus.query("gputop_gpu_rank_info")
         outputs = [finish(node, timeout_s=180) for node in nodes]
         intruder_out = finish(intruder, timeout_s=180)
         assert wait_for(lambda: out.exists() and out.read_text().count('"type":"bye"') == 4, timeout_s=30), (
@@ -123,8 +158,31 @@ def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_ref
     assert by_host == {"node-a": 2, "node-b": 2}, f"PromQL over the head's Prometheus returned {scraped}"
     assert all(0.001 < float(r["value"][1]) < 10 for r in scraped), scraped
 
+    # Every rank on its GPU, under its own host: indices 0 and 1 exist on both, UUIDs tell them apart.
+    report = subprocess.run([sys.executable, "-m", "gputop", "report", str(out), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    gpus = {(g["hostname"], g["index"]): g for g in json.loads(report.stdout)["gpus"]["gpus"]}
+    assert set(gpus) == {(h, i) for h in ("node-a", "node-b") for i in (0, 1)}, report.stdout[-3000:]
+    local_rank = {(v.hello.hostname, v.rank): v.hello.local_rank for v in run.ranks}
+    for (host, index), g in gpus.items():
+        assert g["uuid"] == gpu_uuid(host, index)
+        assert [(r["hostname"], local_rank[(r["hostname"], r["rank"])]) for r in g["ranks"]] == [(host, index)], g
+        assert [p["pid"] for p in g["unobserved"]] == ([FOREIGN_PID] if (host, index) == ("node-a", 1) else []), g
+    rank_info = Counter((r["metric"]["Hostname"], r["metric"]["UUID"]) for r in on_gpus)
+    assert rank_info == {(h, gpu_uuid(h, i)): 1 for h in ("node-a", "node-b") for i in (0, 1)}, on_gpus
+
+    # One node sampler per host, started by local rank 0, gone with its rank.
+    notes = [json.loads(line) for line in out.read_text().splitlines() if '"kind":"node_sampler"' in line]
+    started = {v.hello.hostname for v in run.ranks for n in notes if n["rank"] == v.rank and v.hello.local_rank == 0}
+    assert len(notes) == 2 and started == {"node-a", "node-b"}, notes
+    for note in notes:
+        pid = int(re.search(r"pid (\d+)", note["message"]).group(1))  # type: ignore[union-attr]
+        assert wait_for(lambda pid=pid: _ended(pid)), f"node sampler {pid} outlived its rank"
+        print(f"node sampler start on the reporter thread: {note['message']}")
+
     refusals = [line for line in intruder_out.splitlines() if "gputop: not reporting" in line]
     assert len(refusals) == 1 and "wrong token" in refusals[0], intruder_out[-2000:]
     assert "rank 0 steps 20" in intruder_out  # refused, and it trained on
     assert "from 4 rank(s) on 2 host(s)" in recorder_err, recorder_err
+    assert "GPUs of 2 other host(s): node-a, node-b" in recorder_err, recorder_err
     assert "for a wrong or missing token" in recorder_err and "wrong token" in recorder_err, recorder_err

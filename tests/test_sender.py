@@ -103,3 +103,35 @@ def test_reconnects_after_the_dashboard_restarts() -> None:
     finally:
         sender.close()
         second.stop()
+
+
+def test_a_rank_that_connects_after_the_findings_were_told_hears_them(collector: Collector) -> None:
+    """The dashboard tells a run's ranks its findings when they change; a rank that comes later still hears."""
+    from gputop.protocol import FindingBrief, FindingsNotice, decode_command
+
+    early = Sender(collector.address, backlog_frames=10)
+    early.set_hello(encode(Hello(run_id="r", rank=0)))
+    early.enqueue(frames(1)[0])
+    assert wait_for(lambda: (early.pump(), window_count(collector) == 1)[1], timeout_s=5)
+    shown = (FindingBrief(cause="data_loading", severity="warn", title="rank 0 waits for data 42%", ranks=(0,)),)
+    collector.notify_findings("r", shown)
+
+    late = Sender(collector.address, backlog_frames=10)  # rank 1 joins (or rank 0 reconnects) afterwards
+    late.set_hello(encode(Hello(run_id="r", rank=1)))
+    late.enqueue(encode(Window(run_id="r", rank=1, seq=1, t0=1, t1=1.5, steps=1, step_total=1)))
+    heard: list[bytes] = []
+    assert wait_for(lambda: (late.pump(), heard.extend(late.read_commands()), bool(heard))[2], timeout_s=5), (
+        "the late rank heard nothing"
+    )
+    notice = decode_command(heard[0])
+    assert isinstance(notice, FindingsNotice) and notice.rank == 1 and notice.findings == shown, notice
+
+    collector.notify_findings("r", ())  # cleared: a rank that comes after that hears nothing old
+    again = Sender(collector.address, backlog_frames=10)
+    again.set_hello(encode(Hello(run_id="r", rank=2)))
+    again.enqueue(encode(Window(run_id="r", rank=2, seq=1, t0=1, t1=1.5, steps=1, step_total=1)))
+    assert wait_for(lambda: (again.pump(), window_count(collector) == 3)[1], timeout_s=5)
+    time.sleep(0.3)
+    assert again.read_commands() == []
+    for sender in (early, late, again):
+        sender.close()

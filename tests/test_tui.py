@@ -156,6 +156,28 @@ class TestData:
             text = str(app.query_one(GpuPanel).render())
             assert text.startswith("no GPU data: NVML library not found")
 
+    async def test_other_hosts_gpus_show_under_their_hosts_with_their_ranks(self) -> None:
+        """A head node without GPUs: each node's GPUs (from its sampler) under its name, joined to its ranks."""
+        async with GputopApp(FixedSource(fx.remote_gpus()), refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            lines = str(app.query_one(GpuPanel).render()).splitlines()
+            assert lines[0].startswith("this dashboard's host: no GPU data: NVML library not found")
+            assert lines[1].startswith("node-a  4 GPUs") and lines[6].startswith("node-b  4 GPUs")
+            assert "1 process not a rank's" in lines[6]
+            assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]  # indices repeat per host
+            assert "r6" in lines[9] and "+pid 9999 jupyter" in lines[9]  # node-b's GPU 2: rank 6 and a stranger
+            assert "8 GPUs" in str(app.query_one("#header").render())
+            # The run chart draws the GPUs of the selected rank's host (the first rank's: node-a).
+            assert "GPUs of node-a" in str(app.chart.border_title)
+            assert app.chart.gpu_history and app.chart.gpu_history[-1].hostname == "node-a"
+
+    async def test_many_hosts_gpus_fold_to_a_line_each_when_they_do_not_fit(self) -> None:
+        async with GputopApp(FixedSource(fx.remote_gpus()), refresh_s=FAST_S).run_test(size=(120, 20)) as pilot:
+            app = await shown(pilot)
+            lines = str(app.query_one(GpuPanel).render()).splitlines()
+            folded = [line for line in lines if line.startswith("node-")]
+            assert len(folded) == 2 and "4 ranks" in folded[0] and "1 not a rank's" in folded[1], lines
+
     async def test_na_is_never_zero(self) -> None:
         async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
             app = await shown(pilot)

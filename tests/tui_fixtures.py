@@ -8,6 +8,7 @@ NAME`` opens the dashboard on one of them (for looking at it in tmux).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
@@ -224,6 +225,38 @@ def eight_ranks(*, n_windows: int = 40) -> Snapshot:
             )
             store.ingest(w, now)
     _gpu_samples(store, 4, n_windows // 2)
+    return store.snapshot(T0 + n_windows * WINDOW_S)
+
+
+def remote_gpus(*, n_windows: int = 40) -> Snapshot:
+    """8 ranks on node-a and node-b, 4 GPUs each read by each node's sampler; the dashboard's host has no GPU."""
+    store = Store(listen=LISTEN)
+    for rank in range(8):
+        node, local = divmod(rank, 4)
+        uuid = f"GPU-{local:08d}-aaaa-bbbb-cccc-{node:012d}"
+        facts = dict(hostname=f"node-{'ab'[node]}", device=f"cuda:{local}", local_rank=local, device_uuid=uuid)
+        store.ingest(hello("run-8", rank, 8, **facts), T0)
+    for seq in range(n_windows):
+        now = T0 + (seq + 1) * WINDOW_S
+        for rank in range(8):
+            store.ingest(window("run-8", rank, seq, step_s=0.080, loader_s=0.002, exposed_s=0.018), now)
+    store.add_gpu(GpuSample(t=T0, unavailable="NVML library not found (libnvidia-ml.so.1)"))
+    foreign = (GpuProcess(pid=9999, used_bytes=2 * GIB, name="jupyter"),)
+    for i in range(int(n_windows * WINDOW_S)):
+        for node in range(2):
+            gpus = tuple(
+                replace(
+                    gpu_reading(
+                        g,
+                        util=float(20 + 20 * g + 5 * node),
+                        mem_gib=31.0,
+                        processes=foreign if (node, g) == (1, 2) else (),
+                    ),
+                    uuid=f"GPU-{g:08d}-aaaa-bbbb-cccc-{node:012d}",
+                )
+                for g in range(4)
+            )
+            store.add_node_gpu(GpuSample(t=T0 + i + 1, gpus=gpus, hostname=f"node-{'ab'[node]}"))
     return store.snapshot(T0 + n_windows * WINDOW_S)
 
 

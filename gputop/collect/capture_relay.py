@@ -40,6 +40,8 @@ from gputop.protocol import (
 
 ANSWER_GRACE_S = 10.0  # beyond the request's own timeout: the collector answers a timeout itself
 
+MAX_RUNS_TOLD = 64  # runs whose last findings are kept for ranks that connect later (the store's run cap)
+
 RankKey = tuple[str, int]
 
 
@@ -60,6 +62,7 @@ class CaptureRelay:
     def __init__(self) -> None:
         self._writers: dict[RankKey, asyncio.StreamWriter] = {}
         self._waiting: dict[str, tuple[RankKey, asyncio.Future[CaptureResult]]] = {}
+        self._findings: dict[str, tuple[FindingBrief, ...]] = {}  # last told, per run: for ranks that come later
 
     # -- called by the collector's connection handler ------------------------------------
 
@@ -68,6 +71,9 @@ class CaptureRelay:
         for key in ranks:
             if self._writers.get(key) is not writer:
                 self._writers[key] = writer  # the newest connection speaks for the rank
+                told = self._findings.get(key[0])
+                if told and not writer.is_closing():  # a rank that (re)connects hears what the others heard
+                    writer.write(encode(FindingsNotice(run_id=key[0], rank=key[1], t=time.time(), findings=told)))
         for message in accepted:
             if isinstance(message, CaptureResult):
                 entry = self._waiting.get(message.id)
@@ -108,6 +114,13 @@ class CaptureRelay:
 
     def _notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
         now = time.time()
+        if findings:
+            self._findings.pop(run_id, None)
+            self._findings[run_id] = findings  # newest last: the oldest go first past MAX_RUNS_TOLD
+            while len(self._findings) > MAX_RUNS_TOLD:
+                del self._findings[next(iter(self._findings))]
+        else:
+            self._findings.pop(run_id, None)  # cleared: nothing to repeat to a rank that comes later
         for (run, rank), writer in list(self._writers.items()):
             if run == run_id and not writer.is_closing():
                 # A slow rank's buffer grows by one small frame per change; the kernel and asyncio hold it.

@@ -1,10 +1,12 @@
 """The collector: an asyncio server, on its own thread, that reporters connect to.
 
 Many reporters from many runs; each connection starts with a hello and then
-streams windows.  A malformed, oversized or wrong-version frame closes that one
-connection with a logged reason and never the collector.  The listening socket
-is bound in ``start()`` on the caller's thread, so "address in use" is an
-ordinary exception the CLI can turn into one line.
+streams windows.  A node sampler's connection (``gputop.node``) sends ``gpus``
+frames instead, one host's NVML readings a second, and needs no hello.  A
+malformed, oversized or wrong-version frame closes that one connection with a
+logged reason and never the collector.  The listening socket is bound in
+``start()`` on the caller's thread, so "address in use" is an ordinary
+exception the CLI can turn into one line.
 
 A TCP connection is admitted first (``_admit``: the token handshake of
 ``gputop.auth``, inside TLS when a certificate is given); a listener off
@@ -28,6 +30,7 @@ from gputop import auth
 from gputop.address import Address, AddressError, default_socket_path, ensure_private_dir
 from gputop.collect.capture_relay import CaptureRelay, is_capture_request
 from gputop.collect.store import Store
+from gputop.model.samples import GpuSample, gpu_sample_from_wire
 from gputop.procfs import name_this_thread
 from gputop.protocol import (
     MAX_FRAME_BYTES,
@@ -35,10 +38,11 @@ from gputop.protocol import (
     CaptureRequest,
     CaptureResult,
     FindingBrief,
+    Gpus,
     Hello,
     Message,
     ProtocolError,
-    decode,
+    decode_upstream,
 )
 
 log = logging.getLogger("gputop.collector")
@@ -211,10 +215,12 @@ class Collector:
                 if len(pending) > MAX_FRAME_BYTES:
                     reason = self._reject(peer, f"frame over {MAX_FRAME_BYTES} bytes")
                     break
-                accepted, problem = self._accept(frames, ranks)
+                accepted, gpus, problem = self._accept(frames, ranks)
                 self.captures.connected(ranks, writer, accepted)
                 now = time.time()
                 self.store.ingest_many(accepted, now)
+                for sample in gpus:
+                    self.store.add_node_gpu(sample)
                 if self.on_message is not None:
                     for message in accepted:
                         self.on_message(message, now)
@@ -271,27 +277,34 @@ class Collector:
         return True
 
     @staticmethod
-    def _accept(frames: list[bytes], ranks: dict[tuple[str, int], int]) -> tuple[list[Message], str]:
-        """The valid messages of a batch, up to the first bad frame, and what was wrong with it ("" if none)."""
+    def _accept(frames: list[bytes], ranks: dict[tuple[str, int], int]) -> tuple[list[Message], list[GpuSample], str]:
+        """The valid messages and node GPU samples of a batch, up to the first bad frame, and what was wrong with it.
+
+        A node's sample is stamped with the receive time (one clock for every host).
+        """
         accepted: list[Message] = []
+        gpus: list[GpuSample] = []
         for frame in frames:
             if not frame or frame.isspace():
                 continue
             if len(frame) > MAX_FRAME_BYTES:
-                return accepted, f"frame over {MAX_FRAME_BYTES} bytes"
+                return accepted, gpus, f"frame over {MAX_FRAME_BYTES} bytes"
             try:
-                message = decode(frame)
-            except ProtocolError as exc:
-                return accepted, str(exc)
+                message = decode_upstream(frame)
+                if isinstance(message, Gpus):
+                    gpus.append(gpu_sample_from_wire(message.sample, hostname=message.hostname, t=time.time()))
+                    continue
+            except (ProtocolError, ValueError) as exc:
+                return accepted, gpus, str(exc)
             key = (message.run_id, message.rank)
             if isinstance(message, Hello):
                 if key not in ranks and len(ranks) >= MAX_RANKS_PER_CONNECTION:
-                    return accepted, f"more than {MAX_RANKS_PER_CONNECTION} ranks on one connection"
+                    return accepted, gpus, f"more than {MAX_RANKS_PER_CONNECTION} ranks on one connection"
                 ranks[key] = message.pid
             elif key not in ranks:
-                return accepted, f"{message.TYPE} before hello"
+                return accepted, gpus, f"{message.TYPE} before hello"
             accepted.append(message)
-        return accepted, ""
+        return accepted, gpus, ""
 
     def _reject(self, peer: str, why: str) -> str:
         text = f"closed connection from {peer}: {why}"

@@ -32,6 +32,15 @@ HISTORY_EVENTS = 100
 HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
 MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
+# A host's GPUs leave the live join after this long without a sample from its node sampler
+# (its job ended, or the sampler died): ten missed 1-s samples.  Its history stays.
+NODE_GPU_STALE_S = 10.0
+MAX_NODE_HOSTS = 4096  # hosts whose GPUs are kept; beyond it the longest silent one is forgotten
+# Other hosts' GPU samples kept over all hosts (a sample of 8 GPUs is ~6 KiB as Python
+# objects): 8 hosts keep 10 minutes each, 128 hosts 37 s (the figures read 10 s, the
+# sparklines up to 2 minutes), so the dashboard's memory stays flat however many nodes send.
+NODE_SAMPLE_BUDGET = 4800
+MIN_NODE_SAMPLES = 30
 
 
 @dataclass
@@ -113,6 +122,8 @@ class Store:
         self._ranks: dict[tuple[str, int], _Rank] = {}
         self._run_seconds: dict[str, _RunSeconds] = {}
         self._gpu: deque[GpuSample] = deque(maxlen=history_samples)
+        self._history_samples = history_samples
+        self._node_gpu: dict[str, deque[GpuSample]] = {}  # other hosts' GPUs, by host name
         self._host: deque[HostSample] = deque(maxlen=history_samples)
         self._rejected: deque[str] = deque(maxlen=20)
         self.token_refusals = 0  # connections refused for a wrong or missing token
@@ -233,6 +244,30 @@ class Store:
         for listener in self.sample_listeners:
             listener(sample)
 
+    def add_node_gpu(self, sample: GpuSample) -> None:
+        """Another host's GPUs (``sample.hostname`` set), as its node sampler sent them."""
+        with self._lock:
+            history = self._node_gpu.get(sample.hostname)
+            if history is None:
+                if len(self._node_gpu) >= MAX_NODE_HOSTS:
+                    silent = min(self._node_gpu, key=lambda host: self._node_gpu[host][-1].t)
+                    del self._node_gpu[silent]
+                history = self._node_gpu[sample.hostname] = deque(
+                    maxlen=self._per_host_samples(len(self._node_gpu) + 1)
+                )
+                for host, kept in self._node_gpu.items():
+                    if kept.maxlen is not None and history.maxlen is not None and kept.maxlen > history.maxlen:
+                        self._node_gpu[host] = deque(kept, maxlen=history.maxlen)
+                history = self._node_gpu[sample.hostname]
+            history.append(sample)
+        for listener in self.sample_listeners:
+            listener(sample)
+
+    def _per_host_samples(self, hosts: int) -> int | None:
+        if self._history_samples is None:
+            return None  # a whole recording: keep everything
+        return max(min(self._history_samples, NODE_SAMPLE_BUDGET // max(hosts, 1)), MIN_NODE_SAMPLES)
+
     def add_host(self, sample: HostSample) -> None:
         with self._lock:
             self._host.append(sample)
@@ -283,6 +318,7 @@ class Store:
                 )
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
+            node_history = {host: tuple(samples) for host, samples in sorted(self._node_gpu.items())}
             rejected = tuple(self._rejected)
             histories = {run_id: seconds.view(now) for run_id, seconds in self._run_seconds.items()}
             token_refusals = self.token_refusals
@@ -310,6 +346,8 @@ class Store:
             listen=self.listen,
             rejected=rejected,
             token_refusals=token_refusals,
+            node_gpus=tuple(h[-1] for h in node_history.values() if h and now - h[-1].t <= NODE_GPU_STALE_S),
+            node_gpu_history=node_history,
         )
 
     def _status(self, state: _Rank, now: float) -> tuple[Status, str]:

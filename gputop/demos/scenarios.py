@@ -5,6 +5,8 @@ Kept apart from ``train.py`` so the CLI can list them without importing torch.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 
 
@@ -23,6 +25,7 @@ class Scenario:
     num_workers: int = 0
     bucket_cap_mb: float = 25.0  # DDP's default; small buckets let all-reduce overlap backward
     needs_gpu: bool = False
+    oversubscribe: float = 0.0  # > 0: compute threads over all ranks = this x the cores (at least torch_threads)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -57,8 +60,9 @@ SCENARIOS: dict[str, Scenario] = {
         batch_size=2,
     ),
     "oversubscribed": Scenario(
-        "each rank runs 4 compute threads on a machine with fewer cores than ranks x threads",
-        torch_threads=4,
+        "the ranks run twice as many compute threads as the machine has cores",
+        torch_threads=4,  # the least, for 2 ranks on 2 cores: what the scenario was measured with
+        oversubscribe=2.0,
     ),
     "memory_pressure": Scenario(
         "activations fill the GPU: the caching allocator retries and frees",
@@ -70,3 +74,42 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 SCENARIO_NAMES = tuple(SCENARIOS)
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity, as taskset, cgroups' cpusets and Slurm set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def fitted(scenario: Scenario, *, cores: int, nproc: int) -> Scenario:
+    """The scenario sized to this machine, so that it shows its own cause on any core count.
+
+    Every scenario but ``oversubscribed`` keeps one compute thread a rank: on 2
+    cores that leaves gloo's threads, the DataLoader and the dashboard room,
+    and on more cores the ranks have even more (the healthy run is measured
+    healthy at 1 thread a rank on 2 cores).  ``oversubscribed`` scales its
+    threads with the cores, or a 32-core machine would run 8 threads on 32
+    cores and show nothing wrong.
+    """
+    if scenario.oversubscribe <= 0:
+        return scenario
+    wanted = -(-round(scenario.oversubscribe * cores) // max(nproc, 1))  # ceil
+    return dataclasses.replace(scenario, torch_threads=max(scenario.torch_threads, wanted))
+
+
+def plan(name: str, *, cores: int, nproc: int) -> str:
+    """One line for the user: what the demo runs on this machine, and what shares its cores."""
+    scenario = fitted(SCENARIOS[name], cores=cores, nproc=nproc)
+    threads = scenario.torch_threads
+    text = (
+        f"demo {name!r}: {nproc} rank{'s' if nproc != 1 else ''} x {threads} compute "
+        f"thread{'s' if threads != 1 else ''} on {cores} CPU{'s' if cores != 1 else ''}"
+    )
+    if name != "oversubscribed" and nproc * threads > cores:
+        return text + ": more compute threads than CPUs, so the ranks wait for one and gputop will say so first"
+    if name != "oversubscribed" and nproc * threads + 1 > cores:
+        return text + ", shared with gloo's threads and gputop"
+    return text

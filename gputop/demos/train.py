@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import gputop
-from gputop.demos.scenarios import SCENARIOS, Scenario
+from gputop.demos.scenarios import SCENARIOS, Scenario, fitted, usable_cores
 
 
 class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: run until stopped)")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     args = parser.parse_args(argv)
-    scenario = SCENARIOS[args.scenario]
+    # Sized to the machine as `gputop demo` said it would be: the same function, the same inputs.
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    scenario = fitted(SCENARIOS[args.scenario], cores=usable_cores(), nproc=ranks_here)
 
     use_cuda = torch.cuda.is_available()
     if scenario.needs_gpu and not use_cuda:

@@ -47,7 +47,8 @@ def diagnose(machine: Figures) -> list[Finding]:
     findings += data_parallel_findings(machine)
     allocation = allocation_findings(machine)
     findings = absorb_cpu_symptoms(findings + allocation, machine)
-    findings += unobserved_findings(machine, gpus_already_reported={g for f in allocation for g in f.gpus})
+    reported = {(str(f.extra.get("hostname", "")), g) for f in allocation for g in f.gpus}
+    findings += unobserved_findings(machine, gpus_already_reported=reported)
     return worst_first(findings)
 
 

@@ -148,7 +148,11 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
 
 
 def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str) -> list[Family]:
-    """Every metric of ``METRICS`` for one refresh; a value not measured is left out, never made up."""
+    """Every metric of ``METRICS`` for one refresh; a value not measured is left out, never made up.
+
+    ``gpu_hostname`` is the ``Hostname`` of the exporter's own machine's GPUs; another
+    host's GPUs (from its node sampler) carry that host's name.
+    """
     out: dict[str, list[tuple[tuple[str, ...], float]]] = {spec.name: [] for spec in METRICS}
     ranks = figures.all_ranks()
     host_of = {(r.run_id, r.rank): r.hello.hostname for r in ranks}
@@ -158,7 +162,7 @@ def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str
             out[name] += [(labels + extra, float(v)) for extra, v in samples if v is not None]
     for a in figures.assignments:
         g = a.gpu
-        labels = (str(g.index), g.uuid, g.name, gpu_hostname)
+        labels = (str(g.index), g.uuid, g.name, a.hostname or gpu_hostname)  # a node's GPUs: its host
         for name, value in (
             ("gputop_gpu_utilization_ratio", None if g.util_pct is None else g.util_pct / 100),
             ("gputop_gpu_memory_used_bytes", g.mem_used_bytes),

@@ -11,7 +11,7 @@ value the table shows.  Pure: a snapshot in, frozen figures out.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -219,7 +219,7 @@ def summarize(
             if own or (view.run_id, view.rank) not in gpu_of:
                 gpu_of[(view.run_id, view.rank)] = a.gpu
     since_t = None if span_s is None else snapshot.t - span_s
-    util = mean_gpu_util_pct(snapshot.gpu_history, since_t=since_t)
+    util = mean_gpu_util_pct(snapshot.gpu_samples(), since_t=since_t)  # every host's GPUs, keyed by UUID
     runs = []
     for run in snapshot.runs:
         ranks = []
@@ -250,7 +250,7 @@ def summarize(
     )
 
 
-def mean_gpu_util_pct(history: Sequence[GpuSample], *, since_t: float | None) -> dict[str, float]:
+def mean_gpu_util_pct(history: Iterable[GpuSample], *, since_t: float | None) -> dict[str, float]:
     """Each GPU's mean NVML utilization over the samples since ``since_t``; N/A readings skipped."""
     sums: dict[str, list[float]] = {}
     for sample in history:

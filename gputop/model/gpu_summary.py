@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputop.model.join import assign_ranks, child_pids_by_rank_pid
+from gputop.model.join import assign_ranks, child_pids_by_rank_pid, on_host_of
 from gputop.model.samples import GpuReading, GpuSample
 from gputop.model.snapshot import Snapshot
 
@@ -23,6 +23,7 @@ class _Acc:
 
     first: GpuReading
     last: GpuReading
+    hostname: str = ""  # "" the collector's own machine
     samples: int = 0
     util: list[float] = field(default_factory=list)
     mem_used: list[int] = field(default_factory=list)
@@ -43,8 +44,11 @@ def _mean(values: Sequence[float]) -> float | None:
 def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = None) -> dict[str, Any]:
     """Per GPU over ``samples``: utilization, memory peak, power, the ranks on it (via the join).
 
-    ``snapshot`` supplies the ranks (their hellos); without it ``ranks`` is
-    empty.  With no GPU data at all, ``unavailable`` says why.
+    ``samples`` may mix hosts (``Snapshot.gpu_samples()``): each GPU is listed
+    under the host that read it, joined as the live view joins (UUIDs across
+    hosts, PIDs within one).  ``snapshot`` supplies the ranks (their hellos);
+    without it ``ranks`` is empty.  With no GPU data at all, ``unavailable``
+    says why.
     """
     with_data = [s for s in samples if s.gpus]
     driver = next((s.driver_version for s in reversed(samples) if s.driver_version), None)
@@ -56,14 +60,22 @@ def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = Non
 
     ranks = snapshot.all_ranks() if snapshot is not None else []
     children = child_pids_by_rank_pid(snapshot.host) if snapshot is not None else {}
-    accs: dict[str, _Acc] = {}
+    remote = {s.hostname for s in samples if s.hostname}
+    accs: dict[tuple[str, str], _Acc] = {}
     for sample in with_data:
-        assignments = assign_ranks(sample.gpus, ranks, children) if ranks else None
+        host = sample.hostname
+        assignments = (
+            assign_ranks(
+                sample.gpus, ranks, None if host else children, hostname=host, on_host=on_host_of(host, remote)
+            )
+            if ranks
+            else None
+        )
         for position, reading in enumerate(sample.gpus):
-            key = reading.uuid or f"#{reading.index}"
+            key = (host, reading.uuid or f"#{reading.index}")
             acc = accs.get(key)
             if acc is None:
-                acc = accs[key] = _Acc(first=reading, last=reading)
+                acc = accs[key] = _Acc(first=reading, last=reading, hostname=host)
             _add(acc, reading)
             if assignments is not None:
                 assignment = assignments[position]
@@ -75,7 +87,9 @@ def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = Non
                         seen["max_used_bytes"] = max(seen["max_used_bytes"] or 0, proc.used_bytes)
                     seen["name"] = seen["name"] or proc.name
 
-    order = {key: (acc.first.index, acc.first.mig_parent_uuid is not None, key) for key, acc in accs.items()}
+    order = {
+        key: (acc.hostname, acc.first.index, acc.first.mig_parent_uuid is not None, key) for key, acc in accs.items()
+    }
     out["gpus"] = [_gpu_summary(accs[key]) for key in sorted(accs, key=order.__getitem__)]
     return out
 
@@ -116,6 +130,7 @@ def _gpu_summary(acc: _Acc) -> dict[str, Any]:
     if "gpu" in last.na:
         never["gpu"] = last.na["gpu"]
     return {
+        "hostname": acc.hostname,  # "" the recorder's own machine
         "index": acc.first.index,
         "uuid": acc.first.uuid,
         "name": acc.first.name or last.name,

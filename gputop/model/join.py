@@ -7,15 +7,22 @@ MIG renumber devices per process, so index 0 in a rank is rarely NVML's 0.  A
 PID is only the fallback for a rank that sent no UUID, because PIDs differ
 between a container and the host NVML sees.
 
+Across hosts: the collector's own NVML readings and each remote host's (from
+its node sampler) are joined together.  UUIDs are unique across machines, so a
+rank on any host finds its GPU by UUID wherever it is listed; indices and PIDs
+are per machine, so the PID fallback and "which processes are no rank's" only
+compare a host's GPUs with that host's ranks.  A rank belongs to the readings of
+the host its hello names, else (no node sampler there) to the collector's own.
+
 Pure: a snapshot in, assignments out; no NVML, no psutil.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gputop.model.samples import GpuProcess, GpuReading, HostSample
+from gputop.model.samples import GpuProcess, GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import RankView, Snapshot
 
 _UUID_PREFIXES = ("gpu-", "mig-")
@@ -28,6 +35,7 @@ class GpuAssignment:
     gpu: GpuReading
     ranks: tuple[RankView, ...]  # hello.device_uuid matches gpu.uuid (PID fallback for a rank with no UUID)
     unobserved: tuple[GpuProcess, ...]  # on this GPU, neither a rank's process nor one of its children
+    hostname: str = ""  # the host whose node sampler read it; "" for the collector's own machine
 
 
 def normalize_uuid(uuid: str | None) -> str:
@@ -63,12 +71,17 @@ def assign_ranks(
     gpus: Sequence[GpuReading],
     ranks: Iterable[RankView],
     child_pids: Mapping[int, Iterable[int]] | None = None,
+    *,
+    hostname: str = "",
+    on_host: Callable[[RankView], bool] | None = None,
 ) -> list[GpuAssignment]:
     """The join itself, on explicit inputs (``join_ranks_to_gpus`` reads them from a snapshot).
 
     A rank whose UUID matches no GPU here (it runs on another machine, or
     NVML hides that GPU) is on none of them; the PID fallback is used only
-    when a rank sent no UUID at all.
+    when a rank sent no UUID at all.  ``on_host`` says which ranks run on the
+    machine these GPUs are in (None: all of them): only their PIDs are compared
+    with the GPUs' processes, as PIDs of another machine mean nothing here.
     """
     children = {pid: frozenset(kids) for pid, kids in (child_pids or {}).items()}
     rank_list = list(ranks)
@@ -81,10 +94,12 @@ def assign_ranks(
     on_gpu: dict[int, list[RankView]] = {index: [] for index in range(len(gpus))}
     observed_pids: set[int] = set()
     for rank in rank_list:
-        own = _pids_of(rank, children)
-        observed_pids |= own
+        local = on_host is None or on_host(rank)
+        own = _pids_of(rank, children if local else {})
         key = normalize_uuid(rank.hello.device_uuid)
-        position = by_uuid.get(key) if key else _gpu_by_pid(gpus, own)
+        position = by_uuid.get(key) if key else (_gpu_by_pid(gpus, own) if local else None)
+        if local or position is not None:
+            observed_pids |= own  # a rank found here by UUID has its process here, whatever its host says
         if position is not None:
             on_gpu[position].append(rank)
         for other in rank_gpu_uuids(rank)[1:]:  # nn.DataParallel: the rank is on each of its GPUs
@@ -97,21 +112,63 @@ def assign_ranks(
             gpu=gpu,
             ranks=tuple(on_gpu[position]),
             unobserved=tuple(p for p in gpu.processes if p.pid not in observed_pids),
+            hostname=hostname,
         )
         for position, gpu in enumerate(gpus)
     ]
 
 
-def join_ranks_to_gpus(snapshot: Snapshot) -> list[GpuAssignment]:
-    """Every GPU in the snapshot's latest GPU sample, with its ranks and its unobserved processes.
+def gpu_groups(snapshot: Snapshot) -> list[GpuSample]:
+    """The latest GPU sample of each machine: the collector's own first, then each host's by name.
 
-    Empty when there is no GPU data (no sample yet, or NVML unavailable).
-    Ranks of every status are included; callers that care filter on
-    ``RankView.status``.
+    A GPU already listed by an earlier sample is left out of a later one (a node
+    sampler on the collector's own machine, under a container's host name), so
+    no GPU and no rank is counted twice.
     """
-    if snapshot.gpu is None or not snapshot.gpu.gpus:
+    groups = [snapshot.gpu] if snapshot.gpu is not None and snapshot.gpu.gpus else []
+    seen = {normalize_uuid(g.uuid) for sample in groups for g in sample.gpus}
+    for sample in snapshot.node_gpus:
+        fresh = tuple(g for g in sample.gpus if normalize_uuid(g.uuid) not in seen or not g.uuid)
+        seen |= {normalize_uuid(g.uuid) for g in fresh}
+        if fresh:
+            groups.append(GpuSample(t=sample.t, gpus=fresh, driver_version=sample.driver_version,
+                                    hostname=sample.hostname))  # fmt: skip
+    return groups
+
+
+def on_host_of(hostname: str, remote_hosts: Iterable[str]) -> Callable[[RankView], bool]:
+    """Which ranks run where a sample of ``hostname`` was read ("" the collector's machine: every rank
+    whose host sends no readings of its own)."""
+    if hostname:
+        return lambda rank: rank.hello.hostname == hostname
+    elsewhere = frozenset(remote_hosts)
+    return lambda rank: rank.hello.hostname not in elsewhere
+
+
+def join_ranks_to_gpus(snapshot: Snapshot) -> list[GpuAssignment]:
+    """Every GPU in the snapshot's latest GPU samples (every host's), with its ranks and unobserved processes.
+
+    Empty when there is no GPU data (no sample yet, or NVML unavailable
+    everywhere).  Ranks of every status are included; callers that care
+    filter on ``RankView.status``.  The collector's own GPUs come first, then
+    each host's in host-name order.
+    """
+    groups = gpu_groups(snapshot)
+    if not groups:
         return []
-    return assign_ranks(snapshot.gpu.gpus, snapshot.all_ranks(), child_pids_by_rank_pid(snapshot.host))
+    ranks = snapshot.all_ranks()
+    remote = [sample.hostname for sample in snapshot.node_gpus]
+    children = child_pids_by_rank_pid(snapshot.host)
+    out: list[GpuAssignment] = []
+    for sample in groups:
+        out += assign_ranks(
+            sample.gpus,
+            ranks,
+            children if not sample.hostname else None,  # the host sampler watches this machine only
+            hostname=sample.hostname,
+            on_host=on_host_of(sample.hostname, remote),
+        )
+    return out
 
 
 def _pids_of(rank: RankView, children: Mapping[int, frozenset[int]]) -> set[int]:

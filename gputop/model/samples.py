@@ -9,8 +9,10 @@ so the UI can show N/A with the reason one keypress away.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import msgspec
 
 
 @dataclass(frozen=True)
@@ -53,12 +55,15 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """Every GPU on the machine at one moment, or why there is no GPU data."""
+    """Every GPU on one machine at one moment, or why there is no GPU data."""
 
     t: float
     gpus: tuple[GpuReading, ...] = ()
     unavailable: str | None = None  # one line: why there is no GPU data at all
     driver_version: str | None = None
+    # "" for the collector's own machine (and every recording made before node samplers);
+    # else the host whose node sampler sent it (``gputop.node``), as its ranks' hellos name it.
+    hostname: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,47 @@ class HostSample:
 
 
 def sample_to_dict(sample: GpuSample | HostSample) -> dict[str, Any]:
-    """The JSON object a recording stores for a sample (``type`` is gpu or host)."""
-    kind = "gpu" if isinstance(sample, GpuSample) else "host"
-    return {"type": kind, **asdict(sample)}
+    """The JSON object a recording stores for a sample (``type`` is gpu, node_gpu or host).
+
+    Another host's GPUs are ``node_gpu`` lines, not ``gpu`` lines with a host
+    name: a gputop from before node samplers skips a line type it does not
+    know, where it would have taken another host's GPUs for its own.
+    """
+    if isinstance(sample, GpuSample):
+        kind = "node_gpu" if sample.hostname else "gpu"
+        obj = asdict(sample)
+        if not sample.hostname:
+            del obj["hostname"]
+        return {"type": kind, **obj}
+    return {"type": "host", **asdict(sample)}
+
+
+def gpu_sample_to_wire(sample: GpuSample) -> dict[str, Any]:
+    """A sample as a node sends it: None fields, empty tuples and empty dicts left out (they are the defaults)."""
+
+    def compact(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: compact(v) for k, v in value.items() if v is not None and v != () and v != {} and v != []}
+        if isinstance(value, (list, tuple)):
+            return [compact(v) for v in value]
+        return value
+
+    obj = compact(asdict(sample))
+    obj.pop("hostname", None)  # the message says whose it is
+    return obj  # type: ignore[no-any-return]
+
+
+def gpu_sample_from_wire(obj: dict[str, Any], *, hostname: str, t: float) -> GpuSample:
+    """A node's sample, every field checked against its type; ``ValueError`` says what is wrong.
+
+    ``t`` replaces the node's own time: the collector's receive time keeps every
+    host's samples on one clock (nodes' clocks drift), as windows' ``recv_t`` do.
+    """
+    try:
+        sample = msgspec.convert(obj, GpuSample)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"gpus sample: {exc}") from None
+    return replace(sample, t=t, hostname=hostname)
 
 
 def gpu_sample_from_dict(obj: dict[str, Any]) -> GpuSample:
@@ -123,6 +166,7 @@ def gpu_sample_from_dict(obj: dict[str, Any]) -> GpuSample:
         gpus=tuple(gpus),
         unavailable=obj.get("unavailable"),
         driver_version=obj.get("driver_version"),
+        hostname=str(obj.get("hostname") or ""),
     )
 
 

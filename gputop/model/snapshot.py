@@ -8,7 +8,8 @@ reads only these.  Pure data: no locks, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from gputop.model.samples import GpuSample, HostSample
@@ -94,6 +95,20 @@ class Snapshot:
     listen: str = ""  # where the collector listens, for the empty-state screen
     rejected: tuple[str, ...] = ()  # recent connections closed for bad frames, with reasons
     token_refusals: int = 0  # connections refused at the token handshake, since the collector started
+    # Other hosts' GPUs, from their node samplers (``gputop.node``), by host name: the latest
+    # sample of each host still sending (``node_gpus``), and each host's history, oldest first.
+    node_gpus: tuple[GpuSample, ...] = ()
+    node_gpu_history: Mapping[str, tuple[GpuSample, ...]] = field(default_factory=dict)
 
     def all_ranks(self) -> list[RankView]:
         return [rank for run in self.runs for rank in run.ranks]
+
+    def gpu_samples(self) -> Iterator[GpuSample]:
+        """Every GPU sample kept, this machine's and every other host's (each GPU's UUID is its key)."""
+        yield from self.gpu_history
+        for history in self.node_gpu_history.values():
+            yield from history
+
+    def gpu_history_of(self, hostname: str) -> tuple[GpuSample, ...]:
+        """The GPU samples of the host a rank names in its hello: its node's, else this machine's."""
+        return self.node_gpu_history.get(hostname) or self.gpu_history

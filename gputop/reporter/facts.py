@@ -28,11 +28,30 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
         return None
 
 
+# Where each launcher puts a process's rank, its rank on its node and the world size:
+# torchrun / torch.distributed first, then srun (a task per GPU, with
+# init_process_group reading SLURM_*), then Open MPI, then MPICH/Intel MPI.
+LAUNCHER_VARS = (
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
+)
+
+
 def identity(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """rank, local_rank, world_size, backend and run_id, from torch.distributed or the launcher's env."""
-    rank = _env_int(env, "RANK")
-    world = _env_int(env, "WORLD_SIZE")
-    local = _env_int(env, "LOCAL_RANK")
+    """rank, local_rank, world_size, backend and run_id, from torch.distributed or the launcher's env.
+
+    A rank's local rank decides which GPU it is joined to when NVML sees no pid
+    of it, and which rank of a node starts the node's GPU sampler: under srun
+    without torchrun there is no LOCAL_RANK, and taking the global rank would
+    make rank 8 on the second node "local rank 8".  A launcher's local rank is
+    believed only where its rank is this process's: mp.spawn's children under
+    one srun task all see SLURM_LOCALID=0.
+    """
+    found = [(_env_int(env, r), _env_int(env, lr), _env_int(env, w)) for r, lr, w in LAUNCHER_VARS]
+    rank = next((r for r, _, _ in found if r is not None), None)
+    world = next((w for r, _, w in found if r is not None and w is not None), None)
     backend = None
     dist = sys.modules.get("torch.distributed")
     try:
@@ -43,7 +62,12 @@ def identity(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
         pass
     rank = rank if rank is not None else 0
     world = world if world is not None else 1
-    local = local if local is not None else rank
+    torchrun_local = found[0][1]
+    local = (
+        torchrun_local
+        if torchrun_local is not None
+        else next((lr for r, lr, _ in found[1:] if r == rank and lr is not None), rank)
+    )
     return {
         "rank": rank,
         "world_size": world,

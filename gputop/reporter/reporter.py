@@ -32,7 +32,7 @@ from gputop.protocol import (
     decode_command,
     encode,
 )
-from gputop.reporter import facts
+from gputop.reporter import facts, node_sampler
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock, calibrate
 from gputop.reporter.probes import Probe
@@ -88,6 +88,10 @@ class Reporter:
         # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
         self._capture: ProfilerCapture | None = None
         self.trainer_log = TrainerLog()  # recent windows and the run's findings, for the trainer's logger
+        # This host's GPUs for a collector on another machine: a child process, decided once connected.
+        self._node_mode = node_sampler.mode()
+        self._node = node_sampler.NodeSamplerChild()
+        self._node_decided = self._node_mode == "off"
 
     # -- training thread ------------------------------------------------------------
 
@@ -242,6 +246,7 @@ class Reporter:
                         next_window_s = now + self.window_s
                 self.sender.pump(now)
                 self._serve_capture(now)
+                self._tend_node_sampler()
             except Exception as exc:  # a bug here must not end reporting for the run
                 self._report_error("reporter", exc)
         self._final_flush(window_t0)
@@ -264,6 +269,31 @@ class Reporter:
         if capture.finished:
             self._capture = None
             self.sender.enqueue(encode(capture.result()))
+
+    def _tend_node_sampler(self) -> None:
+        """Start this host's node sampler once, when the rule says so; say once if it ended early."""
+        if self._node_decided:
+            if self._node.process is not None and self._node.exit_code is None:
+                code = self._node.exited()
+                if code is not None:
+                    self._report_error("node_sampler", RuntimeError(f"the node sampler exited with code {code}"))
+            return
+        if self._node_mode == "auto" and not self.sender.connected:
+            return  # whether the collector is another machine is known once connected
+        self._node_decided = True
+        hello = self._hello_or_new()
+        if not node_sampler.wanted(self._node_mode, hello.local_rank, self.sender.remote_link):
+            return
+        try:
+            self._node.start(self.sender.address, self.pid)
+        except Exception as exc:
+            self._report_error("node_sampler", exc)
+            return
+        assert self._node.process is not None and self._node.spawn_s is not None
+        note = f"started this host's GPU sampler (pid {self._node.process.pid}) in {self._node.spawn_s * 1e3:.1f} ms"
+        self.sender.enqueue(
+            encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind="node_sampler", message=note))
+        )
 
     def _start_capture(self, request: CaptureRequest) -> None:
         hello = self._hello_or_new()
@@ -298,6 +328,7 @@ class Reporter:
                     break
                 time.sleep(0.01)
             self.sender.close()
+            self._node.stop()
         except Exception:
             pass
 

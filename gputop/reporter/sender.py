@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import socket
 import time
 from collections import deque
@@ -44,6 +45,9 @@ class Sender:
         self.connects = 0
         self.sent_bytes = 0  # written to a socket, over the reporter's life
         self.refused = ""  # why we may not report there (socket folder not ours, token refused), once seen
+        # Whether the last connection reached another machine (TCP, ends on different non-loopback
+        # addresses); None before any connection.  Decides whether this host's node sampler starts.
+        self.remote_link: bool | None = None
         self.hello = b""
         self._sock: socket.socket | None = None
         self._inflight: deque[bytes] = deque()  # taken from the backlog, not yet fully sent
@@ -129,6 +133,7 @@ class Sender:
                 sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock = self._secure(sock)
+                self.remote_link = _ends_differ(sock)
             else:
                 path = self.address.path
                 assert path is not None
@@ -202,6 +207,15 @@ class Sender:
                 self._inflight.popleft()
                 self._inflight_bytes -= len(frame)
                 self._offset = 0
+
+
+def _ends_differ(sock: socket.socket) -> bool:
+    """Whether a TCP connection's two ends are different, non-loopback addresses: another machine."""
+    try:
+        own, peer = sock.getsockname()[0], sock.getpeername()[0]
+        return own != peer and not ipaddress.ip_address(peer.split("%")[0]).is_loopback
+    except (OSError, ValueError, IndexError, TypeError):
+        return False
 
 
 # What a non-blocking send raises when the kernel buffer is full; ssl's own two

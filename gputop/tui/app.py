@@ -98,6 +98,7 @@ class GputopApp(App[int]):
         diagnoser_factory: DiagnoserFactory | None = None,
         theme: str | None = None,
         alerts: AlertTracker | None = None,
+        notice: str | None = None,
     ) -> None:
         """Build the app.
 
@@ -107,12 +108,14 @@ class GputopApp(App[int]):
             diagnoser_factory: Makes the stateful diagnoser; None shows "no rules active".
             theme: A Textual theme name; None keeps Textual's default.
             alerts: Decides which findings ring the bell; None rings nothing.
+            notice: Said once at start, as a notification (the demo says what it runs where).
         """
         super().__init__()
         if theme is not None:
             self.theme = theme
         self.source = source
         self.refresh_s = refresh_s
+        self.notice = notice
         self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
@@ -162,6 +165,8 @@ class GputopApp(App[int]):
     def on_mount(self) -> None:
         self.screen.set_class(True, "-empty")
         self.table.focus()
+        if self.notice:
+            self.notify(self.notice, timeout=15)
         self._fetch()
         self.set_interval(self.refresh_s, self._fetch)
 
@@ -339,8 +344,12 @@ class GputopApp(App[int]):
         chart = self.chart
         chart.show_gpus = self.size.height >= SHORT_HEIGHT
         chart.history = run.history
-        chart.gpu_history = view.snapshot.gpu_history
-        chart.border_title = f"run {run.name or run.run_id} · per second, newest right"
+        # The GPUs of the selected rank's host (its node sampler's), else this machine's.
+        rank = view.rank(self._selected) if self._selected else None
+        host = (rank or run.ranks[0]).hello.hostname if (rank or run.ranks) else ""
+        chart.gpu_history = view.snapshot.gpu_history_of(host)
+        on = f" · GPUs of {host}" if host in view.snapshot.node_gpu_history else ""
+        chart.border_title = f"run {run.name or run.run_id} · per second, newest right{on}"
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected
@@ -359,10 +368,10 @@ class GputopApp(App[int]):
         lines = []
         for row in view.gpu_rows:
             g = row.reading
-            lines += [f"GPU {g.index} {name}: N/A, {why}" for name, why in g.na.items()]
+            gpu = f"{row.hostname} GPU {g.index}" if row.hostname else f"GPU {g.index}"
+            lines += [f"{gpu} {name}: N/A, {why}" for name, why in g.na.items()]
             lines += [
-                f"GPU {g.index}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ")
-                for p in row.unobserved
+                f"{gpu}: pid {p.pid} {p.name or ''} is not a reporting rank".replace("  ", " ") for p in row.unobserved
             ]
         return "\n".join(lines) or None
 
@@ -460,6 +469,7 @@ def run_dashboard(
     theme: str | None = None,
     remember_theme: Callable[[str], None] | None = None,
     alerts: AlertTracker | None = None,
+    notice: str | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
@@ -467,7 +477,9 @@ def run_dashboard(
     is its one-line error) and stops it after.  ``remember_theme`` gets the
     theme on screen at exit (the user may have picked one in the command palette).
     """
-    app = GputopApp(source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts)
+    app = GputopApp(
+        source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts, notice=notice
+    )
     # The UI thread waits for the interpreter at most this long when the figures worker or the
     # collector holds it (Python's default is 5 ms, several times per frame).
     sys.setswitchinterval(0.001)

@@ -90,6 +90,7 @@ class GpuRow:
     reading: GpuReading
     ranks: tuple[str, ...]  # "r0", or "run:r0" when several runs share the machine
     unobserved: tuple[GpuProcess, ...]
+    hostname: str = ""  # the host it is on, from its node sampler; "" this dashboard's machine
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class DashboardView:
         rank = self.rank(key)
         if rank is None:
             return None
-        return rank_series(rank, self.snapshot.gpu_history, VIEW_HISTORY_WINDOWS)
+        return rank_series(rank, self.snapshot.gpu_history_of(rank.hello.hostname), VIEW_HISTORY_WINDOWS)
 
     def row(self, key: str) -> RankRow | None:
         return self._rows_by_key.get(key)
@@ -318,6 +319,7 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
                 for r in a.ranks
             ),
             unobserved=a.unobserved,
+            hostname=a.hostname,
         )
         for a in figures.assignments
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -59,7 +60,13 @@ def main() -> None:
         find_unused_parameters=args.find_unused,
     )
     if not args.no_watch:
-        gputop.watch(model)
+        reporter = gputop.watch(model)
+        fake_uuids = os.environ.get("TEST_FAKE_DEVICE_UUIDS")
+        if reporter is not None and fake_uuids:
+            # No GPU here: the test's fake NVML (tests/fake_pynvml) lists these UUIDs, and each
+            # local rank claims one as its device, as torch.cuda would tell a rank on a real GPU.
+            reporter._facts["device_uuid"] = fake_uuids.split(",")[int(os.environ.get("LOCAL_RANK", "0"))]
+            reporter._facts_changed.set()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(
         SleepyData(args.delay_ms / 1000.0, args.batch_size, args.transform_ms / 1000.0),

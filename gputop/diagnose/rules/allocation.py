@@ -151,12 +151,13 @@ def gpu_allocation_findings(machine: Figures) -> list[Finding]:
                     gpu_finding(
                         run_id,
                         "warn",
-                        f"{ranks_text(same)} share GPU {gpu.index}",
+                        f"{ranks_text(same)} share {gpu_label(assignment)}",
                         "Give each rank its own GPU: torch.cuda.set_device(local_rank) before creating the model, "
                         "and launch at most as many ranks per node as GPUs.",
                         (Evidence("ranks_on_gpu", len(same), 1, gpu=gpu.index),),
                         same,
                         gpu.index,
+                        assignment.hostname,
                     )
                 )
             others = sorted(set(runs) - {run_id})
@@ -167,26 +168,39 @@ def gpu_allocation_findings(machine: Figures) -> list[Finding]:
                     gpu_finding(
                         run_id,
                         "warn",
-                        f"GPU {gpu.index} is shared with " + ", ".join(what),
+                        f"{gpu_label(assignment)} is shared with " + ", ".join(what),
                         "Run other jobs on other GPUs (CUDA_VISIBLE_DEVICES), or stop them: the GPU time-slices "
                         "between processes.",
                         (Evidence("other_processes", len(others) + len(busy), 0, gpu=gpu.index),),
                         same,
                         gpu.index,
+                        assignment.hostname,
                     )
                 )
     if idle and job_gpus:
         # Idle GPUs on a machine where a job runs: attach to the job when there is exactly one.
         owner: str | None = next(iter(job_gpus)) if len(job_gpus) == 1 else None
         indexes = sorted(a.gpu.index for a in idle)
-        used = len({a.gpu.uuid for gpus in job_gpus.values() for a in gpus})
+        hosts = sorted({a.hostname for a in idle})
+        # Per node: the GPUs the job uses there plus the idle ones is what --nproc_per_node could be.
+        per_node = {
+            host: len({a.gpu.uuid for gpus in job_gpus.values() for a in gpus if a.hostname == host})
+            + sum(1 for a in idle if a.hostname == host)
+            for host in hosts
+        }
+        nproc = str(per_node[hosts[0]]) if len(set(per_node.values())) == 1 else "<GPUs per node>"
+        where = ", ".join(map(str, indexes))
+        if hosts != [""]:  # GPUs of several hosts (node samplers): indices repeat, so name the host
+            where = "; ".join(
+                f"{host or 'here'} {', '.join(str(a.gpu.index) for a in idle if a.hostname == host)}" for host in hosts
+            )
         findings.append(
             Finding(
                 cause="allocation",
                 severity="warn",
-                title=f"GPU{'s' if len(indexes) > 1 else ''} {', '.join(map(str, indexes))} idle: "
+                title=f"GPU{'s' if len(indexes) > 1 else ''} {where} idle: "
                 f"no rank and no process on {'them' if len(indexes) > 1 else 'it'}",
-                suggestion=f"Use them: torchrun --nproc_per_node={used + len(indexes)} (one rank per GPU), "
+                suggestion=f"Use them: torchrun --nproc_per_node={nproc} (one rank per GPU), "
                 "or leave them to another job on purpose.",
                 evidence=(Evidence("idle_gpus", len(indexes), 0),),
                 gpus=tuple(indexes),
@@ -205,6 +219,7 @@ def gpu_finding(
     evidence: tuple[Evidence, ...],
     ranks: list[int],
     gpu: int,
+    hostname: str = "",
 ) -> Finding:
     return Finding(
         cause="allocation",
@@ -216,7 +231,14 @@ def gpu_finding(
         gpus=(gpu,),
         run_id=run_id,
         doc=doc_anchor("allocation"),
+        extra={"hostname": hostname} if hostname else {},
     )
+
+
+def gpu_label(assignment: GpuAssignment) -> str:
+    """ "GPU 3", or "node-7 GPU 3" for another host's GPU (indices repeat across hosts)."""
+    index = assignment.gpu.index
+    return f"{assignment.hostname} GPU {index}" if assignment.hostname else f"GPU {index}"
 
 
 def process_text(process: GpuProcess) -> str:

@@ -13,19 +13,20 @@ from collections.abc import Collection
 
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor
-from gputop.diagnose.rules.allocation import process_text
+from gputop.diagnose.rules.allocation import gpu_label, process_text
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import Figures, RunFigures
 
 
-def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[int] = ()) -> list[Finding]:
+def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[tuple[str, int]] = ()) -> list[Finding]:
+    """``gpus_already_reported``: (host, index) of GPUs an allocation finding named ("" this machine)."""
     findings = []
     gpu = machine.gpu
-    if gpu is not None and gpu.unavailable:
+    if gpu is not None and gpu.unavailable and not machine.assignments:  # other hosts' GPUs are data
         findings.append(info(None, f"No GPU data: {gpu.unavailable}", "GPU columns show N/A; step timings still work."))
     for assignment in machine.assignments:
-        if not assignment.unobserved or assignment.gpu.index in gpus_already_reported:
+        if not assignment.unobserved or (assignment.hostname, assignment.gpu.index) in gpus_already_reported:
             continue
         index = assignment.gpu.index
         runs = sorted({v.run_id for v in assignment.ranks})
@@ -33,7 +34,7 @@ def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[i
             Finding(
                 cause="unobserved",
                 severity="info",
-                title=f"GPU {index}: "
+                title=f"{gpu_label(assignment)}: "
                 + ", ".join(process_text(p) for p in assignment.unobserved[:3])
                 + (f" and {len(assignment.unobserved) - 3} more" if len(assignment.unobserved) > 3 else "")
                 + " not reporting",
@@ -42,6 +43,7 @@ def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[i
                 gpus=(index,),
                 run_id=runs[0] if len(runs) == 1 else None,
                 doc=doc_anchor("unobserved"),
+                extra={"hostname": assignment.hostname} if assignment.hostname else {},
             )
         )
     for run in machine.runs:

@@ -1,4 +1,9 @@
-"""One row per GPU: utilization and memory bars, power, temperature, who is on it."""
+"""One row per GPU: utilization and memory bars, power, temperature, who is on it.
+
+GPUs of several hosts (other hosts' from their node samplers) are grouped
+under a line per host; when they do not fit the panel, each host folds into
+one line: a utilization cell per GPU, the host's mean, and its foreign processes.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from gputop.tui.format import NA, bar, fmt_bytes, fmt_gib, fmt_pct
 from gputop.tui.view import GpuRow
 
 Part = str | tuple[str, str]
+LOCAL_HOST = "this dashboard's host"  # the group of GPUs the dashboard reads itself
+UTIL_CELLS = "▁▂▃▄▅▆▇█"  # an idle GPU still shows a cell
+DEFAULT_LINES = 11  # when the panel's max-height is not in cells (gputop.tcss sets 12, border included)
 
 
 def _level(pct: float | None) -> str:
@@ -63,14 +71,89 @@ class GpuPanel(Widget):
     """Pack several GPUs per line (small terminals)."""
 
     def render(self) -> RenderResult:
-        if self.unavailable:
+        if self.unavailable and not self.rows:
             return Content.assemble(("no GPU data: ", "bold $warning"), self.unavailable)
         if not self.rows:
             return Content.styled("waiting for GPU data…" if self.waiting else "no GPUs visible", "$text-muted")
         width = max(self.size.width, 20)
+        groups = self._groups()
+        if len(groups) > 1 or any(host for host, _ in groups):
+            return self._render_hosts(groups, width)
         if self.compact and len(self.rows) > 2:
-            return self._render_compact(width)
+            return self._render_compact(self.rows, width)
         return Content("\n").join(self._render_row(row, width) for row in self.rows)
+
+    def _groups(self) -> list[tuple[str, list[GpuRow]]]:
+        """Rows by host, in the order they come (this dashboard's host first, then by name)."""
+        groups: dict[str, list[GpuRow]] = {}
+        for row in self.rows:
+            groups.setdefault(row.hostname, []).append(row)
+        return list(groups.items())
+
+    def _lines_available(self) -> int:
+        limit = self.styles.max_height
+        if limit is not None and limit.unit.name == "CELLS":
+            return max(int(limit.value) - 1, 1)  # the border-top takes one
+        return DEFAULT_LINES
+
+    def _render_hosts(self, groups: list[tuple[str, list[GpuRow]]], width: int) -> Content:
+        """A heading per host over its GPUs, or one line per host when that is too tall."""
+        budget = self._lines_available()
+        lines: list[Content] = []
+        if self.unavailable:  # this host reads no GPU, other hosts' GPUs are here
+            lines.append(Content.assemble((f"{LOCAL_HOST}: no GPU data: ", "$text-muted"), self.unavailable))
+        full = sum(len(rows) + 1 for _, rows in groups)
+        if not self.compact and len(lines) + full <= budget:
+            for host, rows in groups:
+                lines.append(self._heading(host, rows))
+                lines += [self._render_row(row, width) for row in rows]
+            return Content("\n").join(lines)
+        room = max(budget - len(lines), 1)
+        shown = groups if len(groups) <= room else groups[: room - 1]
+        lines += [self._host_line(host, rows, width) for host, rows in shown]
+        if len(shown) < len(groups):
+            rest = groups[len(shown) :]
+            lines.append(
+                Content.styled(
+                    f"+{len(rest)} more hosts, {sum(len(r) for _, r in rest)} GPUs (the ranks table folds by host)",
+                    "$text-muted",
+                )
+            )
+        return Content("\n").join(lines)
+
+    @staticmethod
+    def _heading(host: str, rows: list[GpuRow]) -> Content:
+        foreign = sum(len(r.unobserved) for r in rows)
+        return Content.assemble(
+            (host or LOCAL_HOST, "bold $accent"),
+            (f"  {len(rows)} GPU{'s' if len(rows) != 1 else ''}", "$text-muted"),
+            (f"  {foreign} process{'es' if foreign != 1 else ''} not a rank's" if foreign else "", "$warning"),
+        )
+
+    @staticmethod
+    def _host_line(host: str, rows: list[GpuRow], width: int) -> Content:
+        """One host folded: a cell per GPU's utilization, the mean, memory, its ranks, foreign processes."""
+        utils = [r.reading.util_pct for r in rows]
+        known = [u for u in utils if u is not None]
+        mean = sum(known) / len(known) if known else None
+        used = sum(r.reading.mem_used_bytes or 0 for r in rows)
+        total = sum(r.reading.mem_total_bytes or 0 for r in rows)
+        ranks = sum(len(r.ranks) for r in rows)
+        foreign = sum(len(r.unobserved) for r in rows)
+        name = (host or LOCAL_HOST)[:24]
+        parts: list[Part] = [(f"{name:<24} ", "bold")]
+        for u in utils:
+            cell = (
+                "?" if u is None else UTIL_CELLS[min(int(u / 100 * (len(UTIL_CELLS) - 1) + 0.5), len(UTIL_CELLS) - 1)]
+            )
+            parts.append((cell, _level(u)))
+        parts += [
+            (f"  util {fmt_pct(mean):>4}", _level(mean)),
+            f"  mem {fmt_gib(used if total else None)}/{fmt_gib(total or None, digits=0)}G",
+            (f"  {ranks} rank{'s' if ranks != 1 else ''}", "" if ranks else "$text-muted"),
+            (f"  {foreign} not a rank's" if foreign else "", "$warning"),
+        ]
+        return Content.assemble(*parts).truncate(width)
 
     def _render_row(self, row: GpuRow, width: int) -> Content:
         g = row.reading
@@ -104,9 +187,9 @@ class GpuPanel(Widget):
         parts.append(_others(row.unobserved, max(width - used, 0)))
         return Content.assemble(*parts).truncate(width)
 
-    def _render_compact(self, width: int) -> Content:
+    def _render_compact(self, rows: tuple[GpuRow, ...], width: int) -> Content:
         cells = []
-        for row in self.rows:
+        for row in rows:
             g = row.reading
             ranks = ",".join(row.ranks) if row.ranks else "-"
             cells.append(

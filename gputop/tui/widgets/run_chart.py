@@ -46,6 +46,41 @@ def spark(values: Sequence[float | None], width: int, *, low: float | None = Non
     return " " * (width - len(chars)) + "".join(chars)
 
 
+def spark_rows(
+    values: Sequence[float | None], width: int, rows: int, *, low: float = 0.0, high: float | None = None
+) -> list[str]:
+    """The newest ``width`` values as bars ``rows`` lines tall (eighths of a line each), top line first.
+
+    One line is :func:`spark`; more lines give the same chart its height where
+    the screen has room, so a 10% dip reads as a dip, not one block level.
+    """
+    if rows <= 1:
+        return [spark(values, width, low=low, high=high)]
+    shown = list(values[-width:]) if width > 0 else []
+    known = [v for v in shown if v is not None]
+    hi = (max(known) if known else 0.0) if high is None else high
+    span = hi - low
+    eighths: list[int | None] = []
+    for v in shown:
+        if v is None:
+            eighths.append(None)
+        else:
+            share = (min(max(v, low), hi) - low) / span if span > 0 else 0.0
+            eighths.append(max(round(share * rows * 8), 1))  # a value, however small, shows a sliver
+    pad = " " * (width - len(shown))
+    lines = []
+    for row in range(rows - 1, -1, -1):
+        floor = row * 8
+        cells = []
+        for level in eighths:
+            if level is None or level <= floor:
+                cells.append(" ")
+            else:
+                cells.append(BLOCKS[min(level - floor, 8) - 1])
+        lines.append(pad + "".join(cells))
+    return lines
+
+
 def _newest(values: Sequence[float | None]) -> float | None:
     return next((v for v in reversed(values) if v is not None), None)
 
@@ -79,16 +114,32 @@ class RunChart(Widget):
         if gpus(old) != gpus(new):
             self.refresh(layout=True)
 
-    def _line(
-        self, label: str, values: Sequence[float | None], fmt: Callable[[float | None], str], style: str
-    ) -> Content:
+    def _lines(
+        self,
+        label: str,
+        values: Sequence[float | None],
+        fmt: Callable[[float | None], str],
+        style: str,
+        rows: int = 1,
+    ) -> list[Content]:
+        """One series: its label and newest value left of a chart ``rows`` lines tall; taller, its peak too."""
         width = max(self.size.width - LABEL_W - VALUE_W - 2, 8)
         newest = _newest(values)
-        return Content.assemble(
-            (f"{label:<{LABEL_W}}", MUTED),
-            (f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} ", "" if newest is not None else MUTED),
-            (spark(values, width, low=0.0), style),
-        )
+        shown = [v for v in values[-width:] if v is not None]
+        left = [
+            Content.assemble(
+                (f"{label:<{LABEL_W}}", MUTED),
+                (
+                    f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} ",
+                    "" if newest is not None else MUTED,
+                ),
+            )
+        ]
+        if rows > 2 and shown:  # the top of the scale, so the bars' height reads as a number
+            left.append(Content.styled(f"{'peak':<{LABEL_W}}{fmt(max(shown)):>{VALUE_W}} ", MUTED))
+        blank = Content(" " * (LABEL_W + VALUE_W + 1))
+        chart = spark_rows(values, width, rows)
+        return [Content.assemble(left[i] if i < len(left) else blank, (line, style)) for i, line in enumerate(chart)]
 
     def _gpu_lines(self) -> list[Content]:
         samples = self.gpu_history
@@ -121,10 +172,12 @@ class RunChart(Widget):
         history = self.history
         if history is None:
             return Content.styled("no run yet", MUTED)
+        gpu_lines = self._gpu_lines() if self.show_gpus else []
+        # Given more height than a line a series (the screen has room), the two run charts share it.
+        rows = max((self.size.height - len(gpu_lines)) // 2, 1)
         lines = [
-            self._line("step mean", history.step_time_s, fmt_s, "$primary"),
-            self._line("samples/s", history.samples_per_s, fmt_rate, "$secondary"),
+            *self._lines("step mean", history.step_time_s, fmt_s, "$primary", rows),
+            *self._lines("samples/s", history.samples_per_s, fmt_rate, "$secondary", rows),
+            *gpu_lines,
         ]
-        if self.show_gpus:
-            lines += self._gpu_lines()
         return Content("\n").join(lines)
