@@ -30,10 +30,11 @@ from gputop.diagnose import Diagnoser, Finding
 from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
 from gputop.model.figures import Figures, summarize
 from gputop.model.source import SnapshotSource
-from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed
+from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
+from gputop.tui.terminal import exit_when_the_terminal_goes
 from gputop.tui.view import DashboardView, build_view
 from gputop.tui.widgets.empty_state import EmptyState
 from gputop.tui.widgets.findings import FindingsPanel
@@ -440,6 +441,13 @@ class GputopApp(App[int]):
             return
         self.push_screen(RankDetailScreen(key=self._selected, view=self.view))
 
+    def request_exit(self) -> None:
+        """Exit soon, from any thread (the terminal watch's)."""
+        self.post_message(TerminalGone())
+
+    def on_terminal_gone(self, message: TerminalGone) -> None:
+        self.exit(return_code=129)  # 128 + SIGHUP: what a hangup would have made of gputop
+
     def action_pause(self) -> None:
         self.paused = not self.paused
 
@@ -483,6 +491,7 @@ def run_dashboard(
     # The UI thread waits for the interpreter at most this long when the figures worker or the
     # collector holds it (Python's default is 5 ms, several times per frame).
     sys.setswitchinterval(0.001)
+    exit_when_the_terminal_goes(sys.__stdout__.fileno() if sys.__stdout__ else 1, app.request_exit)
     result = app.run()
     if remember_theme is not None:
         remember_theme(app.theme)

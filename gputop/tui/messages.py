@@ -47,3 +47,8 @@ class RowSelected(Message):
 @dataclass
 class SortChanged(Message):
     """A click on a column's header sorted the ranks by it (the app retitles the panel)."""
+
+
+@dataclass
+class TerminalGone(Message):
+    """The terminal hung up without a SIGHUP (gputop.tui.terminal): leave as a hangup would."""
