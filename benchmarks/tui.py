@@ -22,10 +22,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from gputop.protocol import Hello, Window, encode, sketch_bucket
+
+SCRAPE_EVERY_S = 15.0  # Prometheus's default scrape interval
 
 RANKS_PER_HOST = 8
 WINDOW_S = 0.5
@@ -146,11 +150,36 @@ def _keypress_s(session: str, timeout_s: float = 10.0) -> float | None:
     return None
 
 
-def measure(ranks: int, port: int, size: str, warmup_s: float, seconds: float, refresh: float, keys: int) -> str:
+def _scrape_every(metrics_port: int, every_s: float, stop: threading.Event, took: list[tuple[float, int]]) -> None:
+    """What a Prometheus server does: GET /metrics every ``every_s``; (seconds, series) of each scrape."""
+    while not stop.wait(every_s):
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as response:
+                body = response.read()
+        except OSError:
+            took.append((float("nan"), 0))
+            continue
+        series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        took.append((time.perf_counter() - started, series))
+
+
+def measure(
+    ranks: int,
+    port: int,
+    size: str,
+    warmup_s: float,
+    seconds: float,
+    refresh: float,
+    keys: int,
+    metrics_port: int | None = None,
+) -> str:
     session = f"14bench{os.getpid()}"
     width, height = size.split("x")
     gputop = shutil.which("gputop") or str(Path(sys.executable).with_name("gputop"))
     cmd = f"exec {gputop} attach --port {port} --refresh {refresh}"
+    if metrics_port is not None:
+        cmd += f" --prometheus 127.0.0.1:{metrics_port}"
     for attempt in range(5):  # a tmux server still exiting after the last session refuses new ones
         started = subprocess.run(["tmux", "new", "-d", "-s", session, "-x", width, "-y", height, cmd])
         if started.returncode == 0:
@@ -166,9 +195,15 @@ def measure(ranks: int, port: int, size: str, warmup_s: float, seconds: float, r
         sender.start()
         time.sleep(warmup_s)
         rss0 = _rss_mib(pid)
+        scrapes: list[tuple[float, int]] = []
+        stop_scraping = threading.Event()
+        if metrics_port is not None:
+            args = (metrics_port, SCRAPE_EVERY_S, stop_scraping, scrapes)
+            threading.Thread(target=_scrape_every, args=args, daemon=True).start()
         cpu0, t0 = _proc_cpu_s(pid), time.perf_counter()
         time.sleep(seconds)
         cpu_pct = 100 * (_proc_cpu_s(pid) - cpu0) / (time.perf_counter() - t0)
+        stop_scraping.set()
         rss1 = _rss_mib(pid)
         latencies = []
         for _ in range(keys):
@@ -176,9 +211,12 @@ def measure(ranks: int, port: int, size: str, warmup_s: float, seconds: float, r
             time.sleep(0.7)
         shown = [f"{x * 1000:.0f}" if x is not None else "never" for x in latencies]
         refreshing = "refreshing" if f"ranks ({ranks})" in _pane(session) else "NOT showing every rank"
+        series = max((n for _, n in scrapes), default=0)
+        times = ", ".join(f"{t:.2f}" for t, _ in scrapes)
+        scraped = f"  scrapes s: {times} ({series} series)" if metrics_port is not None else ""
         return (
             f"{ranks:5d} ranks  CPU {cpu_pct:5.1f}% of a core over {seconds:.0f} s (after {warmup_s:.0f} s)  "
-            f"RSS {rss0:.0f} -> {rss1:.0f} MiB  keypress ms: {', '.join(shown)}  ({refreshing})"
+            f"RSS {rss0:.0f} -> {rss1:.0f} MiB  keypress ms: {', '.join(shown)}  ({refreshing}){scraped}"
         )
     finally:
         if sender is not None:
@@ -195,10 +233,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds measured")
     parser.add_argument("--refresh", type=float, default=0.5, help="the dashboard's --refresh")
     parser.add_argument("--keys", type=int, default=5, help="keypresses timed")
+    parser.add_argument(
+        "--prometheus",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"also serve /metrics, scraped every {SCRAPE_EVERY_S:g} s",
+    )
     args = parser.parse_args()
     print(f"gputop attach in tmux {args.size}, --refresh {args.refresh}, {os.cpu_count()} CPUs", flush=True)
     for i, ranks in enumerate(args.ranks):
-        line = measure(ranks, args.port + i, args.size, args.warmup, args.seconds, args.refresh, args.keys)
+        line = measure(
+            ranks, args.port + i, args.size, args.warmup, args.seconds, args.refresh, args.keys, args.prometheus
+        )
         print(line, flush=True)
 
 

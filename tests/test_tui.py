@@ -259,9 +259,17 @@ class TestKeys:
         async with GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
             app = await shown(pilot)
             table = app.query_one(RanksTable)
+            # pilot.click aims at the table's region as laid out now: let the first view's layout settle,
+            # or the click lands on the row that was there before (rank 0, the cursor's: it would open).
+            await pilot.pause()
+            await pilot.wait_for_scheduled_animations()
             await pilot.click(RanksTable, offset=(3, 2))  # header is line 0; rank 1 is line 2
+            await pilot.pause()
+            assert table.selected_key == "run-a:1" and not isinstance(app.screen, RankDetailScreen), (
+                f"the first click should select rank 1: cursor on {table.selected_key}, screen {app.screen}"
+            )
             await pilot.click(RanksTable, offset=(3, 2))
-            assert table.selected_key == "run-a:1"
+            await pilot.pause()
             assert isinstance(app.screen, RankDetailScreen)
 
     async def test_help_and_quit(self) -> None:
