@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -142,7 +144,10 @@ class RankDetailScreen(Screen[None]):
     def show(self, view: DashboardView) -> None:
         """Redraw from a newer view (the app calls this on every refresh while open)."""
         self._view = view
-        if self.is_mounted:  # a refresh between push_screen and mount: on_mount draws the newest view
+        if not self.is_mounted:  # a refresh between push_screen and mount: on_mount draws the newest view
+            return
+        # A refresh can land while the app exits and takes the screen's widgets down: nothing to draw on.
+        with contextlib.suppress(NoMatches):
             self._draw(view)
 
     def _draw(self, view: DashboardView) -> None:
