@@ -142,6 +142,25 @@ def _read_line(sock: socket.socket) -> bytes:
     raise HandshakeError("handshake frame too long")
 
 
+def secure_client(sock: socket.socket, security: Security, host: str, where: str) -> tuple[socket.socket, str]:
+    """A fresh TCP connection to a collector: TLS when ``security.tls_ca`` is set, then the token handshake.
+
+    Returns the socket (wrapped when TLS) and "" when admitted, else the reason
+    to print.  Raises HandshakeError when what answers is not a collector and
+    OSError from the socket; either way the socket is closed.
+    """
+    try:
+        if security.tls_ca:
+            import ssl  # only clients that use TLS pay for loading it
+
+            cafile = None if security.tls_ca == "system" else security.tls_ca
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=host)
+        return sock, client_handshake(sock, security.token, where)
+    except BaseException:
+        sock.close()
+        raise
+
+
 def client_handshake(sock: socket.socket, token: str, where: str) -> str:
     """The connecting side of the handshake on a blocking socket (a reporter, `gputop capture`).
 

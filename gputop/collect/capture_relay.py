@@ -169,16 +169,9 @@ def ask(address: Address, request: CaptureRequest) -> CaptureResult:
     """
     if address.is_tcp:
         sock = socket.create_connection((address.host, address.port), timeout=5.0)
-        security = auth.Security.from_env()
-        if security.tls_ca:
-            import ssl
-
-            cafile = None if security.tls_ca == "system" else security.tls_ca
-            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=address.host)
         try:  # a TCP collector greets every connection with the token handshake, this one too
-            refusal = auth.client_handshake(sock, security.token, str(address))
+            sock, refusal = auth.secure_client(sock, auth.Security.from_env(), address.host, str(address))
         except auth.HandshakeError as exc:
-            sock.close()
             raise ProtocolError(f"{address} is not a gputop collector that speaks this version ({exc})") from None
         if refusal:
             sock.close()

@@ -116,18 +116,9 @@ class Link:
             return sock
         sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
         try:
-            if self.security.tls_ca:
-                import ssl
-
-                cafile = None if self.security.tls_ca == "system" else self.security.tls_ca
-                context = ssl.create_default_context(cafile=cafile)
-                sock = context.wrap_socket(sock, server_hostname=self.address.host)
-            refusal = auth.client_handshake(sock, self.security.token, str(self.address))
+            sock, refusal = auth.secure_client(sock, self.security, self.address.host, str(self.address))
         except auth.HandshakeError as exc:
             refusal = f"{self.address} is not a gputop collector that speaks this version ({exc})"
-        except OSError:
-            sock.close()
-            raise
         if refusal:
             sock.close()
             if refusal != self._refusal:

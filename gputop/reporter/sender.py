@@ -166,21 +166,15 @@ class Sender:
     def _secure(self, sock: socket.socket) -> socket.socket:
         """TLS if configured, then the token handshake; raises OSError when refused."""
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            if self.security.tls_ca:
-                import ssl  # only reporters that use TLS pay for loading it
+        if self.security.tls_ca:
+            import ssl  # only reporters that use TLS pay for loading it
 
-                global _WOULD_BLOCK
-                _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
-                cafile = None if self.security.tls_ca == "system" else self.security.tls_ca
-                context = ssl.create_default_context(cafile=cafile)
-                sock = context.wrap_socket(sock, server_hostname=self.address.host)
-            refusal = auth.client_handshake(sock, self.security.token, str(self.address))
+            global _WOULD_BLOCK
+            _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+        try:
+            sock, refusal = auth.secure_client(sock, self.security, self.address.host, str(self.address))
         except auth.HandshakeError as exc:
             refusal = f"{self.address} is not a gputop collector that speaks this version ({exc})"
-        except OSError:
-            sock.close()
-            raise
         if refusal:
             sock.close()
             self.refused = refusal
