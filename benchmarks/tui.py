@@ -37,6 +37,22 @@ SORT_NAMES = ("rank", "step p50", "loader wait", "exposed comm", "samples/s", "m
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def hello_of(rank: int, ranks: int) -> Hello:
+    """A synthetic rank's hello: RANKS_PER_HOST ranks a host name."""
+    return Hello(
+        run_id="bench",
+        rank=rank,
+        world_size=ranks,
+        pid=100000 + rank,
+        hostname=f"node-{rank // RANKS_PER_HOST:03d}",
+        name="bench.py",
+        device="cpu",
+        backend="gloo",
+        ddp=True,
+        loader_batch_size=32,
+    )
+
+
 def _window(rank: int, seq: int, now: float) -> bytes:
     slow = rank == 5  # one straggler, so the findings and the sort have something to show
     step = 0.1 * (1.0 + 0.03 * ((seq * 7 + rank * 3) % 5 - 2))
@@ -77,19 +93,7 @@ def run_ranks(port: int, ranks: int) -> None:
     socks = []
     for rank in range(ranks):
         sock = socket.create_connection(("127.0.0.1", port))
-        hello = Hello(
-            run_id="bench",
-            rank=rank,
-            world_size=ranks,
-            pid=100000 + rank,
-            hostname=f"node-{rank // RANKS_PER_HOST:03d}",
-            name="bench.py",
-            device="cpu",
-            backend="gloo",
-            ddp=True,
-            loader_batch_size=32,
-        )
-        sock.sendall(encode(hello))
+        sock.sendall(encode(hello_of(rank, ranks)))
         sock.setblocking(False)
         socks.append(sock)
     sel = selectors.DefaultSelector()

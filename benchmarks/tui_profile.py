@@ -28,11 +28,10 @@ from gputop.collect.store import Store
 from gputop.diagnose import Diagnoser
 from gputop.model.figures import summarize
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
-from gputop.protocol import Hello, Window, decode
+from gputop.protocol import Window, decode
 from gputop.tui.app import GputopApp
 from gputop.tui.view import build_view
 
-RANKS_PER_HOST = 8
 WINDOW_S = 0.5
 
 
@@ -46,20 +45,10 @@ def _window(rank: int, seq: int, now: float) -> Window:
 
 def fill(store: Store, ranks: int, seconds: float, now: float) -> int:
     """Hellos and ``seconds`` of windows for every rank; returns the next window's seq."""
+    from benchmarks_tui import hello_of  # the benchmark's own ranks
+
     for rank in range(ranks):
-        hello = Hello(
-            run_id="bench",
-            rank=rank,
-            world_size=ranks,
-            pid=100000 + rank,
-            hostname=f"node-{rank // RANKS_PER_HOST:03d}",
-            name="bench.py",
-            device="cpu",
-            backend="gloo",
-            ddp=True,
-            loader_batch_size=32,
-        )
-        store.ingest(hello, now - seconds)
+        store.ingest(hello_of(rank, ranks), now - seconds)
     n = int(seconds / WINDOW_S)
     for seq in range(1, n + 1):
         t = now - seconds + seq * WINDOW_S
