@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gputop import auth
 from gputop.address import Address
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
@@ -21,6 +22,18 @@ needs_torch = pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
     reason="torch is not installed",
 )
+
+
+TOKEN = "correct horse battery staple"  # the shared token of the `guarded` collector
+
+
+@pytest.fixture
+def guarded() -> Iterator[Collector]:
+    """A real collector on loopback that demands TOKEN."""
+    c = Collector(Store(), Address(port=0), security=auth.Security(token=TOKEN))
+    c.start()
+    yield c
+    c.stop()
 
 
 @pytest.fixture

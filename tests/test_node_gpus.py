@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -36,10 +35,9 @@ from gputop.node.sampler import Link, gpus_frame, run
 from gputop.protocol import MAX_FRAME_BYTES, Gpus, Hello, encode
 from gputop.reporter import node_sampler
 from gputop.reporter.sender import Sender
-from tests.conftest import wait_for
+from tests.conftest import TOKEN, wait_for
 from tests.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
-TOKEN = "node sampler token"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -154,14 +152,6 @@ def test_a_sample_too_big_for_one_frame_goes_without_its_process_lists() -> None
 
 
 # -- the collector's side: real sockets ---------------------------------------------------------
-
-
-@pytest.fixture
-def guarded() -> Iterator[Collector]:
-    c = Collector(Store(), Address(port=0), security=auth.Security(token=TOKEN))
-    c.start()
-    yield c
-    c.stop()
 
 
 def fake_sampler() -> GpuSampler:

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,18 +16,7 @@ from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.protocol import Hello, Window, encode
 from gputop.reporter.sender import Sender
-from tests.conftest import snapshot_of, wait_for, window_count
-
-TOKEN = "correct horse battery staple"
-
-
-@pytest.fixture
-def guarded() -> Iterator[Collector]:
-    """A real collector on loopback that demands TOKEN."""
-    c = Collector(Store(), Address(port=0), security=auth.Security(token=TOKEN))
-    c.start()
-    yield c
-    c.stop()
+from tests.conftest import TOKEN, snapshot_of, wait_for, window_count
 
 
 def sender_to(collector: Collector, token: str) -> Sender:
