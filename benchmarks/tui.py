@@ -116,8 +116,24 @@ def run_ranks(port: int, ranks: int) -> None:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    return _proc_cpu_s_of(Path(f"/proc/{pid}/stat"))  # utime + stime
+
+
+def _threads_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each of the process's threads, by OS thread name (same names summed)."""
+    times: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            times[name] = times.get(name, 0.0) + _proc_cpu_s_of(task / "stat")
+        except OSError:
+            continue  # the thread ended
+    return times
+
+
+def _proc_cpu_s_of(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def _rss_mib(pid: int) -> float:
@@ -204,9 +220,15 @@ def measure(
         if metrics_port is not None:
             args = (metrics_port, SCRAPE_EVERY_S, stop_scraping, scrapes)
             threading.Thread(target=_scrape_every, args=args, daemon=True).start()
-        cpu0, t0 = _proc_cpu_s(pid), time.perf_counter()
+        cpu0, threads0, t0 = _proc_cpu_s(pid), _threads_cpu_s(pid), time.perf_counter()
         time.sleep(seconds)
-        cpu_pct = 100 * (_proc_cpu_s(pid) - cpu0) / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        cpu_pct = 100 * (_proc_cpu_s(pid) - cpu0) / elapsed
+        threads1 = _threads_cpu_s(pid)
+        by_thread = sorted(
+            ((100 * (t - threads0.get(name, 0.0)) / elapsed, name) for name, t in threads1.items()), reverse=True
+        )
+        threads = ", ".join(f"{name} {pct:.1f}%" for pct, name in by_thread if pct >= 0.05)
         stop_scraping.set()
         rss1 = _rss_mib(pid)
         latencies = []
@@ -220,7 +242,8 @@ def measure(
         scraped = f"  scrapes s: {times} ({series} series)" if metrics_port is not None else ""
         return (
             f"{ranks:5d} ranks  CPU {cpu_pct:5.1f}% of a core over {seconds:.0f} s (after {warmup_s:.0f} s)  "
-            f"RSS {rss0:.0f} -> {rss1:.0f} MiB  keypress ms: {', '.join(shown)}  ({refreshing}){scraped}"
+            f"RSS {rss0:.0f} -> {rss1:.0f} MiB  keypress ms: {', '.join(shown)}  ({refreshing}){scraped}\n"
+            f"       by thread: {threads}"
         )
     finally:
         if sender is not None:

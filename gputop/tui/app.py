@@ -35,6 +35,7 @@ from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
 from gputop.tui.terminal import exit_when_the_terminal_goes
+from gputop.tui.titles import set_border_title
 from gputop.tui.view import DashboardView, build_view
 from gputop.tui.widgets.empty_state import EmptyState
 from gputop.tui.widgets.findings import FindingsPanel
@@ -228,7 +229,9 @@ class GputopApp(App[int]):
         self._ring_alerts(message.view)
         self._tell_ranks(message.view)
         self.header.finished = message.finished
-        self.header.figures_every_s = self.figures_every_s if self.figures_every_s > 1.5 * self.refresh_s else None
+        slow = self.figures_every_s > 1.5 * self.refresh_s
+        # Rounded as shown, so that a change too small to read does not repaint the header.
+        self.header.figures_every_s = float(f"{self.figures_every_s:.2g}") if slow else None
         if not self.paused:
             self._show(message.view)
 
@@ -284,7 +287,7 @@ class GputopApp(App[int]):
     def _show(self, view: DashboardView) -> None:
         self.view = view
         snapshot = view.snapshot
-        self.header.view = view
+        self.header.show(view)
         self.table.screen.set_class(view.empty, "-empty")
 
         gpus = self.gpus
@@ -313,7 +316,7 @@ class GputopApp(App[int]):
             worst = view.findings[0].severity if view.findings else ""
             box.set_class(worst == "critical", "-critical")
             box.set_class(worst == "warn", "-warn")
-            box.border_title = f"findings ({len(view.findings)})" if view.findings else "findings"
+            set_border_title(box, f"findings ({len(view.findings)})" if view.findings else "findings")
             if self._selected is None or view.row(self._selected) is None:
                 cursor = table.selected_key
                 self._selected = cursor if cursor is not None and not cursor.startswith("host:") else None
@@ -332,7 +335,7 @@ class GputopApp(App[int]):
         if view and any(r.slowest for r in view.rank_rows):
             title += " · ▲ slowest"
         # The phase bars' legend rides on the title, where the eye starts reading the table.
-        self.ranks_box.border_title = Content.assemble(title, "  ", phase_legend(Palette.from_app(self)))
+        set_border_title(self.ranks_box, Content.assemble(title, "  ", phase_legend(Palette.from_app(self))))
 
     def _show_chart(self) -> None:
         """The run of the selected rank (else the first run): step time, samples/s, and every GPU."""
@@ -350,7 +353,7 @@ class GputopApp(App[int]):
         host = (rank or run.ranks[0]).hello.hostname if (rank or run.ranks) else ""
         chart.gpu_history = view.snapshot.gpu_history_of(host)
         on = f" · GPUs of {host}" if host in view.snapshot.node_gpu_history else ""
-        chart.border_title = f"run {run.name or run.run_id} · per second, newest right{on}"
+        set_border_title(chart, f"run {run.name or run.run_id} · per second, newest right{on}")
 
     def _show_history(self) -> None:
         view, key = self.view, self._selected
@@ -358,11 +361,11 @@ class GputopApp(App[int]):
         row = view.row(key) if (view is not None and key is not None) else None
         if view is None or key is None or row is None:
             history.series = None
-            history.border_title = "history"
+            set_border_title(history, "history")
             return
         history.series = view.series(key)
         where = f" · GPU {row.gpu}" if row.gpu not in ("-", "cpu") else ""
-        history.border_title = f"history · {row.run_name} rank {row.rank}{where}"
+        set_border_title(history, f"history · {row.run_name} rank {row.rank}{where}")
 
     @staticmethod
     def _gpu_tooltip(view: DashboardView) -> str | None:

@@ -20,8 +20,6 @@ class HeaderBar(Widget):
     }
     """
 
-    view: reactive[DashboardView | None] = reactive(None)
-    """The view being shown (None before the first snapshot arrives)."""
     paused: reactive[bool] = reactive(False)
     """The user froze the view with ``p``."""
     source_text: reactive[str] = reactive("")
@@ -51,6 +49,14 @@ class HeaderBar(Widget):
         """
         super().__init__(name=name, id=id, classes=classes)
         self.source_text = source_text
+        self._view_parts: list[str | tuple[str, str]] = self._view_parts_of(None)
+
+    def show(self, view: DashboardView) -> None:
+        """Show this view's figures, repainting only if the line they make changed."""
+        parts = self._view_parts_of(view)
+        if parts != self._view_parts:
+            self._view_parts = parts
+            self.refresh()
 
     @staticmethod
     def _cost(cpu_frac: float | None, hook_s: float | None) -> list[str | tuple[str, str]]:
@@ -69,9 +75,10 @@ class HeaderBar(Widget):
     def _hosts(view: DashboardView) -> list[str | tuple[str, str]]:
         return [f"  {view.hosts} hosts"] if view.hosts > 1 else []
 
-    def render(self) -> RenderResult:
-        parts: list[str | tuple[str, str]] = [("gputop", "bold $accent"), "  "]
-        view = self.view
+    @classmethod
+    def _view_parts_of(cls, view: DashboardView | None) -> list[str | tuple[str, str]]:
+        """The header's left part that comes from the view, as (text, style) parts."""
+        parts: list[str | tuple[str, str]] = []
         if view is None or view.empty:
             parts.append(("no run reporting", "$text-muted"))
         elif len(view.runs) == 1:
@@ -79,29 +86,33 @@ class HeaderBar(Widget):
             lost = run.reporting - run.live
             parts += [
                 (run.name, "bold"),
-                *self._hosts(view),
+                *cls._hosts(view),
                 f"  {run.live}/{run.world_size} ranks",
                 (f" ({lost} not live)", "$warning") if lost else "",
                 f"  up {fmt_uptime(run.uptime_s)}",
                 "  ",
                 (fmt_rate(run.steps_per_s), "$text-muted" if run.steps_per_s is None else "bold"),
                 " steps/s",
-                *self._cost(run.gputop_cost.cpu_frac, run.gputop_cost.hook_s_per_step),
+                *cls._cost(run.gputop_cost.cpu_frac, run.gputop_cost.hook_s_per_step),
                 (f"  {run.job}", "$text-muted") if run.job else "",
             ]
         else:
             live = sum(r.live for r in view.runs)
             world = sum(r.world_size for r in view.runs)
-            parts += [(f"{len(view.runs)} runs", "bold"), *self._hosts(view), f"  {live}/{world} ranks"]
+            parts += [(f"{len(view.runs)} runs", "bold"), *cls._hosts(view), f"  {live}/{world} ranks"]
             oldest = max(view.runs, key=lambda r: r.uptime_s)
             parts.append(f"  up {fmt_uptime(oldest.uptime_s)}")
         if view is not None and not view.empty:
             gpus = len(view.gpu_rows)
             parts.append(f"  {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "")
-        if self.figures_every_s is not None:
-            parts.append((f" · figures every {self.figures_every_s:.0f} s", "$warning"))
         if view is not None and view.figures.dashboard_cpu_pct is not None:
             parts.append((f" · dashboard {fmt_pct(view.figures.dashboard_cpu_pct)} CPU", "$text-muted"))
+        return parts
+
+    def render(self) -> RenderResult:
+        parts: list[str | tuple[str, str]] = [("gputop", "bold $accent"), "  ", *self._view_parts]
+        if self.figures_every_s is not None:
+            parts.append((f" · figures every {self.figures_every_s:g} s", "$warning"))
         right: list[str | tuple[str, str]] = []
         if self.finished:
             right.append(("■ replay finished ", "bold $warning"))

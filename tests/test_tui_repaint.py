@@ -1,0 +1,71 @@
+"""A refresh repaints only what changed: the dashboard costs next to nothing while its figures stand still.
+
+Counted where Textual draws: every line a widget renders anew goes through its
+styles cache's ``render_line``; a line that did not change comes from the cache.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from textual._styles_cache import StylesCache
+from textual.widget import Widget
+
+from gputop.model.source import FixedSource
+from gputop.tui.app import GputopApp
+from gputop.tui.titles import set_border_title
+from tests import tui_fixtures as fx
+from tests.test_tui import shown
+
+
+@pytest.fixture
+def repainted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Lines rendered anew, by widget id, while the test runs."""
+    counts: Counter[str] = Counter()
+    render_widget, render_line = StylesCache.render_widget, StylesCache.render_line
+    drawing: list[str] = [""]
+
+    def counting_render_widget(self: StylesCache, widget: Widget, crop: object) -> object:
+        drawing[0] = widget.id or type(widget).__name__
+        return render_widget(self, widget, crop)  # type: ignore[arg-type]
+
+    def counting_render_line(self: StylesCache, *args: object, **kwargs: object) -> object:
+        counts[drawing[0]] += 1
+        return render_line(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StylesCache, "render_widget", counting_render_widget)
+    monkeypatch.setattr(StylesCache, "render_line", counting_render_line)
+    yield counts
+
+
+REFRESH_S = 0.2  # slow enough that figures keep up (a header saying "figures every …" would change)
+
+
+@pytest.mark.parametrize("fixture", ["two_ranks", "eight_ranks", "remote_gpus"])
+async def test_refreshes_of_unchanged_figures_repaint_nothing(repainted: Counter[str], fixture: str) -> None:
+    source = FixedSource(getattr(fx, fixture)())
+    async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(160, 48)) as pilot:
+        app = await shown(pilot)
+        await pilot.pause(3 * REFRESH_S)  # first paints done
+        repainted.clear()
+        refreshed = app.view
+        await pilot.pause(5 * REFRESH_S)
+        assert app.view is not refreshed, "no refresh happened while counting"
+        assert not repainted, f"unchanged figures repainted {dict(repainted)} (lines by widget)"
+
+
+async def test_a_title_repaints_only_when_it_changes() -> None:
+    source = FixedSource(fx.two_ranks())
+    async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(120, 40)) as pilot:
+        app = await shown(pilot)
+        box = app.findings_box
+        refreshes: list[object] = []
+        box.refresh = lambda *a, **k: refreshes.append(a)  # type: ignore[method-assign]
+        set_border_title(box, "findings (2)")
+        set_border_title(box, "findings (2)")
+        assert len(refreshes) == 1
+        set_border_title(box, "[b]findings (2)[/b]")  # same text, another style: shown
+        assert len(refreshes) == 2
+        assert box.border_title == "[b]findings (2)[/b]"
