@@ -18,10 +18,12 @@ import argparse
 import asyncio
 import cProfile
 import io
+import os
 import pstats
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gputop.collect.store import Store
@@ -105,6 +107,12 @@ def worker_steps(store: Store, top: int) -> None:
     profiled("build_view", lambda: build_view(figures, findings, "ok"), top)
 
 
+def _thread_cpu_s(tid: int | None) -> float:
+    """A thread of this process: its CPU seconds, from /proc."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top: int, sort: str) -> None:
     stop = threading.Event()
 
@@ -122,10 +130,14 @@ async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top
         async with app.run_test(size=(160, 48)) as pilot:
             while app.view is None:
                 await pilot.pause(0.1)
-            c0, t0 = time.thread_time(), time.perf_counter()
+            figures_tid = app._figures_thread.native_id
+            c0, f0, t0 = time.thread_time(), _thread_cpu_s(figures_tid), time.perf_counter()
             await asyncio.sleep(seconds)
-            ui_s, wall_s = time.thread_time() - c0, time.perf_counter() - t0
-            print(f"UI thread over {wall_s:.1f} s without the profiler: {100 * ui_s / wall_s:.1f}% of a core")
+            ui_s, figures_s, wall_s = time.thread_time() - c0, _thread_cpu_s(figures_tid) - f0, time.perf_counter() - t0
+            print(
+                f"over {wall_s:.1f} s without the profiler: UI thread {100 * ui_s / wall_s:.1f}% of a core, "
+                f"figures thread {100 * figures_s / wall_s:.1f}% (figures every {app.figures_every_s:.2f} s)"
+            )
             profile = cProfile.Profile()
             c0, t0 = time.thread_time(), time.perf_counter()
             profile.enable()
@@ -166,7 +178,6 @@ def main() -> None:
 if __name__ == "__main__":
     import importlib.util
     import sys
-    from pathlib import Path
 
     spec = importlib.util.spec_from_file_location("benchmarks_tui", Path(__file__).with_name("tui.py"))
     assert spec is not None and spec.loader is not None

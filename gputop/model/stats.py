@@ -10,7 +10,7 @@ divided by wall step time, over the same steps, everywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,15 +93,55 @@ class RankStats:
         return max(self.step_time_mean_s - sum(p for p in parts if p is not None), 0.0)
 
 
-def _ddp_mean(samples: Sequence[Window], read: Callable[[Window], float | None]) -> float | None:
-    """Per-iteration mean of a DDP figure, each sample weighted by the iterations it averages."""
-    total = weight = 0.0
+@dataclass(frozen=True)
+class _DdpMeans:
+    """The per-iteration means of DDP's figures over a rank's samples, from one pass."""
+
+    forward_s: float | None
+    backward_s: float | None
+    comm_s: float | None
+    overlap_s: float | None
+    exposed_comm_s: float | None
+    exposed_comm_fracs: list[float]  # each sample window's exposed comm over its mean step, for the error band
+
+
+def _ddp_means(samples: Sequence[Window]) -> _DdpMeans:
+    """Each DDP figure's per-iteration mean, each sample weighted by the iterations it averages, in one pass.
+
+    Also each sample window's exposed comm over its mean step.  One loop for the
+    five figures: at many ranks this runs for every rank on every refresh.
+    """
+    forward = backward = comm = overlap = exposed_sum = 0.0
+    forward_n = backward_n = comm_n = overlap_n = exposed_n = 0
+    fracs: list[float] = []
     for w in samples:
-        value = read(w)
-        if value is not None:
-            total += value * (w.ddp_steps or 1)
-            weight += w.ddp_steps or 1
-    return total / weight if weight else None
+        n = w.ddp_steps or 1
+        if w.forward_s is not None:
+            forward += w.forward_s * n
+            forward_n += n
+        if w.backward_s is not None:
+            backward += w.backward_s * n
+            backward_n += n
+        if w.overlap_s is not None:
+            overlap += w.overlap_s * n
+            overlap_n += n
+        if w.comm_s is not None:
+            comm += w.comm_s * n
+            comm_n += n
+        if (exposed := w.exposed_comm_s) is not None:
+            exposed_sum += exposed * n
+            exposed_n += n
+            timed = w.timed
+            if timed > 0 and (frac := share_of_step(exposed, w.step_time_sum_s / timed)) is not None:
+                fracs.append(frac)
+    return _DdpMeans(
+        forward / forward_n if forward_n else None,
+        backward / backward_n if backward_n else None,
+        comm / comm_n if comm_n else None,
+        overlap / overlap_n if overlap_n else None,
+        exposed_sum / exposed_n if exposed_n else None,
+        fracs,
+    )
 
 
 def _covers_ddp_warmup(w: Window) -> bool:
@@ -380,6 +420,7 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
     dropped = 0
     cost = _SelfCost()
     cpu_wait = _CpuWait()
+    loader_fracs: list[float] = []  # each window's loader wait share, for the error band
     for w in windows:
         cost.add(w)
         cpu_wait.add(w)
@@ -387,10 +428,12 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         if w.loader_batches:
             tracked = True
         step_count += w.steps
-        if w.timed > 0:
+        if (timed := w.timed) > 0:
+            if (loader_frac := window_loader_wait_frac(w)) is not None:
+                loader_fracs.append(loader_frac)
             windows_with_steps += 1
             last_with_steps = w
-            timed_count += w.timed
+            timed_count += timed
             step_sum_s += w.step_time_sum_s
             loader_total += w.loader_wait_s
             for bucket, count in (w.step_sketch or legacy_hist_to_sketch(w.step_hist)).items():
@@ -423,7 +466,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         p50, p95 = (_at_most(sketch_quantile_s(sketch, q), max_step) for q in (0.5, 0.95))
     stall = stalls(windows, sketch, p50, step_sum_s) if p50 is not None and sketch else None
     ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
-    exposed = _ddp_mean(ddp, lambda w: w.exposed_comm_s)
+    ddp_means = _ddp_means(ddp)
+    exposed = ddp_means.exposed_comm_s
     micro = micro_batches_per_step(windows)
     scale = micro if micro is not None and micro > 1.0 else 1.0
 
@@ -450,11 +494,11 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
         loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
         loader_wait_frac=loader_wait_share(loader_total, step_sum_s, tracked=tracked),
-        forward_s=_scaled(_ddp_mean(ddp, lambda w: w.forward_s), scale),
-        backward_s=_scaled(_ddp_mean(ddp, lambda w: w.backward_s), scale),
+        forward_s=_scaled(ddp_means.forward_s, scale),
+        backward_s=_scaled(ddp_means.backward_s, scale),
         micro_batches=micro,
-        comm_s=_ddp_mean(ddp, lambda w: w.comm_s),
-        overlap_s=_ddp_mean(ddp, lambda w: w.overlap_s),
+        comm_s=ddp_means.comm_s,
+        overlap_s=ddp_means.overlap_s,
         exposed_comm_s=exposed,
         exposed_comm_frac=share_of_step(exposed, mean_step),
         mem_allocated_bytes=last("mem_allocated_bytes"),
@@ -473,12 +517,8 @@ def rank_stats(windows: Sequence[Window]) -> RankStats:
         cpu_starved_frac=cpu_wait.starved_frac(),
         workers_cpu_starved_frac=cpu_wait.workers_starved_frac(),
         cpu_demand_cores=cpu_wait.demand_cores(),
-        loader_wait_frac_se=standard_error(
-            [f for f in (window_loader_wait_frac(w) for w in windows if w.timed > 0) if f is not None]
-        ),
-        exposed_comm_frac_se=standard_error(
-            [f for f in (window_exposed_comm_frac(w) for w in ddp if w.timed > 0) if f is not None]
-        ),
+        loader_wait_frac_se=standard_error(loader_fracs),
+        exposed_comm_frac_se=standard_error(ddp_means.exposed_comm_fracs),
         stall_steps=None if stall is None else stall.steps,
         stall_mean_s=None if stall is None else stall.mean_s,
         stall_frac=None if stall is None else stall.frac,

@@ -1,9 +1,9 @@
 """The dashboard app and ``run_dashboard``, the entry point the CLI calls.
 
-Data flow: a timer fires every ``refresh_s``; a thread worker calls
-``source.snapshot()``, computes its figures once (``summarize``), feeds them
-to the diagnoser, builds a ``DashboardView`` and posts it as a
-``SnapshotReady`` message; the UI thread only copies the view into widgets.
+Data flow: every ``refresh_s`` the figures thread calls ``source.snapshot()``,
+computes its figures once (``summarize``), feeds them to the diagnoser, builds
+a ``DashboardView`` and posts it as a ``SnapshotReady`` message; the UI thread
+only copies the view into widgets.
 So the UI never waits on the collector's lock, and redraws at most once per
 ``refresh_s`` however fast data arrives.
 """
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import ClassVar
 
-from textual import events, work
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -30,6 +30,7 @@ from gputop.diagnose import Diagnoser, Finding
 from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
 from gputop.model.figures import Figures, summarize
 from gputop.model.source import SnapshotSource
+from gputop.procfs import name_this_thread
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
@@ -67,6 +68,10 @@ INPUT_QUIET_S = 0.3
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
 DiagnoserFactory = Callable[[], Diagnoser]
+
+
+class _Stopping(Exception):
+    """The app is closing: the figures thread leaves mid-refresh."""
 
 
 class GputopApp(App[int]):
@@ -122,8 +127,8 @@ class GputopApp(App[int]):
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
         self._selected: str | None = None
-        self._fetch_lock = threading.Lock()
-        self._next_fetch_t = 0.0  # monotonic: the worker waits until then (FIGURES_DUTY)
+        self._stopping = threading.Event()
+        self._figures_thread = threading.Thread(target=self._figures_loop, name="gputop-figures", daemon=True)
         self.figures_every_s = refresh_s  # how often figures are really updated
         self._past: deque[DashboardView] = deque(maxlen=PAST_MAX_VIEWS)  # newest last, for time travel
         self._travel = 0  # views back from the newest while paused; 0 = the newest
@@ -169,41 +174,62 @@ class GputopApp(App[int]):
         self.table.focus()
         if self.notice:
             self.notify(self.notice, timeout=15)
-        self._fetch()
-        self.set_interval(self.refresh_s, self._fetch)
+        self._figures_thread.start()
+
+    def on_unmount(self) -> None:
+        self._stopping.set()
+        # At most one rank's figures away (the thread checks between ranks), or one diagnosis.
+        self._figures_thread.join(timeout=2.0)
 
     # -- data ------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="snapshot")
-    def _fetch(self) -> None:
-        """Take a snapshot and build the view, off the UI thread."""
-        # A slow snapshot must not pile up threads, nor feed the stateful diagnoser twice at once.
-        if time.monotonic() < self._next_fetch_t or not self._fetch_lock.acquire(blocking=False):
-            return
-        try:
-            started = time.thread_time()
-            self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
-            snapshot = self.source.snapshot()
-            figures = summarize(snapshot, between_ranks=self._wait_for_quiet)
-            self._wait_for_quiet()
-            findings, diagnosis = self._diagnose(figures)
-            self._wait_for_quiet()
-            view = build_view(figures, findings, diagnosis)
-            finished = self.source.finished
-            cost_s = time.thread_time() - started
+    def _figures_loop(self) -> None:
+        """The figures thread: a snapshot, its figures, diagnosis and view every refresh, off the UI thread.
+
+        One long-lived thread, not a Textual worker per refresh: the worker machinery
+        (a task, a pool hand-off, three state-change messages through the DOM) cost
+        more than 2 ranks' figures.  It holds itself to FIGURES_DUTY of a core.
+        """
+        name_this_thread("gputop-figures")
+        next_t = time.monotonic()
+        while not self._stopping.wait(max(next_t - time.monotonic(), 0.0)):
+            started_t, started_cpu = time.monotonic(), time.thread_time()
+            try:
+                message: SnapshotReady | SourceFailed = self._figures()
+            except _Stopping:
+                return
+            except Exception as exc:  # a broken source shows as a notice, the last view stays
+                message = SourceFailed(f"{type(exc).__name__}: {exc}")
+            cost_s = time.thread_time() - started_cpu
             self.figures_every_s = max(self.refresh_s, cost_s / FIGURES_DUTY)
-            self._next_fetch_t = time.monotonic() + self.figures_every_s - self.refresh_s / 2
-        except Exception as exc:  # a broken source shows as a notice, the last view stays
-            self.post_message(SourceFailed(f"{type(exc).__name__}: {exc}"))
-            return
-        finally:
-            self._fetch_lock.release()
-        self.post_message(SnapshotReady(view, finished=finished))
+            next_t = started_t + self.figures_every_s
+            if self._stopping.is_set():
+                return
+            try:
+                self.post_message(message)
+            except RuntimeError:  # the event loop closed under us: the app is gone
+                return
+
+    def _figures(self) -> SnapshotReady:
+        """Take a snapshot and build the view (in the figures thread)."""
+        self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
+        snapshot = self.source.snapshot()
+        figures = summarize(snapshot, between_ranks=self._wait_for_quiet)
+        self._wait_for_quiet()
+        findings, diagnosis = self._diagnose(figures)
+        self._wait_for_quiet()
+        view = build_view(figures, findings, diagnosis)
+        if (selected := self._selected) is not None:
+            view.series(selected)  # the history panel's sparklines, computed here rather than on the UI thread
+        return SnapshotReady(view, finished=self.source.finished)
 
     def _wait_for_quiet(self) -> None:
-        """In the worker: sleep (letting the UI thread run) until INPUT_QUIET_S after the last input."""
+        """In the figures thread: sleep (letting the UI thread run) until INPUT_QUIET_S after the last input."""
         while (wait_s := self._input_t + INPUT_QUIET_S - time.monotonic()) > 0:
-            time.sleep(wait_s)
+            if self._stopping.wait(wait_s):
+                break
+        if self._stopping.is_set():
+            raise _Stopping
 
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Key | events.MouseDown | events.MouseScrollDown | events.MouseScrollUp):

@@ -147,11 +147,17 @@ class DashboardView:
         return figures.view if figures is not None else None
 
     def series(self, key: str) -> RankSeries | None:
-        """The histories of one rank, for its sparklines."""
-        rank = self.rank(key)
-        if rank is None:
-            return None
-        return rank_series(rank, self.snapshot.gpu_history_of(rank.hello.hostname), VIEW_HISTORY_WINDOWS)
+        """The histories of one rank, for its sparklines (computed once per view and rank)."""
+        cache = self._series_by_key
+        if key not in cache:
+            rank = self.rank(key)
+            history = self.snapshot.gpu_history_of(rank.hello.hostname) if rank is not None else ()
+            cache[key] = rank_series(rank, history, VIEW_HISTORY_WINDOWS) if rank is not None else None
+        return cache[key]
+
+    @cached_property
+    def _series_by_key(self) -> dict[str, RankSeries | None]:
+        return {}
 
     def row(self, key: str) -> RankRow | None:
         return self._rows_by_key.get(key)
