@@ -203,6 +203,32 @@ class TestData:
             assert any("collector gone" in str(n.message) for n in app._notifications)
 
 
+class TestLayout:
+    """The screen goes where there is something to show: no blank table, the run chart takes the rest."""
+
+    async def test_a_short_table_leaves_its_lines_to_the_run_chart(self) -> None:
+        async with GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
+            app = await shown(pilot)
+            await pilot.pause(4 * FAST_S)  # the middle is fitted after the refresh that filled the table
+            assert app.table.size.height == 3, "the table should be its header and 2 rows, not blank lines"
+            chart = app.chart
+            assert chart.size.height >= 20, f"the run chart got {chart.size.height} lines of a 40-line screen"
+            # Taller than a line a series, the bars say where their scale tops out.
+            assert "peak" in str(chart.render())
+
+    async def test_many_rows_scroll_in_the_table_and_the_chart_keeps_its_lines(self) -> None:
+        async with GputopApp(FixedSource(fx.big_run()), refresh_s=FAST_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            await pilot.press("f")  # 8 hosts opened: 72 rows, more than the screen
+            await pilot.pause(4 * FAST_S)
+            table, chart = app.table, app.chart
+            assert table.virtual_size.height == 73
+            assert 5 < table.size.height < 48
+            assert table.max_scroll_y > 0, "the rows past the screen should scroll"
+            # Two series and 8 GPUs' lines: the chart is never squeezed below them.
+            assert chart.size.height >= 2 + 8, f"the run chart got {chart.size.height} lines"
+
+
 class TestKeys:
     """q, ?, p, s, enter, esc."""
 

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from textual._styles_cache import StylesCache
+from textual.screen import Screen
 from textual.widget import Widget
 
+from gputop.diagnose.findings import Finding
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from gputop.tui.titles import set_border_title
@@ -69,3 +71,47 @@ async def test_a_title_repaints_only_when_it_changes() -> None:
         set_border_title(box, "[b]findings (2)[/b]")  # same text, another style: shown
         assert len(refreshes) == 2
         assert box.border_title == "[b]findings (2)[/b]"
+
+
+class CountingDiagnoser:
+    """A finding whose figure moves on every refresh, as a live run's do; its text keeps its length."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def update(self, figures: object) -> list[Finding]:
+        self.calls += 1
+        return [
+            Finding(
+                cause="data_loading",
+                severity="warn",
+                title=f"rank 1 waits for data {40 + self.calls % 10}% of each step",
+                suggestion="DataLoader(num_workers=8, pin_memory=True, persistent_workers=True)",
+                ranks=(1,),
+            )
+        ]
+
+
+async def test_a_moving_finding_repaints_its_panel_without_laying_out_the_screen(
+    repainted: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layouts: list[object] = []
+    refresh_layout = Screen._refresh_layout  # what a widget's refresh(layout=True) comes to
+
+    def counting_refresh_layout(self: Screen[object], *args: object, **kwargs: object) -> None:
+        layouts.append(args)
+        refresh_layout(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Screen, "_refresh_layout", counting_refresh_layout)
+    source = FixedSource(fx.two_ranks())
+    app = GputopApp(source, refresh_s=REFRESH_S, diagnoser_factory=CountingDiagnoser)  # type: ignore[arg-type]
+    async with app.run_test(size=(160, 48)) as pilot:
+        await shown(pilot)
+        await pilot.pause(3 * REFRESH_S)
+        repainted.clear()
+        layouts.clear()
+        await pilot.pause(5 * REFRESH_S)
+        assert repainted["findings"] > 0, "the finding's new figure was never drawn"
+        others = {widget: n for widget, n in repainted.items() if widget != "findings"}
+        assert not others, f"a finding's figure repainted other widgets too: {others} (lines by widget)"
+        assert not layouts, f"the screen was laid out {len(layouts)} times for figures that kept their lines"

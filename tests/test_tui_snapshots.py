@@ -94,6 +94,8 @@ def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
                 return isinstance(app.screen, RankDetailScreen) or (app.table.selected_key or "").startswith("host:")
 
             await wait_until(pilot, opened, f"what {keys} opens")
+        if app.view is not None and not app.view.empty:  # the table's height follows its rows a layout later
+            await wait_until(pilot, lambda: app.middle_fitted, "the table's height fitted to its rows")
         await pilot.pause()
 
     return run_before

@@ -22,6 +22,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.css.scalar import Scalar
 from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.widgets import Footer
@@ -160,7 +161,8 @@ class GputopApp(App[int]):
         yield self.header
         yield self.gpus
         yield self.empty
-        with Horizontal(id="middle"):
+        self.middle = Horizontal(id="middle")
+        with self.middle:
             with self.ranks_box:
                 yield self.table
             with self.findings_box:
@@ -352,6 +354,41 @@ class GputopApp(App[int]):
         if isinstance(self.screen, RankDetailScreen):
             self.screen.show(view)
 
+    def middle_lines(self) -> int:
+        """The lines the table and the findings need: the middle's height at most.
+
+        From their content, not from the layout's result, which the middle's own
+        height constrains.
+        """
+        table_lines = self.table.virtual_size.height + self.ranks_box.styles.gutter.height  # header + rows + border
+        findings = self.findings
+        width = findings.size.width
+        box = self.findings_box
+        findings_lines = box.styles.gutter.height + (
+            findings.get_content_height(findings.size, findings.size, width) if width else 0
+        )
+        cap = box.styles.max_height
+        if cap is not None and cap.is_cells:
+            findings_lines = min(findings_lines, int(cap.value))
+        if self.table.screen.has_class("-narrow"):  # the main screen, also under a detail screen
+            return table_lines + findings_lines
+        return max(table_lines, findings_lines)
+
+    @property
+    def middle_fitted(self) -> bool:
+        """Whether the middle's height is what its content needs (tests wait for it before a snapshot)."""
+        return self.middle.styles.max_height == Scalar.from_number(self.middle_lines())
+
+    def _fit_middle(self) -> None:
+        """The table and findings no taller than their lines, so the run chart gets what they leave.
+
+        Both the middle and the chart are fractions of the height; the middle's
+        maximum is what its content needs (the table scrolls within it when
+        that is more than the screen has), and Textual gives the rest to the chart.
+        """
+        if not self.middle_fitted:
+            self.middle.styles.max_height = self.middle_lines()
+
     def _title_ranks(self, table: RanksTable) -> None:
         view = self.view
         n = len(view.rank_rows) if view else 0
@@ -362,6 +399,7 @@ class GputopApp(App[int]):
             title += " · ▲ slowest"
         # The phase bars' legend rides on the title, where the eye starts reading the table.
         set_border_title(self.ranks_box, Content.assemble(title, "  ", phase_legend(Palette.from_app(self))))
+        self.call_after_refresh(self._fit_middle)  # rows shown, folded or opened: the table's height follows
 
     def _show_chart(self) -> None:
         """The run of the selected rank (else the first run): step time, samples/s, and every GPU."""

@@ -6,6 +6,7 @@ import textwrap
 
 from textual.app import RenderResult
 from textual.content import Content
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -34,29 +35,63 @@ class FindingsPanel(Widget):
     }
     """
 
-    findings: reactive[tuple[Finding, ...]] = reactive((), layout=True)
+    # A change repaints the panel; only a change in its number of lines lays the screen out again
+    # (findings' figures move on every refresh of a live run, their line count seldom does).
+    findings: reactive[tuple[Finding, ...]] = reactive(())
     """What the diagnosis found, worst first."""
-    diagnosis: reactive[str] = reactive("off", layout=True)
+    diagnosis: reactive[str] = reactive("off")
     """"off" (no rules given), "ok", "waiting", or "failed: <reason>"."""
-    brief: reactive[bool] = reactive(False, layout=True)
+    brief: reactive[bool] = reactive(False)
     """Titles only, no suggestions (small terminals)."""
-    cpu_sharing: reactive[str | None] = reactive(None, layout=True)
+    cpu_sharing: reactive[str | None] = reactive(None)
     """Who else uses the host's CPUs, shown first: it colours every figure below."""
 
+    _lines: int | None = None  # the height last laid out for
+
+    def watch_findings(self) -> None:
+        self._relayout_if_resized()
+
+    def watch_diagnosis(self) -> None:
+        self._relayout_if_resized()
+
+    def watch_brief(self) -> None:
+        self._relayout_if_resized()
+
+    def watch_cpu_sharing(self) -> None:
+        self._relayout_if_resized()
+
+    def on_resize(self) -> None:
+        self._lines = None  # the layout just happened at the new width
+
+    def _relayout_if_resized(self) -> None:
+        width = self.size.width
+        lines = self.get_content_height(self.size, self.size, width) if width else None
+        if lines != self._lines or lines is None:
+            self._lines = lines
+            self.refresh(layout=True)
+
     def render(self) -> RenderResult:
-        body = self._render_findings()
+        return self._content(self.size.width)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """The lines the findings take at ``width`` (the layout asks before the panel has that width)."""
+        return self._content(width).get_height(self.styles, width) if width else 0  # type: ignore[arg-type]  # as Textual passes it
+
+    def _content(self, width: int) -> Content:
+        body = self._render_findings(width)
         if not self.cpu_sharing:
             return body
-        note = self._hanging([("◆ ", "bold $warning"), ("shared CPU ", "$text-muted")], self.cpu_sharing, "", 2)
-        return Content("\n").join([note, body])
+        head = [("◆ ", "bold $warning"), ("shared CPU ", "$text-muted")]
+        return Content("\n").join([self._hanging(head, self.cpu_sharing, "", 2, width), body])
 
-    def _hanging(self, head: list[tuple[str, str]], text: str, style: str, indent: int) -> Content:
-        """``head`` then ``text``, wrapped to the panel's width with later lines indented ``indent`` cells.
+    @staticmethod
+    def _hanging(head: list[tuple[str, str]], text: str, style: str, indent: int, width: int) -> Content:
+        """``head`` then ``text``, wrapped to ``width`` with later lines indented ``indent`` cells.
 
         Wrapped here rather than by Textual so the continuation lines hang under the text,
         not under the severity mark.
         """
-        width = max(self.size.width, 20)
+        width = max(width, 20)
         first = width - sum(len(part) for part, _ in head)
         lines = textwrap.wrap(text, width=max(first, 10)) or [""]
         rest = textwrap.wrap(" ".join(lines[1:]), width=max(width - indent, 10)) if len(lines) > 1 else []
@@ -65,7 +100,7 @@ class FindingsPanel(Widget):
             parts += ["\n", " " * indent, (line, style)]
         return Content.assemble(*parts)
 
-    def _render_findings(self) -> Content:
+    def _render_findings(self, width: int) -> Content:
         if self.diagnosis == "off":
             return Content.styled("no rules active (this dashboard was started without a diagnoser)", "$text-muted")
         if self.diagnosis.startswith("failed"):
@@ -81,9 +116,9 @@ class FindingsPanel(Widget):
                 (f"{f.cause:<13} ", "$text-muted"),
                 (_where(f), "bold"),
             ]
-            lines.append(self._hanging(head, f.title, "", 2))
+            lines.append(self._hanging(head, f.title, "", 2, width))
             if not self.brief and f.suggestion:
-                lines.append(self._hanging([("  → ", "")], f.suggestion, "$text-muted", 4))
+                lines.append(self._hanging([("  → ", "")], f.suggestion, "$text-muted", 4, width))
             if not self.brief and f.worth_text:
-                lines.append(self._hanging([("  ≈ ", "")], f.worth_text, "$success", 4))
+                lines.append(self._hanging([("  ≈ ", "")], f.worth_text, "$success", 4, width))
         return Content("\n").join(lines)

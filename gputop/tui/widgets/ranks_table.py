@@ -324,8 +324,10 @@ class RanksTable(ScrollView, can_focus=True):
             options = self.app.console_options.update(no_wrap=True)
             segments = []
             for cell, width in zip(cells, self._widths, strict=True):
+                # A header with its sort arrow may be a cell wider than its column: the arrow takes the right padding.
+                right = CELL_PADDING if cell.cell_len <= width - 2 * CELL_PADDING else 0
                 rendered = console.render_lines(
-                    Padding(cell, (0, CELL_PADDING)), options.update_dimensions(width, 1), pad=True
+                    Padding(cell, (0, right, 0, CELL_PADDING)), options.update_dimensions(width, 1), pad=True
                 )
                 segments += rendered[0]
             self._segments[key] = segments

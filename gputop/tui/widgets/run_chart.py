@@ -81,6 +81,10 @@ def spark_rows(
     return lines
 
 
+def _gpus(samples: Sequence[GpuSample]) -> int:
+    return len(samples[-1].gpus) if samples else 0
+
+
 def _newest(values: Sequence[float | None]) -> float | None:
     return next((v for v in reversed(values) if v is not None), None)
 
@@ -90,29 +94,33 @@ class RunChart(Widget):
 
     DEFAULT_CSS = """
     RunChart {
-        height: auto;
+        height: 1fr;
     }
     """
 
-    # New data repaints the chart; only a change in its number of lines lays the screen out
+    # New data repaints the chart; only a change in its number of GPUs lays the screen out
     # again (a layout of the whole screen on every refresh was most of a 2-rank dashboard's CPU).
     history: reactive[RunHistory | None] = reactive(None)
     """The run's per-second history (None: no run yet)."""
     gpu_history: reactive[tuple[GpuSample, ...]] = reactive(())
     """GPU samples, oldest first."""
-    show_gpus: reactive[bool] = reactive(True, layout=True)
+    show_gpus: reactive[bool] = reactive(True)
     """Draw the per-GPU lines (off on short terminals)."""
 
-    def watch_history(self, old: RunHistory | None, new: RunHistory | None) -> None:
-        if (old is None) != (new is None):
-            self.refresh(layout=True)
+    def on_mount(self) -> None:
+        self._keep_lines()
 
     def watch_gpu_history(self, old: tuple[GpuSample, ...], new: tuple[GpuSample, ...]) -> None:
-        def gpus(samples: tuple[GpuSample, ...]) -> int:
-            return len(samples[-1].gpus) if samples else 0
+        if _gpus(old) != _gpus(new):
+            self._keep_lines()
 
-        if gpus(old) != gpus(new):
-            self.refresh(layout=True)
+    def watch_show_gpus(self) -> None:
+        self._keep_lines()
+
+    def _keep_lines(self) -> None:
+        """Never squeezed below a line a series and a GPU; the screen's layout gives the chart more when it can."""
+        gpus = _gpus(self.gpu_history) if self.show_gpus else 0
+        self.styles.min_height = 2 + gpus + self.styles.gutter.height
 
     def _lines(
         self,
@@ -174,10 +182,10 @@ class RunChart(Widget):
             return Content.styled("no run yet", MUTED)
         gpu_lines = self._gpu_lines() if self.show_gpus else []
         # Given more height than a line a series (the screen has room), the two run charts share it.
-        rows = max((self.size.height - len(gpu_lines)) // 2, 1)
+        height = max(self.size.height - len(gpu_lines), 2)
         lines = [
-            *self._lines("step mean", history.step_time_s, fmt_s, "$primary", rows),
-            *self._lines("samples/s", history.samples_per_s, fmt_rate, "$secondary", rows),
+            *self._lines("step mean", history.step_time_s, fmt_s, "$primary", height - height // 2),
+            *self._lines("samples/s", history.samples_per_s, fmt_rate, "$secondary", height // 2),
             *gpu_lines,
         ]
         return Content("\n").join(lines)
