@@ -2,17 +2,21 @@
 
 Drawn from per-second histories the store keeps as windows arrive
 (``RunHistory``) and from the GPU samples, one character a second, newest at
-the right; one render, no child widgets, so a refresh costs a few string joins
-whatever the rank count.
+the right; no child widgets, and the lines are built as strips once per change
+(Textual's Content markup and styling, per line and per paint, cost more than
+the rest of a 2-rank refresh), so a refresh costs a few string joins whatever
+the rank count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from textual.app import RenderResult
-from textual.content import Content
+from rich.segment import Segment
+from rich.style import Style
+from textual.color import Color
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
 
 from gputop.model.samples import GpuSample
@@ -20,7 +24,6 @@ from gputop.model.snapshot import RunHistory
 from gputop.tui.format import NA, fmt_gib, fmt_pct, fmt_rate, fmt_s
 
 BLOCKS = "▁▂▃▄▅▆▇█"
-MUTED = "$foreground-muted"  # not $text-muted, which Content resolves as "auto": white on a dark theme
 LABEL_W = 12
 VALUE_W = 8
 
@@ -68,17 +71,14 @@ def spark_rows(
             share = (min(max(v, low), hi) - low) / span if span > 0 else 0.0
             eighths.append(max(round(share * rows * 8), 1))  # a value, however small, shows a sliver
     pad = " " * (width - len(shown))
-    lines = []
-    for row in range(rows - 1, -1, -1):
-        floor = row * 8
-        cells = []
-        for level in eighths:
-            if level is None or level <= floor:
-                cells.append(" ")
-            else:
-                cells.append(BLOCKS[min(level - floor, 8) - 1])
-        lines.append(pad + "".join(cells))
-    return lines
+    columns = []  # each value's column, top line first: blank, then a partial block, then full blocks
+    for level in eighths:
+        if level is None:
+            columns.append(" " * rows)
+            continue
+        full, part = divmod(min(level, rows * 8), 8)
+        columns.append(" " * (rows - full - (part > 0)) + (BLOCKS[part - 1] if part else "") + BLOCKS[-1] * full)
+    return [pad + "".join(line) for line in zip(*columns)] if columns else [pad] * rows
 
 
 def _gpus(samples: Sequence[GpuSample]) -> int:
@@ -111,10 +111,12 @@ class RunChart(Widget):
         self._keep_lines()
 
     def watch_gpu_history(self, old: tuple[GpuSample, ...], new: tuple[GpuSample, ...]) -> None:
+        self._strips = None
         if _gpus(old) != _gpus(new):
             self._keep_lines()
 
     def watch_show_gpus(self) -> None:
+        self._strips = None
         self._keep_lines()
 
     def _keep_lines(self) -> None:
@@ -122,38 +124,88 @@ class RunChart(Widget):
         gpus = _gpus(self.gpu_history) if self.show_gpus else 0
         self.styles.min_height = 2 + gpus + self.styles.gutter.height
 
+    # -- drawing: strips built once per change, not Content parsed and styled on every paint ----------
+
+    def watch_history(self) -> None:
+        self._strips = None
+
+    def on_resize(self) -> None:
+        self._strips = None
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips = None  # the theme changed: its colours too
+
+    def render_line(self, y: int) -> Strip:
+        strips = self._strips
+        if strips is None:
+            strips = self._strips = self._draw()
+        return strips[y] if y < len(strips) else Strip.blank(self.size.width, self.rich_style)
+
+    _strips: list[Strip] | None = None  # the lines drawn for the data, size and theme now; None: draw again
+
+    @property
+    def text(self) -> str:
+        """What the chart shows, as plain text a line each."""
+        return "\n".join(strip.text for strip in self._strips or self._draw())
+
+    def _draw(self) -> list[Strip]:
+        looks = self._looks()
+        width = self.size.width
+        history = self.history
+        if history is None:
+            lines = [[Segment("no run yet", looks["muted"])]]
+        else:
+            gpu_lines = self._gpu_lines(looks) if self.show_gpus else []
+            # Given more height than a line a series (the screen has room), the two run charts share it.
+            height = max(self.size.height - len(gpu_lines), 2)
+            lines = [
+                *self._lines("step mean", history.step_time_s, fmt_s, looks["primary"], looks, height - height // 2),
+                *self._lines("samples/s", history.samples_per_s, fmt_rate, looks["secondary"], looks, height // 2),
+                *gpu_lines,
+            ]
+        return [Strip(line).adjust_cell_length(width, looks["base"]) for line in lines]
+
+    def _looks(self) -> dict[str, Style]:
+        """The widget's style, and its text in each theme colour the chart uses (over its background)."""
+        base = self.rich_style
+        background = Color.from_rich_color(base.bgcolor) if base.bgcolor is not None else Color(0, 0, 0)
+        variables = self.app.theme_variables
+
+        def colour(name: str) -> Style:
+            return base + Style(color=(background + Color.parse(variables[name])).rich_color)
+
+        looks = {name: colour(name) for name in ("primary", "secondary", "success", "accent")}
+        return {**looks, "base": base, "muted": colour("foreground-muted")}
+
     def _lines(
         self,
         label: str,
         values: Sequence[float | None],
         fmt: Callable[[float | None], str],
-        style: str,
+        style: Style,
+        looks: dict[str, Style],
         rows: int = 1,
-    ) -> list[Content]:
+    ) -> list[list[Segment]]:
         """One series: its label and newest value left of a chart ``rows`` lines tall; taller, its peak too."""
         width = max(self.size.width - LABEL_W - VALUE_W - 2, 8)
         newest = _newest(values)
         shown = [v for v in values[-width:] if v is not None]
-        left = [
-            Content.assemble(
-                (f"{label:<{LABEL_W}}", MUTED),
-                (
-                    f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} ",
-                    "" if newest is not None else MUTED,
-                ),
-            )
-        ]
+        muted = looks["muted"]
+        value = f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} "
+        left = [[Segment(f"{label:<{LABEL_W}}", muted), Segment(value, looks["base"] if newest is not None else muted)]]
         if rows > 2 and shown:  # the top of the scale, so the bars' height reads as a number
-            left.append(Content.styled(f"{'peak':<{LABEL_W}}{fmt(max(shown)):>{VALUE_W}} ", MUTED))
-        blank = Content(" " * (LABEL_W + VALUE_W + 1))
+            left.append([Segment(f"{'peak':<{LABEL_W}}{fmt(max(shown)):>{VALUE_W}} ", muted)])
+        blank = [Segment(" " * (LABEL_W + VALUE_W + 1), looks["base"])]
         chart = spark_rows(values, width, rows)
-        return [Content.assemble(left[i] if i < len(left) else blank, (line, style)) for i, line in enumerate(chart)]
+        return [[*(left[i] if i < len(left) else blank), Segment(line, style)] for i, line in enumerate(chart)]
 
-    def _gpu_lines(self) -> list[Content]:
+    def _gpu_lines(self, looks: dict[str, Style]) -> list[list[Segment]]:
         samples = self.gpu_history
         if not samples or not samples[-1].gpus:
             return []
         width = max((self.size.width - LABEL_W - 2 * VALUE_W - 8) // 2, 4)
+        base, muted = looks["base"], looks["muted"]
         lines = []
         for gpu in samples[-1].gpus:
             util: list[float | None] = []
@@ -163,29 +215,16 @@ class RunChart(Widget):
                 util.append(reading.util_pct if reading is not None else None)
                 mem.append(float(reading.mem_used_bytes) if reading and reading.mem_used_bytes is not None else None)
             total = float(gpu.mem_total_bytes) if gpu.mem_total_bytes else None
-            newest_mem = _newest(mem)
+            newest_util, newest_mem = _newest(util), _newest(mem)
+            mem_text = fmt_gib(int(newest_mem)) + "G" if newest_mem is not None else NA
             lines.append(
-                Content.assemble(
-                    (f"{f'GPU {gpu.index} util':<{LABEL_W}}", MUTED),
-                    (f"{fmt_pct(_newest(util)) if _newest(util) is not None else NA:>{VALUE_W}} ", ""),
-                    (spark(util, width, low=0.0, high=100.0), "$success"),
-                    ("  mem", MUTED),
-                    (f"{fmt_gib(int(newest_mem)) + 'G' if newest_mem is not None else NA:>{VALUE_W - 2}} ", ""),
-                    (spark(mem, width, low=0.0, high=total), "$accent"),
-                )
+                [
+                    Segment(f"{f'GPU {gpu.index} util':<{LABEL_W}}", muted),
+                    Segment(f"{fmt_pct(newest_util) if newest_util is not None else NA:>{VALUE_W}} ", base),
+                    Segment(spark(util, width, low=0.0, high=100.0), looks["success"]),
+                    Segment("  mem", muted),
+                    Segment(f"{mem_text:>{VALUE_W - 2}} ", base),
+                    Segment(spark(mem, width, low=0.0, high=total), looks["accent"]),
+                ]
             )
         return lines
-
-    def render(self) -> RenderResult:
-        history = self.history
-        if history is None:
-            return Content.styled("no run yet", MUTED)
-        gpu_lines = self._gpu_lines() if self.show_gpus else []
-        # Given more height than a line a series (the screen has room), the two run charts share it.
-        height = max(self.size.height - len(gpu_lines), 2)
-        lines = [
-            *self._lines("step mean", history.step_time_s, fmt_s, "$primary", height - height // 2),
-            *self._lines("samples/s", history.samples_per_s, fmt_rate, "$secondary", height // 2),
-            *gpu_lines,
-        ]
-        return Content("\n").join(lines)
