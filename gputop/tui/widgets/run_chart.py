@@ -78,7 +78,7 @@ def spark_rows(
             continue
         full, part = divmod(min(level, rows * 8), 8)
         columns.append(" " * (rows - full - (part > 0)) + (BLOCKS[part - 1] if part else "") + BLOCKS[-1] * full)
-    return [pad + "".join(line) for line in zip(*columns)] if columns else [pad] * rows
+    return [pad + "".join(line) for line in zip(*columns, strict=True)] if columns else [pad] * rows
 
 
 def _gpus(samples: Sequence[GpuSample]) -> int:
