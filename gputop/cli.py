@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -639,7 +640,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         if job is not None:
             # Ranks reported their pids: stop those too, in case torchrun died before it could.
-            job.stop(rank_pids=source.store.rank_pids(include_finished=True))
+            job.stop(rank_pids=source.store.rank_pids(include_finished=True, hostname=socket.gethostname()))
             if not keep_log:
                 with contextlib.suppress(OSError):
                     job.log_path.unlink()

@@ -11,6 +11,7 @@ the dashboard said at that moment that other processes share the host's CPUs
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -76,7 +77,7 @@ async def test_the_healthy_demo_shows_no_warning_for_a_minute(tmp_path: Path) ->
                             sharing.add(view.cpu_sharing.split(";", 1)[0])
                 assert job.proc.poll() is None, f"the demo exited: {job.log_path.read_text()[-2000:]}"
     finally:
-        job.stop(rank_pids=source.store.rank_pids(include_finished=True))
+        job.stop(rank_pids=source.store.rank_pids(include_finished=True, hostname=socket.gethostname()))
         source.stop()
     shown = sorted(set(w.split(" [", 1)[0].split(": ", 1)[1] for w in warnings))
     assert not warnings, (

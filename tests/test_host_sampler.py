@@ -5,18 +5,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 
+import msgspec
 import psutil
 import pytest
 
 from gputop.collect.host import HostSampler, HostSamplerThread
 from gputop.collect.store import Store
 from gputop.model.samples import HostSample, ProcessReading
+from tests import tui_fixtures as fx
 
 # A stand-in rank: spawns one busy "DataLoader worker", prints its pid, then idles.
 RANK_SCRIPT = """
@@ -122,3 +125,16 @@ def test_thread_feeds_the_store() -> None:
     assert got.wait(10)
     thread.stop()
     assert samples[0].processes[0].pid == os.getpid()
+
+
+def test_a_rank_on_another_host_is_not_read_from_this_machines_proc() -> None:
+    """A remote rank's pid names some local process here (in containers every rank is a low pid)."""
+    store = Store()
+    here, elsewhere = fx.hello("run-a", 0, 2), fx.hello("run-a", 1, 2)
+    here = msgspec.structs.replace(here, pid=os.getpid(), hostname=socket.gethostname())
+    # The other host's rank has, by chance, the pid of this test's parent: a real process here.
+    elsewhere = msgspec.structs.replace(elsewhere, pid=os.getppid(), hostname="node-b")
+    for hello in (here, elsewhere):
+        store.ingest(hello, time.time())
+    sample = HostSampler(store.local_rank_pids).sample()
+    assert [p.pid for p in sample.processes] == [os.getpid()], "the other host's rank was read from local /proc"

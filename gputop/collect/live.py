@@ -37,7 +37,7 @@ class LiveSource:
             )
             self.store.sample_listeners.append(recorder.sample)
         self._gpu = GpuSamplerThread(self.store, sample_interval_s)
-        self._host = HostSamplerThread(self.store, self.store.rank_pids, sample_interval_s)
+        self._host = HostSamplerThread(self.store, self.store.local_rank_pids, sample_interval_s)
         self._started = False
         self.focus: frozenset[str] = frozenset()  # rank keys whose whole history the UI shows
 

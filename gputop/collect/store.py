@@ -10,6 +10,7 @@ replay drives the same code at its own pace and tests need no sleeping.
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
@@ -274,14 +275,25 @@ class Store:
         for listener in self.sample_listeners:
             listener(sample)
 
-    def rank_pids(self, *, include_finished: bool = False) -> list[int]:
-        """Pids of the ranks still reporting (for the host sampler), or of every rank seen."""
+    def rank_pids(self, *, include_finished: bool = False, hostname: str | None = None) -> list[int]:
+        """Pids of the ranks still reporting (for the host sampler), or of every rank seen.
+
+        ``hostname``: only the ranks on that host (or that did not say).  Another
+        host's pid means nothing here: read from this machine's /proc it would be
+        some local process (in containers, where every rank is a low pid, likely one).
+        """
         with self._lock:
             return [
                 r.hello.pid
                 for r in self._ranks.values()
-                if r.hello.pid and (include_finished or (r.connected and not r.done))
+                if r.hello.pid
+                and (include_finished or (r.connected and not r.done))
+                and (hostname is None or not r.hello.hostname or r.hello.hostname == hostname)
             ]
+
+    def local_rank_pids(self) -> list[int]:
+        """Pids of this machine's reporting ranks: what the host sampler reads."""
+        return self.rank_pids(hostname=socket.gethostname())
 
     def snapshot(
         self, now: float, *, history: int | None = None, full: Collection[str] = (), full_history: int | None = None
