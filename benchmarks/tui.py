@@ -200,8 +200,11 @@ def measure(
     cmd = f"exec {gputop} attach --port {port} --refresh {refresh}"
     if metrics_port is not None:
         cmd += f" --prometheus 127.0.0.1:{metrics_port}"
+    # A tmux server already running would give the session its own environment: pass PYTHONPATH on,
+    # so a worktree's dashboard runs its own code.
+    env = ["-e", f"PYTHONPATH={os.environ['PYTHONPATH']}"] if "PYTHONPATH" in os.environ else []
     for attempt in range(5):  # a tmux server still exiting after the last session refuses new ones
-        started = subprocess.run(["tmux", "new", "-d", "-s", session, "-x", width, "-y", height, cmd])
+        started = subprocess.run(["tmux", "new", "-d", "-s", session, *env, "-x", width, "-y", height, cmd])
         if started.returncode == 0:
             break
         time.sleep(1.0 + attempt)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gputop.collect.store import WINDOW_BUDGET, Store
+from gputop.model.stats import rank_stats
+from gputop.protocol import Window, decode, encode
 from tests import tui_fixtures as fx
 
 
@@ -28,6 +30,21 @@ def test_a_few_ranks_keep_ten_minutes() -> None:
         store.ingest(fx.window("run-a", 0, seq, step_s=0.1, loader_s=0.01), fx.T0 + (seq + 1) * fx.WINDOW_S)
     (rank,) = store.snapshot(fx.T0 + 650, history=None).all_ranks()
     assert len(rank.windows) == 1200
+
+
+def test_a_ranks_older_windows_read_back_as_received() -> None:
+    """All but the newest 40 windows are kept encoded: the whole history and its figures are those received."""
+    store = Store()
+    store.ingest(fx.hello("run-a", 0, 1), fx.T0)
+    received = []
+    for seq in range(300):
+        message = decode(encode(fx.window("run-a", 0, seq, step_s=0.1 + 0.002 * (seq % 7), loader_s=0.01)))
+        assert isinstance(message, Window)
+        received.append(message)
+        store.ingest(message, message.t1)
+    (rank,) = store.snapshot(fx.T0 + 150, history=None).all_ranks()
+    assert rank.windows == tuple(received)
+    assert rank_stats(rank.windows) == rank_stats(received)
 
 
 def test_run_history_sums_every_ranks_windows_per_second() -> None:

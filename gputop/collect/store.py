@@ -3,28 +3,29 @@
 Written by the collector thread (or by a recording being read), read by the UI,
 the recorder and the diagnosis through ``snapshot()``, which returns the
 immutable views of ``gputop.model.snapshot``.  One lock guards the mutable state; it is held only for dict and deque
-operations, never for I/O.  Time is passed in, not read from the clock, so a
-replay drives the same code at its own pace and tests need no sleeping.
+operations and for encoding or decoding a rank's older windows (``WindowHistory``), never for I/O.  Time is
+passed in, not read from the clock, so a replay drives the same code at its own pace and tests need no sleeping.
 """
 
 from __future__ import annotations
 
-import itertools
 import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from gputop.collect.window_history import WindowHistory
 from gputop.model.samples import GpuSample, HostSample
 from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
 from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
-# Windows kept across all ranks (a window is about 1 KiB as a Python object): at
-# 125 ranks or fewer each keeps 10 minutes; at 1,024 each keeps 73 s, so the
-# dashboard's memory stays flat however many ranks report.  The run's step-time
-# and throughput history is kept apart, per second, for an hour (``RunHistory``).
+# Windows kept across all ranks (a rank's newest 40 are 1.2-KiB objects, the older
+# ones 0.45 KiB encoded: ``WindowHistory``): at 125 ranks or fewer each keeps 10
+# minutes; at 1,024 each keeps 73 s, so the dashboard's memory stays flat however
+# many ranks report.  The run's step-time and throughput history is kept apart,
+# per second, for an hour (``RunHistory``).
 WINDOW_BUDGET = 150_000
 MIN_HISTORY_WINDOWS = 60  # 30 s: the figures' span with room to scroll back
 RUN_HISTORY_S = 3600
@@ -49,7 +50,7 @@ class _Rank:
     hello: Hello
     first_seen_t: float
     last_seen_t: float
-    windows: deque[Window] = field(default_factory=deque)
+    windows: WindowHistory
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     captures: deque[CaptureResult] = field(default_factory=lambda: deque(maxlen=HISTORY_CAPTURES))
     connected: bool = True
@@ -157,7 +158,7 @@ class Store:
                     hello=message,
                     first_seen_t=now,
                     last_seen_t=now,
-                    windows=deque(maxlen=self._per_rank_windows()),
+                    windows=WindowHistory(self._per_rank_windows()),
                 )
                 self._fit_history()
             else:
@@ -197,7 +198,7 @@ class Store:
             return
         for state in self._ranks.values():
             if state.windows.maxlen is not None and state.windows.maxlen > keep:
-                state.windows = deque(state.windows, maxlen=keep)
+                state.windows.shorten(keep)
 
     def disconnected(self, run_id: str, rank: int, reason: str, pid: int | None = None) -> None:
         """The connection a rank reported on closed (``reason`` says how).
@@ -308,14 +309,7 @@ class Store:
             by_run: dict[str, list[tuple[float, RankView]]] = {}
             for (run_id, rank_no), state in self._ranks.items():
                 keep = full_history if (full and f"{run_id}:{rank_no}" in full) else history
-                if keep is None:
-                    windows = tuple(state.windows)
-                elif keep <= 0:
-                    windows = ()
-                elif keep >= len(state.windows):
-                    windows = tuple(state.windows)
-                else:
-                    windows = tuple(itertools.islice(state.windows, len(state.windows) - keep, None))
+                windows = state.windows.newest(keep)
                 status, reason = self._status(state, now)
                 view = RankView(
                     run_id=run_id,

@@ -55,10 +55,10 @@ from gputop.tui.widgets.run_chart import RunChart
 # scrolling stay immediate, since the UI thread never does that work.
 FIGURES_DUTY = 0.05
 # Past views kept for time travel, as rank-views (a view of 1,024 ranks counts
-# 1,024).  A view holds its figures and the 40 windows a rank it was built from,
-# windows the store may already have dropped, so past views cost more memory
-# than the store at many ranks: 10 minutes at 2 Hz for a 2-rank job, a minute at
-# 64 ranks, the last 7 moments at 1,024 (where 20,000 held RSS near 575 MiB).
+# 1,024).  A past view holds its figures and rows, not its windows (but the drawn
+# rank's: ``DashboardView.for_time_travel``): 10 minutes at 2 Hz for a 2-rank
+# job, a minute at 64 ranks, the last 7 moments at 1,024 (where 20,000 held RSS
+# near 575 MiB when past views kept their windows).
 PAST_BUDGET_RANKS = 8_000
 PAST_MIN_VIEWS = 5
 PAST_MAX_VIEWS = 1200
@@ -269,6 +269,8 @@ class GputopApp(App[int]):
         if past and past[-1].snapshot.t == view.snapshot.t:
             past[-1] = view  # the same moment again (a finished replay, fixed data): nothing to step through
             return
+        if past:
+            past[-1] = past[-1].for_time_travel()  # no longer the newest: its windows are the store's to keep
         past.append(view)
         if self.paused:
             self._travel += 1  # keep pointing at the view on screen

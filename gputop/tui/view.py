@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from statistics import median
 
@@ -161,6 +161,28 @@ class DashboardView:
 
     def row(self, key: str) -> RankRow | None:
         return self._rows_by_key.get(key)
+
+    def for_time_travel(self) -> DashboardView:
+        """This view as time travel keeps it: every figure, row and finding, but windows only where drawn.
+
+        A live view holds each rank's newest windows; kept as a past view it would
+        hold them as objects long after the store has encoded them
+        (``WindowHistory``): at 1,024 ranks the past views held 70 windows a rank,
+        ~80 MiB.  The ranks whose sparklines were computed (the focused one) keep
+        their windows and sparklines; another rank selected while travelling shows
+        its figures and GPU history, without step sparklines.
+        """
+        drawn = self._series_by_key
+        runs = []
+        for run in self.figures.runs:
+            ranks = tuple(
+                r if r.key in drawn else replace(r, view=replace(r.view, windows=()), windows=()) for r in run.ranks
+            )
+            runs.append(replace(run, view=replace(run.view, ranks=tuple(r.view for r in ranks)), ranks=ranks))
+        snapshot = replace(self.snapshot, runs=tuple(run.view for run in runs))
+        past = replace(self, figures=replace(self.figures, snapshot=snapshot, runs=tuple(runs)))
+        past._series_by_key.update(drawn)
+        return past
 
     @cached_property
     def _rows_by_key(self) -> dict[str, RankRow]:
