@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import gc
 import sys
-import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -92,19 +91,9 @@ def top_sites(snapshot: tracemalloc.Snapshot, top: int) -> None:
 
 
 async def run_app(store: Store, ranks: int, next_seq: int, seconds: float, every_s: float, trace: bool) -> None:
-    from benchmarks_profile import WINDOW_S, StoreSource, _window
+    from benchmarks_profile import Feeder, StoreSource
 
-    stop = threading.Event()
-
-    def feed() -> None:
-        seq = next_seq
-        while not stop.wait(WINDOW_S):
-            now = time.time()
-            store.ingest_many((_window(rank, seq, now) for rank in range(ranks)), now)
-            seq += 1
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    feeder = Feeder(store, ranks, next_seq)
     app = GputopApp(StoreSource(store), refresh_s=0.5, diagnoser_factory=Diagnoser)
     t0 = time.perf_counter()
     try:
@@ -118,15 +107,14 @@ async def run_app(store: Store, ranks: int, next_seq: int, seconds: float, every
                     f"figures every {app.figures_every_s:.1f} s",
                     flush=True,
                 )
-            stop.set()
-            feeder.join()
+            feeder.stop()
             gc.collect()
             print(f"RSS at the end {rss_mib():.1f} MiB")
             if trace:
                 top_sites(tracemalloc.take_snapshot(), 25)
             consumers(app, store)
     finally:
-        stop.set()
+        feeder.stop()
 
 
 def main() -> None:

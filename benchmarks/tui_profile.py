@@ -113,18 +113,28 @@ def _thread_cpu_s(tid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top: int, sort: str) -> None:
-    stop = threading.Event()
+class Feeder:
+    """The collector's part, on a thread: a window per rank every 0.5 s from ``next_seq`` on, until stopped."""
 
-    def feed() -> None:  # the collector's part: a window per rank every 0.5 s
-        seq = next_seq
-        while not stop.wait(WINDOW_S):
+    def __init__(self, store: Store, ranks: int, next_seq: int) -> None:
+        self._store, self._ranks, self._seq = store, ranks, next_seq
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+        self._thread.start()
+
+    def _feed(self) -> None:
+        while not self._stop.wait(WINDOW_S):
             now = time.time()
-            store.ingest_many((_window(rank, seq, now) for rank in range(ranks)), now)
-            seq += 1
+            self._store.ingest_many((_window(rank, self._seq, now) for rank in range(self._ranks)), now)
+            self._seq += 1
 
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top: int, sort: str) -> None:
+    feeder = Feeder(store, ranks, next_seq)
     app = GputopApp(StoreSource(store), refresh_s=0.5, diagnoser_factory=Diagnoser)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
@@ -157,8 +167,7 @@ async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top
             pstats.Stats(profile, stream=out).sort_stats(sort).print_stats(top)
             print("\n".join(out.getvalue().splitlines()[6:]))
     finally:
-        stop.set()
-        feeder.join()
+        feeder.stop()
 
 
 def main() -> None:
