@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from textual.app import RenderResult
 from textual.content import Content
@@ -48,6 +49,11 @@ class FindingsPanel(Widget):
 
     _lines: int | None = None  # the height last laid out for
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Lines by width for the content now: the layout and the app's fitting of the middle both ask each refresh.
+        self._heights: dict[int, int] = {}
+
     def watch_findings(self) -> None:
         self._relayout_if_resized()
 
@@ -64,6 +70,7 @@ class FindingsPanel(Widget):
         self._lines = None  # the layout just happened at the new width
 
     def _relayout_if_resized(self) -> None:
+        self._heights.clear()  # the content changed
         width = self.size.width
         lines = self.get_content_height(self.size, self.size, width) if width else None
         if lines != self._lines or lines is None:
@@ -75,7 +82,11 @@ class FindingsPanel(Widget):
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         """The lines the findings take at ``width`` (the layout asks before the panel has that width)."""
-        return self._content(width).get_height(self.styles, width) if width else 0  # type: ignore[arg-type]  # as Textual passes it
+        if not width:
+            return 0
+        if width not in self._heights:
+            self._heights[width] = self._content(width).get_height(self.styles, width)  # type: ignore[arg-type]  # as Textual passes it
+        return self._heights[width]
 
     def _content(self, width: int) -> Content:
         body = self._render_findings(width)
