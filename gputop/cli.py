@@ -422,15 +422,17 @@ def _record_with_alerts(source: Any, seconds: float, command: str, hold_s: float
     from gputop.alert_command import AlertCommand
     from gputop.diagnose import Diagnoser
     from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
-    from gputop.model.figures import summarize
+    from gputop.model.figures import SPAN_S, summarize
+    from gputop.model.span import SpanFigures
 
     diagnoser, tracker, runner = Diagnoser(), AlertTracker(hold_s=hold_s), AlertCommand(command)
+    spans = SpanFigures(SPAN_S)
     to_ranks = FindingsToRanks()
     end_s = time.monotonic() + seconds
     try:
         while (left_s := end_s - time.monotonic()) > 0:
             time.sleep(min(ALERT_CHECK_S, left_s))
-            figures = summarize(source.snapshot())
+            figures = summarize(source.snapshot(), spans=spans)
             findings = diagnoser.update(figures)
             for run_id, briefs in to_ranks.changed(findings).items():
                 source.notify_findings(run_id, briefs)  # the ranks log them beside their loss

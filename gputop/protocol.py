@@ -15,6 +15,7 @@ The full description, with examples, is in docs/protocol.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Annotated, Any, ClassVar, Final, Literal, Union
@@ -83,6 +84,7 @@ def sketch_bucket(seconds: float) -> int:
     return min(math.ceil(math.log(seconds / SKETCH_MIN_S) / _LOG_GAMMA), SKETCH_MAX_BUCKET)
 
 
+@functools.lru_cache(maxsize=2 * SKETCH_MAX_BUCKET)  # the figures read a few buckets per rank per refresh
 def sketch_value_s(index: int) -> float:
     """The duration a bucket stands for: within SKETCH_ACCURACY of every duration in it."""
     index = min(max(index, 0), SKETCH_MAX_BUCKET)

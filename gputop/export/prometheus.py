@@ -22,8 +22,9 @@ from typing import Any
 
 from gputop.diagnose import Diagnoser
 from gputop.export.metrics import Family, families
-from gputop.model.figures import summarize
+from gputop.model.figures import SPAN_S, summarize
 from gputop.model.snapshot import Snapshot
+from gputop.model.span import SpanFigures
 
 REFRESH_S = 2.0  # two scrapers (an HA pair) within this share one computation
 
@@ -42,6 +43,7 @@ class PrometheusExporter:
         self.gpu_hostname = socket.gethostname()  # NVML readings are this machine's
         self._families: list[Family] = []
         self._diagnoser = Diagnoser()
+        self._spans = SpanFigures(SPAN_S)  # read and slid under self._lock
         self._lock = threading.Lock()  # prometheus-client may serve two scrapes at once
         self._refreshed_at = -float("inf")  # monotonic time of the last computation
         self._server: Any = None
@@ -70,7 +72,7 @@ class PrometheusExporter:
     def refresh(self) -> None:
         started = time.perf_counter()
         snapshot = self._snapshot()
-        figures = summarize(snapshot)
+        figures = summarize(snapshot, spans=self._spans)
         findings = self._diagnoser.update(figures)
         self._families = families(figures, findings, gpu_hostname=self.gpu_hostname)
         self.last_refresh_s = time.perf_counter() - started

@@ -1,11 +1,12 @@
 """Every figure the user sees, computed once per snapshot: per rank, per run, per GPU.
 
 ``summarize(snapshot)`` joins the ranks to the GPUs once, runs ``rank_stats``
-once per rank over the span, and averages each GPU's utilization once.  The
-dashboard's table, detail screen and header, ``gputop report`` and the
-diagnosis rules all read the ``Figures`` it returns, so "loader wait 41%"
-is one number wherever it is shown, and the findings' evidence quotes the same
-value the table shows.  Pure: a snapshot in, frozen figures out.
+once per rank over the span (or slides the figures a ``SpanFigures`` keeps:
+the same numbers), and averages each GPU's utilization once.  The dashboard's
+table, detail screen and header, ``gputop report`` and the diagnosis rules all
+read the ``Figures`` it returns, so "loader wait 41%" is one number wherever
+it is shown, and the findings' evidence quotes the same value the table
+shows.  A snapshot in, frozen figures out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Literal
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
 from gputop.model.samples import GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
+from gputop.model.span import SpanFigures
 from gputop.model.stats import (
     RankStats,
     rank_stats,
@@ -202,14 +204,23 @@ class Figures:
 
 
 def summarize(
-    snapshot: Snapshot, *, span_s: float | None = SPAN_S, between_ranks: Callable[[], None] | None = None
+    snapshot: Snapshot,
+    *,
+    span_s: float | None = SPAN_S,
+    between_ranks: Callable[[], None] | None = None,
+    spans: SpanFigures | None = None,
 ) -> Figures:
     """Every rank's figures over the last ``span_s`` seconds of its windows (None: all of them).
 
     ``between_ranks`` is called before each rank: the dashboard's worker waits
     there while the user is typing, so a keypress does not share the
-    interpreter with a thousand ranks' figures.
+    interpreter with a thousand ranks' figures.  ``spans``, kept by a caller
+    that summarizes again and again (the dashboard, the exporter), holds each
+    rank's figures over the span from one call to the next and updates them
+    with the windows that arrived and left: the same figures, for less.
     """
+    if spans is not None and spans.span_s != span_s:
+        raise ValueError(f"the spans kept cover {spans.span_s} s, not {span_s}")
     assignments = tuple(join_ranks_to_gpus(snapshot))
     gpu_of: dict[tuple[str, int], GpuReading] = {}
     for a in assignments:
@@ -226,8 +237,11 @@ def summarize(
         for view in run.ranks:
             if between_ranks is not None:
                 between_ranks()
-            windows = tuple(view.windows if span_s is None else recent(view.windows, span_s))
-            stats = rank_stats(windows)
+            if spans is not None:
+                windows, stats = spans.figures(view.key, view.windows)
+            else:
+                windows = tuple(view.windows if span_s is None else recent(view.windows, span_s))
+                stats = rank_stats(windows)
             gpu = gpu_of.get((view.run_id, view.rank))
             ranks.append(
                 RankFigures(
@@ -239,6 +253,8 @@ def summarize(
                 )
             )
         runs.append(RunFigures(view=run, ranks=tuple(ranks)))
+    if spans is not None:
+        spans.keep_only(view.key for run in snapshot.runs for view in run.ranks)
     own_cpu = _mean([h.gputop_cpu_pct for h in snapshot.host_history if since_t is None or h.t >= since_t])
     return Figures(
         snapshot=snapshot,

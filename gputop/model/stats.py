@@ -9,10 +9,15 @@ divided by wall step time, over the same steps, everywhere.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import msgspec
 
 from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantile_s, sketch_value_s
 
@@ -27,9 +32,14 @@ STALL_FACTOR = 3.0
 DDP_WARMUP_ITERATIONS = 1
 
 
-@dataclass(frozen=True)
-class RankStats:
-    """A rank over a span of windows.  None means not measured (N/A)."""
+class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A rank over a span of windows.  None means not measured (N/A).
+
+    A msgspec struct rather than a frozen dataclass: built for every rank on
+    every refresh, and a frozen dataclass sets its 50 fields one
+    ``object.__setattr__`` at a time (three times as long).  Numbers only: no
+    cycles, so the garbage collector need not track it.
+    """
 
     windows: int
     steps: int
@@ -93,70 +103,75 @@ class RankStats:
         return max(self.step_time_mean_s - sum(p for p in parts if p is not None), 0.0)
 
 
+class _DdpSample(NamedTuple):
+    """What one sampled DDP iteration adds: each figure times the iterations it averages, and those iterations."""
+
+    forward: float
+    forward_n: int
+    backward: float
+    backward_n: int
+    comm: float
+    comm_n: int
+    overlap: float
+    overlap_n: int
+    exposed: float
+    exposed_n: int
+    warmup: bool  # it includes DDP's first iteration(s)
+    frac: float | None  # its exposed comm over its window's mean step, for the error band
+
+
+def _ddp_sample(w: Window) -> _DdpSample:
+    n = w.ddp_steps or 1
+    exposed = w.exposed_comm_s
+    timed = w.timed
+    return _DdpSample(
+        *(w.forward_s * n, n) if w.forward_s is not None else (0.0, 0),
+        *(w.backward_s * n, n) if w.backward_s is not None else (0.0, 0),
+        *(w.comm_s * n, n) if w.comm_s is not None else (0.0, 0),
+        *(w.overlap_s * n, n) if w.overlap_s is not None else (0.0, 0),
+        *(exposed * n, n) if exposed is not None else (0.0, 0),
+        warmup=_covers_ddp_warmup(w),
+        frac=share_of_step(exposed, w.step_time_sum_s / timed) if exposed is not None and timed > 0 else None,
+    )
+
+
 @dataclass(frozen=True)
 class _DdpMeans:
-    """The per-iteration means of DDP's figures over a rank's samples, from one pass."""
+    """The per-iteration means of DDP's figures over a rank's distinct samples."""
 
     forward_s: float | None
     backward_s: float | None
     comm_s: float | None
     overlap_s: float | None
     exposed_comm_s: float | None
-    exposed_comm_fracs: list[float]  # each sample window's exposed comm over its mean step, for the error band
+    exposed_comm_fracs: list[float]  # each sample's exposed comm over its window's mean step, for the error band
+
+    @classmethod
+    def of(cls, samples: Sequence[_DdpSample]) -> _DdpMeans:
+        """Each figure's mean, each sample weighted by the iterations it averages.
+
+        DDP's first iteration is left out when later ones are known: it rebuilds
+        the gradient buckets and pays one-time allocation, so it is no typical step.
+        """
+        samples = [s for s in samples if not s.warmup] or samples
+        if not samples:
+            return cls(None, None, None, None, None, [])
+        totals = [sum(column) for column in itertools.islice(zip(*samples, strict=True), 10)]  # the figures' columns
+
+        def mean(i: int) -> float | None:  # the figure at ``i``, its iterations after it
+            return totals[i] / totals[i + 1] if totals[i + 1] else None
+
+        return cls(mean(0), mean(2), mean(4), mean(6), mean(8), [s.frac for s in samples if s.frac is not None])
 
 
-def _ddp_means(samples: Sequence[Window]) -> _DdpMeans:
-    """Each DDP figure's per-iteration mean, each sample weighted by the iterations it averages, in one pass.
-
-    Also each sample window's exposed comm over its mean step.  One loop for the
-    five figures: at many ranks this runs for every rank on every refresh.
-    """
-    forward = backward = comm = overlap = exposed_sum = 0.0
-    forward_n = backward_n = comm_n = overlap_n = exposed_n = 0
-    fracs: list[float] = []
-    for w in samples:
-        n = w.ddp_steps or 1
-        if w.forward_s is not None:
-            forward += w.forward_s * n
-            forward_n += n
-        if w.backward_s is not None:
-            backward += w.backward_s * n
-            backward_n += n
-        if w.overlap_s is not None:
-            overlap += w.overlap_s * n
-            overlap_n += n
-        if w.comm_s is not None:
-            comm += w.comm_s * n
-            comm_n += n
-        if (exposed := w.exposed_comm_s) is not None:
-            exposed_sum += exposed * n
-            exposed_n += n
-            timed = w.timed
-            if timed > 0 and (frac := share_of_step(exposed, w.step_time_sum_s / timed)) is not None:
-                fracs.append(frac)
-    return _DdpMeans(
-        forward / forward_n if forward_n else None,
-        backward / backward_n if backward_n else None,
-        comm / comm_n if comm_n else None,
-        overlap / overlap_n if overlap_n else None,
-        exposed_sum / exposed_n if exposed_n else None,
-        fracs,
-    )
+def _ddp_key(w: Window) -> int:
+    """The sampled iteration a window's DDP figures come from (a window without one is its own sample)."""
+    return w.ddp_iteration if w.ddp_iteration is not None else -w.seq
 
 
 def _covers_ddp_warmup(w: Window) -> bool:
     """Whether the window's DDP figures include DDP's first iteration(s)."""
     return w.ddp_iteration is not None and w.ddp_iteration - (w.ddp_steps or 1) < DDP_WARMUP_ITERATIONS
-
-
-def micro_batches_per_step(windows: Sequence[Window]) -> float | None:
-    """Forwards with autograd on per optimizer step, over the windows that count both (None: not counted)."""
-    forwards = steps = 0
-    for w in windows:
-        if w.forwards is not None and w.steps:
-            forwards += w.forwards
-            steps += w.steps
-    return forwards / steps if steps and forwards else None
 
 
 def _scaled(value: float | None, factor: float) -> float | None:
@@ -166,13 +181,6 @@ def _scaled(value: float | None, factor: float) -> float | None:
 
 def _at_most(value: float | None, limit: float | None) -> float | None:
     return value if value is None or limit is None else min(value, limit)
-
-
-def _newest(windows: Sequence[Window], name: str) -> Window | None:
-    for w in reversed(windows):
-        if getattr(w, name) is not None:
-            return w
-    return None
 
 
 # Fewer windows than this give no error estimate worth the name.
@@ -282,7 +290,8 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
     """
     line_s = STALL_FACTOR * p50_s
     count, total_s, excess_s = 0, 0.0, 0.0
-    for bucket, n in sketch.items():
+    for bucket in sorted(sketch):  # in bucket order: the sums do not depend on the order steps came in
+        n = sketch[bucket]
         value = sketch_value_s(bucket)
         if value >= line_s:
             count += n
@@ -312,223 +321,316 @@ def starved_share(wait_s: float, cpu_s: float) -> float | None:
     return wait_s / (wait_s + cpu_s) if wait_s + cpu_s > 0 else None
 
 
-class _CpuWait:
-    """Run-queue wait and CPU time summed over the windows that measure both."""
+class _Parts(NamedTuple):
+    """A window's part of each float total: 0.0 where it does not count towards one.
+
+    Floats are summed afresh from these when the figures are read, in window
+    order, never by taking away what left: a value that entered and left would
+    leave its rounding behind, and a total that should be 0 ("no CPU used")
+    would not be.
+    """
+
+    step_s: float  # wall step time, over the windows with timed steps
+    loader_s: float  # loader wait, over the same
+    span_s: float  # the windows' durations
+    cpu_pct: float
+    workers_cpu_pct: float
+    # gputop's self-accounting, over the windows that carry it:
+    own_span_s: float
+    reporter_cpu_s: float
+    hook_s: float
+    rank_cpu_s: float  # the rank process's CPU where the window has both figures
+    gputop_cpu_s: float  # gputop's part of it
+    # Run-queue wait and CPU time, over the windows that measure both:
+    main_wait_s: float
+    main_span_s: float
+    wait_span_s: float
+    wait_s: float
+    run_s: float
+    workers_wait_s: float
+    workers_run_s: float
+
+
+_NO_PARTS = _Parts(*[0.0] * len(_Parts._fields))
+
+
+def _parts(w: Window) -> _Parts:
+    dt = w.t1 - w.t0
+    timed = w.timed > 0
+    own = w.reporter_cpu_s is not None and w.hook_s is not None
+    # The compute threads' own CPU time where the reporter measures it, else the process's.
+    run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
+    waited = w.cpu_wait_s is not None and run_s is not None
+    workers = waited and w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None
+    return _Parts(
+        step_s=w.step_time_sum_s if timed else 0.0,
+        loader_s=w.loader_wait_s if timed else 0.0,
+        span_s=dt,
+        cpu_pct=w.cpu_pct or 0.0,
+        workers_cpu_pct=w.workers_cpu_pct or 0.0,
+        own_span_s=dt if own else 0.0,
+        reporter_cpu_s=w.reporter_cpu_s or 0.0 if own else 0.0,
+        hook_s=w.hook_s or 0.0 if own else 0.0,
+        rank_cpu_s=w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
+        gputop_cpu_s=(w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
+        main_wait_s=w.main_cpu_wait_s or 0.0,
+        main_span_s=dt if w.main_cpu_wait_s is not None else 0.0,
+        wait_span_s=dt if waited else 0.0,
+        wait_s=w.cpu_wait_s or 0.0 if waited else 0.0,
+        run_s=run_s or 0.0 if waited else 0.0,
+        workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
+        workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
+    )
+
+
+class _SlidingMax:
+    """The largest value over windows that leave oldest first: a monotonic queue, O(1) amortized."""
+
+    __slots__ = ("_queue",)
 
     def __init__(self) -> None:
-        self.main_wait_s = self.main_span_s = 0.0
-        self.wait_s = self.cpu_s = self.span_s = 0.0
-        self.workers_wait_s = self.workers_cpu_s = 0.0
-        self.main_seen = self.seen = self.workers_seen = False
+        self._queue: deque[tuple[float, Window]] = deque()  # values decreasing, windows oldest first
 
-    def add(self, w: Window) -> None:
-        dt = w.t1 - w.t0
-        if w.main_cpu_wait_s is not None:
-            self.main_seen = True
-            self.main_wait_s += w.main_cpu_wait_s
-            self.main_span_s += dt
-        # The compute threads' own CPU time where the reporter measures it, else the process's.
-        run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
-        if w.cpu_wait_s is not None and run_s is not None:
-            self.seen = True
-            self.span_s += dt
-            self.wait_s += w.cpu_wait_s
-            self.cpu_s += run_s
-            if w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None:
-                self.workers_seen = True
-                self.workers_wait_s += w.workers_cpu_wait_s
-                self.workers_cpu_s += w.workers_cpu_pct / 100.0 * dt
+    def push(self, value: float, w: Window) -> None:
+        queue = self._queue
+        while queue and queue[-1][0] <= value:
+            queue.pop()
+        queue.append((value, w))
 
-    def main_frac(self) -> float | None:
-        return self.main_wait_s / self.main_span_s if self.main_seen and self.main_span_s > 0 else None
+    def pop(self, w: Window) -> None:
+        """``w``, the oldest window, leaves."""
+        if self._queue and self._queue[0][1] is w:
+            self._queue.popleft()
 
-    def starved_frac(self) -> float | None:
-        if not self.seen:
-            return None
-        return starved_share(self.wait_s + self.workers_wait_s, self.cpu_s + self.workers_cpu_s)
-
-    def demand_cores(self) -> float | None:
-        if not self.seen or self.span_s <= 0:
-            return None
-        return (self.wait_s + self.cpu_s + self.workers_wait_s + self.workers_cpu_s) / self.span_s
-
-    def workers_starved_frac(self) -> float | None:
-        return starved_share(self.workers_wait_s, self.workers_cpu_s) if self.workers_seen else None
+    @property
+    def value(self) -> float | None:
+        return self._queue[0][0] if self._queue else None
 
 
-class _SelfCost:
-    """Sums of the self-accounting fields over the windows that carry them."""
+# Fields a probe fills together: a figure reads the newest window that has it.
+_NEWEST_FIELDS = (
+    "mem_allocated_bytes",
+    "rss_bytes",
+    "mem_reserved_bytes",
+    "mem_total_bytes",
+    "alloc_retries",
+    "ooms",
+    "threads",
+    "workers",
+)
+
+
+class SpanSums:
+    """A rank's figures over a span of windows, kept as windows enter (newest) and leave (oldest).
+
+    ``rank_stats`` adds a span's windows and reads ``stats``; the dashboard keeps one
+    per rank and slides it (``gputop.model.span``), so a refresh costs the windows
+    that arrived and left, not the whole span.  Every figure's definition is here:
+    counts kept as windows come and go, float totals summed from each window's
+    ``_Parts``, monotonic queues for the maxima, the newest window that has a
+    field for the gauges, and the distinct DDP samples.  Windows leave in the
+    order they entered.
+    """
 
     def __init__(self) -> None:
-        self.span_s = self.reporter_cpu_s = self.hook_s = 0.0
-        self.sent_bytes = self.steps = 0
-        self.rank_cpu_s = 0.0  # the rank process's CPU over the windows that have both figures
-        self.gputop_cpu_s = 0.0  # gputop's part of it
+        self.parts: deque[_Parts] = deque()
+        self.steps = 0
+        self.timed = 0  # steps the time totals cover
+        self.tracked = 0  # windows with loader batches
+        self.with_steps = 0  # windows with timed steps
+        self.sketch: dict[int, int] = {}
+        self.samples = self.samples_seen = 0
+        self.cpu_n = self.workers_cpu_n = 0
+        self.forwards = self.forward_steps = 0  # over the windows that count both
+        self.own_steps = self.own_sent_bytes = 0  # over the windows with self-accounting
+        self.main_waited = self.waited = self.workers_waited = 0  # windows that measure each wait
+        self.loader_fracs: deque[float] = deque()  # each window's loader wait share, for the error band
+        self.gpu_p50s: list[float] = []  # sorted
+        self.max_step = _SlidingMax()
+        self.peak = _SlidingMax()
+        self.dropped = _SlidingMax()
+        self.slowest = _SlidingMax()  # the windows' slowest named steps, to skip the stall scan
+        self.newest: dict[str, Window] = {}  # field (or "timed") -> the newest window that has it
+        # DDP times every Nth iteration and a sample repeats in the windows until the next: each counts once.
+        self.ddp: dict[int, tuple[_DdpSample, int]] = {}  # key -> (the newest window's sample, windows with it)
 
     def add(self, w: Window) -> None:
-        if w.reporter_cpu_s is None or w.hook_s is None:
-            return
-        self.span_s += w.t1 - w.t0
-        self.reporter_cpu_s += w.reporter_cpu_s
-        self.hook_s += w.hook_s
-        self.sent_bytes += w.sent_bytes or 0
-        self.steps += w.steps
+        """``w`` enters the span as its newest window."""
+        self.parts.append(_parts(w))
+        self._count(w, 1)
+        if w.timed > 0:
+            if (loader_frac := window_loader_wait_frac(w)) is not None:
+                self.loader_fracs.append(loader_frac)
+            if w.step_time_max_s is not None:
+                self.max_step.push(w.step_time_max_s, w)
+            self.newest["timed"] = w
+        if w.gpu_step_time_p50_s is not None:
+            bisect.insort(self.gpu_p50s, w.gpu_step_time_p50_s)
+        if w.mem_peak_bytes is not None:
+            self.peak.push(w.mem_peak_bytes, w)
+        self.dropped.push(w.dropped, w)
+        if w.slow_steps:
+            self.slowest.push(max(w.slow_steps)[0], w)
+        for name in _NEWEST_FIELDS:
+            if getattr(w, name) is not None:
+                self.newest[name] = w
+        if w.comm_s is not None:
+            key = _ddp_key(w)
+            _, windows = self.ddp.get(key, (None, 0))
+            self.ddp[key] = (_ddp_sample(w), windows + 1)
+
+    def remove(self, w: Window) -> None:
+        """``w``, the span's oldest window, leaves it."""
+        self.parts.popleft()
+        self._count(w, -1)
+        if w.timed > 0 and window_loader_wait_frac(w) is not None:
+            self.loader_fracs.popleft()
+        if w.gpu_step_time_p50_s is not None:
+            del self.gpu_p50s[bisect.bisect_left(self.gpu_p50s, w.gpu_step_time_p50_s)]
+        for queue in (self.max_step, self.peak, self.dropped, self.slowest):
+            queue.pop(w)
+        newest = self.newest
+        for name in (*_NEWEST_FIELDS, "timed"):
+            if newest.get(name) is w:  # the newest with the field is the oldest: none other has it
+                del newest[name]
+        if w.comm_s is not None:
+            key = _ddp_key(w)
+            sample, windows = self.ddp[key]
+            if windows > 1:  # newer windows repeat the sample: the newest stays
+                self.ddp[key] = (sample, windows - 1)
+            else:
+                del self.ddp[key]
+
+    def _count(self, w: Window, sign: int) -> None:
+        """The counts: the same arithmetic entering (+1) and leaving (-1), exact for integers."""
+        if w.loader_batches:
+            self.tracked += sign
+        self.steps += w.steps * sign
+        if (timed := w.timed) > 0:
+            self.with_steps += sign
+            self.timed += timed * sign
+            sketch = self.sketch
+            for bucket, count in (w.step_sketch or legacy_hist_to_sketch(w.step_hist)).items():
+                if total := sketch.get(bucket, 0) + count * sign:
+                    sketch[bucket] = total
+                else:
+                    del sketch[bucket]
+        if w.samples is not None:
+            self.samples += w.samples * sign
+            self.samples_seen += sign
         if w.cpu_pct is not None:
-            self.rank_cpu_s += w.cpu_pct / 100.0 * (w.t1 - w.t0)
-            self.gputop_cpu_s += w.reporter_cpu_s + w.hook_s
+            self.cpu_n += sign
+        if w.workers_cpu_pct is not None:
+            self.workers_cpu_n += sign
+        if w.forwards is not None and w.steps:
+            self.forwards += w.forwards * sign
+            self.forward_steps += w.steps * sign
+        if w.reporter_cpu_s is not None and w.hook_s is not None:
+            self.own_steps += w.steps * sign
+            self.own_sent_bytes += (w.sent_bytes or 0) * sign
+        if w.main_cpu_wait_s is not None:
+            self.main_waited += sign
+        if w.cpu_wait_s is not None and (w.cpu_run_s is not None or w.cpu_pct is not None):
+            self.waited += sign
+            if w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None:
+                self.workers_waited += sign
 
-    def reporter_cpu_pct(self) -> float | None:
-        return 100.0 * self.reporter_cpu_s / self.span_s if self.span_s > 0 else None
+    def stats(self, windows: Sequence[Window]) -> RankStats:
+        """The figures of ``windows``, the span this holds (oldest first)."""
+        t = _Parts(*map(sum, zip(*self.parts, strict=True))) if self.parts else _NO_PARTS
+        max_step = self.max_step.value
+        mean_step = t.step_s / self.timed if self.timed else None
+        if self.with_steps == 1:  # one window: its exact figures beat the histogram
+            only = self.newest["timed"]
+            p50, p95 = only.step_time_p50_s, only.step_time_p95_s
+        else:
+            # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
+            p50, p95 = (_at_most(sketch_quantile_s(self.sketch, q), max_step) for q in (0.5, 0.95))
+        stall = None
+        if p50 is not None and self.sketch:
+            slowest = self.slowest.value
+            named = windows if slowest is not None and slowest >= STALL_FACTOR * p50 else ()
+            stall = stalls(named, self.sketch, p50, t.step_s)
+        ddp = _DdpMeans.of([self.ddp[key][0] for key in sorted(self.ddp)])  # in key order, however they came
+        micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
+        scale = micro if micro is not None and micro > 1.0 else 1.0
+        tracked = self.tracked > 0
+        newest = self.newest
+        # Fields a probe fills together come from the newest window that probe filled.
+        memory, process = newest.get("mem_allocated_bytes"), newest.get("rss_bytes")
 
-    def hook_s_per_step(self) -> float | None:
-        return self.hook_s / self.steps if self.steps else None
+        def last(name: str) -> Any:
+            for source in (memory, process):
+                if source is not None and getattr(source, name) is not None:
+                    return getattr(source, name)
+            newest_with = newest.get(name)  # a field its probe's usual partner left empty
+            return None if newest_with is None else getattr(newest_with, name)
 
-    def cpu_frac(self) -> float | None:
-        return self.gputop_cpu_s / self.rank_cpu_s if self.rank_cpu_s > 0 else None
-
-    def sent_bytes_per_s(self) -> float | None:
-        return self.sent_bytes / self.span_s if self.span_s > 0 else None
+        peak = self.peak.value
+        starved = self.waited > 0
+        return RankStats(
+            windows=len(windows),
+            steps=count_steps(windows),
+            steps_per_s=self.steps / t.span_s if t.span_s > 0 else None,
+            step_time_mean_s=mean_step,
+            step_time_p50_s=p50,
+            step_time_p95_s=p95,
+            step_time_max_s=max_step,
+            gpu_step_time_p50_s=median(self.gpu_p50s),
+            samples_per_s=self.samples / t.span_s if self.samples_seen and t.span_s > 0 else None,
+            loader_wait_s=t.loader_s / self.timed if (self.timed and tracked) else None,
+            loader_wait_frac=loader_wait_share(t.loader_s, t.step_s, tracked=tracked),
+            forward_s=_scaled(ddp.forward_s, scale),
+            backward_s=_scaled(ddp.backward_s, scale),
+            micro_batches=micro,
+            comm_s=ddp.comm_s,
+            overlap_s=ddp.overlap_s,
+            exposed_comm_s=ddp.exposed_comm_s,
+            exposed_comm_frac=share_of_step(ddp.exposed_comm_s, mean_step),
+            mem_allocated_bytes=last("mem_allocated_bytes"),
+            mem_reserved_bytes=last("mem_reserved_bytes"),
+            mem_peak_bytes=None if peak is None else int(peak),
+            mem_total_bytes=last("mem_total_bytes"),
+            alloc_retries=last("alloc_retries"),
+            ooms=last("ooms"),
+            cpu_pct=t.cpu_pct / self.cpu_n if self.cpu_n else None,
+            rss_bytes=last("rss_bytes"),
+            threads=last("threads"),
+            workers=last("workers"),
+            workers_cpu_pct=t.workers_cpu_pct / self.workers_cpu_n if self.workers_cpu_n else None,
+            dropped=int(self.dropped.value or 0),
+            # CPU contention, from the run-queue wait:
+            main_cpu_wait_frac=t.main_wait_s / t.main_span_s if self.main_waited and t.main_span_s > 0 else None,
+            cpu_starved_frac=starved_share(t.wait_s + t.workers_wait_s, t.run_s + t.workers_run_s) if starved else None,
+            workers_cpu_starved_frac=(
+                starved_share(t.workers_wait_s, t.workers_run_s) if self.workers_waited else None
+            ),
+            cpu_demand_cores=(
+                (t.wait_s + t.run_s + t.workers_wait_s + t.workers_run_s) / t.wait_span_s
+                if starved and t.wait_span_s > 0
+                else None
+            ),
+            loader_wait_frac_se=standard_error(self.loader_fracs),
+            exposed_comm_frac_se=standard_error(ddp.exposed_comm_fracs),
+            stall_steps=None if stall is None else stall.steps,
+            stall_mean_s=None if stall is None else stall.mean_s,
+            stall_frac=None if stall is None else stall.frac,
+            stall_loader_frac=None if stall is None else stall.loader_frac,
+            stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
+            # What gputop itself cost the rank:
+            reporter_cpu_pct=100.0 * t.reporter_cpu_s / t.own_span_s if t.own_span_s > 0 else None,
+            hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,
+            gputop_cpu_frac=t.gputop_cpu_s / t.rank_cpu_s if t.rank_cpu_s > 0 else None,
+            sent_bytes_per_s=self.own_sent_bytes / t.own_span_s if t.own_span_s > 0 else None,
+        )
 
 
 def rank_stats(windows: Sequence[Window]) -> RankStats:
-    """Summarise a rank's windows (oldest first) in one pass.
-
-    DDP figures are averaged over distinct sampled iterations: DDP times only
-    every Nth iteration and each sample repeats in the windows until the next,
-    so averaging windows would weight a sample by how long it lingered.  A
-    window that averages several iterations (``ddp_steps``) weighs that many.
-    DDP's first iteration is left out when later ones are known: it rebuilds
-    the gradient buckets and pays one-time allocation, so it is no typical step.
-    """
-    step_count = 0
-    timed_count = 0  # steps the time totals cover
-    step_sum_s = 0.0
-    loader_total = 0.0
-    tracked = False
-    windows_with_steps = 0
-    last_with_steps: Window | None = None
-    sketch: dict[int, int] = {}
-    max_step: float | None = None
-    gpu_p50s: list[float] = []
-    samples_total = 0
-    samples_seen = False
-    active_span = 0.0
-    ddp_samples: dict[int, Window] = {}
-    peak: int | None = None
-    cpu_sum = workers_cpu_sum = 0.0
-    cpu_n = workers_cpu_n = 0
-    dropped = 0
-    cost = _SelfCost()
-    cpu_wait = _CpuWait()
-    loader_fracs: list[float] = []  # each window's loader wait share, for the error band
+    """Summarise a rank's windows (oldest first): every figure as ``SpanSums`` defines it."""
+    sums = SpanSums()
     for w in windows:
-        cost.add(w)
-        cpu_wait.add(w)
-        active_span += w.t1 - w.t0
-        if w.loader_batches:
-            tracked = True
-        step_count += w.steps
-        if (timed := w.timed) > 0:
-            if (loader_frac := window_loader_wait_frac(w)) is not None:
-                loader_fracs.append(loader_frac)
-            windows_with_steps += 1
-            last_with_steps = w
-            timed_count += timed
-            step_sum_s += w.step_time_sum_s
-            loader_total += w.loader_wait_s
-            for bucket, count in (w.step_sketch or legacy_hist_to_sketch(w.step_hist)).items():
-                sketch[bucket] = sketch.get(bucket, 0) + count
-            if w.step_time_max_s is not None and (max_step is None or w.step_time_max_s > max_step):
-                max_step = w.step_time_max_s
-        if w.gpu_step_time_p50_s is not None:
-            gpu_p50s.append(w.gpu_step_time_p50_s)
-        if w.samples is not None:
-            samples_total += w.samples
-            samples_seen = True
-        if w.comm_s is not None:
-            ddp_samples[w.ddp_iteration if w.ddp_iteration is not None else -w.seq] = w
-        if w.mem_peak_bytes is not None and (peak is None or w.mem_peak_bytes > peak):
-            peak = w.mem_peak_bytes
-        if w.cpu_pct is not None:
-            cpu_sum += w.cpu_pct
-            cpu_n += 1
-        if w.workers_cpu_pct is not None:
-            workers_cpu_sum += w.workers_cpu_pct
-            workers_cpu_n += 1
-        if w.dropped > dropped:
-            dropped = w.dropped
-
-    mean_step = step_sum_s / timed_count if timed_count else None
-    if windows_with_steps == 1 and last_with_steps is not None:  # one window: its exact figures beat the histogram
-        p50, p95 = last_with_steps.step_time_p50_s, last_with_steps.step_time_p95_s
-    else:
-        # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
-        p50, p95 = (_at_most(sketch_quantile_s(sketch, q), max_step) for q in (0.5, 0.95))
-    stall = stalls(windows, sketch, p50, step_sum_s) if p50 is not None and sketch else None
-    ddp = [w for w in ddp_samples.values() if not _covers_ddp_warmup(w)] or list(ddp_samples.values())
-    ddp_means = _ddp_means(ddp)
-    exposed = ddp_means.exposed_comm_s
-    micro = micro_batches_per_step(windows)
-    scale = micro if micro is not None and micro > 1.0 else 1.0
-
-    # Fields a probe fills together come from the newest window that probe filled.
-    memory = _newest(windows, "mem_allocated_bytes")
-    process = _newest(windows, "rss_bytes")
-
-    def last(name: str) -> Any:
-        for source in (memory, process):
-            if source is not None and getattr(source, name) is not None:
-                return getattr(source, name)
-        newest = _newest(windows, name)  # a field its probe's usual partner left empty
-        return None if newest is None else getattr(newest, name)
-
-    return RankStats(
-        windows=len(windows),
-        steps=count_steps(windows),
-        steps_per_s=step_count / active_span if active_span > 0 else None,
-        step_time_mean_s=mean_step,
-        step_time_p50_s=p50,
-        step_time_p95_s=p95,
-        step_time_max_s=max_step,
-        gpu_step_time_p50_s=median(gpu_p50s),
-        samples_per_s=samples_total / active_span if samples_seen and active_span > 0 else None,
-        loader_wait_s=loader_total / timed_count if (timed_count and tracked) else None,
-        loader_wait_frac=loader_wait_share(loader_total, step_sum_s, tracked=tracked),
-        forward_s=_scaled(ddp_means.forward_s, scale),
-        backward_s=_scaled(ddp_means.backward_s, scale),
-        micro_batches=micro,
-        comm_s=ddp_means.comm_s,
-        overlap_s=ddp_means.overlap_s,
-        exposed_comm_s=exposed,
-        exposed_comm_frac=share_of_step(exposed, mean_step),
-        mem_allocated_bytes=last("mem_allocated_bytes"),
-        mem_reserved_bytes=last("mem_reserved_bytes"),
-        mem_peak_bytes=peak,
-        mem_total_bytes=last("mem_total_bytes"),
-        alloc_retries=last("alloc_retries"),
-        ooms=last("ooms"),
-        cpu_pct=cpu_sum / cpu_n if cpu_n else None,
-        rss_bytes=last("rss_bytes"),
-        threads=last("threads"),
-        workers=last("workers"),
-        workers_cpu_pct=workers_cpu_sum / workers_cpu_n if workers_cpu_n else None,
-        dropped=dropped,
-        main_cpu_wait_frac=cpu_wait.main_frac(),
-        cpu_starved_frac=cpu_wait.starved_frac(),
-        workers_cpu_starved_frac=cpu_wait.workers_starved_frac(),
-        cpu_demand_cores=cpu_wait.demand_cores(),
-        loader_wait_frac_se=standard_error(loader_fracs),
-        exposed_comm_frac_se=standard_error(ddp_means.exposed_comm_fracs),
-        stall_steps=None if stall is None else stall.steps,
-        stall_mean_s=None if stall is None else stall.mean_s,
-        stall_frac=None if stall is None else stall.frac,
-        stall_loader_frac=None if stall is None else stall.loader_frac,
-        stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
-        reporter_cpu_pct=cost.reporter_cpu_pct(),
-        hook_s_per_step=cost.hook_s_per_step(),
-        gputop_cpu_frac=cost.cpu_frac(),
-        sent_bytes_per_s=cost.sent_bytes_per_s(),
-    )
+        sums.add(w)
+    return sums.stats(windows)
 
 
 def recent(windows: Sequence[Window], span_s: float) -> list[Window]:

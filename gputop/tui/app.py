@@ -29,8 +29,9 @@ from textual.widgets import Footer
 
 from gputop.diagnose import Diagnoser, Finding
 from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
-from gputop.model.figures import Figures, summarize
+from gputop.model.figures import SPAN_S, Figures, summarize
 from gputop.model.source import SnapshotSource
+from gputop.model.span import SpanFigures
 from gputop.procfs import name_this_thread
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
 from gputop.tui.palette import Palette
@@ -125,6 +126,7 @@ class GputopApp(App[int]):
         self.refresh_s = refresh_s
         self.notice = notice
         self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
+        self._spans = SpanFigures(SPAN_S)  # each rank's figures, slid along by the figures thread
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
         self._selected: str | None = None
@@ -216,7 +218,7 @@ class GputopApp(App[int]):
         """Take a snapshot and build the view (in the figures thread)."""
         self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
         snapshot = self.source.snapshot()
-        figures = summarize(snapshot, between_ranks=self._wait_for_quiet)
+        figures = summarize(snapshot, between_ranks=self._wait_for_quiet, spans=self._spans)
         self._wait_for_quiet()
         findings, diagnosis = self._diagnose(figures)
         self._wait_for_quiet()
