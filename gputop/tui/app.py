@@ -465,6 +465,9 @@ class GputopApp(App[int]):
         self._selected = key
         self.action_open_rank()
 
+    def on_findings_resized(self) -> None:
+        self.call_after_refresh(self._fit_middle)
+
     def on_sort_changed(self) -> None:
         self._title_ranks(self.table)
 

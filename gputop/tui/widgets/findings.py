@@ -8,6 +8,7 @@ from typing import Any
 from textual.app import RenderResult
 from textual.content import Content
 from textual.geometry import Size
+from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -25,6 +26,10 @@ def _where(finding: Finding) -> str:
     if finding.gpus:
         return f"[GPU {','.join(str(g) for g in finding.gpus)}] "
     return ""
+
+
+class FindingsResized(Message):
+    """The findings were laid out at a new size: the lines they need, and so the middle's height, may change."""
 
 
 class FindingsPanel(Widget):
@@ -68,6 +73,8 @@ class FindingsPanel(Widget):
 
     def on_resize(self) -> None:
         self._lines = None  # the layout just happened at the new width
+        # The first layout can come after the app fitted the middle to a panel of no width yet.
+        self.post_message(FindingsResized())
 
     def _relayout_if_resized(self) -> None:
         self._heights.clear()  # the content changed
