@@ -100,16 +100,25 @@ def sketch_quantile_s(sketch: dict[int, int], q: float) -> float | None:
     the same rank ``gputop.reporter.window.percentile`` takes, so the sketch and
     the exact figure differ only by the bucket's width.
     """
+    return sketch_quantiles_s(sketch, (q,))[0]
+
+
+def sketch_quantiles_s(sketch: dict[int, int], qs: tuple[float, ...]) -> tuple[float | None, ...]:
+    """Several quantiles (``qs`` ascending) of a sketch in one walk of its buckets, as ``sketch_quantile_s``."""
     total = sum(sketch.values())
     if total == 0:
-        return None
-    target = min(int(q * total), total - 1)
+        return (None,) * len(qs)
+    targets = [min(int(q * total), total - 1) for q in qs]
+    found: list[float | None] = []
     seen = 0
     for index in sorted(sketch):
         seen += sketch[index]
-        if seen > target:
-            return sketch_value_s(index)
-    return sketch_value_s(max(sketch))
+        while len(found) < len(targets) and seen > targets[len(found)]:
+            found.append(sketch_value_s(index))
+        if len(found) == len(targets):
+            break
+    found += [sketch_value_s(max(sketch))] * (len(targets) - len(found))  # unreachable with counts >= 0
+    return tuple(found)
 
 
 def legacy_hist_to_sketch(hist: dict[int, int]) -> dict[int, int]:

