@@ -123,16 +123,21 @@ class _DdpSample(NamedTuple):
 
 def _ddp_sample(w: Window) -> _DdpSample:
     n = w.ddp_steps or 1
-    exposed = w.exposed_comm_s
+    forward, backward, comm, overlap, exposed = w.forward_s, w.backward_s, w.comm_s, w.overlap_s, w.exposed_comm_s
     timed = w.timed
     return _DdpSample(
-        *(w.forward_s * n, n) if w.forward_s is not None else (0.0, 0),
-        *(w.backward_s * n, n) if w.backward_s is not None else (0.0, 0),
-        *(w.comm_s * n, n) if w.comm_s is not None else (0.0, 0),
-        *(w.overlap_s * n, n) if w.overlap_s is not None else (0.0, 0),
-        *(exposed * n, n) if exposed is not None else (0.0, 0),
-        warmup=_covers_ddp_warmup(w),
-        frac=share_of_step(exposed, w.step_time_sum_s / timed) if exposed is not None and timed > 0 else None,
+        0.0 if forward is None else forward * n,
+        0 if forward is None else n,
+        0.0 if backward is None else backward * n,
+        0 if backward is None else n,
+        0.0 if comm is None else comm * n,
+        0 if comm is None else n,
+        0.0 if overlap is None else overlap * n,
+        0 if overlap is None else n,
+        0.0 if exposed is None else exposed * n,
+        0 if exposed is None else n,
+        _covers_ddp_warmup(w),
+        share_of_step(exposed, w.step_time_sum_s / timed) if exposed is not None and timed > 0 else None,
     )
 
 
@@ -364,24 +369,24 @@ def _parts(w: Window) -> _Parts:
     run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
     waited = w.cpu_wait_s is not None and run_s is not None
     workers = waited and w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None
-    return _Parts(
-        step_s=w.step_time_sum_s if timed else 0.0,
-        loader_s=w.loader_wait_s if timed else 0.0,
-        span_s=dt,
-        cpu_pct=w.cpu_pct or 0.0,
-        workers_cpu_pct=w.workers_cpu_pct or 0.0,
-        own_span_s=dt if own else 0.0,
-        reporter_cpu_s=w.reporter_cpu_s or 0.0 if own else 0.0,
-        hook_s=w.hook_s or 0.0 if own else 0.0,
-        rank_cpu_s=w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
-        gputop_cpu_s=(w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
-        main_wait_s=w.main_cpu_wait_s or 0.0,
-        main_span_s=dt if w.main_cpu_wait_s is not None else 0.0,
-        wait_span_s=dt if waited else 0.0,
-        wait_s=w.cpu_wait_s or 0.0 if waited else 0.0,
-        run_s=run_s or 0.0 if waited else 0.0,
-        workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
-        workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
+    return _Parts(  # positionally, in the fields' order: a keyword call costs twice as much
+        w.step_time_sum_s if timed else 0.0,
+        w.loader_wait_s if timed else 0.0,
+        dt,
+        w.cpu_pct or 0.0,
+        w.workers_cpu_pct or 0.0,
+        dt if own else 0.0,
+        w.reporter_cpu_s or 0.0 if own else 0.0,
+        w.hook_s or 0.0 if own else 0.0,
+        w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
+        (w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
+        w.main_cpu_wait_s or 0.0,
+        dt if w.main_cpu_wait_s is not None else 0.0,
+        dt if waited else 0.0,
+        w.cpu_wait_s or 0.0 if waited else 0.0,
+        run_s or 0.0 if waited else 0.0,
+        w.workers_cpu_wait_s or 0.0 if workers else 0.0,
+        (w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
     )
 
 
@@ -454,7 +459,8 @@ class SpanSums:
         self.slowest = _SlidingMax()  # the windows' slowest named steps, to skip the stall scan
         self.newest: dict[str, Window] = {}  # field (or "timed") -> the newest window that has it
         # DDP times every Nth iteration and a sample repeats in the windows until the next: each counts once.
-        self.ddp: dict[int, tuple[_DdpSample, int]] = {}  # key -> (the newest window's sample, windows with it)
+        # key -> [the newest window with it, windows with it, its sample once read]
+        self.ddp: dict[int, list[Any]] = {}
 
     def add(self, w: Window) -> None:
         """``w`` enters the span as its newest window."""
@@ -478,8 +484,8 @@ class SpanSums:
                 self.newest[name] = w
         if w.comm_s is not None:
             key = _ddp_key(w)
-            _, windows = self.ddp.get(key, (None, 0))
-            self.ddp[key] = (_ddp_sample(w), windows + 1)
+            entry = self.ddp.get(key)
+            self.ddp[key] = [w, 1, None] if entry is None else [w, entry[1] + 1, None]
 
     def remove(self, w: Window) -> None:
         """``w``, the span's oldest window, leaves it."""
@@ -497,11 +503,18 @@ class SpanSums:
                 del newest[name]
         if w.comm_s is not None:
             key = _ddp_key(w)
-            sample, windows = self.ddp[key]
-            if windows > 1:  # newer windows repeat the sample: the newest stays
-                self.ddp[key] = (sample, windows - 1)
+            entry = self.ddp[key]
+            if entry[1] > 1:  # newer windows repeat the sample: the newest stays
+                entry[1] -= 1
             else:
                 del self.ddp[key]
+
+    def _ddp_sample(self, key: int) -> _DdpSample:
+        entry = self.ddp[key]
+        if entry[2] is None:
+            entry[2] = _ddp_sample(entry[0])
+        sample: _DdpSample = entry[2]
+        return sample
 
     def _count(self, w: Window, sign: int) -> None:
         """The counts: the same arithmetic entering (+1) and leaving (-1), exact for integers."""
@@ -553,7 +566,7 @@ class SpanSums:
             slowest = self.slowest.value
             named = windows if slowest is not None and slowest >= STALL_FACTOR * p50 else ()
             stall = stalls(named, self.sketch, p50, t.step_s)
-        ddp = _DdpMeans.of([self.ddp[key][0] for key in sorted(self.ddp)])  # in key order, however they came
+        ddp = _DdpMeans.of([self._ddp_sample(key) for key in sorted(self.ddp)])  # in key order, however they came
         micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
         scale = micro if micro is not None and micro > 1.0 else 1.0
         tracked = self.tracked > 0
