@@ -70,7 +70,7 @@ class RankFigures:
     def status(self) -> Status:
         return self.view.status
 
-    @property
+    @cached_property  # the rules ask a dozen times per rank and refresh
     def active(self) -> bool:
         """Reporting (live or finished) with windows in the span: its rates are current."""
         return self.view.status != LOST and bool(self.windows)

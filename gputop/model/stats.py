@@ -509,12 +509,14 @@ class SpanSums:
             else:
                 del self.ddp[key]
 
-    def _ddp_sample(self, key: int) -> _DdpSample:
-        entry = self.ddp[key]
-        if entry[2] is None:
-            entry[2] = _ddp_sample(entry[0])
-        sample: _DdpSample = entry[2]
-        return sample
+    def _ddp_samples(self) -> list[_DdpSample]:
+        """The distinct samples in iteration order, however they came; each built once, when first read."""
+        samples = []
+        for _, entry in sorted(self.ddp.items()):  # keys are distinct: the entries are never compared
+            if entry[2] is None:
+                entry[2] = _ddp_sample(entry[0])
+            samples.append(entry[2])
+        return samples
 
     def _count(self, w: Window, sign: int) -> None:
         """The counts: the same arithmetic entering (+1) and leaving (-1), exact for integers."""
@@ -566,7 +568,7 @@ class SpanSums:
             slowest = self.slowest.value
             named = windows if slowest is not None and slowest >= STALL_FACTOR * p50 else ()
             stall = stalls(named, self.sketch, p50, t.step_s)
-        ddp = _DdpMeans.of([self._ddp_sample(key) for key in sorted(self.ddp)])  # in key order, however they came
+        ddp = _DdpMeans.of(self._ddp_samples())
         micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
         scale = micro if micro is not None and micro > 1.0 else 1.0
         tracked = self.tracked > 0
