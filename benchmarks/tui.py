@@ -200,9 +200,10 @@ def measure(
     cmd = f"exec {gputop} attach --port {port} --refresh {refresh}"
     if metrics_port is not None:
         cmd += f" --prometheus 127.0.0.1:{metrics_port}"
-    # A tmux server already running would give the session its own environment: pass PYTHONPATH on,
-    # so a worktree's dashboard runs its own code.
-    env = ["-e", f"PYTHONPATH={os.environ['PYTHONPATH']}"] if "PYTHONPATH" in os.environ else []
+    # A tmux server already running gives the session the server's environment: pass PYTHONPATH on,
+    # so a worktree's dashboard runs its own code, and unset as empty, or a server another
+    # checkout started would run that checkout's code (it did: a morning's figures were a branch's).
+    env = ["-e", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"]
     for attempt in range(5):  # a tmux server still exiting after the last session refuses new ones
         started = subprocess.run(["tmux", "new", "-d", "-s", session, *env, "-x", width, "-y", height, cmd])
         if started.returncode == 0:
