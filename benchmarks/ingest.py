@@ -67,6 +67,11 @@ def send_all(port: int, streams: list[bytes]) -> None:
     def send(data: bytes) -> None:
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(data)
+            # The collector greets every TCP connection: closing with its greeting unread would reset
+            # the connection, and the kernel would drop whatever the collector had not read yet.
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(4096):
+                pass
 
     threads = [threading.Thread(target=send, args=(data,)) for data in streams]
     for t in threads:

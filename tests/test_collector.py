@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
 from gputop.address import Address, AddressError
+from gputop.collect.capture_relay import ask
+from gputop.collect.connection import MAX_QUEUED_DOWN_BYTES, READ_BUFFER_BYTES
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import DONE, LIVE, LOST
-from gputop.protocol import MAX_FRAME_BYTES, Bye, Hello, Window, encode
-from tests.conftest import snapshot_of, wait_for
+from gputop.protocol import (
+    MAX_FRAME_BYTES,
+    Bye,
+    CaptureRequest,
+    CaptureResult,
+    FindingBrief,
+    FindingsNotice,
+    Hello,
+    Window,
+    decode_command,
+    encode,
+)
+from tests.conftest import snapshot_of, wait_for, window_count
 
 
 def connect(collector: Collector) -> socket.socket:
@@ -201,3 +217,104 @@ def test_a_long_lived_dashboard_forgets_the_oldest_finished_runs() -> None:
     store.ingest(Hello(run_id="live", rank=0, pid=9999), now=100.0)
     runs = [r.run_id for r in store.snapshot(100.0).runs]
     assert len(runs) <= MAX_RUNS and "live" in runs and "run0" not in runs and f"run{MAX_RUNS + 9}" in runs
+
+
+def test_a_backlog_larger_than_a_read_arrives_whole() -> None:
+    """A late dashboard gets minutes of windows at once: more than one read's worth, cut anywhere."""
+    c = Collector(Store(history_windows=None), Address(port=0))
+    c.start()
+    try:
+        backlog = hello() + b"".join(window(seq=seq) for seq in range(1, 3001))
+        assert len(backlog) > READ_BUFFER_BYTES
+        s = connect(c)
+        s.sendall(backlog)
+        assert wait_for(lambda: window_count(c) == 3000)
+        assert [w.seq for w in snapshot_of(c).all_ranks()[0].windows] == list(range(1, 3001))
+        s.close()
+    finally:
+        c.stop()
+
+
+def test_stopping_the_collector_closes_every_connection_and_says_why(tmp_path) -> None:
+    gone: list[tuple[str, int, str]] = []
+    c = Collector(Store(), Address(port=0), on_disconnect=lambda run, rank, why, t, pid: gone.append((run, rank, why)))
+    c.start()
+    s = connect(c)
+    s.sendall(hello("job", 3))
+    assert wait_for(lambda: len(snapshot_of(c).all_ranks()) == 1)
+    c.stop()
+    assert gone == [("job", 3, "dashboard stopped")]
+    (view,) = snapshot_of(c).all_ranks()
+    assert view.status == LOST and view.status_reason == "dashboard stopped"
+    assert closed_by_peer(s)
+    s.close()
+
+
+def notice_of(n: int) -> tuple[FindingBrief, ...]:
+    """Findings that differ for each ``n``: ~6 KiB a notice."""
+    return tuple(
+        FindingBrief(cause="straggler", severity="warn", title=f"notice {n} finding {i} " + "x" * 250, ranks=(0,))
+        for i in range(20)
+    )
+
+
+def test_a_rank_that_stops_reading_costs_a_bounded_buffer_and_hears_the_latest_findings(collector: Collector) -> None:
+    """Findings notices to a rank that does not read are dropped past a bound, not buffered for ever.
+
+    When it reads again it is told the run's findings as they are then; a capture asked of it
+    meanwhile is refused at once instead of waiting for a rank that will not read it.
+    """
+    rank = socket.socket()
+    rank.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    rank.connect(("127.0.0.1", collector.address.port or 0))
+    rank.sendall(hello("r", 0))
+    assert wait_for(lambda: len(snapshot_of(collector).all_ranks()) == 1)
+    notices = 2000
+    for n in range(notices):
+        collector.notify_findings("r", notice_of(n))
+    # The loop takes calls in order: once this request is answered, every notice has been handled.
+    answer = collector.request_capture(CaptureRequest(rank=0, id="while-not-reading", timeout_s=5)).result(30)
+    assert not answer.ok and "stopped reading" in answer.error
+    received = read_until_quiet(rank)
+    frame_bytes = len(encode(FindingsNotice(run_id="r", rank=0, t=0.0, findings=notice_of(0))))
+    kernel_bytes = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])  # the collector's send buffer
+    kernel_bytes += rank.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    assert notices * frame_bytes > 2 * kernel_bytes  # enough was sent to overflow what the kernel holds
+    assert len(received) <= kernel_bytes + MAX_QUEUED_DOWN_BYTES + 2 * frame_bytes
+    *_, last, tail = received.split(b"\n")
+    assert tail == b""
+    told = decode_command(last)
+    assert isinstance(told, FindingsNotice) and told.findings == notice_of(notices - 1)
+    assert window_count(collector) == 0 and snapshot_of(collector).all_ranks()[0].status == LIVE
+    rank.close()
+
+
+def read_until_quiet(sock: socket.socket, quiet_s: float = 1.0) -> bytes:
+    """Everything the peer sends until it has sent nothing for ``quiet_s``."""
+    sock.settimeout(quiet_s)
+    data = bytearray()
+    with contextlib.suppress(TimeoutError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return bytes(data)
+
+
+def test_a_capture_client_gets_its_answer_from_the_rank_it_named(collector: Collector) -> None:
+    rank = connect(collector)
+    rank.sendall(hello("job", 0))
+    assert wait_for(lambda: len(snapshot_of(collector).all_ranks()) == 1)
+    request = CaptureRequest(rank=0, id="cap-1", steps=3, timeout_s=10)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(ask, collector.address, request)
+        rank.settimeout(10)
+        down = b""
+        while down.count(b"\n") < 2:  # the collector's TCP greeting, then the request
+            down += rank.recv(4096)
+        command = decode_command(down.split(b"\n")[1])
+        assert isinstance(command, CaptureRequest) and command.id == "cap-1" and command.run_id == "job"
+        rank.sendall(encode(CaptureResult(run_id="job", rank=0, id="cap-1", t=1.0, ok=True, steps=3)))
+        answer = asked.result(20)
+    assert answer.ok and answer.steps == 3
+    nobody = ask(collector.address, CaptureRequest(rank=5, id="cap-2", timeout_s=5))
+    assert not nobody.ok and "no rank 5 is reporting" in nobody.error
+    rank.close()

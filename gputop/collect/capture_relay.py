@@ -11,6 +11,11 @@ connected to this collector (the per-user socket, or loopback with the same
 port) can be asked, and the only thing it can be asked is a ``CaptureRequest``.
 The rank's ``CaptureResult`` comes back up like any message (the store keeps
 it for the dashboard) and is also handed to whoever asked.
+
+Frames go down through a ``Downlink`` (the collector's ``Connection``), which
+never waits and drops what a rank that stopped reading would only pile up: a
+dropped findings notice is made good when the rank catches up (``caught_up``),
+a capture request that cannot be queued is answered as refused.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import concurrent.futures
 import contextlib
 import socket
 import time
+from typing import Protocol
 
 import msgspec
 
@@ -45,6 +51,14 @@ MAX_RUNS_TOLD = 64  # runs whose last findings are kept for ranks that connect l
 RankKey = tuple[str, int]
 
 
+class Downlink(Protocol):
+    """The way down to a rank: its reporter's connection."""
+
+    def send(self, frame: bytes) -> bool:
+        """Queue ``frame`` without waiting; False when it was dropped (the connection is closing or not read)."""
+        ...
+
+
 def is_capture_request(frame: bytes) -> bool:
     """A connection's first frame names a capture request (a cheap look: most frames are windows)."""
     return b'"type":"capture"' in frame
@@ -60,48 +74,52 @@ class CaptureRelay:
     """Which connection each rank reports on, and the requests waiting for their rank's answer."""
 
     def __init__(self) -> None:
-        self._writers: dict[RankKey, asyncio.StreamWriter] = {}
+        self._links: dict[RankKey, Downlink] = {}
         self._waiting: dict[str, tuple[RankKey, asyncio.Future[CaptureResult]]] = {}
         self._findings: dict[str, tuple[FindingBrief, ...]] = {}  # last told, per run: for ranks that come later
 
     # -- called by the collector's connection handler ------------------------------------
 
-    def connected(self, ranks: dict[RankKey, int], writer: asyncio.StreamWriter, accepted: list[Message]) -> None:
+    def connected(self, ranks: dict[RankKey, int], link: Downlink, accepted: list[Message]) -> None:
         """A batch arrived on a reporter's connection: note its ranks, hand results to their askers."""
         for key in ranks:
-            if self._writers.get(key) is not writer:
-                self._writers[key] = writer  # the newest connection speaks for the rank
+            if self._links.get(key) is not link:
+                self._links[key] = link  # the newest connection speaks for the rank
                 told = self._findings.get(key[0])
-                if told and not writer.is_closing():  # a rank that (re)connects hears what the others heard
-                    writer.write(encode(FindingsNotice(run_id=key[0], rank=key[1], t=time.time(), findings=told)))
+                if told:  # a rank that (re)connects hears what the others heard
+                    link.send(encode(FindingsNotice(run_id=key[0], rank=key[1], t=time.time(), findings=told)))
         for message in accepted:
             if isinstance(message, CaptureResult):
                 entry = self._waiting.get(message.id)
                 if entry is not None and not entry[1].done():
                     entry[1].set_result(message)
 
-    def gone(self, key: RankKey, writer: asyncio.StreamWriter, why: str) -> None:
+    def caught_up(self, ranks: dict[RankKey, int], link: Downlink) -> None:
+        """A rank that had stopped reading reads again: tell it its run's findings now (it missed some)."""
+        now = time.time()
+        for run_id, rank in ranks:
+            if self._links.get((run_id, rank)) is link:
+                told = self._findings.get(run_id, ())
+                link.send(encode(FindingsNotice(run_id=run_id, rank=rank, t=now, findings=told)))
+
+    def gone(self, key: RankKey, link: Downlink, why: str) -> None:
         """A rank's connection ended: a capture waiting on it fails now, not at its timeout."""
-        if self._writers.get(key) is writer:
-            del self._writers[key]
+        if self._links.get(key) is link:
+            del self._links[key]
             for request_id, (target, waiter) in self._waiting.items():
                 if target == key and not waiter.done():
                     waiter.set_result(CaptureResult(run_id=key[0], rank=key[1], id=request_id, t=time.time(),
                                                     ok=False, error=f"the rank's connection ended: {why}"))  # fmt: skip
 
-    async def serve_client(self, frame: bytes, writer: asyncio.StreamWriter) -> str:
-        """A ``gputop capture`` connection: one request in, the rank's result out; the reason to close."""
+    async def answer(self, frame: bytes) -> CaptureResult:
+        """A ``gputop capture`` connection's request (its first frame): the rank's result, or why there is none."""
         try:
             request = decode_command(frame)
             if not isinstance(request, CaptureRequest):
                 raise ProtocolError(f"a {request.TYPE} frame is not a capture request")
         except ProtocolError as exc:
-            answer = CaptureResult(run_id="-", rank=0, id="-", t=time.time(), ok=False, error=f"bad request: {exc}")
-        else:
-            answer = await self.relay(request)
-        writer.write(encode(answer))
-        await writer.drain()
-        return "capture answered"
+            return CaptureResult(run_id="-", rank=0, id="-", t=time.time(), ok=False, error=f"bad request: {exc}")
+        return await self.relay(request)
 
     # -- telling ranks their run's findings (for their trainer's logger) -----------------
 
@@ -121,10 +139,10 @@ class CaptureRelay:
                 del self._findings[next(iter(self._findings))]
         else:
             self._findings.pop(run_id, None)  # cleared: nothing to repeat to a rank that comes later
-        for (run, rank), writer in list(self._writers.items()):
-            if run == run_id and not writer.is_closing():
-                # A slow rank's buffer grows by one small frame per change; the kernel and asyncio hold it.
-                writer.write(encode(FindingsNotice(run_id=run, rank=rank, t=now, findings=findings)))
+        for (run, rank), link in list(self._links.items()):
+            if run == run_id:
+                # Dropped for a rank that stopped reading: it hears the run's findings as they are when it catches up.
+                link.send(encode(FindingsNotice(run_id=run, rank=rank, t=now, findings=findings)))
 
     # -- asking -------------------------------------------------------------------------
 
@@ -140,7 +158,7 @@ class CaptureRelay:
 
     async def relay(self, request: CaptureRequest) -> CaptureResult:
         """Send the request down its rank's connection and wait for the result, or say why there is none."""
-        matches = [key for key in self._writers if key[1] == request.rank and request.run_id in ("", key[0])]
+        matches = [key for key in self._links if key[1] == request.rank and request.run_id in ("", key[0])]
         if not matches:
             where = f"run {request.run_id} " if request.run_id else ""
             return refused(request, f"no {where}rank {request.rank} is reporting to this collector")
@@ -150,14 +168,12 @@ class CaptureRelay:
         waiter: asyncio.Future[CaptureResult] = asyncio.get_running_loop().create_future()
         self._waiting[request.id] = (target, waiter)
         try:
-            writer = self._writers[target]
-            writer.write(encode(msgspec.structs.replace(request, run_id=target[0])))
-            await writer.drain()
+            if not self._links[target].send(encode(msgspec.structs.replace(request, run_id=target[0]))):
+                why = "takes no commands now (closing, or its reporter stopped reading)"
+                return refused(request, f"rank {request.rank}'s connection {why}", target[0])
             return await asyncio.wait_for(waiter, request.timeout_s)
         except (TimeoutError, asyncio.TimeoutError):
             return refused(request, f"rank {request.rank} sent no result in {request.timeout_s:g} s", target[0])
-        except (ConnectionError, OSError) as exc:
-            return refused(request, f"rank {request.rank}'s connection failed: {exc}", target[0])
         finally:
             self._waiting.pop(request.id, None)
 
