@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from textual._styles_cache import StylesCache
@@ -15,6 +16,8 @@ from textual.screen import Screen
 from textual.widget import Widget
 
 from gputop.diagnose.findings import Finding
+from gputop.model.samples import GpuSample
+from gputop.model.snapshot import RunHistory, Snapshot
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from gputop.tui.titles import set_border_title
@@ -115,3 +118,49 @@ async def test_a_moving_finding_repaints_its_panel_without_laying_out_the_screen
         others = {widget: n for widget, n in repainted.items() if widget != "findings"}
         assert not others, f"a finding's figure repainted other widgets too: {others} (lines by widget)"
         assert not layouts, f"the screen was laid out {len(layouts)} times for figures that kept their lines"
+
+
+class TestTheRunChartRepaintsTheLinesThatChanged:
+    """The run chart is most of a tall screen; new data repaints its lines that changed, not all of them."""
+
+    async def test_a_gpu_sample_on_a_machine_without_gpus_repaints_no_chart_line(self, repainted: Counter[str]) -> None:
+        # Without NVML the GPU sampler still adds a sample (saying why) every second: no GPU lines change.
+        snapshot = fx.no_gpu()
+        source = FixedSource(snapshot)
+        async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            await pilot.pause(3 * REFRESH_S)
+            repainted.clear()
+            for second in range(1, 4):
+                unavailable = GpuSample(t=snapshot.t + second, unavailable="NVML library not found")
+                source.set(replace(snapshot, gpu_history=(*snapshot.gpu_history, unavailable)))
+                await pilot.pause(2 * REFRESH_S)
+            assert app.chart.gpu_history[-1].t == snapshot.t + 3, "the chart never got the new samples"
+            assert not repainted["run-chart"], f"{repainted['run-chart']} chart lines repainted for the same lines"
+
+    async def test_a_new_second_repaints_only_the_lines_it_changed(self, repainted: Counter[str]) -> None:
+        seconds = 400  # wider than the chart: every column holds a second
+        snapshot = _with_history(fx.two_ranks(), [0.1] * seconds)
+        source = FixedSource(snapshot)
+        async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            await pilot.pause(3 * REFRESH_S)
+            before = app.chart.text.splitlines()
+            repainted.clear()
+            source.set(_with_history(snapshot, [0.1] * seconds + [0.05]))  # the newest second's steps twice as fast
+            await pilot.pause(3 * REFRESH_S)
+            after = app.chart.text.splitlines()
+            changed = sum(a != b for a, b in zip(before, after, strict=True))
+            assert 0 < changed < len(after) // 2, "the test's second should change the top of the step-time bars"
+            assert repainted["run-chart"] == changed, f"{repainted['run-chart']} lines repainted for {changed} changed"
+
+
+def _with_history(snapshot: Snapshot, step_time_s: list[float]) -> Snapshot:
+    """The snapshot with its run's per-second history replaced: these step times, 640 samples a second."""
+    n = len(step_time_s)
+    history = RunHistory(
+        t_s=tuple(snapshot.t - n + i for i in range(n)),
+        step_time_s=tuple(step_time_s),
+        samples_per_s=(640.0,) * n,
+    )
+    return replace(snapshot, runs=(replace(snapshot.runs[0], history=history), *snapshot.runs[1:]))

@@ -412,12 +412,14 @@ class GputopApp(App[int]):
         run_id = self._selected.rsplit(":", 1)[0] if self._selected else runs[0].run_id
         run = next((r for r in runs if r.run_id == run_id), runs[0])
         chart = self.chart
-        chart.show_gpus = self.size.height >= SHORT_HEIGHT
-        chart.history = run.history
         # The GPUs of the selected rank's host (its node sampler's), else this machine's.
         rank = view.rank(self._selected) if self._selected else None
         host = (rank or run.ranks[0]).hello.hostname if (rank or run.ranks) else ""
-        chart.gpu_history = view.snapshot.gpu_history_of(host)
+        chart.show(
+            history=run.history,
+            gpu_history=view.snapshot.gpu_history_of(host),
+            show_gpus=self.size.height >= SHORT_HEIGHT,
+        )
         on = f" · GPUs of {host}" if host in view.snapshot.node_gpu_history else ""
         set_border_title(chart, f"run {run.name or run.run_id} · per second, newest right{on}")
 
