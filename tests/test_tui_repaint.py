@@ -12,15 +12,18 @@ from dataclasses import replace
 
 import pytest
 from textual._styles_cache import StylesCache
+from textual.app import App, ComposeResult
 from textual.screen import Screen
 from textual.widget import Widget
 
 from gputop.diagnose.findings import Finding
+from gputop.model.figures import RankSeries
 from gputop.model.samples import GpuSample
 from gputop.model.snapshot import RunHistory, Snapshot
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from gputop.tui.titles import set_border_title
+from gputop.tui.widgets.history import HistoryPanel
 from tests import tui_fixtures as fx
 from tests.test_tui import shown
 
@@ -164,3 +167,26 @@ def _with_history(snapshot: Snapshot, step_time_s: list[float]) -> Snapshot:
         samples_per_s=(640.0,) * n,
     )
     return replace(snapshot, runs=(replace(snapshot.runs[0], history=history), *snapshot.runs[1:]))
+
+
+class HistoryApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield HistoryPanel(id="history")
+
+
+async def test_a_new_window_repaints_only_the_history_lines_it_changed(repainted: Counter[str]) -> None:
+    # A new window of a rank whose loader wait and communication stay where they were: the step
+    # time's sparkline moves, the other lines and the panel's title line do not.
+    async with HistoryApp().run_test(size=(100, 10)) as pilot:
+        panel = pilot.app.query_one(HistoryPanel)
+        panel.border_title = "history"
+        panel.styles.border_top = ("solid", "blue")
+        steps = [0.05 + 0.01 * (i % 3) for i in range(40)]
+        flat = (0.1,) * 40
+        panel.series = RankSeries(tuple(steps), flat, flat, (50.0,) * 40)
+        await pilot.pause()
+        repainted.clear()
+        panel.series = RankSeries((*steps[1:], 0.09), flat, flat, (50.0,) * 40)
+        await pilot.pause()
+        assert "90ms" in str(panel.render()), "the new window was not drawn"
+        assert repainted["history"] == 1, f"{repainted['history']} lines repainted for the one that changed"
