@@ -125,6 +125,7 @@ class RunChart(Widget):
 
     _strips: list[Strip] | None = None  # the lines drawn for the data and theme now; None: draw again
     _drawn_size: Size | None = None  # the size they were drawn for: at another, draw again
+    _looks_now: dict[str, Style] | None = None  # the theme's styles, read once per style update
     _showing = False  # inside show(): the lines are drawn once, after every attribute is set
     _stale = False  # data changed inside show(), not drawn yet
 
@@ -139,6 +140,17 @@ class RunChart(Widget):
             self._showing = False
         if self._stale:
             self._redraw()
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        """Build the chart.
+
+        Args:
+            name: The widget's name.
+            id: The widget's DOM id.
+            classes: Space-separated CSS classes.
+        """
+        super().__init__(name=name, id=id, classes=classes)
+        self._parts: dict[str, tuple[tuple[object, ...], list[Strip]]] = {}  # part -> (drawn from, its lines)
 
     def on_mount(self) -> None:
         self._keep_lines()
@@ -189,7 +201,8 @@ class RunChart(Widget):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._strips = None  # the theme changed: its colours too
+        self._strips = self._looks_now = None  # the theme changed: its colours too
+        self._parts.clear()
 
     def render_line(self, y: int) -> Strip:
         return self._current()[y]
@@ -206,26 +219,63 @@ class RunChart(Widget):
         return "\n".join(strip.text for strip in self._current())
 
     def _draw(self) -> list[Strip]:
-        """One strip a line of the content's height, every one as wide as the content."""
+        """One strip a line of the content's height, every one as wide as the content.
+
+        The bars and the GPU lines are drawn apart, each again only when its own
+        data changed: the GPU sampler's sample every second redraws the GPU lines
+        (none without GPUs), a new second the bars.
+        """
         looks = self._looks()
         width, height = self.size
         history = self.history
         if history is None:
-            lines = [[Segment("no run yet", looks["muted"])]]
+            lines = self._fit([[Segment("no run yet", looks["muted"])]], looks)
         else:
-            gpu_lines = self._gpu_lines(looks) if self.show_gpus else []
+            samples = self.gpu_history if self.show_gpus else ()
+            gpu_lines = self._part("gpus", (samples, width, looks), lambda: self._gpu_lines(samples, looks))
             # Given more height than a line a series (the screen has room), the two run charts share it.
-            bars = max(height - len(gpu_lines), 2)
-            lines = [
-                *self._lines("step mean", history.step_time_s, fmt_s, looks["primary"], looks, bars - bars // 2),
-                *self._lines("samples/s", history.samples_per_s, fmt_rate, looks["secondary"], looks, bars // 2),
-                *gpu_lines,
-            ]
-        lines += [[]] * (height - len(lines))
-        return [Strip(line).adjust_cell_length(width, looks["base"]) for line in lines[:height]]
+            rows = max(height - len(gpu_lines), 2)
+
+            def bars() -> list[Strip]:
+                step = self._lines("step mean", history.step_time_s, fmt_s, looks["primary"], looks, rows - rows // 2)
+                rate = self._lines("samples/s", history.samples_per_s, fmt_rate, looks["secondary"], looks, rows // 2)
+                return self._fit([*step, *rate], looks)
+
+            lines = [*self._part("bars", (history, width, rows, looks), bars), *gpu_lines]
+        blank = Strip([Segment(" " * width, looks["base"])], width)
+        return [*lines[:height], *[blank] * (height - len(lines))]
+
+    def _part(self, name: str, drawn_from: tuple[object, ...], draw: Callable[[], list[Strip]]) -> list[Strip]:
+        """A part's lines, drawn again only when what they are drawn from changed."""
+        kept = self._parts.get(name)
+        if kept is not None and kept[0] == drawn_from:
+            return kept[1]
+        lines = draw()
+        self._parts[name] = (drawn_from, lines)
+        return lines
+
+    def _fit(self, lines: list[list[Segment]], looks: dict[str, Style]) -> list[Strip]:
+        """Lines as strips exactly as wide as the chart, padded with its background.
+
+        Every character the chart draws (ASCII, "µ", block elements) is one cell
+        wide, so a line's cells are its length: measuring a 150-cell bar of block
+        characters cell by cell (what a Strip does unless told) cost more than
+        drawing it.
+        """
+        width = self.size.width
+        strips = []
+        for line in lines:
+            cells = sum(len(segment.text) for segment in line)
+            if cells < width:
+                strips.append(Strip([*line, Segment(" " * (width - cells), looks["base"])], width))
+            else:
+                strips.append(Strip(line, cells).crop(0, width))
+        return strips
 
     def _looks(self) -> dict[str, Style]:
         """The widget's style, and its text in each theme colour the chart uses (over its background)."""
+        if self._looks_now is not None:
+            return self._looks_now
         base = self.rich_style
         background = Color.from_rich_color(base.bgcolor) if base.bgcolor is not None else Color(0, 0, 0)
         variables = self.app.theme_variables
@@ -234,7 +284,8 @@ class RunChart(Widget):
             return base + Style(color=(background + Color.parse(variables[name])).rich_color)
 
         looks = {name: colour(name) for name in ("primary", "secondary", "success", "accent")}
-        return {**looks, "base": base, "muted": colour("foreground-muted")}
+        self._looks_now = {**looks, "base": base, "muted": colour("foreground-muted")}
+        return self._looks_now
 
     def _lines(
         self,
@@ -258,13 +309,13 @@ class RunChart(Widget):
         chart = spark_rows(values, width, rows)
         return [[*(left[i] if i < len(left) else blank), Segment(line, style)] for i, line in enumerate(chart)]
 
-    def _gpu_lines(self, looks: dict[str, Style]) -> list[list[Segment]]:
-        samples = self.gpu_history
+    def _gpu_lines(self, samples: tuple[GpuSample, ...], looks: dict[str, Style]) -> list[Strip]:
+        """A line per GPU of the newest sample: its utilization and memory over the samples."""
         if not samples or not samples[-1].gpus:
             return []
         width = max((self.size.width - LABEL_W - 2 * VALUE_W - 8) // 2, 4)
         base, muted = looks["base"], looks["muted"]
-        lines = []
+        lines: list[list[Segment]] = []
         for gpu in samples[-1].gpus:
             util: list[float | None] = []
             mem: list[float | None] = []
@@ -285,4 +336,4 @@ class RunChart(Widget):
                     Segment(spark(mem, width, low=0.0, high=total), looks["accent"]),
                 ]
             )
-        return lines
+        return self._fit(lines, looks)
