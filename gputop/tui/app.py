@@ -30,7 +30,7 @@ from textual.widgets import Footer
 
 from gputop.diagnose import Diagnoser, Finding
 from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
-from gputop.model.figures import Figures, summarize
+from gputop.model.figures import Figures, WindowFiguresMemo, summarize
 from gputop.model.source import SnapshotSource
 from gputop.procfs import name_this_thread
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
@@ -149,6 +149,7 @@ class GputopApp(App[int]):
         self.alerts = alerts
         self._findings_to_ranks = FindingsToRanks()
         self._input_t = 0.0  # monotonic: the user's last key or click
+        self._series_memo = WindowFiguresMemo()  # the figures thread's alone
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -240,7 +241,9 @@ class GputopApp(App[int]):
         self._wait_for_quiet()
         view = build_view(figures, findings, diagnosis)
         if (selected := self._selected) is not None:
-            view.series(selected)  # the history panel's sparklines, computed here rather than on the UI thread
+            # The history panel's sparklines, computed here rather than on the UI thread, each
+            # window's figures once (the memo) rather than on every refresh.
+            view.series(selected, self._series_memo)
         return SnapshotReady(view, finished=self.source.finished)
 
     def _wait_for_quiet(self) -> None:
