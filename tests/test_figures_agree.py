@@ -10,13 +10,16 @@ them, and the ▲ slowest marker must name the rank the straggler finding names.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
+import msgspec
 import pytest
 
 from gputop import report
 from gputop.diagnose import Finding, diagnose
-from gputop.model.figures import phase_seconds, summarize
+from gputop.model import figures
+from gputop.model.figures import WindowFiguresMemo, phase_seconds, rank_series, summarize
 from gputop.model.snapshot import Snapshot
 from gputop.tui.format import fmt_frac
 from gputop.tui.palette import Palette
@@ -145,3 +148,21 @@ class TestGputopsOwnCost:
         text = report.render(snapshot, "text")
         assert "gputop's own cost: 0.22% of the ranks' CPU, reporter thread 0.20% of a core per rank" in text
         assert "10.0 µs per step on the training thread" in text
+
+
+def test_the_on_screen_ranks_histories_read_each_windows_figures_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The figures thread asks for the same rank's 240 windows every refresh; one window is new.
+    rank = make_snapshot(WAITING_RANKS).runs[0].ranks[3]
+    newest = rank.windows[-1]
+    arrived = msgspec.structs.replace(newest, seq=newest.seq + 1, loader_wait_s=2 * (newest.loader_wait_s or 0.0))
+    later = replace(rank, windows=(*rank.windows[1:], arrived))
+    memo = WindowFiguresMemo()
+    assert rank_series(rank, (), 240, memo) == rank_series(rank, (), 240)
+    computed: list[int] = []
+    define = figures._window_figures
+    monkeypatch.setattr(figures, "_window_figures", lambda w: computed.append(w.seq) or define(w))
+    series = rank_series(later, (), 240, memo)
+    assert computed == [arrived.seq], "only the new window's figures are computed"
+    monkeypatch.undo()
+    assert series == rank_series(later, (), 240)  # the same figures as computed afresh
+    assert series.loader_wait_frac[-1] != series.loader_wait_frac[-2]

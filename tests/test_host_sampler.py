@@ -19,6 +19,7 @@ import pytest
 from gputop.collect.host import HostSampler, HostSamplerThread
 from gputop.collect.store import Store
 from gputop.model.samples import HostSample, ProcessReading
+from gputop.procfs import cpu_ticks
 from tests import tui_fixtures as fx
 
 # A stand-in rank: spawns one busy "DataLoader worker", prints its pid, then idles.
@@ -51,6 +52,51 @@ def reading_until(sampler: HostSampler, pid: int, ok: object, deadline_s: float 
             return got
         assert time.monotonic() < end, f"never got the expected reading; last: {got}"
         time.sleep(0.1)
+
+
+# A process whose name looks like the end of /proc/<pid>/stat's "(comm)" field, that spins, then idles.
+ODDLY_NAMED = (
+    "import ctypes, time; "
+    "ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0); "  # PR_SET_NAME
+    "end = time.process_time() + 1.0\n"
+    "while time.process_time() < end: pass\n"
+    "time.sleep(60)"
+)
+
+
+class TestBusyProcesses:
+    """The machine's busiest processes, from one read of each /proc/<pid>/stat a sample."""
+
+    def test_cpu_ticks_reads_each_process_name_and_time_as_psutil_does(self) -> None:
+        child = subprocess.Popen([sys.executable, "-c", ODDLY_NAMED])
+        try:
+            ticks_per_s = os.sysconf("SC_CLK_TCK")
+            end = time.monotonic() + 10
+            while psutil.Process(child.pid).status() != psutil.STATUS_SLEEPING or cpu_ticks()[child.pid][0] == 0:
+                assert time.monotonic() < end, "the child never got to its sleep"
+                time.sleep(0.05)
+            ticks, name = cpu_ticks()[child.pid]
+            assert name == "a) b (c"
+            times = psutil.Process(child.pid).cpu_times()
+            assert ticks == round((times.user + times.system) * ticks_per_s)
+        finally:
+            child.kill()
+            child.wait()
+
+    def test_a_spinning_process_is_named_with_its_share_of_a_core(
+        self, rank: tuple[subprocess.Popen[str], int]
+    ) -> None:
+        _, worker_pid = rank
+        sampler = HostSampler()
+        end = time.monotonic() + 10
+        while True:
+            worker = next((p for p in sampler.sample().busy if p.pid == worker_pid), None)
+            if worker is not None:
+                break
+            assert time.monotonic() < end, "the spinning worker was never among the busy processes"
+            time.sleep(0.3)
+        assert worker.name == psutil.Process(worker_pid).name()
+        assert worker.cpu_pct >= 20  # it spins; on a loaded machine it still gets a good share
 
 
 class TestRankProcesses:

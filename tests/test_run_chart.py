@@ -1,8 +1,15 @@
-"""The run chart's bars: one line where the screen is short, taller where it has room."""
+"""The run chart: bars one line tall on a short screen, taller with room; each part drawn again only when it changed."""
 
 from __future__ import annotations
 
-from gputop.tui.widgets.run_chart import spark, spark_rows
+import pytest
+from textual.app import App, ComposeResult
+
+from gputop.model.samples import GpuSample
+from gputop.model.snapshot import RunHistory
+from gputop.tui.widgets import run_chart
+from gputop.tui.widgets.run_chart import RunChart, spark, spark_rows
+from tests import tui_fixtures as fx
 
 
 def test_one_line_is_the_sparkline() -> None:
@@ -26,3 +33,36 @@ def test_a_small_value_still_shows_and_a_fixed_scale_is_kept() -> None:
     columns = ["".join(line[i] for line in lines) for i in range(2)]
     assert columns[0] == " ▁"  # a sliver, not nothing: 0.001 was measured
     assert columns[1] == " █"  # 50 of 100 on 2 lines: the bottom line full
+
+
+class ChartApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield RunChart()
+
+
+async def test_a_gpu_sample_draws_the_gpu_lines_again_and_a_new_second_the_bars(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A sample a second from the GPU sampler and a second of the run's history arrive apart:
+    # each redraws its own part of the chart, not the other's.
+    drawn: list[str] = []
+    monkeypatch.setattr(run_chart, "spark_rows", lambda *a, **k: drawn.append("bars") or spark_rows(*a, **k))
+    monkeypatch.setattr(run_chart, "spark", lambda *a, **k: drawn.append("gpu") or spark(*a, **k))
+
+    def history(seconds: int) -> RunHistory:
+        return RunHistory(tuple(range(seconds)), (0.1,) * seconds, (640.0,) * seconds)
+
+    def gpus(seconds: int) -> tuple[GpuSample, ...]:
+        return tuple(GpuSample(t=t, gpus=(fx.gpu_reading(0, util=50.0 + t % 7, mem_gib=30.0),)) for t in range(seconds))
+
+    async with ChartApp().run_test(size=(120, 40)) as pilot:
+        chart = pilot.app.query_one(RunChart)
+        chart.show(history=history(60), gpu_history=gpus(60), show_gpus=True)
+        await pilot.pause()
+        assert "GPU 0 util" in chart.text and "step mean" in chart.text
+        drawn.clear()
+        chart.show(history=history(60), gpu_history=gpus(61), show_gpus=True)
+        assert drawn == ["gpu", "gpu"], f"a GPU sample drew {drawn}"  # utilization and memory
+        drawn.clear()
+        chart.show(history=history(61), gpu_history=gpus(61), show_gpus=True)
+        assert drawn == ["bars", "bars"], f"a new second drew {drawn}"  # step time and samples/s

@@ -6,18 +6,25 @@ styles cache's ``render_line``; a line that did not change comes from the cache.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from textual._styles_cache import StylesCache
+from textual.app import App, ComposeResult
 from textual.screen import Screen
 from textual.widget import Widget
 
 from gputop.diagnose.findings import Finding
+from gputop.model.figures import RankSeries
+from gputop.model.samples import GpuSample
+from gputop.model.snapshot import RunHistory, Snapshot
 from gputop.model.source import FixedSource
-from gputop.tui.app import GputopApp
+from gputop.tui.app import GputopApp, run_dashboard
 from gputop.tui.titles import set_border_title
+from gputop.tui.widgets.history import HistoryPanel
 from tests import tui_fixtures as fx
 from tests.test_tui import shown
 
@@ -115,3 +122,94 @@ async def test_a_moving_finding_repaints_its_panel_without_laying_out_the_screen
         others = {widget: n for widget, n in repainted.items() if widget != "findings"}
         assert not others, f"a finding's figure repainted other widgets too: {others} (lines by widget)"
         assert not layouts, f"the screen was laid out {len(layouts)} times for figures that kept their lines"
+
+
+class TestTheRunChartRepaintsTheLinesThatChanged:
+    """The run chart is most of a tall screen; new data repaints its lines that changed, not all of them."""
+
+    async def test_a_gpu_sample_on_a_machine_without_gpus_repaints_no_chart_line(self, repainted: Counter[str]) -> None:
+        # Without NVML the GPU sampler still adds a sample (saying why) every second: no GPU lines change.
+        snapshot = fx.no_gpu()
+        source = FixedSource(snapshot)
+        async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            await pilot.pause(3 * REFRESH_S)
+            repainted.clear()
+            for second in range(1, 4):
+                unavailable = GpuSample(t=snapshot.t + second, unavailable="NVML library not found")
+                source.set(replace(snapshot, gpu_history=(*snapshot.gpu_history, unavailable)))
+                await pilot.pause(2 * REFRESH_S)
+            assert app.chart.gpu_history[-1].t == snapshot.t + 3, "the chart never got the new samples"
+            assert not repainted["run-chart"], f"{repainted['run-chart']} chart lines repainted for the same lines"
+
+    async def test_a_new_second_repaints_only_the_lines_it_changed(self, repainted: Counter[str]) -> None:
+        seconds = 400  # wider than the chart: every column holds a second
+        snapshot = _with_history(fx.two_ranks(), [0.1] * seconds)
+        source = FixedSource(snapshot)
+        async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(160, 48)) as pilot:
+            app = await shown(pilot)
+            await pilot.pause(3 * REFRESH_S)
+            before = app.chart.text.splitlines()
+            repainted.clear()
+            source.set(_with_history(snapshot, [0.1] * seconds + [0.05]))  # the newest second's steps twice as fast
+            await pilot.pause(3 * REFRESH_S)
+            after = app.chart.text.splitlines()
+            changed = sum(a != b for a, b in zip(before, after, strict=True))
+            assert 0 < changed < len(after) // 2, "the test's second should change the top of the step-time bars"
+            assert repainted["run-chart"] == changed, f"{repainted['run-chart']} lines repainted for {changed} changed"
+
+
+def _with_history(snapshot: Snapshot, step_time_s: list[float]) -> Snapshot:
+    """The snapshot with its run's per-second history replaced: these step times, 640 samples a second."""
+    n = len(step_time_s)
+    history = RunHistory(
+        t_s=tuple(snapshot.t - n + i for i in range(n)),
+        step_time_s=tuple(step_time_s),
+        samples_per_s=(640.0,) * n,
+    )
+    return replace(snapshot, runs=(replace(snapshot.runs[0], history=history), *snapshot.runs[1:]))
+
+
+class HistoryApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield HistoryPanel(id="history")
+
+
+async def test_a_new_window_repaints_only_the_history_lines_it_changed(repainted: Counter[str]) -> None:
+    # A new window of a rank whose loader wait and communication stay where they were: the step
+    # time's sparkline moves, the other lines and the panel's title line do not.
+    async with HistoryApp().run_test(size=(100, 10)) as pilot:
+        panel = pilot.app.query_one(HistoryPanel)
+        panel.border_title = "history"
+        panel.styles.border_top = ("solid", "blue")
+        steps = [0.05 + 0.01 * (i % 3) for i in range(40)]
+        flat = (0.1,) * 40
+        panel.series = RankSeries(tuple(steps), flat, flat, (50.0,) * 40)
+        await pilot.pause()
+        repainted.clear()
+        panel.series = RankSeries((*steps[1:], 0.09), flat, flat, (50.0,) * 40)
+        await pilot.pause()
+        assert "90ms" in str(panel.render()), "the new window was not drawn"
+        assert repainted["history"] == 1, f"{repainted['history']} lines repainted for the one that changed"
+
+
+async def test_the_dashboard_hides_its_startup_objects_from_full_collections(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The modules, the stylesheet and the widgets live as long as the dashboard: a full collection
+    # that walked them all every half minute was a sixth of a 2-rank dashboard's CPU.
+    ran: list[object] = []
+    monkeypatch.setattr("gputop.tui.app.GputopApp.run", lambda app: ran.append(app) or 0)
+    monkeypatch.setattr("gputop.tui.app.exit_when_the_terminal_goes", lambda *a, **k: None)
+    monkeypatch.setattr("sys.setswitchinterval", lambda interval: None)  # this process is pytest's
+    run_dashboard(FixedSource(fx.two_ranks()))
+    (app,) = ran
+    assert isinstance(app, GputopApp) and app.freeze_startup_objects
+
+    app = GputopApp(FixedSource(fx.two_ranks()), refresh_s=REFRESH_S)
+    app.freeze_startup_objects = True
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await shown(pilot)
+            await pilot.pause(REFRESH_S)
+            assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import tracemalloc
 
+import msgspec
+import pytest
+
+from gputop.collect import window_history
 from gputop.collect.window_history import WindowHistory
 from gputop.protocol import Window, decode, encode
 from tests import tui_fixtures as fx
@@ -61,3 +65,32 @@ def test_a_ranks_share_at_1024_ranks_takes_well_under_its_objects_memory() -> No
         tracemalloc.stop()
     assert len(history) == 146
     assert kept < 0.75 * as_objects, (kept, as_objects)
+
+
+def test_the_rank_on_screen_has_only_its_new_older_windows_decoded_on_each_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoded: list[int] = []
+    decoder = msgspec.msgpack.Decoder(Window)
+
+    class CountingDecoder:
+        def decode(self, blob: bytes) -> Window:
+            window = decoder.decode(blob)
+            decoded.append(window.seq)
+            return window
+
+    monkeypatch.setattr(window_history, "_DECODER", CountingDecoder())
+    history = WindowHistory(None, objects=4)
+    windows = [_received(seq) for seq in range(1, 31)]
+    for w in windows[:20]:
+        history.append(w)
+    assert history.newest(12) == tuple(windows[8:20])  # 8 older windows decoded
+    assert decoded == list(range(9, 17))
+    decoded.clear()
+    history.append(windows[20])  # window 17 ages into the encoded part
+    assert history.newest(12) == tuple(windows[9:21])
+    assert decoded == [17], "only the window new to the older part is decoded again"
+    decoded.clear()
+    assert history.newest(4) == tuple(windows[16 : 20 + 1])[-4:]  # another rank is on screen: nothing decoded...
+    assert history.newest(12) == tuple(windows[9:21])
+    assert decoded == list(range(10, 18)), "...and what was kept for this one let go"

@@ -8,6 +8,10 @@ the rank whose history is on screen and for the report, and are decoded then.
 At 1,024 ranks that is 106 of each rank's 146 windows: the store holds 150,000
 windows in about 100 MiB instead of 175.  Lossless: a decoded window equals
 the one stored, so every figure and history reads the same numbers.
+
+The rank on screen has its older windows read on every refresh, twice a
+second; what was decoded for the last read is kept for the next (one rank's
+few hundred windows), and let go when a read needs no decoding.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ class WindowHistory:
         self._objects = objects
         self._newest: deque[Window] = deque()
         self._older: deque[bytes] = deque()  # encoded, oldest first
+        # The older windows decoded for the last bounded read, by their encoding's id (the encoding
+        # kept with them, so that id stays theirs): the next read decodes only what is new to it.
+        self._decoded: dict[int, tuple[bytes, Window]] = {}
 
     def __len__(self) -> int:
         return len(self._newest) + len(self._older)
@@ -57,7 +64,16 @@ class WindowHistory:
             return ()
         objects = len(self._newest)
         if n is not None and n <= objects:
+            self._decoded.clear()
             return tuple(itertools.islice(self._newest, objects - n, None))
         older = len(self._older) if n is None else min(n - objects, len(self._older))
-        decoded = [_DECODER.decode(blob) for blob in itertools.islice(self._older, len(self._older) - older, None)]
-        return (*decoded, *self._newest)
+        blobs = itertools.islice(self._older, len(self._older) - older, None)
+        if n is None:  # everything, for a report: read once, nothing kept
+            self._decoded.clear()
+            return (*(_DECODER.decode(blob) for blob in blobs), *self._newest)
+        last, kept = self._decoded, {}
+        for blob in blobs:
+            hit = last.get(id(blob))
+            kept[id(blob)] = hit if hit is not None and hit[0] is blob else (blob, _DECODER.decode(blob))
+        self._decoded = kept
+        return (*(window for _, window in kept.values()), *self._newest)

@@ -288,8 +288,48 @@ class RankSeries:
     gpu_util_pct: tuple[float | None, ...]  # per GPU sample; empty for a rank with no GPU
 
 
-def rank_series(rank: RankView, gpu_history: Sequence[GpuSample], points: int) -> RankSeries:
-    """The newest ``points`` windows' figures, each defined as in ``rank_stats`` for one window."""
+# One window's sparkline figures: step time, loader-wait share, exposed-comm share.
+WindowFigures = tuple[float | None, float | None, float | None]
+
+
+class WindowFiguresMemo:
+    """Each window's sparkline figures, kept from one ``rank_series`` call to the next.
+
+    The rank on screen has its newest 240 windows' figures read every refresh,
+    and all but the newest one or two were read the refresh before, from the
+    same window objects (the store keeps them, ``WindowHistory``): those are
+    looked up by identity (the window is held with its figures, so the identity
+    stays its own) rather than computed again.  Only the windows of the last
+    call are kept.  Not thread-safe: one per caller.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Window, WindowFigures]] = {}
+
+    def of(self, windows: Sequence[Window]) -> list[WindowFigures]:
+        last, kept = self._kept, {}
+        out = []
+        for w in windows:
+            hit = last.get(id(w))
+            if hit is None or hit[0] is not w:
+                hit = (w, _window_figures(w))
+            kept[id(w)] = hit
+            out.append(hit[1])
+        self._kept = kept
+        return out
+
+
+def _window_figures(w: Window) -> WindowFigures:
+    return window_step_s(w), window_loader_wait_frac(w), window_exposed_comm_frac(w)
+
+
+def rank_series(
+    rank: RankView, gpu_history: Sequence[GpuSample], points: int, memo: WindowFiguresMemo | None = None
+) -> RankSeries:
+    """The newest ``points`` windows' figures, each defined as in ``rank_stats`` for one window.
+
+    ``memo``: what the last call computed, for a caller that asks again every refresh.
+    """
     windows = rank.windows[-points:]
     util: list[float | None] = []
     uuid = rank.hello.device_uuid
@@ -297,9 +337,6 @@ def rank_series(rank: RankView, gpu_history: Sequence[GpuSample], points: int) -
         for sample in gpu_history[-points:]:
             reading = next((g for g in sample.gpus if g.uuid == uuid), None)
             util.append(reading.util_pct if reading is not None else None)
-    return RankSeries(
-        step_s=tuple(window_step_s(w) for w in windows),
-        loader_wait_frac=tuple(window_loader_wait_frac(w) for w in windows),
-        exposed_comm_frac=tuple(window_exposed_comm_frac(w) for w in windows),
-        gpu_util_pct=tuple(util),
-    )
+    per_window = memo.of(windows) if memo is not None else [_window_figures(w) for w in windows]
+    step, loader, exposed = zip(*per_window, strict=True) if per_window else ((), (), ())
+    return RankSeries(step_s=step, loader_wait_frac=loader, exposed_comm_frac=exposed, gpu_util_pct=tuple(util))

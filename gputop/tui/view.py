@@ -26,6 +26,7 @@ from gputop.model.figures import (
     RankFigures,
     RankSeries,
     RunFigures,
+    WindowFiguresMemo,
     phase_seconds,
     rank_series,
 )
@@ -146,13 +147,16 @@ class DashboardView:
         figures = self.figures.rank(key)
         return figures.view if figures is not None else None
 
-    def series(self, key: str) -> RankSeries | None:
-        """The histories of one rank, for its sparklines (computed once per view and rank)."""
+    def series(self, key: str, memo: WindowFiguresMemo | None = None) -> RankSeries | None:
+        """The histories of one rank, for its sparklines (computed once per view and rank).
+
+        ``memo``: the figures of windows an earlier view's series already read.
+        """
         cache = self._series_by_key
         if key not in cache:
             rank = self.rank(key)
             history = self.snapshot.gpu_history_of(rank.hello.hostname) if rank is not None else ()
-            cache[key] = rank_series(rank, history, VIEW_HISTORY_WINDOWS) if rank is not None else None
+            cache[key] = rank_series(rank, history, VIEW_HISTORY_WINDOWS, memo) if rank is not None else None
         return cache[key]
 
     @cached_property

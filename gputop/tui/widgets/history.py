@@ -3,7 +3,9 @@
 One widget that renders its lines as text (the run chart's ``spark``), not four
 rows of Label and Sparkline widgets: Textual's Sparkline blends a colour per
 cell and a Label's update lays the whole screen out again, which together were
-most of what a 2-rank dashboard cost on each refresh.
+most of what a 2-rank dashboard cost on each refresh.  A new window repaints
+only the lines it changed (Textual's compositor costs ~0.1 ms a line it repaints),
+not the panel's title line or a sparkline that stayed the same.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from textual.app import RenderResult
 from textual.content import Content
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -62,8 +64,12 @@ class HistoryPanel(Widget):
     }
     """
 
-    series: reactive[RankSeries | None] = reactive(None)
+    series: reactive[RankSeries | None] = reactive(None, repaint=False)
     """The selected rank's histories (None: no rank selected)."""
+
+    # What the lines show, as the (text, style) parts render() assembles, for the series and width
+    # they were made for: a new series is compared with them line by line.
+    _shown: tuple[RankSeries | None, int, list[tuple[tuple[str, str], ...]]] | None = None
 
     def __init__(
         self,
@@ -92,24 +98,40 @@ class HistoryPanel(Widget):
     def watch_series(self, old: RankSeries | None, new: RankSeries | None) -> None:
         if self._shows_gpu(old) != self._shows_gpu(new):
             self.refresh(layout=True)  # a line more or less
+            return
+        shown, lines = self._shown, self._lines()
+        if shown is None or shown[1] != self.size.width or len(shown[2]) != len(lines):
+            self.refresh()  # not drawn at this width, or with another number of lines: all of it
+            return
+        for y, (before, now) in enumerate(zip(shown[2], lines, strict=True)):
+            if before != now:
+                self.refresh(Region(0, y, self.size.width, 1))
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return 3 + self._shows_gpu(self.series)
 
     def render(self) -> RenderResult:
-        series = self.series
-        width = max(self.size.width - LABEL_W - VALUE_W - 1, 4)
-        lines = []
+        return Content("\n").join(Content.assemble(*line) for line in self._lines())
+
+    def _lines(self) -> list[tuple[tuple[str, str], ...]]:
+        """Each line's (text, style) parts for the series and width now, made once per change of either."""
+        series, width = self.series, self.size.width
+        shown = self._shown
+        if shown is not None and shown[0] is series and shown[1] == width:
+            return shown[2]
+        spark_w = max(width - LABEL_W - VALUE_W - 1, 4)
+        lines: list[tuple[tuple[str, str], ...]] = []
         for label, attribute, fmt, style in _LINES:
             if attribute == "gpu_util_pct" and not self._shows_gpu(series):
                 continue
             values: Sequence[float | None] = getattr(series, attribute) if series is not None else ()
             newest = next((v for v in reversed(values) if v is not None), None)
             lines.append(
-                Content.assemble(
+                (
                     (f"{label:<{LABEL_W}}", "$foreground-muted"),
                     (f"{fmt(newest):>{VALUE_W}} ", "" if newest is not None else "$foreground-muted"),
-                    (spark(fit(_present(values), width), width), style),  # newest at the right, as in the run chart,
+                    (spark(fit(_present(values), spark_w), spark_w), style),  # newest at the right, as in the run chart
                 )
             )
-        return Content("\n").join(lines)
+        self._shown = (series, width, lines)
+        return lines

@@ -5,7 +5,10 @@ Drawn from per-second histories the store keeps as windows arrive
 the right; no child widgets, and the lines are built as strips once per change
 (Textual's Content markup and styling, per line and per paint, cost more than
 the rest of a 2-rank refresh), so a refresh costs a few string joins whatever
-the rank count.
+the rank count.  New data repaints only the lines it changed: Textual's
+compositor costs ~0.1 ms a line it repaints, and most of a tall chart's lines
+(full blocks below the lowest value, the GPU lines when the step time moved)
+stay as they were from one second to the next.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable, Sequence
 from rich.segment import Segment
 from rich.style import Style
 from textual.color import Color
+from textual.geometry import Region, Size
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
@@ -89,6 +93,17 @@ def _newest(values: Sequence[float | None]) -> float | None:
     return next((v for v in reversed(values) if v is not None), None)
 
 
+def _runs(lines: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending line numbers as (start, stop) runs of consecutive lines: one repaint region each."""
+    runs: list[tuple[int, int]] = []
+    for y in lines:
+        if runs and runs[-1][1] == y:
+            runs[-1] = (runs[-1][0], y + 1)
+        else:
+            runs.append((y, y + 1))
+    return runs
+
+
 class RunChart(Widget):
     """Step time and samples/s of one run; per GPU, utilization and memory used, when GPUs report."""
 
@@ -98,76 +113,169 @@ class RunChart(Widget):
     }
     """
 
-    # New data repaints the chart; only a change in its number of GPUs lays the screen out
-    # again (a layout of the whole screen on every refresh was most of a 2-rank dashboard's CPU).
-    history: reactive[RunHistory | None] = reactive(None)
+    # New data repaints the lines it changed (``_redraw``), not the whole chart; only a change in its
+    # number of GPUs lays the screen out again (a layout of the whole screen on every refresh was most
+    # of a 2-rank dashboard's CPU).
+    history: reactive[RunHistory | None] = reactive(None, repaint=False)
     """The run's per-second history (None: no run yet)."""
-    gpu_history: reactive[tuple[GpuSample, ...]] = reactive(())
+    gpu_history: reactive[tuple[GpuSample, ...]] = reactive((), repaint=False)
     """GPU samples, oldest first."""
-    show_gpus: reactive[bool] = reactive(True)
+    show_gpus: reactive[bool] = reactive(True, repaint=False)
     """Draw the per-GPU lines (off on short terminals)."""
+
+    _strips: list[Strip] | None = None  # the lines drawn for the data and theme now; None: draw again
+    _drawn_size: Size | None = None  # the size they were drawn for: at another, draw again
+    _looks_now: dict[str, Style] | None = None  # the theme's styles, read once per style update
+    _showing = False  # inside show(): the lines are drawn once, after every attribute is set
+    _stale = False  # data changed inside show(), not drawn yet
+
+    def show(self, *, history: RunHistory | None, gpu_history: tuple[GpuSample, ...], show_gpus: bool) -> None:
+        """Show new data, drawing the lines once however many of the three changed."""
+        self._showing = True
+        try:
+            self.show_gpus = show_gpus
+            self.history = history
+            self.gpu_history = gpu_history
+        finally:
+            self._showing = False
+        if self._stale:
+            self._redraw()
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        """Build the chart.
+
+        Args:
+            name: The widget's name.
+            id: The widget's DOM id.
+            classes: Space-separated CSS classes.
+        """
+        super().__init__(name=name, id=id, classes=classes)
+        self._parts: dict[str, tuple[tuple[object, ...], list[Strip]]] = {}  # part -> (drawn from, its lines)
 
     def on_mount(self) -> None:
         self._keep_lines()
 
+    def watch_history(self) -> None:
+        self._changed()
+
     def watch_gpu_history(self, old: tuple[GpuSample, ...], new: tuple[GpuSample, ...]) -> None:
-        self._strips = None
         if _gpus(old) != _gpus(new):
             self._keep_lines()
+        self._changed()
 
     def watch_show_gpus(self) -> None:
-        self._strips = None
         self._keep_lines()
+        self._changed()
 
     def _keep_lines(self) -> None:
         """Never squeezed below a line a series and a GPU; the screen's layout gives the chart more when it can."""
         gpus = _gpus(self.gpu_history) if self.show_gpus else 0
         self.styles.min_height = 2 + gpus + self.styles.gutter.height
 
+    def _changed(self) -> None:
+        if self._showing:
+            self._stale = True
+        else:
+            self._redraw()
+
+    def _redraw(self) -> None:
+        """Draw the lines for the data now and repaint those that differ from the lines on screen.
+
+        A GPU sample every second on a machine without GPUs, a second whose bars
+        reach no higher than the last: the lines stay as they are and nothing is
+        repainted.  Before the first paint, or at another height, all of it is.
+        """
+        self._stale = False
+        old = self._strips
+        if old is None or self._drawn_size != self.size:
+            self._strips = None
+            self.refresh()
+            return
+        new = self._strips = self._draw()
+        width = self.size.width
+        changed = [y for y, (before, now) in enumerate(zip(old, new, strict=True)) if before != now]
+        for start, stop in _runs(changed):
+            self.refresh(Region(0, start, width, stop - start))
+
     # -- drawing: strips built once per change, not Content parsed and styled on every paint ----------
-
-    def watch_history(self) -> None:
-        self._strips = None
-
-    def on_resize(self) -> None:
-        self._strips = None
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._strips = None  # the theme changed: its colours too
+        self._strips = self._looks_now = None  # the theme changed: its colours too
+        self._parts.clear()
 
     def render_line(self, y: int) -> Strip:
-        strips = self._strips
-        if strips is None:
-            strips = self._strips = self._draw()
-        return strips[y] if y < len(strips) else Strip.blank(self.size.width, self.rich_style)
+        return self._current()[y]
 
-    _strips: list[Strip] | None = None  # the lines drawn for the data, size and theme now; None: draw again
+    def _current(self) -> list[Strip]:
+        """The lines for the data, size and theme now, drawn again only when one of them changed."""
+        if self._strips is None or self._drawn_size != self.size:
+            self._strips, self._drawn_size = self._draw(), self.size
+        return self._strips
 
     @property
     def text(self) -> str:
         """What the chart shows, as plain text a line each."""
-        return "\n".join(strip.text for strip in self._strips or self._draw())
+        return "\n".join(strip.text for strip in self._current())
 
     def _draw(self) -> list[Strip]:
+        """One strip a line of the content's height, every one as wide as the content.
+
+        The bars and the GPU lines are drawn apart, each again only when its own
+        data changed: the GPU sampler's sample every second redraws the GPU lines
+        (none without GPUs), a new second the bars.
+        """
         looks = self._looks()
-        width = self.size.width
+        width, height = self.size
         history = self.history
         if history is None:
-            lines = [[Segment("no run yet", looks["muted"])]]
+            lines = self._fit([[Segment("no run yet", looks["muted"])]], looks)
         else:
-            gpu_lines = self._gpu_lines(looks) if self.show_gpus else []
+            samples = self.gpu_history if self.show_gpus else ()
+            gpu_lines = self._part("gpus", (samples, width, looks), lambda: self._gpu_lines(samples, looks))
             # Given more height than a line a series (the screen has room), the two run charts share it.
-            height = max(self.size.height - len(gpu_lines), 2)
-            lines = [
-                *self._lines("step mean", history.step_time_s, fmt_s, looks["primary"], looks, height - height // 2),
-                *self._lines("samples/s", history.samples_per_s, fmt_rate, looks["secondary"], looks, height // 2),
-                *gpu_lines,
-            ]
-        return [Strip(line).adjust_cell_length(width, looks["base"]) for line in lines]
+            rows = max(height - len(gpu_lines), 2)
+
+            def bars() -> list[Strip]:
+                step = self._lines("step mean", history.step_time_s, fmt_s, looks["primary"], looks, rows - rows // 2)
+                rate = self._lines("samples/s", history.samples_per_s, fmt_rate, looks["secondary"], looks, rows // 2)
+                return self._fit([*step, *rate], looks)
+
+            lines = [*self._part("bars", (history, width, rows, looks), bars), *gpu_lines]
+        blank = Strip([Segment(" " * width, looks["base"])], width)
+        return [*lines[:height], *[blank] * (height - len(lines))]
+
+    def _part(self, name: str, drawn_from: tuple[object, ...], draw: Callable[[], list[Strip]]) -> list[Strip]:
+        """A part's lines, drawn again only when what they are drawn from changed."""
+        kept = self._parts.get(name)
+        if kept is not None and kept[0] == drawn_from:
+            return kept[1]
+        lines = draw()
+        self._parts[name] = (drawn_from, lines)
+        return lines
+
+    def _fit(self, lines: list[list[Segment]], looks: dict[str, Style]) -> list[Strip]:
+        """Lines as strips exactly as wide as the chart, padded with its background.
+
+        Every character the chart draws (ASCII, "µ", block elements) is one cell
+        wide, so a line's cells are its length: measuring a 150-cell bar of block
+        characters cell by cell (what a Strip does unless told) cost more than
+        drawing it.
+        """
+        width = self.size.width
+        strips = []
+        for line in lines:
+            cells = sum(len(segment.text) for segment in line)
+            if cells < width:
+                strips.append(Strip([*line, Segment(" " * (width - cells), looks["base"])], width))
+            else:
+                strips.append(Strip(line, cells).crop(0, width))
+        return strips
 
     def _looks(self) -> dict[str, Style]:
         """The widget's style, and its text in each theme colour the chart uses (over its background)."""
+        if self._looks_now is not None:
+            return self._looks_now
         base = self.rich_style
         background = Color.from_rich_color(base.bgcolor) if base.bgcolor is not None else Color(0, 0, 0)
         variables = self.app.theme_variables
@@ -176,7 +284,8 @@ class RunChart(Widget):
             return base + Style(color=(background + Color.parse(variables[name])).rich_color)
 
         looks = {name: colour(name) for name in ("primary", "secondary", "success", "accent")}
-        return {**looks, "base": base, "muted": colour("foreground-muted")}
+        self._looks_now = {**looks, "base": base, "muted": colour("foreground-muted")}
+        return self._looks_now
 
     def _lines(
         self,
@@ -200,13 +309,13 @@ class RunChart(Widget):
         chart = spark_rows(values, width, rows)
         return [[*(left[i] if i < len(left) else blank), Segment(line, style)] for i, line in enumerate(chart)]
 
-    def _gpu_lines(self, looks: dict[str, Style]) -> list[list[Segment]]:
-        samples = self.gpu_history
+    def _gpu_lines(self, samples: tuple[GpuSample, ...], looks: dict[str, Style]) -> list[Strip]:
+        """A line per GPU of the newest sample: its utilization and memory over the samples."""
         if not samples or not samples[-1].gpus:
             return []
         width = max((self.size.width - LABEL_W - 2 * VALUE_W - 8) // 2, 4)
         base, muted = looks["base"], looks["muted"]
-        lines = []
+        lines: list[list[Segment]] = []
         for gpu in samples[-1].gpus:
             util: list[float | None] = []
             mem: list[float | None] = []
@@ -227,4 +336,4 @@ class RunChart(Widget):
                     Segment(spark(mem, width, low=0.0, high=total), looks["accent"]),
                 ]
             )
-        return lines
+        return self._fit(lines, looks)
