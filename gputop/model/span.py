@@ -9,7 +9,8 @@ arrived enter, the ones older than the span leave, and the figures are read off
 the sums.  The same sums ``rank_stats`` builds, so there is one definition of
 each figure; tests/test_span.py checks the two agree on any run of windows.
 
-Owned by one thread (the dashboard's figures thread); not thread-safe.
+Not thread-safe: each caller (the dashboard's figures thread, the exporter under its
+lock, ``record --alert-command``) keeps its own.
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ class _RankSpan:
 
     def rebuild(self, windows: Sequence[Window]) -> None:
         self.windows = deque(windows)
-        self.sums = SpanSums()
-        for w in windows:
-            self.sums.add(w)
+        self.sums = SpanSums.of(windows)
         self._stats = None
 
     def enter(self, w: Window) -> None:

@@ -14,7 +14,7 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -462,6 +462,14 @@ class SpanSums:
         # key -> [the newest window with it, windows with it, its sample once read]
         self.ddp: dict[int, list[Any]] = {}
 
+    @classmethod
+    def of(cls, windows: Iterable[Window]) -> SpanSums:
+        """The sums of ``windows``, oldest first."""
+        sums = cls()
+        for w in windows:
+            sums.add(w)
+        return sums
+
     def add(self, w: Window) -> None:
         """``w`` enters the span as its newest window."""
         self.parts.append(_parts(w))
@@ -644,10 +652,7 @@ class SpanSums:
 
 def rank_stats(windows: Sequence[Window]) -> RankStats:
     """Summarise a rank's windows (oldest first): every figure as ``SpanSums`` defines it."""
-    sums = SpanSums()
-    for w in windows:
-        sums.add(w)
-    return sums.stats(windows)
+    return SpanSums.of(windows).stats(windows)
 
 
 def recent(windows: Sequence[Window], span_s: float) -> list[Window]:
