@@ -49,6 +49,7 @@ class RankSpec:
     alloc_retries_per_window: int = 0
     ooms_per_window: int = 0
     gpu_step_frac: float | None = None  # GPU step time as a share of wall step time
+    stall_s: float = 0.0  # > 0: each window also holds one step this long (a GC pause, a descheduled rank)
     hello: dict[str, Any] = field(default_factory=dict)  # Hello field overrides
     status: str = "live"  # "lost": the rank stops reporting long before the snapshot
 
@@ -81,6 +82,11 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
     n = max(round(seconds / WINDOW_S), 1)
     steps = max(round(WINDOW_S / spec.step_s), 1)
     step = spec.step_s
+    sketch = {sketch_bucket(step): steps}
+    stalls: tuple[tuple[float, float], ...] = ()
+    if spec.stall_s:
+        sketch[sketch_bucket(spec.stall_s)] = 1
+        stalls = ((spec.stall_s, 0.0),)
     out = []
     for i in range(n):
         t1 = t_end - (n - 1 - i) * WINDOW_S
@@ -95,13 +101,14 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 seq=i,
                 t0=t1 - WINDOW_S,
                 t1=t1,
-                steps=steps,
-                step_total=steps * (i + 1),
-                step_time_sum_s=steps * step,
+                steps=steps + len(stalls),
+                step_total=(steps + len(stalls)) * (i + 1),
+                step_time_sum_s=steps * step + spec.stall_s,
                 step_time_p50_s=step,
                 step_time_p95_s=step,
-                step_time_max_s=step,
-                step_sketch={sketch_bucket(step): steps},
+                step_time_max_s=max(step, spec.stall_s),
+                step_sketch=sketch,
+                slow_steps=stalls,
                 gpu_step_time_p50_s=spec.gpu_step_frac * step if spec.gpu_step_frac is not None else None,
                 loader_wait_s=(spec.loader_frac or 0.0) * steps * step,
                 loader_batches=steps if spec.loader_frac is not None else 0,

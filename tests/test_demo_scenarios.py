@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -44,6 +45,25 @@ def run_demo(scenario: str, seconds: float = 8.0) -> dict:
     return json.loads(result.stdout)
 
 
+MEASURED = (
+    "steps",
+    "samples_per_s",
+    "step_time_p50_ms",
+    "step_time_p95_ms",
+    "comm_exposed_pct",
+    "loader_wait_pct",
+    "stall_pct",
+    "stall_mean_ms",
+    "cpu_starved_pct",
+)
+
+
+def measured(report: dict) -> str:
+    """What the run measured, for a failure message: each rank's figures and the machine's load."""
+    ranks = [{k: r.get(k) for k in ("rank", *MEASURED)} for r in report["runs"][0]["ranks"]]
+    return f"load {os.getloadavg()[0]:.1f}; ranks {ranks}"
+
+
 @pytest.mark.parametrize(("scenario", "cause"), sorted(EXPECTED_TOP.items()))
 def test_the_top_finding_is_the_scenarios_own_cause(scenario: str, cause: str) -> None:
     report = run_demo(scenario)
@@ -51,7 +71,7 @@ def test_the_top_finding_is_the_scenarios_own_cause(scenario: str, cause: str) -
     assert findings, f"{scenario}: no findings"
     top = findings[0]
     seen = [(f["severity"], f["cause"], f["ranks"], f["title"]) for f in findings]
-    assert top["cause"] == cause, seen
+    assert top["cause"] == cause, f"{seen}; {measured(report)}"
     assert top["severity"] in ("warn", "critical"), seen
     assert top["evidence"] and top["suggestion"]
     if scenario == "straggler":  # named, with its own slow phase: only rank 1's input is slow
@@ -63,4 +83,5 @@ def test_the_healthy_demo_raises_no_warning() -> None:
     # for seconds at a time, a real straggler that a short run reports as such.
     report = run_demo("healthy", seconds=20.0)
     assert all(r["steps"] > 0 for r in report["runs"][0]["ranks"])
-    assert [f for f in report["findings"] if f["severity"] != "info"] == []
+    warnings = [(f["severity"], f["cause"], f["title"]) for f in report["findings"] if f["severity"] != "info"]
+    assert warnings == [], measured(report)

@@ -8,6 +8,7 @@ import pytest
 
 from gputop.diagnose import Finding
 from gputop.diagnose import thresholds as th
+from gputop.model.figures import SPAN_S, summarize
 from gputop.model.samples import BusyProcess, GpuProcess
 from tests.diagnose_fixtures import (
     GIB,
@@ -215,6 +216,18 @@ class TestParallelism:
         snapshot = make_snapshot(two_ranks(step_s=step_s, comm_frac=0.05), hello={"loader_batch_size": batch})
         findings = by_cause(findings_of(snapshot), "parallelism")
         assert [f.severity for f in findings] == ([severity] if severity else [])
+
+    def test_tiny_steps_are_judged_without_their_stalls(self) -> None:
+        # 4-ms steps and one 1-s stop per half-second window: a mean step of ~12 ms,
+        # but what a step costs when nothing stops it is still 4 ms.
+        snapshot = make_snapshot(two_ranks(step_s=0.004, stall_s=1.0, comm_frac=0.05), hello={"loader_batch_size": 2})
+        mean_s = summarize(snapshot, span_s=SPAN_S).runs[0].ranks[0].stats.step_time_mean_s
+        assert mean_s is not None and mean_s > 0.010  # the plain mean alone would not call these steps tiny
+        findings = findings_of(snapshot)
+        finding = only(findings, "parallelism")
+        assert finding.severity == "warn"
+        assert "steps of 4.0 ms" in finding.title, finding.title
+        assert only(findings, "stall").severity in ("warn", "critical")
 
     @pytest.mark.parametrize(("util", "severity"), [(50.5, None), (49.5, "warn"), (24.5, "critical")])
     def test_low_gpu_util_with_low_waits(self, util: float, severity: str | None) -> None:
