@@ -50,7 +50,7 @@ async def test_a_gpu_sample_draws_the_gpu_lines_again_and_a_new_second_the_bars(
     monkeypatch.setattr(run_chart, "spark", lambda *a, **k: drawn.append("gpu") or spark(*a, **k))
 
     def history(seconds: int) -> RunHistory:
-        return RunHistory(tuple(range(seconds)), (0.1,) * seconds, (640.0,) * seconds)
+        return RunHistory(0.0, (0.1,) * seconds, (640.0,) * seconds)
 
     def gpus(seconds: int) -> tuple[GpuSample, ...]:
         return tuple(GpuSample(t=t, gpus=(fx.gpu_reading(0, util=50.0 + t % 7, mem_gib=30.0),)) for t in range(seconds))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from gputop.collect.store import WINDOW_BUDGET, Store
+from gputop.model.snapshot import CHART_SECONDS
 from gputop.model.stats import rank_stats
 from gputop.protocol import Window, decode, encode
 from tests import tui_fixtures as fx
@@ -52,9 +54,33 @@ def test_run_history_sums_every_ranks_windows_per_second() -> None:
     (run,) = snapshot.runs
     history = run.history
     # Whole seconds before the snapshot's time (T0 + 20 s): the current one is still filling.
-    assert history.t_s == tuple(fx.T0 + s for s in range(20))
+    assert history.first_s == fx.T0 and len(history.step_time_s) == 20
     # 10 steps of batch 64 a window; the first second holds one window per rank, the others two.
     assert history.samples_per_s == (2 * 640, *[2 * 2 * 640] * 19)
-    windows = [w for rank in run.ranks for w in rank.windows if int(w.t1) == int(history.t_s[5])]
+    windows = [w for rank in run.ranks for w in rank.windows if int(w.t1) == int(history.first_s) + 5]
     mean_step = sum(w.step_time_sum_s for w in windows) / sum(w.timed for w in windows)
     assert history.step_time_s[5] == pytest.approx(mean_step)
+
+
+def test_run_history_holds_the_charts_seconds_however_long_the_run() -> None:
+    """An hour-long run's view is the chart's newest seconds, and a window that arrives late still counts."""
+    store = Store()
+    store.ingest(fx.hello("run-a", 0, 1), fx.T0)
+    seconds = CHART_SECONDS + 900
+    for seq in range(2 * seconds):
+        store.ingest(fx.window("run-a", 0, seq, step_s=0.1, loader_s=0.01), fx.T0 + (seq + 1) * fx.WINDOW_S)
+    now = fx.T0 + seconds + 0.2
+    history = store.snapshot(now).runs[0].history
+    assert len(history.step_time_s) == len(history.samples_per_s) == CHART_SECONDS
+    assert history.first_s == fx.T0 + seconds - CHART_SECONDS  # up to the last whole second
+    assert history.samples_per_s[-1] == 2 * 5 * 64  # two windows of five steps of 64 samples
+    late = fx.window("run-a", 0, 10_000, step_s=0.3, loader_s=0.01)
+    late = msgspec.structs.replace(late, t0=now - 30.5, t1=now - 30.0)  # 30 s late, on a second the chart shows
+    store.ingest(late, now)
+    after = store.snapshot(now).runs[0].history
+    index = int(late.t1 - after.first_s)
+    assert after.samples_per_s[index] == history.samples_per_s[index] + 64
+    timed = 10  # the second's own two windows of five steps
+    step_s = history.step_time_s[index]
+    assert step_s is not None
+    assert after.step_time_s[index] == pytest.approx((timed * step_s + late.step_time_sum_s) / (timed + late.timed))

@@ -163,7 +163,7 @@ def _with_history(snapshot: Snapshot, step_time_s: list[float]) -> Snapshot:
     """The snapshot with its run's per-second history replaced: these step times, 640 samples a second."""
     n = len(step_time_s)
     history = RunHistory(
-        t_s=tuple(snapshot.t - n + i for i in range(n)),
+        first_s=float(int(snapshot.t) - n),
         step_time_s=tuple(step_time_s),
         samples_per_s=(640.0,) * n,
     )

@@ -9,6 +9,7 @@ passed in, not read from the clock, so a replay drives the same code at its own 
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 from collections import deque
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gputop.collect.window_history import WindowHistory
 from gputop.model.samples import GpuSample, HostSample
-from gputop.model.snapshot import DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
+from gputop.model.snapshot import CHART_SECONDS, DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
 from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
@@ -25,10 +26,9 @@ HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
 # ones 0.45 KiB encoded: ``WindowHistory``): at 125 ranks or fewer each keeps 10
 # minutes; at 1,024 each keeps 73 s, so the dashboard's memory stays flat however
 # many ranks report.  The run's step-time and throughput history is kept apart,
-# per second, for an hour (``RunHistory``).
+# per second, for as long as its chart shows (``RunHistory``, CHART_SECONDS).
 WINDOW_BUDGET = 150_000
 MIN_HISTORY_WINDOWS = 60  # 30 s: the figures' span with room to scroll back
-RUN_HISTORY_S = 3600
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
@@ -62,25 +62,31 @@ class _Rank:
 class _RunSeconds:
     """One run's steps, step time and samples summed per second of window end, for the run chart.
 
-    Bounded: four numbers a second whatever the rank count, an hour of them,
-    updated as windows arrive, so the chart never walks the windows.
+    Bounded: a few numbers a second whatever the rank count, the chart's
+    CHART_SECONDS of them, updated as windows arrive, so the chart never walks
+    the windows.  Each second's mean and throughput are worked out when a
+    window adds to it, not on every view: a view copies out the newest seconds,
+    and the values in it are the same objects as in the view before.
     """
 
     def __init__(self) -> None:
         self.first_s = 0  # the second of row 0
         # Per second: [timed steps, step time sum, samples, windows with samples].
-        self.rows: deque[list[float]] = deque(maxlen=RUN_HISTORY_S)
+        self.rows: deque[list[float]] = deque(maxlen=CHART_SECONDS + 1)  # +1: the second still filling
+        self.step_s: deque[float | None] = deque(maxlen=CHART_SECONDS + 1)  # per second: mean step time
+        self.samples: deque[float | None] = deque(maxlen=CHART_SECONDS + 1)  # per second: samples
 
     def add(self, w: Window) -> None:
         second = int(w.t1)
         newest_s = self.first_s + len(self.rows) - 1
-        if not self.rows or second - newest_s >= RUN_HISTORY_S:
-            self.rows.clear()
-            self.rows.append([0.0, 0.0, 0.0, 0.0])
+        kept = self.rows.maxlen or 0
+        if not self.rows or second - newest_s >= kept:
+            for column in (self.rows, self.step_s, self.samples):
+                column.clear()
+            self._append_seconds(1)
             self.first_s = second
         elif second > newest_s:
-            for _ in range(second - newest_s):
-                self.rows.append([0.0, 0.0, 0.0, 0.0])  # the deque drops the oldest second
+            self._append_seconds(second - newest_s)  # the deques drop the oldest seconds
             self.first_s = second - len(self.rows) + 1
         index = second - self.first_s
         if index < 0:
@@ -91,20 +97,24 @@ class _RunSeconds:
         if w.samples is not None:
             row[2] += w.samples
             row[3] += 1
+        self.step_s[index] = row[1] / row[0] if row[0] else None
+        self.samples[index] = row[2] if row[3] else None
+
+    def _append_seconds(self, n: int) -> None:
+        for _ in range(n):
+            self.rows.append([0.0, 0.0, 0.0, 0.0])
+            self.step_s.append(None)
+            self.samples.append(None)
 
     def view(self, until_t: float) -> RunHistory:
-        """Whole seconds before ``until_t`` (the current second is still filling)."""
-        t_s: list[float] = []
-        step_s: list[float | None] = []
-        samples: list[float | None] = []
-        for i, (timed, step_sum, n, counted) in enumerate(self.rows):
-            second = self.first_s + i
-            if second + 1 > until_t:
-                break
-            t_s.append(float(second))
-            step_s.append(step_sum / timed if timed else None)
-            samples.append(n if counted else None)
-        return RunHistory(t_s=tuple(t_s), step_time_s=tuple(step_s), samples_per_s=tuple(samples))
+        """The newest CHART_SECONDS whole seconds before ``until_t`` (the current second is still filling)."""
+        whole = min(max(int(until_t) - self.first_s, 0), len(self.rows))
+        start = max(whole - CHART_SECONDS, 0)
+        return RunHistory(
+            first_s=float(self.first_s + start),
+            step_time_s=tuple(itertools.islice(self.step_s, start, whole)),
+            samples_per_s=tuple(itertools.islice(self.samples, start, whole)),
+        )
 
 
 class Store:

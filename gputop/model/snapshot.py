@@ -53,15 +53,21 @@ class RankView:
         return self.windows[-1] if self.windows else None
 
 
+# The run chart draws a column a second: its newest seconds on a terminal up to ~620
+# columns wide.  What a view carries, so a view (and time travel keeps 1,200 of them
+# at 2 ranks) holds the chart's seconds, not the whole run's.
+CHART_SECONDS = 600
+
+
 @dataclass(frozen=True)
 class RunHistory:
-    """A run's history per whole second, oldest first: what its chart draws.
+    """A run's newest whole seconds (at most CHART_SECONDS), oldest first: what its chart draws.
 
     Summed over every rank's windows that ended in the second, so the mean step
     time weighs every timed step once and the throughput is the run's.
     """
 
-    t_s: tuple[float, ...] = ()  # the second's start
+    first_s: float = 0.0  # the first second's start; the others follow one a second
     step_time_s: tuple[float | None, ...] = ()  # mean wall step time; None: no step timed
     samples_per_s: tuple[float | None, ...] = ()  # samples of every rank in the second; None: batch size unknown
 
