@@ -16,6 +16,7 @@ import msgspec
 import psutil
 import pytest
 
+from gputop.collect import host
 from gputop.collect.host import HostSampler, HostSamplerThread
 from gputop.collect.store import Store
 from gputop.model.samples import HostSample, ProcessReading
@@ -97,6 +98,24 @@ class TestBusyProcesses:
             time.sleep(0.3)
         assert worker.name == psutil.Process(worker_pid).name()
         assert worker.cpu_pct >= 20  # it spins; on a loaded machine it still gets a good share
+
+    def test_the_busy_list_is_read_every_five_seconds_and_repeated_between(
+        self, rank: tuple[subprocess.Popen[str], int], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each read opens every process's stat file: once per BUSY_EVERY_S, not once a sample."""
+        _, worker_pid = rank
+        reads: list[float] = []
+        now = [time.time()]
+        monkeypatch.setattr(host, "cpu_ticks", lambda: (reads.append(now[0]), cpu_ticks())[1])
+        sampler = HostSampler(clock=lambda: now[0])
+        samples = []
+        for _ in range(12):  # twelve samples a second apart, while the worker spins
+            time.sleep(0.25)
+            now[0] += 1.0
+            samples.append(sampler.sample())
+        assert len(reads) == 4, reads  # when built, then at 1 s, 6 s and 11 s (on the injected clock)
+        assert samples[1].busy == samples[0].busy  # between reads, the last one repeated
+        assert any(p.pid == worker_pid for p in samples[-1].busy), samples[-1].busy
 
 
 class TestRankProcesses:
