@@ -6,6 +6,7 @@ import time
 
 from gputop.collect.replay import ReplaySource
 from gputop.tui.app import GputopApp
+from gputop.tui.widgets.header import HeaderBar
 from tests.test_recording import write_run
 from tests.test_tui import FAST_S, shown, table_text
 
@@ -41,5 +42,5 @@ async def test_the_dashboard_shows_a_replayed_run(tmp_path) -> None:
         rows = table_text(app)
         assert [r[0].strip(" ▲") for r in rows] == ["0"]
         assert rows[0][-1] == "done"  # the recording ends with the rank's bye
-        assert "replay of run.jsonl" in str(app.query_one("#header").render())
+        assert "replay of run.jsonl" in app.query_one(HeaderBar).text
     source.stop()

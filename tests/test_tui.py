@@ -17,6 +17,7 @@ from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
 from gputop.tui.widgets.findings import FindingsPanel
 from gputop.tui.widgets.gpu_panel import GpuPanel
+from gputop.tui.widgets.header import HeaderBar
 from gputop.tui.widgets.ranks_table import RanksTable
 from tests import tui_fixtures as fx
 
@@ -98,14 +99,14 @@ class TestData:
             source.set(snapshot)
             await shown(pilot, snapshot)
             assert [r[-1] for r in table_text(app)] == ["live", "lost"]
-            assert "1 not live" in str(app.query_one("#header").render())
+            assert "1 not live" in app.query_one(HeaderBar).text
 
     async def test_gputop_shows_what_it_costs_the_ranks(self) -> None:
         """The header and the rank's detail screen quote the reporter's self-accounting (issue: no peer does)."""
         async with GputopApp(FixedSource(fx.self_accounting()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
             app = await shown(pilot)
             # 1.1 ms of gputop per 0.5-s window of a rank at 100% CPU; 0.1 ms of hooks over 10 steps.
-            assert "gputop 0.22% CPU · 10µs/step" in str(app.query_one("#header").render())
+            assert "gputop 0.22% CPU · 10µs/step" in app.query_one(HeaderBar).text
             await pilot.press("enter")
             await pilot.pause()
             detail = app.screen
@@ -121,8 +122,8 @@ class TestData:
             app = await shown(pilot)
             table = app.query_one(RanksTable)
             assert [r[0] for r in table_text(app)] == [f"▸ node-{n}" for n in range(8)]
-            assert "64/64 ranks" in str(app.query_one("#header").render())
-            assert "8 hosts" in str(app.query_one("#header").render())
+            assert "64/64 ranks" in app.query_one(HeaderBar).text
+            assert "8 hosts" in app.query_one(HeaderBar).text
             await pilot.press("f")
             await pilot.pause()
             assert table.row_count == 8 + 64
@@ -166,7 +167,7 @@ class TestData:
             assert "1 process not a rank's" in lines[6]
             assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]  # indices repeat per host
             assert "r6" in lines[9] and "+pid 9999 jupyter" in lines[9]  # node-b's GPU 2: rank 6 and a stranger
-            assert "8 GPUs" in str(app.query_one("#header").render())
+            assert "8 GPUs" in app.query_one(HeaderBar).text
             # The run chart draws the GPUs of the selected rank's host (the first rank's: node-a).
             assert "GPUs of node-a" in str(app.chart.border_title)
             assert app.chart.gpu_history and app.chart.gpu_history[-1].hostname == "node-a"
@@ -254,7 +255,7 @@ class TestKeys:
         async with GputopApp(source, refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
             app = await shown(pilot)
             await pilot.press("p")
-            assert "PAUSED" in str(app.query_one("#header").render())
+            assert "PAUSED" in app.query_one(HeaderBar).text
             snapshot = fx.two_ranks()
             source.set(snapshot)
             await pilot.pause(FAST_S * 4)
@@ -263,7 +264,7 @@ class TestKeys:
             await pilot.press("p")
             await shown(pilot, snapshot)
             assert app.query_one(RanksTable).row_count == 2
-            assert "PAUSED" not in str(app.query_one("#header").render())
+            assert "PAUSED" not in app.query_one(HeaderBar).text
 
     async def test_enter_opens_the_rank_and_esc_goes_back(self) -> None:
         async with GputopApp(FixedSource(fx.no_gpu()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
@@ -373,7 +374,7 @@ class TestTimeTravel:
             await pilot.pause()
             assert app.paused
             assert app.view is not None and app.view.snapshot.t < later.t
-            header = str(app.query_one("#header").render())
+            header = app.query_one(HeaderBar).text
             assert "PAUSED -5s" in header  # 10 windows of 0.5 s behind the newest
             await pilot.pause(5 * FAST_S)  # newer views keep arriving while paused: the screen stays put
             assert app.view.snapshot.t < later.t

@@ -29,5 +29,5 @@ async def test_the_detail_screen_shows_the_rank_before_any_second_refresh() -> N
         stats = str(screen.query_one("#detail-stats", Static).render())
         assert "rank 1" in title, f"title: {title!r}"
         assert "p50 49.5ms" in stats, f"stats: {stats!r}"
-        history = str(screen.query_one(HistoryPanel).render())
+        history = screen.query_one(HistoryPanel).text
         assert "48ms" in history, f"history: {history!r}"

@@ -189,7 +189,7 @@ async def test_a_new_window_repaints_only_the_history_lines_it_changed(repainted
         repainted.clear()
         panel.series = RankSeries((*steps[1:], 0.09), flat, flat, (50.0,) * 40)
         await pilot.pause()
-        assert "90ms" in str(panel.render()), "the new window was not drawn"
+        assert "90ms" in panel.text, "the new window was not drawn"
         assert repainted["history"] == 1, f"{repainted['history']} lines repainted for the one that changed"
 
 

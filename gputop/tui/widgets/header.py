@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from textual.app import RenderResult
-from textual.content import Content
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
 
 from gputop.tui.format import fmt_pct, fmt_rate, fmt_small_frac, fmt_uptime, fmt_us
+from gputop.tui.strips import Part, PartStyles, cells, draw
 from gputop.tui.view import DashboardView
 
 
@@ -49,7 +49,9 @@ class HeaderBar(Widget):
         """
         super().__init__(name=name, id=id, classes=classes)
         self.source_text = source_text
-        self._view_parts: list[str | tuple[str, str]] = self._view_parts_of(None)
+        self._view_parts: list[Part] = self._view_parts_of(None)
+        self._styles = PartStyles(self)
+        self._drawn: tuple[list[Part], int, Strip] | None = None  # the line drawn, and the parts and width it shows
 
     def show(self, view: DashboardView) -> None:
         """Show this view's figures, repainting only if the line they make changed."""
@@ -59,7 +61,7 @@ class HeaderBar(Widget):
             self.refresh()
 
     @staticmethod
-    def _cost(cpu_frac: float | None, hook_s: float | None) -> list[str | tuple[str, str]]:
+    def _cost(cpu_frac: float | None, hook_s: float | None) -> list[Part]:
         """gputop's own cost on its ranks, from their self-accounting: no peer shows its own."""
         if cpu_frac is None and hook_s is None:
             return []
@@ -72,13 +74,13 @@ class HeaderBar(Widget):
         ]
 
     @staticmethod
-    def _hosts(view: DashboardView) -> list[str | tuple[str, str]]:
+    def _hosts(view: DashboardView) -> list[Part]:
         return [f"  {view.hosts} hosts"] if view.hosts > 1 else []
 
     @classmethod
-    def _view_parts_of(cls, view: DashboardView | None) -> list[str | tuple[str, str]]:
+    def _view_parts_of(cls, view: DashboardView | None) -> list[Part]:
         """The header's left part that comes from the view, as (text, style) parts."""
-        parts: list[str | tuple[str, str]] = []
+        parts: list[Part] = []
         if view is None or view.empty:
             parts.append(("no run reporting", "$text-muted"))
         elif len(view.runs) == 1:
@@ -109,22 +111,38 @@ class HeaderBar(Widget):
             parts.append((f" · dashboard {fmt_pct(view.figures.dashboard_cpu_pct)} CPU", "$text-muted"))
         return parts
 
-    def render(self) -> RenderResult:
-        parts: list[str | tuple[str, str]] = [("gputop", "bold $accent"), "  ", *self._view_parts]
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()  # a new theme: new colours
+        self._drawn = None
+
+    def render_line(self, y: int) -> Strip:
+        parts, width = self._parts(), self.size.width
+        drawn = self._drawn
+        if drawn is None or drawn[0] != parts or drawn[1] != width:
+            drawn = self._drawn = (parts, width, draw(parts, self._styles, width))
+        return drawn[2]
+
+    @property
+    def text(self) -> str:
+        """The line as plain text."""
+        return self.render_line(0).text
+
+    def _parts(self) -> list[Part]:
+        """The whole line: what is watched on the left, the paused marker and the source on the right."""
+        left: list[Part] = [("gputop", "bold $accent"), "  ", *self._view_parts]
         if self.figures_every_s is not None:
-            parts.append((f" · figures every {self.figures_every_s:g} s", "$warning"))
-        right: list[str | tuple[str, str]] = []
+            left.append((f" · figures every {self.figures_every_s:g} s", "$warning"))
+        right: list[Part] = []
         if self.finished:
             right.append(("■ replay finished ", "bold $warning"))
         if self.paused:
             behind = f" -{fmt_uptime(self.behind_s)}" if self.behind_s > 0 else ""
             right.append((f"⏸ PAUSED{behind} ", "reverse bold $warning"))
         right.append((self.source_text, "$text-muted"))
-        left = Content.assemble(*parts)
-        right_content = Content.assemble(*right)
-        gap = self.size.width - left.cell_length - right_content.cell_length
+        gap = self.size.width - cells(left) - cells(right)
         if gap < 2:
             # Narrow: the paused marker must stay visible, the source description may go.
-            right_content = Content.assemble(*right[:-1])
-            gap = max(self.size.width - left.cell_length - right_content.cell_length, 1)
-        return Content.assemble(left, " " * gap, right_content).truncate(self.size.width)
+            right = right[:-1]
+            gap = max(self.size.width - cells(left) - cells(right), 1)
+        return [*left, " " * gap, *right]

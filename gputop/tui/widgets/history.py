@@ -1,25 +1,27 @@
 """Sparklines of one rank's recent windows: step time, loader wait, exposed comm, GPU util.
 
-One widget that renders its lines as text (the run chart's ``spark``), not four
+One widget that draws its lines as text (the run chart's ``spark``), not four
 rows of Label and Sparkline widgets: Textual's Sparkline blends a colour per
 cell and a Label's update lays the whole screen out again, which together were
 most of what a 2-rank dashboard cost on each refresh.  A new window repaints
 only the lines it changed (Textual's compositor costs ~0.1 ms a line it repaints),
-not the panel's title line or a sparkline that stayed the same.
+not the panel's title line or a sparkline that stayed the same, and each line is
+drawn as a strip once per change (``gputop.tui.strips``), not styled again as
+Content on every paint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from textual.app import RenderResult
-from textual.content import Content
 from textual.geometry import Region, Size
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
 
 from gputop.model.figures import RankSeries
 from gputop.tui.format import fmt_frac, fmt_pct, fmt_s
+from gputop.tui.strips import Part, PartStyles, draw
 from gputop.tui.widgets.run_chart import spark
 
 # (label, series attribute, how the newest value reads, the line's colour: the phase legend's where it has one)
@@ -67,9 +69,9 @@ class HistoryPanel(Widget):
     series: reactive[RankSeries | None] = reactive(None, repaint=False)
     """The selected rank's histories (None: no rank selected)."""
 
-    # What the lines show, as the (text, style) parts render() assembles, for the series and width
-    # they were made for: a new series is compared with them line by line.
-    _shown: tuple[RankSeries | None, int, list[tuple[tuple[str, str], ...]]] | None = None
+    # What the lines show, as (text, style) parts, for the series and width they were made
+    # for: a new series is compared with them line by line.
+    _shown: tuple[RankSeries | None, int, list[tuple[Part, ...]]] | None = None
 
     def __init__(
         self,
@@ -89,6 +91,8 @@ class HistoryPanel(Widget):
         """
         super().__init__(name=name, id=id, classes=classes)
         self.set_reactive(HistoryPanel.series, series)
+        self._styles = PartStyles(self)
+        self._drawn: dict[int, tuple[tuple[Part, ...], int, Strip]] = {}  # line -> the parts and width drawn, the strip
 
     @staticmethod
     def _shows_gpu(series: RankSeries | None) -> bool:
@@ -110,17 +114,33 @@ class HistoryPanel(Widget):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return 3 + self._shows_gpu(self.series)
 
-    def render(self) -> RenderResult:
-        return Content("\n").join(Content.assemble(*line) for line in self._lines())
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()  # a new theme: new colours
+        self._drawn.clear()
 
-    def _lines(self) -> list[tuple[tuple[str, str], ...]]:
+    def render_line(self, y: int) -> Strip:
+        lines, width = self._lines(), self.size.width
+        if y >= len(lines):
+            return Strip.blank(width, self.visual_style.rich_style)
+        drawn = self._drawn.get(y)
+        if drawn is None or drawn[0] != lines[y] or drawn[1] != width:
+            drawn = self._drawn[y] = (lines[y], width, draw(lines[y], self._styles, width))
+        return drawn[2]
+
+    @property
+    def text(self) -> str:
+        """The panel's lines as plain text."""
+        return "\n".join(self.render_line(y).text for y in range(len(self._lines())))
+
+    def _lines(self) -> list[tuple[Part, ...]]:
         """Each line's (text, style) parts for the series and width now, made once per change of either."""
         series, width = self.series, self.size.width
         shown = self._shown
         if shown is not None and shown[0] is series and shown[1] == width:
             return shown[2]
         spark_w = max(width - LABEL_W - VALUE_W - 1, 4)
-        lines: list[tuple[tuple[str, str], ...]] = []
+        lines: list[tuple[Part, ...]] = []
         for label, attribute, fmt, style in _LINES:
             if attribute == "gpu_util_pct" and not self._shows_gpu(series):
                 continue
