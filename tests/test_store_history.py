@@ -53,10 +53,11 @@ def test_run_history_sums_every_ranks_windows_per_second() -> None:
     snapshot = fx.two_ranks(n_windows=40)  # two ranks, 20 s, a window each every 0.5 s
     (run,) = snapshot.runs
     history = run.history
-    # Whole seconds before the snapshot's time (T0 + 20 s): the current one is still filling.
-    assert history.first_s == fx.T0 and len(history.step_time_s) == 20
+    # Whole seconds that ended a second before the snapshot's time (T0 + 20 s): the current one
+    # is still filling, and the last one's final window may still be on its way.
+    assert history.first_s == fx.T0 and len(history.step_time_s) == 19
     # 10 steps of batch 64 a window; the first second holds one window per rank, the others two.
-    assert history.samples_per_s == (2 * 640, *[2 * 2 * 640] * 19)
+    assert history.samples_per_s == (2 * 640, *[2 * 2 * 640] * 18)
     windows = [w for rank in run.ranks for w in rank.windows if int(w.t1) == int(history.first_s) + 5]
     mean_step = sum(w.step_time_sum_s for w in windows) / sum(w.timed for w in windows)
     assert history.step_time_s[5] == pytest.approx(mean_step)
@@ -72,7 +73,7 @@ def test_run_history_holds_the_charts_seconds_however_long_the_run() -> None:
     now = fx.T0 + seconds + 0.2
     history = store.snapshot(now).runs[0].history
     assert len(history.step_time_s) == len(history.samples_per_s) == CHART_SECONDS
-    assert history.first_s == fx.T0 + seconds - CHART_SECONDS  # up to the last whole second
+    assert history.first_s == fx.T0 + seconds - 1 - CHART_SECONDS  # up to the last whole second settled
     assert history.samples_per_s[-1] == 2 * 5 * 64  # two windows of five steps of 64 samples
     late = fx.window("run-a", 0, 10_000, step_s=0.3, loader_s=0.01)
     late = msgspec.structs.replace(late, t0=now - 30.5, t1=now - 30.0)  # 30 s late, on a second the chart shows

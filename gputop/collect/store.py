@@ -10,6 +10,7 @@ passed in, not read from the clock, so a replay drives the same code at its own 
 from __future__ import annotations
 
 import itertools
+import math
 import socket
 import threading
 from collections import deque
@@ -29,6 +30,11 @@ HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
 # per second, for as long as its chart shows (``RunHistory``, CHART_SECONDS).
 WINDOW_BUDGET = 150_000
 MIN_HISTORY_WINDOWS = 60  # 30 s: the figures' span with room to scroll back
+# A second joins the run's history once its windows are in: they are 0.5 s long and
+# arrive within moments of their end.  Shown sooner, the newest second would show
+# half its windows, then all of them: the chart would change twice a second, and a
+# scrolling chart repaints every line when it changes.
+RUN_SECOND_SETTLE_S = 1.0
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
@@ -72,9 +78,10 @@ class _RunSeconds:
     def __init__(self) -> None:
         self.first_s = 0  # the second of row 0
         # Per second: [timed steps, step time sum, samples, windows with samples].
-        self.rows: deque[list[float]] = deque(maxlen=CHART_SECONDS + 1)  # +1: the second still filling
-        self.step_s: deque[float | None] = deque(maxlen=CHART_SECONDS + 1)  # per second: mean step time
-        self.samples: deque[float | None] = deque(maxlen=CHART_SECONDS + 1)  # per second: samples
+        kept = CHART_SECONDS + 1 + math.ceil(RUN_SECOND_SETTLE_S)  # and the seconds still filling or settling
+        self.rows: deque[list[float]] = deque(maxlen=kept)
+        self.step_s: deque[float | None] = deque(maxlen=kept)  # per second: mean step time
+        self.samples: deque[float | None] = deque(maxlen=kept)  # per second: samples
 
     def add(self, w: Window) -> None:
         second = int(w.t1)
@@ -336,7 +343,8 @@ class Store:
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
             node_history = {host: tuple(samples) for host, samples in sorted(self._node_gpu.items())}
             rejected = tuple(self._rejected)
-            histories = {run_id: seconds.view(now) for run_id, seconds in self._run_seconds.items()}
+            settled = now - RUN_SECOND_SETTLE_S
+            histories = {run_id: seconds.view(settled) for run_id, seconds in self._run_seconds.items()}
             token_refusals = self.token_refusals
         runs = []
         for run_id, entries in by_run.items():
