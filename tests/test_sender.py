@@ -135,3 +135,46 @@ def test_a_rank_that_connects_after_the_findings_were_told_hears_them(collector:
     assert again.read_commands() == []
     for sender in (early, late, again):
         sender.close()
+
+
+def _slow_dashboard() -> tuple[socket.socket, list[tuple[str, int]]]:
+    """A listener that admits one rank, sends it a notice it never reads, then reads only after 0.5 s.
+
+    Records how it ended, ("eof" or "reset", bytes read), once the rank has hung up.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    ended: list[tuple[str, int]] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(encode_frame(Challenge(nonce="00", token=False)) + b'{"type":"findings"}\n')
+        time.sleep(0.5)  # busy elsewhere, as a dashboard with a thousand ranks can be
+        got = 0
+        try:
+            while chunk := conn.recv(1 << 16):
+                got += len(chunk)
+        except ConnectionResetError:
+            ended.append(("reset", got))
+        else:
+            ended.append(("eof", got))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, ended
+
+
+def test_at_exit_what_was_sent_reaches_a_slow_dashboard_with_a_notice_unread() -> None:
+    """Closing with bytes unread resets the connection, and a reset drops what the kernel had not sent yet."""
+    listener, ended = _slow_dashboard()
+    sender = Sender(Address(port=listener.getsockname()[1]), backlog_frames=100)
+    big = encode(Hello(run_id="r", rank=0, name="x" * 60_000))
+    for _ in range(40):  # 2.4 MB: the kernel takes it all, but cannot send it all before the dashboard reads
+        sender.enqueue(big)
+    assert wait_for(lambda: (sender.pump(), sender.idle)[1], timeout_s=5), "the kernel would not take 2.4 MB"
+    sent = sender.sent_bytes
+    sender.close(linger_s=5.0)  # what the reporter does at exit
+    assert wait_for(lambda: bool(ended), timeout_s=10)
+    assert ended == [("eof", sent)], f"sent {sent} bytes; the dashboard saw {ended}"
+    listener.close()

@@ -48,6 +48,7 @@ DEFAULT_WINDOW_S = 0.5
 BACKLOG_S = 600.0  # ten minutes of windows wait for a dashboard that starts late
 TICK_S = 0.25  # how often the thread wakes to connect and flush between windows: twice per window
 EXIT_FLUSH_S = 1.0  # the most process exit waits for the last window to leave
+EXIT_LINGER_MIN_S = 0.2  # and then for the dashboard to take it, however long the flush took
 
 
 class Reporter:
@@ -327,7 +328,8 @@ class Reporter:
                 if self.sender.idle or not self.sender.connected:
                     break
                 time.sleep(0.01)
-            self.sender.close()
+            # Sent means handed to the kernel: hang up gracefully so it is not thrown away.
+            self.sender.close(linger_s=max(deadline - time.monotonic(), EXIT_LINGER_MIN_S))
             self._node.stop()
         except Exception:
             pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import select
 import socket
 import time
 from collections import deque
@@ -120,12 +121,30 @@ class Sender:
         *frames, self._downstream = self._downstream.split(b"\n")
         return [f for f in frames if f.strip() and len(f) <= MAX_FRAME_BYTES]
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close the connection; with ``linger_s``, hang up the way TCP means it first.
+
+        Closing a socket with bytes unread (a findings notice the dashboard sent
+        after our last read) makes the kernel reset the connection, and a reset
+        throws away what it had not sent yet: at exit, the last window and the
+        bye when the dashboard is slow to read.  So at exit: say we are done
+        sending (a FIN after the queued bytes), then read and drop what the
+        dashboard still sends until it hangs up too, for at most ``linger_s``.
+        """
         self._downstream = b""
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-        self._sock = None
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if linger_s > 0:
+                sock.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + linger_s
+                while (left := deadline - time.monotonic()) > 0:
+                    readable, _, _ = select.select([sock], [], [], left)
+                    if readable and not _recv_some(sock):
+                        break  # the dashboard read everything and hung up
+        with contextlib.suppress(OSError):
+            sock.close()
 
     def _connect(self, now_s: float) -> bool:
         try:
@@ -215,3 +234,11 @@ def _ends_differ(sock: socket.socket) -> bool:
 # What a non-blocking send raises when the kernel buffer is full; ssl's own two
 # join once a TLS socket exists (ssl is loaded only then).
 _WOULD_BLOCK: tuple[type[Exception], ...] = (BlockingIOError,)
+
+
+def _recv_some(sock: socket.socket) -> bool:
+    """Read and drop what is there; False once the other end has hung up."""
+    try:
+        return bool(sock.recv(65536))
+    except (BlockingIOError, InterruptedError):
+        return True
