@@ -104,28 +104,22 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return max(self.step_time_mean_s - sum(p for p in parts if p is not None), 0.0)
 
 
-class _DdpSample(NamedTuple):
-    """What one sampled DDP iteration adds: each figure times the iterations it averages, and those iterations."""
-
-    forward: float
-    forward_n: int
-    backward: float
-    backward_n: int
-    comm: float
-    comm_n: int
-    overlap: float
-    overlap_n: int
-    exposed: float
-    exposed_n: int
-    warmup: bool  # it includes DDP's first iteration(s)
-    frac: float | None  # its exposed comm over its window's mean step, for the error band
+# What one sampled DDP iteration adds: each figure times the iterations it averages,
+# and those iterations (forward, its n; backward, n; comm, n; overlap, n; exposed, n),
+# then whether it includes DDP's first iteration(s), and its exposed comm over its
+# window's mean step (for the error band; None where unknown).  A plain tuple, as are a
+# window's ``_parts``: a span holds one per window, and the garbage collector never
+# stops tracking a tuple subclass (a NamedTuple), so at 1,024 ranks 41,000 of them made
+# every full collection (~100 ms, a slow keypress when it lands on one) longer.
+_DdpSample = tuple[float, int, float, int, float, int, float, int, float, int, bool, float | None]
+_WARMUP, _FRAC = 10, 11
 
 
 def _ddp_sample(w: Window) -> _DdpSample:
     n = w.ddp_steps or 1
     forward, backward, comm, overlap, exposed = w.forward_s, w.backward_s, w.comm_s, w.overlap_s, w.exposed_comm_s
     timed = w.timed
-    return _DdpSample(
+    return (
         0.0 if forward is None else forward * n,
         0 if forward is None else n,
         0.0 if backward is None else backward * n,
@@ -159,7 +153,7 @@ class _DdpMeans:
         DDP's first iteration is left out when later ones are known: it rebuilds
         the gradient buckets and pays one-time allocation, so it is no typical step.
         """
-        samples = [s for s in samples if not s.warmup] or samples
+        samples = [s for s in samples if not s[_WARMUP]] or samples
         if not samples:
             return cls(None, None, None, None, None, [])
         totals = [sum(column) for column in itertools.islice(zip(*samples, strict=True), 10)]  # the figures' columns
@@ -167,7 +161,8 @@ class _DdpMeans:
         def mean(i: int) -> float | None:  # the figure at ``i``, its iterations after it
             return totals[i] / totals[i + 1] if totals[i + 1] else None
 
-        return cls(mean(0), mean(2), mean(4), mean(6), mean(8), [s.frac for s in samples if s.frac is not None])
+        fracs = [frac for s in samples if (frac := s[_FRAC]) is not None]
+        return cls(mean(0), mean(2), mean(4), mean(6), mean(8), fracs)
 
 
 def _ddp_key(w: Window) -> int:
@@ -361,7 +356,8 @@ class _Parts(NamedTuple):
 _NO_PARTS = _Parts(*[0.0] * len(_Parts._fields))
 
 
-def _parts(w: Window) -> _Parts:
+def _parts(w: Window) -> tuple[float, ...]:
+    """The window's ``_Parts``, as a plain tuple (see ``_DdpSample``: a span holds one a window)."""
     dt = w.t1 - w.t0
     timed = w.timed > 0
     own = w.reporter_cpu_s is not None and w.hook_s is not None
@@ -369,7 +365,7 @@ def _parts(w: Window) -> _Parts:
     run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
     waited = w.cpu_wait_s is not None and run_s is not None
     workers = waited and w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None
-    return _Parts(  # positionally, in the fields' order: a keyword call costs twice as much
+    return (  # in the fields' order
         w.step_time_sum_s if timed else 0.0,
         w.loader_wait_s if timed else 0.0,
         dt,
@@ -440,7 +436,7 @@ class SpanSums:
     """
 
     def __init__(self) -> None:
-        self.parts: deque[_Parts] = deque()
+        self.parts: deque[tuple[float, ...]] = deque()  # each window's ``_Parts``
         self.steps = 0
         self.timed = 0  # steps the time totals cover
         self.tracked = 0  # windows with loader batches
@@ -459,8 +455,11 @@ class SpanSums:
         self.slowest = _SlidingMax()  # the windows' slowest named steps, to skip the stall scan
         self.newest: dict[str, Window] = {}  # field (or "timed") -> the newest window that has it
         # DDP times every Nth iteration and a sample repeats in the windows until the next: each counts once.
-        # key -> [the newest window with it, windows with it, its sample once read]
-        self.ddp: dict[int, list[Any]] = {}
+        # By sample key: the newest window with it, how many windows have it, its sample once read.
+        # Three dicts, not a list per key: a dict of windows and ints is not tracked by the GC (see _DdpSample).
+        self.ddp: dict[int, Window] = {}
+        self.ddp_windows: dict[int, int] = {}
+        self.ddp_read: dict[int, _DdpSample] = {}
 
     @classmethod
     def of(cls, windows: Iterable[Window]) -> SpanSums:
@@ -492,8 +491,9 @@ class SpanSums:
                 self.newest[name] = w
         if w.comm_s is not None:
             key = _ddp_key(w)
-            entry = self.ddp.get(key)
-            self.ddp[key] = [w, 1, None] if entry is None else [w, entry[1] + 1, None]
+            self.ddp[key] = w
+            self.ddp_windows[key] = self.ddp_windows.get(key, 0) + 1
+            self.ddp_read.pop(key, None)  # read again from the newest window
 
     def remove(self, w: Window) -> None:
         """``w``, the span's oldest window, leaves it."""
@@ -511,19 +511,21 @@ class SpanSums:
                 del newest[name]
         if w.comm_s is not None:
             key = _ddp_key(w)
-            entry = self.ddp[key]
-            if entry[1] > 1:  # newer windows repeat the sample: the newest stays
-                entry[1] -= 1
+            if (n := self.ddp_windows[key]) > 1:  # newer windows repeat the sample: the newest stays
+                self.ddp_windows[key] = n - 1
             else:
-                del self.ddp[key]
+                del self.ddp[key], self.ddp_windows[key]
+                self.ddp_read.pop(key, None)
 
     def _ddp_samples(self) -> list[_DdpSample]:
         """The distinct samples in iteration order, however they came; each built once, when first read."""
         samples = []
-        for _, entry in sorted(self.ddp.items()):  # keys are distinct: the entries are never compared
-            if entry[2] is None:
-                entry[2] = _ddp_sample(entry[0])
-            samples.append(entry[2])
+        read = self.ddp_read
+        for key, w in sorted(self.ddp.items()):  # keys are distinct: the windows are never compared
+            sample = read.get(key)
+            if sample is None:
+                sample = read[key] = _ddp_sample(w)
+            samples.append(sample)
         return samples
 
     def _count(self, w: Window, sign: int) -> None:
