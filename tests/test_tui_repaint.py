@@ -7,13 +7,15 @@ styles cache's ``render_line``; a line that did not change comes from the cache.
 from __future__ import annotations
 
 import gc
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
 from textual._styles_cache import StylesCache
 from textual.app import App, ComposeResult
+from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widget import Widget
 
@@ -50,6 +52,20 @@ def repainted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
 
 REFRESH_S = 0.2  # slow enough that figures keep up (a header saying "figures every …" would change)
+REFRESH_WAIT_S = 10.0
+
+
+async def until(pilot: Pilot[None], done: Callable[[], bool]) -> float:
+    """Pause until ``done()`` (at most REFRESH_WAIT_S); the seconds waited.
+
+    Figures come at most at 5% of a core's duty: on a busy machine one slow
+    refresh puts the next off by 20 times its cost, so a test waits for what
+    it needs rather than for a count of refresh periods.
+    """
+    started = time.monotonic()
+    while not done() and time.monotonic() - started < REFRESH_WAIT_S:
+        await pilot.pause(REFRESH_S)
+    return time.monotonic() - started
 
 
 @pytest.mark.parametrize("fixture", ["two_ranks", "eight_ranks", "remote_gpus"])
@@ -60,8 +76,9 @@ async def test_refreshes_of_unchanged_figures_repaint_nothing(repainted: Counter
         await pilot.pause(3 * REFRESH_S)  # first paints done
         repainted.clear()
         refreshed = app.view
-        await pilot.pause(5 * REFRESH_S)
-        assert app.view is not refreshed, "no refresh happened while counting"
+        waited = await until(pilot, lambda: app.view is not refreshed)
+        assert app.view is not refreshed, f"no refresh happened in {waited:.1f} s of counting"
+        await pilot.pause(2 * REFRESH_S)  # its paint
         assert not repainted, f"unchanged figures repainted {dict(repainted)} (lines by widget)"
 
 
@@ -117,7 +134,8 @@ async def test_a_moving_finding_repaints_its_panel_without_laying_out_the_screen
         await pilot.pause(3 * REFRESH_S)
         repainted.clear()
         layouts.clear()
-        await pilot.pause(5 * REFRESH_S)
+        await until(pilot, lambda: repainted["findings"] > 0)
+        await pilot.pause(2 * REFRESH_S)
         assert repainted["findings"] > 0, "the finding's new figure was never drawn"
         others = {widget: n for widget, n in repainted.items() if widget != "findings"}
         assert not others, f"a finding's figure repainted other widgets too: {others} (lines by widget)"
@@ -138,7 +156,7 @@ class TestTheRunChartRepaintsTheLinesThatChanged:
             for second in range(1, 4):
                 unavailable = GpuSample(t=snapshot.t + second, unavailable="NVML library not found")
                 source.set(replace(snapshot, gpu_history=(*snapshot.gpu_history, unavailable)))
-                await pilot.pause(2 * REFRESH_S)
+                await until(pilot, lambda t=unavailable.t: app.chart.gpu_history[-1].t == t)
             assert app.chart.gpu_history[-1].t == snapshot.t + 3, "the chart never got the new samples"
             assert not repainted["run-chart"], f"{repainted['run-chart']} chart lines repainted for the same lines"
 
@@ -152,7 +170,8 @@ class TestTheRunChartRepaintsTheLinesThatChanged:
             before = app.chart.text.splitlines()
             repainted.clear()
             source.set(_with_history(snapshot, [0.1] * seconds + [0.05]))  # the newest second's steps twice as fast
-            await pilot.pause(3 * REFRESH_S)
+            await until(pilot, lambda: app.chart.text.splitlines() != before)
+            await pilot.pause(REFRESH_S)
             after = app.chart.text.splitlines()
             changed = sum(a != b for a, b in zip(before, after, strict=True))
             assert 0 < changed < len(after) // 2, "the test's second should change the top of the step-time bars"
