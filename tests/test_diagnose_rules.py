@@ -129,6 +129,28 @@ class TestCommunication:
         if severity == "info":
             assert "too close to the 10% line to call" in finding.title and " ± " in str(finding.evidence[0])
 
+    @pytest.mark.parametrize(
+        ("seconds", "swing", "severity"),
+        [(1.0, 0.0, "info"), (1.5, 0.06, "info"), (15.0, 0.06, "warn")],
+        ids=["2 windows", "3 windows", "30 windows"],
+    )
+    def test_a_few_windows_decide_nothing_a_blip_could_explain(
+        self, seconds: float, swing: float, severity: str
+    ) -> None:
+        """Exposed comm averaging about 20%, twice the line, as a live run's first seconds would show it.
+
+        Two windows give no error band: too close to call.  Three windows swinging
+        14-26% are 22 +- 17% (Student's t: 4.3 errors wide, not 2): still too close.
+        Thirty windows of the same swing are 20 +- 2%: a warning.
+        """
+        snapshot = make_snapshot(
+            two_ranks(comm_frac=0.25, overlap_frac=0.05, comm_swing_frac=swing, step_s=0.1), seconds=seconds
+        )
+        finding = only(findings_of(snapshot), "communication")
+        assert finding.severity == severity, finding.title
+        if severity == "info":
+            assert "too close to the 10% line to call" in finding.title
+
     def test_nccl_suggested_for_gloo_on_cuda(self) -> None:
         specs = [
             RankSpec(rank=i, comm_frac=0.5, overlap_frac=0.0, hello=cuda_hello(i, backend="gloo")) for i in range(2)

@@ -59,13 +59,16 @@ def grade_band(value: float | None, se: float | None, warn: float, critical: flo
 
     The second item, "too close to call", lets a rule report as info a share
     whose identical runs would fall on both sides of the line, instead of a
-    warning that flips between them.  Without an error (too few windows) the
-    point decides, as ``grade_above``.
+    warning that flips between them.  Without an error (fewer than 3 windows:
+    a run's first second, a recording of one) nothing is decided either: a
+    share past the line is too close to call until there are windows to tell
+    a level from a blip.
     """
     if value is None:
         return None, False
-    low = value - BAND_ERRORS * se if se is not None else value
-    severity = grade_above(low, warn, critical)
+    if se is None:
+        return None, value > warn
+    severity = grade_above(value - BAND_ERRORS * se, warn, critical)
     return severity, severity is None and value > warn
 
 

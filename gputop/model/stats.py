@@ -75,8 +75,9 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     main_cpu_wait_frac: float | None = None  # the training thread's wait over wall time
     cpu_starved_frac: float | None = None  # the rank's and its workers' wait over (wait + CPU time)
     workers_cpu_starved_frac: float | None = None  # the workers' alone
-    # The standard error of the shares, from their per-window values (None: fewer than 3 windows):
-    # a share near a threshold is decided by its band, share +- 2 errors, not by its point.
+    # The standard error of the shares, from their per-window values (None: fewer than 3 windows),
+    # widened for few windows (see ``standard_error``): a share near a threshold is decided by
+    # its band, share +- 2 errors, a 95% interval, not by its point.
     loader_wait_frac_se: float | None = None
     exposed_comm_frac_se: float | None = None
     # Forwards per optimizer step: k under gradient accumulation, where DDP times only the
@@ -187,9 +188,29 @@ def _at_most(value: float | None, limit: float | None) -> float | None:
 # Fewer windows than this give no error estimate worth the name.
 MIN_WINDOWS_FOR_ERROR = 3
 
+# Student's t, two-sided 95%, at tabulated degrees of freedom (windows - 1), down to 2.0.
+# A band of +- 2 standard errors holds the mean 95% of the time only for many windows:
+# from 3 windows the sample's own spread is itself a guess, and the band must be
+# t(2) = 4.3 errors wide.  The live dashboard judges a run's first seconds on a
+# handful of windows, exactly where a normal band calls a warm-up blip a verdict.
+_T95_DF = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 40, 60)
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.179, 2.131, 2.086, 2.042, 2.021, 2.0)
+
+
+def t95(df: int) -> float:
+    """Student's t two-sided 95% quantile: the tabulated one at or below ``df`` (a little wide between rows)."""
+    if df < 1:
+        raise ValueError("df must be at least 1")
+    return _T95[bisect.bisect_right(_T95_DF, df) - 1]
+
 
 def standard_error(values: Sequence[float]) -> float | None:
-    """The standard error of the mean of ``values`` (sample stdev / sqrt(n)); None for too few values."""
+    """The standard error of the mean of ``values``, widened for few values; None for too few.
+
+    Sample stdev / sqrt(n), times t95(n - 1) / 2: so that the band of +- 2 of
+    these errors, which the rules read, is a 95% interval however few the
+    windows (Student's t), not just for many.
+    """
     n = len(values)
     if n < MIN_WINDOWS_FOR_ERROR:
         return None
@@ -199,7 +220,7 @@ def standard_error(values: Sequence[float]) -> float | None:
         variance = sum(map(operator.mul, deviations, deviations)) / (n - 1)  # twice a generator's speed
     except OverflowError:  # shares of absurd windows (a hostile or broken reporter): no band
         return None
-    return (variance / n) ** 0.5 if math.isfinite(variance) else None
+    return (variance / n) ** 0.5 * t95(n - 1) / 2.0 if math.isfinite(variance) else None
 
 
 def median(values: Sequence[float]) -> float | None:
