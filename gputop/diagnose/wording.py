@@ -16,9 +16,13 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 
 def too_close_text(value: float, se: float | None, line: float, steps: int) -> str:
-    """'9 ± 2% over 40 steps, too close to the 10% line to call' for a share whose band straddles a line."""
-    band = f" ± {pct(2 * se):.0f}" if se is not None else ""
-    return f"{pct(value):.0f}{band}% over {steps} steps, too close to the {pct(line):.0f}% line to call"
+    """'9 ± 2% over 40 steps, too close to the 10% line to call' for a share whose band straddles a line.
+
+    Without a band (fewer than 3 windows): '20% over 5 steps, too few windows yet to call against the 10% line'.
+    """
+    if se is None:
+        return f"{pct(value):.0f}% over {steps} steps, too few windows yet to call against the {pct(line):.0f}% line"
+    return f"{pct(value):.0f} ± {pct(2 * se):.0f}% over {steps} steps, too close to the {pct(line):.0f}% line to call"
 
 
 def pct(frac: float) -> float:
