@@ -204,6 +204,31 @@ class TestData:
             assert any("collector gone" in str(n.message) for n in app._notifications)
 
 
+class TestHeader:
+    """On a narrow screen the header gives way a whole piece at a time, and never drops the paused marker."""
+
+    async def test_pausing_at_eighty_columns_shows_the_marker(self) -> None:
+        """At 80 columns a run's line fills the screen: the marker takes gputop's cost's place, not nothing."""
+        async with GputopApp(FixedSource(fx.self_accounting()), refresh_s=FAST_S).run_test(size=(80, 24)) as pilot:
+            app = await shown(pilot)
+            header = app.query_one(HeaderBar)
+            assert "gputop 0.22% CPU · 10µs/step" in header.text
+            await pilot.press("p")
+            await pilot.pause()
+            text = header.text
+            assert text.rstrip().endswith("⏸ PAUSED"), text
+            assert "train.py  1/1 ranks  up 10s  20 steps/s" in text, text
+            assert "CPU" not in text and "µs" not in text, f"gputop's cost was cut, not dropped whole: {text!r}"
+
+    async def test_many_hosts_keep_the_ranks_and_drop_the_details(self) -> None:
+        """64 ranks at 60 columns: the run, its ranks and steps/s stay; uptime, GPUs and hosts give way."""
+        async with GputopApp(FixedSource(fx.big_run()), refresh_s=FAST_S).run_test(size=(60, 24)) as pilot:
+            app = await shown(pilot)
+            text = app.query_one(HeaderBar).text
+            assert "llm_pretrain.py  64/64 ranks  8 steps/s" in text, text
+            assert "GPUs" not in text and "up " not in text, text
+
+
 class TestLayout:
     """The screen goes where there is something to show: no blank table, the run chart takes the rest."""
 
