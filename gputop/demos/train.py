@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import gputop
 from gputop.demos.scenarios import SCENARIOS, Scenario, fitted, usable_cores
+from gputop.demos.teardown import exit_without_teardown
 
 
 class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -143,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_without_teardown(main())

@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import gputop
+from gputop.demos.teardown import exit_without_teardown
 
 
 class SleepyData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -102,3 +103,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()  # gloo aborts now and then in the interpreter's teardown
