@@ -255,6 +255,24 @@ def measure(
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
+def reference_ms() -> float:
+    """This machine's speed at plain Python: best of 5 of a fixed loop of formatting and dict work.
+
+    "% of a core" is a share of this machine's core: the same dashboard measured
+    2.0–2.2% at 2 ranks on one development machine and 1.3–1.4% on another ~1.7×
+    faster one.  Printed beside the figures, it says which kind of core they are of.
+    """
+    best_s = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        cells: dict[int, str] = {}
+        for i in range(200_000):
+            cells[i % 512] = f"{i * 0.37:8.2f}ms".rjust(10)
+        "".join(cells.values())
+        best_s = min(best_s, time.perf_counter() - started)
+    return best_s * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 64, 1024])
@@ -272,7 +290,11 @@ def main() -> None:
         help=f"also serve /metrics, scraped every {SCRAPE_EVERY_S:g} s",
     )
     args = parser.parse_args()
-    print(f"gputop attach in tmux {args.size}, --refresh {args.refresh}, {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"gputop attach in tmux {args.size}, --refresh {args.refresh}, {os.cpu_count()} CPUs, "
+        f"reference loop {reference_ms():.0f} ms",
+        flush=True,
+    )
     for i, ranks in enumerate(args.ranks):
         line = measure(
             ranks, args.port + i, args.size, args.warmup, args.seconds, args.refresh, args.keys, args.prometheus
