@@ -58,17 +58,25 @@ def test_workers_with_a_cpu_heavy_transform_on_too_few_cores_are_named_cpu_overs
 def test_a_checkpoint_save_every_20_steps_on_rank_0_is_a_stall_of_rank_0(collector: Collector) -> None:
     """Rank 0 stops 400 ms after every 20th step; rank 1 waits for it in the all-reduce.
 
-    Each stop is about 40 ordinary steps long, so the stalls are most of the
+    Each stop is about 15 ordinary steps long, so the stalls are a third of the
     run, far past the 5% line; the finding names rank 0, not the rank that waited.
+    A stall is any step of 3x the median, so a rank descheduled that long on a loaded
+    machine stalls too: CI counted 8 where there were 5 saves (4-ms steps then, ~25 ms
+    now, which takes a longer hiccup; 8 again here beside five other jobs). So the
+    saves are checked by their count and their time, each of them in the stalls.
     """
     findings, summary = run_and_diagnose(
-        collector, "--steps", "101", "--batch-size", "256", "--hidden", "512", "--stall-every", "20"
+        collector, "--steps", "101", "--batch-size", "512", "--hidden", "2048", "--stall-every", "20"
     )
     top = findings[0]
     assert top.cause == "stall" and top.severity in ("warn", "critical"), summary
     assert top.ranks == (0,), summary
-    # 5 stops in 101 steps, and DDP's first iteration (bucket rebuild) can be a sixth past 3x the median.
-    assert re.search(r"every (17|20) steps \((5|6) of 101\)", top.title), summary
+    stopped = re.search(r"stops (\d+) ms every \d+ steps \((\d+) of 101\)", top.title)
+    assert stopped, summary
+    # 5 saves in 101 steps; DDP's first iteration (bucket rebuild) and a descheduled step can add more.
+    stall_ms, count = int(stopped[1]), int(stopped[2])
+    assert 5 <= count <= 15, summary
+    assert count * stall_ms >= 0.95 * 5 * 400, summary  # the five saves' 2 s are all in the stalls
     assert "outside the loader" in top.title, summary
     assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary
 
