@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -377,6 +377,26 @@ def _open_recorder(path: Path, *, source: str, merge_after_s: float | None = Non
         raise UserError(str(exc)) from None
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM stops like Ctrl-C, so the recording is closed whole.
+
+    What a scheduler, ``kill`` or a container's stop sends is SIGTERM, and Python
+    dies of it on the spot: the merged windows not yet written and, in a ``.gz``
+    recording, the last seconds and the stream's end were lost, and the summary
+    never said what was written. (A shell's background job also ignores SIGINT.)
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
 
@@ -391,7 +411,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         exporter = _start_prometheus(args, source)
         metrics = f", Prometheus metrics on :{exporter.port}/metrics" if exporter is not None else ""
         print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt), _sigterm_interrupts():
             if args.on_finding:
                 _record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
             else:

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -148,3 +149,29 @@ def test_the_demo_job_never_outlives_gputop(sig: int) -> None:
     for proc in alive:
         proc.kill()
     assert alive == [], [p.cmdline() for p in alive]
+
+
+def test_record_stopped_by_sigterm_closes_its_recording_whole(tmp_path) -> None:
+    """What a scheduler or `kill` sends: the summary line, exit 0, and a .gz stream with its end."""
+    import gzip
+
+    out = tmp_path / "r.jsonl.gz"
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    cmd = [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "60", "--interval", "0.2"]
+    proc = subprocess.Popen([*cmd, "-o", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "recording" in proc.stderr.readline()  # listening, and SIGTERM now stops it
+        time.sleep(1.0)  # a few host samples
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "wrote" in err, err
+    with gzip.open(out, "rt") as stream:  # EOFError if the stream has no end
+        lines = [json.loads(line) for line in stream]
+    assert lines[0]["type"] == "recording" and any(x["type"] == "host" for x in lines)

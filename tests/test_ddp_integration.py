@@ -139,7 +139,7 @@ def test_recorder_killed_and_restarted_mid_run_job_exits_zero(tmp_path) -> None:
         assert "rank 0 steps 250" in out and "rank 1 steps 250" in out
         assert wait_for(lambda: second.read_text().count('"type":"bye"') == 2, timeout_s=20)
     finally:
-        recorder.send_signal(signal.SIGINT)
+        recorder.send_signal(signal.SIGTERM)  # a background job's SIGINT may be ignored; SIGTERM never is
         recorder.wait(10)
 
     store, last_t = recording.load(first)  # the killed one: every complete line reads back
