@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pty
+import signal
 import subprocess
 import sys
 import threading
@@ -90,3 +91,20 @@ def test_the_demo_job_stops_when_the_terminal_is_closed() -> None:
         for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def test_sigterm_closes_the_dashboard_and_gives_the_terminal_back(tmp_path) -> None:
+    """`kill` (SIGTERM) leaves as `q` does: the alternate screen and mouse reporting are switched off."""
+    proc, master, drawn = _on_a_terminal(["attach", "--socket", str(tmp_path / "gputop.sock")])
+    try:
+        assert _wait_drawn(drawn, b"waiting for a run", 60), f"never drew: {b''.join(drawn)[-300:]!r}"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        time.sleep(0.2)  # the last bytes through the pty
+        tail = b"".join(drawn)[-2000:]
+        assert code == 128 + signal.SIGTERM, f"exit code {code}"
+        assert b"\x1b[?1049l" in tail, f"the alternate screen was not left: {tail[-300:]!r}"
+        assert b"\x1b[?1000l" in tail, f"mouse reporting was not switched off: {tail[-300:]!r}"
+    finally:
+        proc.kill()
+        os.close(master)

@@ -10,7 +10,10 @@ So the UI never waits on the collector's lock, and redraws at most once per
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
+import signal
 import sys
 import threading
 import time
@@ -110,6 +113,14 @@ class GputopApp(App[int]):
     among them that became garbage later would stay (the screen's widgets never do).
     """
 
+    leave_on_sigterm = False
+    """SIGTERM closes the app as ``q`` would, restoring the terminal (``run_dashboard`` sets it).
+
+    Python's default is to die on the spot: the screen stayed drawn, the terminal kept
+    reporting the mouse, and ``gputop demo`` skipped stopping its job in order.
+    Off under the test pilot, whose process is pytest's.
+    """
+
     def __init__(
         self,
         source: SnapshotSource,
@@ -191,6 +202,9 @@ class GputopApp(App[int]):
         if self.notice:
             self.notify(self.notice, timeout=15)
         self._figures_thread.start()
+        if self.leave_on_sigterm:  # through the event loop: a plain signal handler could cut into its queues
+            leave = functools.partial(self.exit, return_code=128 + signal.SIGTERM)  # as a SIGTERM death would say
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, leave)
         if self.freeze_startup_objects:
             self.call_after_refresh(self._freeze_startup_objects)
 
@@ -589,6 +603,7 @@ def run_dashboard(
     # collector holds it (Python's default is 5 ms, several times per frame).
     sys.setswitchinterval(0.001)
     app.freeze_startup_objects = True
+    app.leave_on_sigterm = True
     exit_when_the_terminal_goes(sys.__stdout__.fileno() if sys.__stdout__ else 1, app.request_exit)
     result = app.run()
     if remember_theme is not None:
