@@ -410,8 +410,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         source.start()
         exporter = _start_prometheus(args, source)
         metrics = f", Prometheus metrics on :{exporter.port}/metrics" if exporter is not None else ""
-        print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
         with contextlib.suppress(KeyboardInterrupt), _sigterm_interrupts():
+            # Said once SIGTERM stops it cleanly: a script may wait for this line, then signal.
+            print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
             if args.on_finding:
                 _record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
             else:
