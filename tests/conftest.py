@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -67,6 +68,15 @@ def finish(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> str:
         pytest.fail(f"job timed out:\n{out[-3000:]}")
     assert proc.returncode == 0, f"job exited {proc.returncode}:\n{out[-3000:]}"
     return out
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (for a server the test starts as a subprocess)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0, interval_s: float = 0.05) -> bool:

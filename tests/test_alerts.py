@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from gputop.diagnose.findings import Evidence, Finding
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from tests import tui_fixtures as fx
-from tests.conftest import needs_torch, wait_for
+from tests.conftest import free_port, needs_torch, wait_for
 from tests.test_tui import FAST_S, FakeDiagnoser, shown
 
 LOADER = Finding(
@@ -91,14 +90,6 @@ class TestDashboardAlerts:
             assert bells == [1]
 
 
-def _free_port() -> int:
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    return int(port)
-
-
 @needs_torch
 @pytest.mark.slow
 def test_record_on_finding_runs_the_command_with_the_finding_on_stdin(tmp_path) -> None:
@@ -107,7 +98,7 @@ def test_record_on_finding_runs_the_command_with_the_finding_on_stdin(tmp_path) 
     A finished run keeps the diagnosis of its last span (the dashboard shows how
     it ended), so its findings do not clear; clearing is tested above.
     """
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "alerts.jsonl"
     script = tmp_path / "hook.sh"
     script.write_text(f"#!/bin/sh\ncat >> {out}\n")

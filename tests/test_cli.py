@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gputop import cli
-from tests.conftest import needs_torch, wait_for
+from tests.conftest import free_port, needs_torch, wait_for
 from tests.test_recording import write_run
 
 
@@ -81,10 +81,7 @@ def test_record_on_a_port_in_use_is_one_line(tmp_path) -> None:
 
 def test_record_without_a_gpu_keeps_host_samples_and_says_why_no_gpu(tmp_path) -> None:
     out = tmp_path / "r.jsonl"
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     result = gputop("record", "--port", str(port), "--seconds", "2.5", "--interval", "0.5", "-o", str(out))
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -156,10 +153,7 @@ def test_record_stopped_by_sigterm_closes_its_recording_whole(tmp_path) -> None:
     import gzip
 
     out = tmp_path / "r.jsonl.gz"
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     cmd = [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "60", "--interval", "0.2"]
     proc = subprocess.Popen([*cmd, "-o", str(out)], stderr=subprocess.PIPE, text=True)
     try:
