@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len, set_cell_size
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
@@ -181,13 +182,11 @@ def _cut(parts: list[Part], width: int) -> list[Part]:
     room = width
     for part in parts:
         text, style = (part, "") if isinstance(part, str) else part
-        n = cells([text])
+        n = cell_len(text)
         if n > room:
-            # Characters in the header are one cell each but for the odd wide one: cut by cells.
-            while text and cells([text]) > room:
-                text = text[:-1]
-            if text:
-                kept.append((text, style) if style else text)
+            if room:
+                cut = set_cell_size(text, room)
+                kept.append((cut, style) if style else cut)
             break
         kept.append(part)
         room -= n
