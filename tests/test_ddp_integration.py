@@ -159,15 +159,18 @@ def test_watching_costs_nothing_when_disabled(collector: Collector) -> None:
 
 
 def test_dataloader_workers_never_report(collector: Collector) -> None:
-    """Forked DataLoader workers inherit the reporter but stay silent; the ranks report their CPU."""
-    finish(torchrun("ddp_job.py", "--steps", "150", "--delay-ms", "5", "--workers", "2", port=collector.address.port))
+    """Forked DataLoader workers inherit the reporter but stay silent; the ranks report them and their CPU."""
+    # ~2 s of loader-bound steps: several windows close while the (per-epoch) workers are alive.
+    # At 150 × 5 ms the job ended within one window and a slow start could miss the workers entirely.
+    finish(torchrun("ddp_job.py", "--steps", "200", "--delay-ms", "20", "--workers", "2", port=collector.address.port))
     assert wait_for(lambda: _all_done(collector))
     views = snapshot_of(collector).all_ranks()
     assert sorted(v.hello.pid for v in views) == sorted({v.hello.pid for v in views})
     assert len(views) == 2
     for view in views:
         assert view.hello.loader_num_workers == 2
-        assert any(w.workers == 2 for w in view.windows)
+        seen = [(w.workers, w.workers_cpu_pct) for w in view.windows]
+        assert any(n == 2 and cpu is not None for n, cpu in seen), f"rank {view.rank}: (workers, their CPU%) {seen}"
 
 
 def test_gradient_accumulation_accounts_for_every_micro_batch(collector: Collector) -> None:
