@@ -68,6 +68,27 @@ class TestSeverityHysteresis:
         shown = feed_all(diagnoser, [[finding(s)] for s in ["warn", "warn", "warn", "critical", "warn"]])
         assert [f[0].severity for f in shown[2:]] == ["warn", "warn", "warn"]
 
+    def test_while_calming_down_the_words_stay_with_the_severity_shown(self) -> None:
+        """A warning that now fires as 'too close to call' info keeps its warning's title until it calms down."""
+        diagnoser = Diagnoser()
+        warn = [
+            Finding(
+                cause="straggler",
+                severity="warn",
+                title=f"rank 1 is slow: {n}%",
+                suggestion="s",
+                ranks=(1,),
+                run_id="run",
+            )
+            for n in (21, 22, 23)
+        ]
+        info = [Finding(cause="straggler", severity="info", title=f"{n}%, too close to call", suggestion="s",
+                        ranks=(1,), run_id="run") for n in range(14, 9, -1)]  # fmt: skip
+        shown = [f[0] for f in feed_all(diagnoser, [[f] for f in warn + info])[2:]]
+        assert [(f.severity, f.title) for f in shown] == [("warn", "rank 1 is slow: 23%")] * 5 + [
+            ("info", "10%, too close to call")
+        ]
+
 
 class TestKeys:
     def test_rank_set_drifting_by_one_keeps_its_history(self) -> None:

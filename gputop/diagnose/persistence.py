@@ -6,13 +6,15 @@ cleared only once it has not fired for ``clear_after_s``, so the panel neither
 flashes a one-window blip nor flickers on a value hovering at a threshold.
 Severity has the same hysteresis: a shown finding escalates once the higher
 level has held for ``show_after_s`` and calms down once the lower one has held
-for ``clear_after_s``.  Still pure: time comes with each update, no I/O.
+for ``clear_after_s``; until it does, the last firing at the shown severity is
+shown, so a badge never contradicts its title.  Still pure: time comes with
+each update, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gputop.diagnose.engine import diagnose, worst_first
 from gputop.diagnose.findings import SEVERITIES, Finding, FindingKey, Severity
@@ -28,6 +30,7 @@ _EPSILON_S = 1e-6  # snapshot times are sums of floats: 0.1 * 3 must count as 0.
 @dataclass
 class _Track:
     latest: Finding  # the newest firing, for its current numbers
+    shown_as: Finding  # the newest firing at the shown severity: what is shown, so its words match its severity
     firing_since_t: float  # the first update of the current unbroken run of firings
     missing_since_t: float | None = None  # the first update, since the last firing, without it
     shown: bool = False
@@ -57,7 +60,7 @@ class Diagnoser:
             seen.add(key)
             track = self._tracks.get(key)
             if track is None:
-                track = self._tracks[key] = _Track(latest=finding, firing_since_t=t)
+                track = self._tracks[key] = _Track(latest=finding, shown_as=finding, firing_since_t=t)
             elif track.missing_since_t is not None:  # fired again after a gap: a new run of firings
                 track.firing_since_t, track.missing_since_t = t, None
             track.latest = finding
@@ -65,6 +68,8 @@ class Diagnoser:
                 track.shown, track.shown_severity, track.other_severity_since_t = True, finding.severity, None
             elif track.shown:
                 self._settle_severity(track, finding.severity, t)
+            if finding.severity == track.shown_severity or not track.shown:
+                track.shown_as = finding
         for key, track in list(self._tracks.items()):
             if key in seen:
                 continue
@@ -72,7 +77,9 @@ class Diagnoser:
                 track.missing_since_t = t
             if not track.shown or self._held(track.missing_since_t, t, self.clear_after_s):
                 del self._tracks[key]
-        return worst_first(replace(t.latest, severity=t.shown_severity) for t in self._tracks.values() if t.shown)
+        # While a severity settles, the last firing at the shown one is shown: a warning badge
+        # over a title that says "too close to call" would contradict itself.
+        return worst_first(t.shown_as for t in self._tracks.values() if t.shown)
 
     @staticmethod
     def _held(since_t: float, t: float, needed_s: float) -> bool:
