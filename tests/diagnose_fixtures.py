@@ -157,10 +157,13 @@ def make_snapshot(
     gpus: Sequence[GpuReading] | None = None,
     gpu_unavailable: str | None = None,
     host: HostSample | None = None,
+    age_s: float = 60.0,
 ) -> Snapshot:
     """A snapshot at the end of ``seconds`` of steady state for each run's ranks.
 
     ``hello`` overrides Hello fields for every rank (a spec's own ``hello`` wins).
+    ``age_s``: how long before the snapshot the ranks said hello (at least
+    ``seconds``); by default a run past its warm-up.
     """
     store = Store()
     t_end = T0 + seconds
@@ -180,7 +183,7 @@ def make_snapshot(
             }
             facts.update(hello or {})
             facts.update(spec.hello)
-            store.ingest(Hello(run_id=rid, rank=spec.rank, **facts), T0)
+            store.ingest(Hello(run_id=rid, rank=spec.rank, **facts), t_end - max(age_s, seconds))
             # A lost rank went silent 6 s before the snapshot: past the store's 5 s LOST_AFTER_S.
             end = t_end - 6.0 if spec.status == "lost" else t_end
             for window in rank_windows(spec, rid, seconds=seconds if spec.status != "lost" else seconds / 2, t_end=end):

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gputop.diagnose import Finding
+from gputop.diagnose import Finding, diagnose
 from gputop.diagnose import thresholds as th
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.samples import BusyProcess, GpuProcess
@@ -192,6 +192,21 @@ class TestStraggler:
         assert finding.severity == severity and finding.ranks == (1,), finding.title
         if severity == "info":
             assert "too close to the 10% line to call" in finding.title
+
+    def test_a_young_runs_slow_rank_is_too_early_to_call_live_but_not_in_a_report(self) -> None:
+        """12 s into a run, the others waiting 25% for rank 1 is info; past the warm-up, or in a report, a warning."""
+        specs = [
+            RankSpec(rank=0, forward_frac=0.2, backward_frac=0.3, comm_frac=0.30, overlap_frac=0.05),
+            RankSpec(rank=1, forward_frac=0.2, backward_frac=0.55, comm_frac=0.05, overlap_frac=0.05),
+        ]
+        young = make_snapshot(specs, age_s=12.0)
+        finding = only(findings_of(young), "straggler")
+        assert finding.severity == "info" and finding.ranks == (1,), finding.title
+        assert "too early to call, 12 s into the run" in finding.title
+        report = only(diagnose(summarize(young, span_s=None)), "straggler")
+        assert report.severity == "warn" and "too early" not in report.title, report.title
+        grown = only(findings_of(make_snapshot(specs, age_s=th.STRAGGLER_WARMUP_S)), "straggler")
+        assert grown.severity == "warn" and "too early" not in grown.title, grown.title
 
     def test_backward_phase_among_four_ranks(self) -> None:
         specs = [RankSpec(rank=i, backward_frac=0.4, comm_frac=0.35, overlap_frac=0.05) for i in (0, 1, 3)]

@@ -32,7 +32,9 @@ def diagnose(machine: Figures) -> list[Finding]:
     ranks_on_host = machine.ranks_on_host()
     findings: list[Finding] = []
     for run in machine.runs:
-        stragglers = straggler_findings(run, ranks_on_host)
+        # A live span is judged as the run goes; a report's whole history takes in the start with the rest.
+        age_s = None if machine.span_s is None else machine.t - run.view.first_seen_t
+        stragglers = straggler_findings(run, ranks_on_host, age_s)
         # A rank already named as a straggler for its own loader is not also a run-wide input problem.
         loader_stragglers = {r for f in stragglers if f.extra.get("phase") == "loader" for r in f.ranks}
         run_findings = stragglers + communication_findings(run)

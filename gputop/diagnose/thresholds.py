@@ -51,6 +51,14 @@ EXPOSED_COMM_CRITICAL_FRAC = 0.30
 # the slow rank's own exposed comm (the exchange's base cost) sets the severity.
 STRAGGLER_WAIT_WARN_FRAC = EXPOSED_COMM_WARN_FRAC
 STRAGGLER_WAIT_CRITICAL_FRAC = EXPOSED_COMM_CRITICAL_FRAC
+# gputop: a straggler is a lasting property of a rank (its host, device or
+# data).  In a run's first seconds ranks differ for passing reasons: one
+# finishes its imports or fills its caches later, and on a small machine the
+# dashboard's own start takes one rank's core.  CI twice saw a healthy 2-rank
+# run's rank 0 compute ~28% slower for ~4 s after its first steps, then not.
+# So a live span (the dashboard's last seconds) names no straggler above info
+# until the run has been seen this long: by then the span holds none of its start.
+STRAGGLER_WARMUP_S = 20.0
 
 # --- stall ---------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ into its own work (``RankFigures.own_s``) and waiting.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -19,6 +20,7 @@ from gputop.diagnose.rules.data_loading import loader_suggestion
 from gputop.diagnose.thresholds import (
     STRAGGLER_WAIT_CRITICAL_FRAC,
     STRAGGLER_WAIT_WARN_FRAC,
+    STRAGGLER_WARMUP_S,
 )
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -51,11 +53,15 @@ class SlowPhase:
     excess_s: float  # per step, over the other ranks' median for the same phase
 
 
-def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[Finding]:
-    """Ranks whose own time stands out while the others wait for them in communication."""
+def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s: float | None = None) -> list[Finding]:
+    """Ranks whose own time stands out while the others wait for them in communication.
+
+    ``run_age_s``: how long the run has been seen, when the figures are a live
+    span; under ``STRAGGLER_WARMUP_S`` a slow rank is at most info, "too early to call".
+    """
     ranks = [r for r in measured(run) if r.own_s is not None and r.stats.exposed_comm_frac is not None]
     if len(ranks) < 2:
-        return loader_only_straggler_findings(run, ranks_on_host)
+        return warming_up(loader_only_straggler_findings(run, ranks_on_host), run_age_s)
     slow: list[tuple[RankFigures, float]] = []  # (rank, its own-time excess as a share of its step)
     others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
     for rank, others in zip(ranks, others_own, strict=True):
@@ -99,21 +105,30 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int]) -> list[F
         Evidence(f"{phase.name}_pct", pct(phase.share), pct(others_share), "%", rank=worst.rank),
         Evidence("others_wait_pct", pct(wait_frac), pct(threshold), "%", spread=None if se is None else pct(2 * se)),
     )
+    finding = Finding(
+        cause="straggler",
+        severity=severity or "info",
+        title=title,
+        suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
+        evidence=evidence,
+        ranks=tuple(sorted(slow_ids)),
+        run_id=run.run_id,
+        doc=doc_anchor("straggler"),
+        magnitude=wait_frac,
+        cost_s=wait_frac * (worst.stats.step_time_mean_s or 0.0),  # what every other rank waits each step
+        step_s=worst.stats.step_time_mean_s,
+        extra={"phase": phase.name, "waiting_ranks": [r.rank for r in waiting]},
+    )
+    return warming_up([finding], run_age_s)
+
+
+def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding]:
+    """In a live run's first ``STRAGGLER_WARMUP_S`` seconds a straggler is info, saying when it will be called."""
+    if run_age_s is None or run_age_s >= STRAGGLER_WARMUP_S:
+        return findings
+    note = f": too early to call, {run_age_s:.0f} s into the run (ranks settle in its first {STRAGGLER_WARMUP_S:.0f} s)"
     return [
-        Finding(
-            cause="straggler",
-            severity=severity or "info",
-            title=title,
-            suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
-            evidence=evidence,
-            ranks=tuple(sorted(slow_ids)),
-            run_id=run.run_id,
-            doc=doc_anchor("straggler"),
-            magnitude=wait_frac,
-            cost_s=wait_frac * (worst.stats.step_time_mean_s or 0.0),  # what every other rank waits each step
-            step_s=worst.stats.step_time_mean_s,
-            extra={"phase": phase.name, "waiting_ranks": [r.rank for r in waiting]},
-        )
+        f if f.severity == "info" else dataclasses.replace(f, severity="info", title=f.title + note) for f in findings
     ]
 
 
