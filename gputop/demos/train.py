@@ -16,6 +16,13 @@ import sys
 import time
 from typing import Any
 
+# Huge pages for PyTorch's CPU tensors, read once at the first allocation, so before torch.
+# Without them, two ranks doing the same work on this 2-vCPU VM computed up to 10% apart
+# (8 concurrent pairs of the healthy step: 1.5-10%), by where their pages happened to
+# land; with them, 1-5% and every step ~10% faster.  Evenly matched ranks are what a
+# healthy run is, and the demo should not show a straggler that page placement made.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 import torch
 import torch.distributed as dist
 from torch import nn

@@ -212,8 +212,10 @@ def straggler_suggestion(rank: RankFigures, phase: SlowPhase, ranks_on_host: int
     if phase.name in ("forward", "backward") and not rank.on_cuda:
         return (
             f"{who} computes slower than the others on its CPU cores: other processes (this dashboard too, on a "
-            "small machine) take CPU time from it, or its batches are larger. Keep other work off the ranks' "
-            "cores and give each rank its own (taskset/numactl, torch.set_num_threads)."
+            "small machine) take CPU time from it, its batches are larger, or its memory pages landed worse "
+            "(identical CPU processes can compute 10% apart). Keep other work off the ranks' cores and give "
+            "each rank its own (taskset/numactl, torch.set_num_threads); THP_MEM_ALLOC_ENABLE=1 gives PyTorch's "
+            "CPU tensors huge pages, which evens ranks out."
         )
     if phase.name in ("forward", "backward"):
         return (
