@@ -272,7 +272,7 @@ RANK = textwrap.dedent(
 
 
 def test_the_node_sampler_dies_with_the_rank_that_started_it(tmp_path: Path) -> None:
-    """SIGKILL the rank (no atexit, no reporter shutdown): the kernel's PR_SET_PDEATHSIG ends the sampler."""
+    """SIGKILL the rank (no atexit, no reporter shutdown): the sampler's lifeline ends it."""
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests' / 'fake_pynvml'}:{REPO}", "FAKE_NVML_GPUS": "[]"}
     rank = subprocess.Popen([sys.executable, "-c", RANK, "1"], env=env, stdout=subprocess.PIPE, text=True)
     try:

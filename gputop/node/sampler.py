@@ -8,16 +8,16 @@ A lost connection is retried with backoff and the samples in between are
 dropped: a GPU reading is only worth its freshness, and the collector's own
 history holds the past.
 
-Started by a rank (``--parent-pid``), it asks the kernel for SIGTERM when that
-rank dies (PR_SET_PDEATHSIG) and also checks its parent every second, so it
-never outlives the rank that carried it, whatever killed the rank.
+Started by a rank (``--parent-pid``), it leaves the moment that rank's process
+has exited, from a thread of its own (``gputop.lifeline``), so it never outlives
+the rank that carried it, whatever killed the rank and wherever its own main
+thread is stuck (an NVML call, a blocked send, its teardown).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
 
-from gputop import auth
+from gputop import auth, lifeline
 from gputop.address import Address, AddressError, parse_host_port, resolve
 from gputop.collect.gpu import GpuSampler
 from gputop.model.samples import GpuSample, gpu_sample_to_wire
@@ -40,7 +40,6 @@ SEND_TIMEOUT_S = 5.0  # a collector that takes no frame for this long is treated
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
 REFUSED_BACKOFF_S = 30.0  # a collector that refused the token will refuse it again soon
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PROCESSES_DROPPED = "left out: the sample was over the frame limit"
 
 
@@ -142,31 +141,19 @@ def gpus_frame(sample: GpuSample, hostname: str) -> bytes:
     return encode(Gpus(hostname=hostname, t=sample.t, sample=gpu_sample_to_wire(slim)))
 
 
-def die_with_parent(parent_pid: int) -> bool:
-    """Ask for SIGTERM when the parent dies (Linux); False when it is already gone."""
-    with contextlib.suppress(Exception):  # not Linux, or no libc: the loop's parent check still holds
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    # The parent may have died between our fork and the prctl: then we were re-parented already.
-    return os.getppid() == parent_pid
-
-
 def run(
     link: Link,
     sampler: GpuSampler,
     hostname: str,
     *,
     interval_s: float = INTERVAL_S,
-    parent_pid: int | None = None,
     stop: threading.Event | None = None,
 ) -> None:
-    """Sample and send every ``interval_s`` until ``stop`` is set or the parent is gone."""
+    """Sample and send every ``interval_s`` until ``stop`` is set."""
     stop = stop if stop is not None else threading.Event()
     next_s = time.monotonic()
     try:
         while not stop.is_set():
-            if parent_pid is not None and os.getppid() != parent_pid:
-                return
             sample = sampler.sample()
             link.send(gpus_frame(sample, hostname), time.monotonic())
             next_s += interval_s
@@ -202,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.interval <= 0:
         print("gputop agent: --interval must be positive", file=sys.stderr)
         return 2
-    if args.parent_pid is not None and not die_with_parent(args.parent_pid):
-        return 0
+    if args.parent_pid is not None and not lifeline.leave_with(args.parent_pid):
+        return 0  # the rank is gone already
     try:
         address = parse_host_port(args.addr, "--addr") if args.addr else resolve()
     except AddressError as exc:
@@ -222,5 +209,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     link = Link(address, auth.Security.from_env(), say=say, say_unreachable=args.parent_pid is None)
     hostname = args.hostname or os.environ.get("GPUTOP_NODE_HOSTNAME") or socket.gethostname()
-    run(link, GpuSampler(), hostname, interval_s=args.interval, parent_pid=args.parent_pid, stop=stop)
+    run(link, GpuSampler(), hostname, interval_s=args.interval, stop=stop)
     return 0

@@ -17,8 +17,8 @@ The rule (``GPUTOP_NODE_SAMPLER``):
   this machine without access to its GPUs, e.g. in a container).
 
 What the rank pays: one ``fork+exec`` on the reporter thread (never the
-training thread), then nothing; the child asks the kernel to kill it when the
-rank dies (PR_SET_PDEATHSIG) and runs in a session of its own, so a terminal's
+training thread), then nothing; the child leaves when the rank's process has
+exited (``gputop.lifeline``) and runs in a session of its own, so a terminal's
 Ctrl-C reaches the rank, not the sampler, and the sampler still goes with it.
 """
 
