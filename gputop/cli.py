@@ -524,8 +524,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 # runs it). The job has a session of its own, so Ctrl-C in the dashboard is ours
 # to handle, which also means a closed terminal's SIGHUP never reaches it: when
 # tmux or SSH goes away and gputop dies, torchrun would train on, orphaned. It
-# stops its ranks on SIGTERM. Set in a fresh interpreter that then execs, because
-# a preexec_fn in a process with threads (ours has the collector's) can deadlock.
+# stops its ranks on SIGTERM (and each rank also leaves when we have: a SIGTERM
+# that lands while torchrun starts them loses them; see gputop/demos/teardown.py).
+# Set in a fresh interpreter that then execs, because a preexec_fn in a process
+# with threads (ours has the collector's) can deadlock.
 _EXEC_WITH_PDEATHSIG = """
 import ctypes, os, signal, sys
 try:
@@ -546,7 +548,9 @@ class DemoJob:
         ]  # fmt: skip
         if seconds:
             cmd += ["--seconds", str(seconds)]
-        env = {**os.environ, "GPUTOP_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        from gputop.demos.teardown import DEMO_PID_ENV
+
+        env = {**os.environ, "GPUTOP_PORT": str(port), "PYTHONUNBUFFERED": "1", DEMO_PID_ENV: str(os.getpid())}
         env.pop("GPUTOP_SOCKET", None)
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()

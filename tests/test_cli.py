@@ -148,6 +148,48 @@ def test_the_demo_job_never_outlives_gputop(sig: int) -> None:
     assert alive == [], [p.cmdline() for p in alive]
 
 
+@needs_torch
+@pytest.mark.slow
+def test_demo_ranks_leave_with_their_demo_even_when_torchrun_does_not_stop_them() -> None:
+    """torchrun can lose its ranks to a SIGTERM that lands while it starts them: they leave on their own.
+
+    The demo process is stood in for by a sleeper; torchrun is never signalled.
+    """
+    from gputop.demos.teardown import DEMO_PID_ENV, LEFT_WITH_THE_DEMO
+
+    demo = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    env = {**os.environ, DEMO_PID_ENV: str(demo.pid), "GPUTOP_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "gputop.demos.train", "--seconds", "120"]  # fmt: skip
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        torchrun = psutil.Process(job.pid)
+        assert wait_for(lambda: len(torchrun.children()) == 2, timeout_s=60), "no ranks started"
+        ranks = torchrun.children()
+        time.sleep(3)  # into their imports or their first steps
+        assert all(r.is_running() for r in ranks) and job.poll() is None, "the job ended with its demo alive"
+        demo.kill()
+        demo.wait()
+        _, alive = psutil.wait_procs(ranks, timeout=20)
+        assert alive == [], f"ranks {[p.pid for p in alive]} outlived their demo by 20 s"
+        out, _ = job.communicate(timeout=60)  # torchrun, which nobody signalled, sees them fail
+        assert f"exitcode  : {LEFT_WITH_THE_DEMO}" in out, out[-3000:]
+    finally:
+        for proc in (demo, job):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_demo_rank_whose_demo_is_gone_does_not_start() -> None:
+    """A rank that starts after its demo died leaves before it joins the job."""
+    from gputop.demos.teardown import DEMO_PID_ENV, leave_with_the_demo
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert leave_with_the_demo({DEMO_PID_ENV: str(gone.pid)}) is False
+    assert leave_with_the_demo({}) is True  # started by hand: tied to nothing
+
+
 def test_record_stopped_by_sigterm_closes_its_recording_whole(tmp_path) -> None:
     """What a scheduler or `kill` sends: the summary line, exit 0, and a .gz stream with its end."""
     import gzip

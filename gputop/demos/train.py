@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import gputop
 from gputop.demos.scenarios import SCENARIOS, Scenario, fitted, usable_cores
-from gputop.demos.teardown import exit_without_teardown
+from gputop.demos.teardown import LEFT_WITH_THE_DEMO, exit_without_teardown, leave_with_the_demo
 
 
 class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: run until stopped)")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     args = parser.parse_args(argv)
+    if not leave_with_the_demo():
+        return LEFT_WITH_THE_DEMO
     # Sized to the machine as `gputop demo` said it would be: the same function, the same inputs.
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     scenario = fitted(SCENARIOS[args.scenario], cores=usable_cores(), nproc=ranks_here)
