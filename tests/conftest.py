@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -59,15 +62,47 @@ def torchrun(script: str, *args: str, port: int | None, nproc: int = 2, env: dic
 
 
 def finish(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> str:
-    """Wait for a job; fail the test with its output if it did not exit 0."""
+    """Wait for a job and the end of its output; fail the test with its output if it did not exit 0.
+
+    A job that exited while something it started still holds its output open
+    (a process that outlived it) fails too, naming that process, instead of
+    waiting on the pipe for good.
+    """
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        exited = proc.poll()
+        holders = pipe_holders(proc.stdout)
         proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"job timed out:\n{out[-3000:]}")
+        for pid, _ in holders:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out = "(its output could not be read to the end)"
+        held = "".join(f"\n  pid {pid}: {what}" for pid, what in holders)
+        state = "running" if exited is None else f"exited {exited}, but its output was still held open by:{held}"
+        pytest.fail(f"job timed out after {timeout_s:.0f} s ({state}):\n{out[-3000:]}")
     assert proc.returncode == 0, f"job exited {proc.returncode}:\n{out[-3000:]}"
     return out
+
+
+def pipe_holders(pipe: IO[str] | None) -> list[tuple[int, str]]:
+    """The other processes that hold the far end of ``pipe`` open, each with its command line, state and wait."""
+    if pipe is None:
+        return []
+    target = f"pipe:[{os.fstat(pipe.fileno()).st_ino}]"
+    found = []
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == target for fd in (pid_dir / "fd").iterdir()):
+                cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                state = next(line for line in (pid_dir / "status").read_text().splitlines() if line.startswith("State"))
+                found.append((int(pid_dir.name), f"{cmdline} [{state}, wchan {(pid_dir / 'wchan').read_text()}]"))
+    return found
 
 
 def free_port() -> int:
