@@ -11,7 +11,6 @@ second) and ends this process with ``os._exit`` when it exits.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import threading
@@ -37,11 +36,16 @@ def leave_with(pid: int, *, code: int = 0, leave: Callable[[int], object] = os._
 
     def watch() -> None:
         if fd is not None:
-            with contextlib.suppress(OSError):
-                select.select([fd], [], [])  # a pidfd reads as ready once its process has exited
-        else:
-            while _alive(pid):
-                threading.Event().wait(POLL_S)
+            try:
+                poller = select.poll()  # not select(): a descriptor past 1023 is fine here
+                poller.register(fd, select.POLLIN)
+                poller.poll()  # a pidfd reads as ready once its process has exited
+                leave(code)
+                return
+            except OSError:
+                pass  # poll the way a system without pidfds does
+        while _alive(pid):
+            threading.Event().wait(POLL_S)
         leave(code)
 
     threading.Thread(target=watch, name="gputop-lifeline", daemon=True).start()
