@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 
 POLL_S = 1.0  # without a pidfd: how often the other process is looked for
@@ -35,28 +36,29 @@ def leave_with(pid: int, *, code: int = 0, leave: Callable[[int], object] = os._
             return False
 
     def watch() -> None:
-        if fd is not None:
-            try:
-                poller = select.poll()  # not select(): a descriptor past 1023 is fine here
-                poller.register(fd, select.POLLIN)
-                poller.poll()  # a pidfd reads as ready once its process has exited
-                leave(code)
-                return
-            except OSError:
-                pass  # poll the way a system without pidfds does
-        while _alive(pid):
-            threading.Event().wait(POLL_S)
+        if fd is None or not _wait_for_exit(fd):
+            while _alive(pid):
+                time.sleep(POLL_S)
         leave(code)
 
     threading.Thread(target=watch, name="gputop-lifeline", daemon=True).start()
     return True
 
 
+def _wait_for_exit(pidfd: int) -> bool:
+    """Block until the pidfd's process has exited (it reads as ready then); False if poll() fails."""
+    try:
+        poller = select.poll()  # not select(): a descriptor past 1023 is fine here
+        poller.register(pidfd, select.POLLIN)
+        poller.poll()
+    except OSError:
+        return False
+    return True
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process by now: ours is gone
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's process by now
         return False
     return True

@@ -105,6 +105,13 @@ def pipe_holders(pipe: IO[str] | None) -> list[tuple[int, str]]:
     return found
 
 
+def exited_pid() -> int:
+    """The pid of a process that has exited and been reaped (for code told to follow a process that is gone)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on now (for a server the test starts as a subprocess)."""
     probe = socket.socket()

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gputop import cli
-from tests.conftest import free_port, needs_torch, wait_for
+from tests.conftest import exited_pid, free_port, needs_torch, wait_for
 from tests.test_recording import write_run
 
 
@@ -184,9 +184,7 @@ def test_a_demo_rank_whose_demo_is_gone_does_not_start() -> None:
     """A rank that starts after its demo died leaves before it joins the job."""
     from gputop.demos.teardown import DEMO_PID_ENV, leave_with_the_demo
 
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    assert leave_with_the_demo({DEMO_PID_ENV: str(gone.pid)}) is False
+    assert leave_with_the_demo({DEMO_PID_ENV: str(exited_pid())}) is False
     assert leave_with_the_demo({}) is True  # started by hand: tied to nothing
 
 

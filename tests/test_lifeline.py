@@ -9,7 +9,7 @@ import time
 import psutil
 
 from gputop import lifeline
-from tests.conftest import wait_for
+from tests.conftest import exited_pid, wait_for
 
 # Tied to the pid in argv[1], then stuck for good in a blocking read that no signal ends.
 STUCK = """
@@ -40,10 +40,9 @@ def test_a_process_stuck_in_a_read_leaves_when_the_one_it_is_tied_to_exits() -> 
 
 
 def test_tying_to_a_process_that_is_gone_says_so_and_starts_nothing() -> None:
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    assert not psutil.pid_exists(gone.pid)
-    assert lifeline.leave_with(gone.pid) is False
+    gone = exited_pid()
+    assert not psutil.pid_exists(gone)
+    assert lifeline.leave_with(gone) is False
 
 
 def test_the_poll_fallback_leaves_too(monkeypatch) -> None:
