@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
-.PHONY: demo test check fmt clean gpu-check
+.PHONY: demo test check fmt clean gpu-check system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/gputop demo --scenario $(SCENARIO)
 
-test: $(VENV)/.installed
+# Prometheus, promtool, iproute2 and a C compiler: installed as root, else one line saying how.
+system-deps:
+	@bash scripts/system-deps
+
+test: system-deps $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # ruff (lint + format), mypy, and the import contracts in pyproject.toml ([tool.importlinter]).
