@@ -9,8 +9,9 @@ Three figures (docs/performance.md):
    deque append in a loop) records every gap between two marks; the longest gap
    overlapping each start, against the longest in an interval as long 50 ms later
    (nothing starting): what the start takes from the training thread (GIL, fork).
-3. The sampler itself at 1 Hz: ``python -m gputop.node`` reading ``--gpus`` fake GPUs
-   (tests/fake_pynvml, two processes each) and sending to a real collector over TCP
+3. The sampler itself at 1 Hz: ``python -m gputop.node`` reading ``--gpus`` GPUs through the
+   real nvidia-ml-py over the stand-in libnvidia-ml (tests/nvml_standin, two processes each)
+   and sending to a real collector over TCP
    with a token: its CPU time over ``--seconds`` (after its start-up), RSS, and the
    bytes it sends a second.  No GPU here: real NVML calls cost more (a PCIe read is
    ~20 ms on some drivers; see benchmarks/gpu_check.py), the rest is the same.
@@ -22,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,14 +46,15 @@ PORT = 32400
 
 
 def fake_env(gpus: int) -> dict[str, str]:
-    spec = [{"uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000", "processes": [1000 + i, 2000 + i]}
-            for i in range(gpus)]  # fmt: skip
-    return {
-        **os.environ,
-        "PYTHONPATH": f"{REPO / 'tests' / 'fake_pynvml'}:{REPO}",
-        "FAKE_NVML_GPUS": json.dumps(spec),
-        "GPUTOP_TOKEN": TOKEN,
-    }
+    """The stand-in libnvidia-ml with ``gpus`` H100s, two processes each, for the real nvidia-ml-py."""
+    sys.path.insert(0, str(REPO))
+    from tests.nvml_standin import Process, env_for, h100_node
+
+    node = h100_node(gpus)
+    for i, gpu in enumerate(node.gpus):
+        gpu.processes = [Process(pid=1000 + i), Process(pid=2000 + i)]
+    scenario = node.write(Path(tempfile.mkdtemp(prefix="gputop-bench-")) / "nvml-scenario")
+    return {**os.environ, "PYTHONPATH": str(REPO), **env_for(scenario), "GPUTOP_TOKEN": TOKEN}
 
 
 GAP_S = 0.0005  # mark-to-mark gaps longer than this are kept (a free loop marks every ~0.3 us)

@@ -331,6 +331,21 @@ def format_gpu_summary_text(summary: dict[str, Any]) -> list[str]:
                 f"            GPM: SM active {_num(g['sm_active_mean_pct'], '.0f', '%')},"
                 f" tensor active {_num(g['tensor_active_mean_pct'], '.0f', '%')} (means)"
             )
+        links = g.get("link_mean_bytes_s", {})
+        for label, link in (("NVLink", "nvlink"), ("PCIe", "pcie")):
+            if f"{link}_rx" in links:
+                peak = g["link_max_bytes_s"]
+                lines.append(
+                    f"            {label}: rx {_gbs(links[f'{link}_rx'])} mean / {_gbs(peak[f'{link}_rx'])} max,"
+                    f" tx {_gbs(links.get(f'{link}_tx'))} mean / {_gbs(peak.get(f'{link}_tx'))} max"
+                )
+        if g.get("mem_reserved_bytes"):
+            lines.append(
+                f"            driver-reserved memory: {g['mem_reserved_bytes'] / GIB:.2f} GiB (not in mem peak)"
+            )
+        if g.get("pids_from_other_namespace"):
+            pids = ", ".join(str(p) for p in g["pids_from_other_namespace"])
+            lines.append(f"            NVML reports PIDs from another namespace ({pids}): taken as its ranks'")
         throttled = {r: pct for r, pct in g["throttle_share_pct"].items() if r != "idle"}
         if throttled:
             shares = ", ".join(f"{r} {pct:.0f}%" for r, pct in throttled.items())
@@ -345,3 +360,8 @@ def format_gpu_summary_text(summary: dict[str, Any]) -> list[str]:
         if na:
             lines.append("            N/A: " + "; ".join(f"{k}: {v}" for k, v in sorted(na.items())))
     return lines
+
+
+def _gbs(rate: float | None) -> str:
+    """Bytes per second as GB/s, the unit NVLink and PCIe are quoted in."""
+    return "N/A" if rate is None else f"{rate / 1e9:.2f} GB/s"

@@ -8,8 +8,9 @@ The test makes three namespaces (``tests/netns.py``): a head where `gputop recor
 host name of its own.  Every rank proves GPUTOP_TOKEN to the recorder across the
 bridge; a rank with a wrong token is refused, counted, and says so once.
 
-Each node has two GPUs of its own, indices 0 and 1 on both, that only the fake
-NVML in its namespace lists (``tests/fake_pynvml``); each rank claims one by UUID.
+Each node has two GPUs of its own, indices 0 and 1 on both, that only the stand-in
+libnvidia-ml in its namespace lists (``tests/nvml_standin``, loaded by the real
+nvidia-ml-py); each rank claims one by UUID.
 Local rank 0 on each node starts its host's node sampler, which sends those GPUs
 to the recorder, and the report joins every rank to its GPU under its host.
 """
@@ -35,6 +36,7 @@ from gputop import recording
 from gputop.model.stats import rank_stats
 from tests.conftest import JOBS, finish, needs_torch, wait_for
 from tests.netns import Cluster
+from tests.nvml_standin import Gpu, Process, Scenario, env_for
 from tests.prometheus_server import Prometheus
 
 pytestmark = [pytest.mark.slow, needs_torch]
@@ -53,11 +55,12 @@ def gpu_uuid(host: str, index: int) -> str:
     return f"GPU-{host}-{index}-0000-0000-000000000000"
 
 
-def fake_gpus(host: str) -> str:
-    gpus: list[dict[str, Any]] = [{"uuid": gpu_uuid(host, i), "util_pct": 60 + 10 * i} for i in range(2)]
+def host_gpus(host: str) -> Scenario:
+    """Two GPUs per host, as the stand-in libnvidia-ml in that host's namespace answers."""
+    gpus = [Gpu(uuid=gpu_uuid(host, i), util_pct=60 + 10 * i) for i in range(2)]
     if host == "node-a":
-        gpus[1]["processes"] = [FOREIGN_PID]
-    return json.dumps(gpus)
+        gpus[1].processes = [Process(pid=FOREIGN_PID)]
+    return Scenario(gpus)
 
 
 @pytest.fixture
@@ -98,9 +101,10 @@ def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_ref
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
                     "--nproc_per_node=2", f"--master_addr={node_a.address}", f"--master_port={MASTER_PORT}",
                     str(JOBS / "ddp_job.py"), "--steps", str(STEPS), "--delay-ms", "10"]  # fmt: skip
-        gpus = {  # this host's GPUs, seen only by the fake NVML in its namespace
-            "PYTHONPATH": f"{REPO / 'tests' / 'fake_pynvml'}:{REPO}",
-            "FAKE_NVML_GPUS": fake_gpus(host.hostname),
+        scenario = host_gpus(host.hostname).write(tmp_path / f"nvml-{host.hostname}")
+        gpus = {  # this host's GPUs, seen only by the real nvidia-ml-py over the stand-in NVML in its namespace
+            "PYTHONPATH": str(REPO),
+            **env_for(scenario),
             "TEST_FAKE_DEVICE_UUIDS": ",".join(gpu_uuid(host.hostname, i) for i in range(2)),
         }
         nodes.append(

@@ -36,7 +36,7 @@ from gputop.protocol import MAX_FRAME_BYTES, Gpus, Hello, encode
 from gputop.reporter import node_sampler
 from gputop.reporter.sender import Sender
 from tests.conftest import TOKEN, wait_for
-from tests.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.nvml_standin import Gpu, Process, Scenario, env_for, use_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,14 +154,18 @@ def test_a_sample_too_big_for_one_frame_goes_without_its_process_lists() -> None
 # -- the collector's side: real sockets ---------------------------------------------------------
 
 
-def fake_sampler() -> GpuSampler:
-    gpus = [FakeGpu(uuid="GPU-aaaa", processes=[FakeProcess(pid=1)]), FakeGpu(uuid="GPU-bbbb", util_pct=90)]
-    return GpuSampler(Nvml(FakeNvml(gpus)))
+@pytest.fixture
+def sampler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GpuSampler:
+    """Two GPUs through the real nvidia-ml-py over the stand-in libnvidia-ml."""
+    gpus = [Gpu(uuid="GPU-aaaa", processes=[Process(pid=1)]), Gpu(uuid="GPU-bbbb", util_pct=90)]
+    use_in_process(monkeypatch, Scenario(gpus).write(tmp_path / "nvml-scenario"))
+    return GpuSampler(Nvml())
 
 
-def test_a_node_sampler_with_the_token_reaches_the_store_under_its_host(guarded: Collector) -> None:
+def test_a_node_sampler_with_the_token_reaches_the_store_under_its_host(
+    guarded: Collector, sampler: GpuSampler
+) -> None:
     link = Link(guarded.address, auth.Security(token=TOKEN), say=lambda line: None)
-    sampler = fake_sampler()
     for _ in range(3):
         assert wait_for(lambda: link.send(gpus_frame(sampler.sample(), "node-a"), time.monotonic()), timeout_s=5)
     assert wait_for(lambda: len(guarded.store.snapshot(time.time()).node_gpu_history.get("node-a", ())) == 3)
@@ -171,10 +175,9 @@ def test_a_node_sampler_with_the_token_reaches_the_store_under_its_host(guarded:
     link.close()
 
 
-def test_a_node_sampler_without_the_token_is_refused_and_says_so_once(guarded: Collector) -> None:
+def test_a_node_sampler_without_the_token_is_refused_and_says_so_once(guarded: Collector, sampler: GpuSampler) -> None:
     said: list[str] = []
     link = Link(guarded.address, auth.Security(token="wrong"), say=said.append)
-    sampler = fake_sampler()
     assert not link.send(gpus_frame(sampler.sample(), "node-a"), time.monotonic())
     assert not link.send(gpus_frame(sampler.sample(), "node-a"), time.monotonic() + 10)  # backs off, no retry yet
     assert len(said) == 1 and "wrong token" in said[0]
@@ -191,7 +194,7 @@ def test_a_node_sampler_without_the_token_is_refused_and_says_so_once(guarded: C
     ],
 )
 def test_a_malformed_gpus_frame_closes_its_connection_not_the_collector(
-    guarded: Collector, sample: dict[str, object], why: str
+    guarded: Collector, sample: dict[str, object], why: str, sampler: GpuSampler
 ) -> None:
     with socket.create_connection(("127.0.0.1", guarded.address.port or 0), timeout=5) as raw:
         challenge = auth.decode_frame(raw.makefile("rb").readline())
@@ -201,17 +204,17 @@ def test_a_malformed_gpus_frame_closes_its_connection_not_the_collector(
         assert wait_for(lambda: any(why in r for r in guarded.store.snapshot(time.time()).rejected), timeout_s=5)
     assert guarded.store.snapshot(time.time()).node_gpu_history == {}
     good = Link(guarded.address, auth.Security(token=TOKEN), say=lambda line: None)
-    assert good.send(gpus_frame(fake_sampler().sample(), "node-b"), time.monotonic())  # the collector lives on
+    assert good.send(gpus_frame(sampler.sample(), "node-b"), time.monotonic())  # the collector lives on
     assert wait_for(lambda: "node-b" in guarded.store.snapshot(time.time()).node_gpu_history)
     good.close()
 
 
-def test_the_loop_sends_every_interval_until_stopped(guarded: Collector) -> None:
+def test_the_loop_sends_every_interval_until_stopped(guarded: Collector, sampler: GpuSampler) -> None:
     import threading
 
     stop = threading.Event()
     link = Link(guarded.address, auth.Security(token=TOKEN), say=lambda line: None)
-    worker = threading.Thread(target=run, args=(link, fake_sampler(), "node-a"), kwargs={"interval_s": 0.1,
+    worker = threading.Thread(target=run, args=(link, sampler, "node-a"), kwargs={"interval_s": 0.1,
                               "stop": stop})  # fmt: skip
     worker.start()
     try:
@@ -273,7 +276,8 @@ RANK = textwrap.dedent(
 
 def test_the_node_sampler_dies_with_the_rank_that_started_it(tmp_path: Path) -> None:
     """SIGKILL the rank (no atexit, no reporter shutdown): the sampler's lifeline ends it."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests' / 'fake_pynvml'}:{REPO}", "FAKE_NVML_GPUS": "[]"}
+    scenario = Scenario([]).write(tmp_path / "nvml-scenario")  # a node whose NVML sees no GPU
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_for(scenario)}
     rank = subprocess.Popen([sys.executable, "-c", RANK, "1"], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert rank.stdout is not None
@@ -320,13 +324,15 @@ def test_many_hosts_keep_a_shorter_history_each_so_memory_stays_flat() -> None:
     assert kept["node-000"][-1].t == 199.0  # the newest are the ones kept
 
 
-def test_an_agent_started_by_hand_says_once_that_it_cannot_reach_the_collector(guarded: Collector) -> None:
+def test_an_agent_started_by_hand_says_once_that_it_cannot_reach_the_collector(
+    guarded: Collector, sampler: GpuSampler
+) -> None:
     said: list[str] = []
     port = guarded.address.port or 0
     guarded.stop()  # nobody listens there now
     link = Link(Address(host="127.0.0.1", port=port), auth.Security(token=TOKEN), say=said.append,
                 say_unreachable=True)  # fmt: skip
-    sample = fake_sampler().sample()
+    sample = sampler.sample()
     for attempt in range(3):
         assert not link.send(gpus_frame(sample, "node-a"), time.monotonic() + 100 * attempt)
     assert len(said) == 1 and said[0].startswith(f"cannot reach tcp://127.0.0.1:{port}"), said

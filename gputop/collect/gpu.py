@@ -6,8 +6,12 @@ and each process's memory and SM utilization.  MIG instances get rows of
 their own.  Whatever cannot be read is None with a reason in ``na``; with no
 NVML at all the sample says why in ``unavailable``.  Nothing here raises.
 
-Runs off the UI thread: some reads (PCIe throughput) take ~20 ms each, so
-per-process PCIe is skipped and static facts (UUID, name, handles) are cached.
+Each read goes through the newest versioned call the driver has (memory as
+nvidia-smi shows it, processes at the stride the driver writes) and none of
+them blocks: PCIe and NVLink rates come from counters differenced between
+samples (``nvml_counters``), never from the 20-ms ``nvmlDeviceGetPcieThroughput``.
+Static facts (UUID, name, handles) are cached.  docs/gpu.md has the table of
+what real drivers do that this follows.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputop.collect.nvml import GPU_LOST, NOT_FOUND, Nvml, text
+from gputop.collect.nvml_counters import ThroughputCounters
+from gputop.collect.nvml_processes import VERSIONS, ProcessEntry, list_processes
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
@@ -41,8 +47,6 @@ _CONSTANTS = {
     "NVML_TEMPERATURE_GPU": 0,
     "NVML_CLOCK_SM": 1,
     "NVML_CLOCK_MEM": 2,
-    "NVML_PCIE_UTIL_TX_BYTES": 0,
-    "NVML_PCIE_UTIL_RX_BYTES": 1,
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
     "NVML_VOLATILE_ECC": 0,
     "NVML_DEVICE_MIG_ENABLE": 1,
@@ -52,7 +56,8 @@ _CONSTANTS = {
     "NVML_SUCCESS": 0,
 }
 
-GPM_NOT_SUPPORTED = "GPM not supported (Hopper and newer only)"
+GPM_NOT_SUPPORTED = "GPM not supported on this GPU (Hopper and newer only)"
+UTIL_PIDS_ELSEWHERE = "NVML's utilization samples name PIDs from another namespace"
 GPM_WARMING_UP = "GPM needs two samples"
 PER_PHYSICAL_GPU = "read on the parent GPU's row"
 LISTED_PER_MIG = "listed per MIG instance"
@@ -72,6 +77,24 @@ def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
             rest &= ~bit
         bit <<= 1
     return tuple(names)
+
+
+def pid_here(pid: int) -> tuple[bool, int | None]:
+    """Whether ``pid`` is in this PID namespace, and its PID in its own innermost namespace if other.
+
+    NVML reports the host's PIDs.  Inside a container they are not in /proc
+    (False); on the host, a containerised rank is, and its status's ``NSpid``
+    line ends with the PID the rank knows itself by.
+    """
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    pids = line.split()[1:]
+                    return True, int(pids[-1]) if len(pids) > 1 else None
+    except (OSError, ValueError):
+        return False, None
+    return True, None
 
 
 def process_name(pid: int) -> str | None:
@@ -116,6 +139,20 @@ class _Reads:
                 self.na[field] = why
         return value
 
+    def get_with(self, field: str, name: str, fn: Callable[..., Any], *args: Any, record: bool = True) -> Any:
+        """``get`` for gputop's own function over the bindings; ``name`` is the C function it calls."""
+        if self.lost:
+            if record:
+                self.na[field] = GPU_LOST
+            return None
+        value, why = self.nvml.call_with(name, fn, self.handle, *args, device=self.device, field=field)
+        if why is not None:
+            if why == GPU_LOST:
+                self.lost = True
+            if record:
+                self.na[field] = why
+        return value
+
     def first(self, field: str, fn_names: tuple[str, ...], *args: Any) -> Any:
         """The first of several equivalent functions this driver has (newer name first)."""
         for fn_name in fn_names:
@@ -136,10 +173,13 @@ class GpuSampler:
         *,
         clock: Callable[[], float] = time.time,
         name_of_pid: Callable[[int], str | None] = process_name,
+        pid_here: Callable[[int], tuple[bool, int | None]] = pid_here,
     ) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
         self._clock = clock
         self._name_of_pid = name_of_pid
+        self._pid_here = pid_here
+        self._counters = ThroughputCounters()
         self._lock = threading.Lock()
         self._static: dict[int, _Static] = {}
         self._known: dict[int, tuple[str, str]] = {}  # index -> (uuid, name), kept after a GPU is lost
@@ -173,6 +213,7 @@ class GpuSampler:
             # A new NVML session: old handles and GPM buffers belong to the last one.
             self._static.clear()
             self._gpm_prev.clear()
+            self._counters = ThroughputCounters()
             self._generation = self.nvml.generation
         driver, _ = self.nvml.call("nvmlSystemGetDriverVersion")
         driver_version = text(driver) if driver is not None else None
@@ -223,6 +264,7 @@ class GpuSampler:
             # Forget handles and answers: after a reset the GPU may come back different.
             self._static.pop(index, None)
             self.nvml.forget_device(static.uuid)
+            self._counters.forget(static.uuid)
             self._gpm_supported.pop(static.uuid, None)
             stale = self._gpm_prev.pop(static.uuid, None)
             if stale is not None:
@@ -241,12 +283,37 @@ class GpuSampler:
             out["mem_util_pct"] = float(util.memory)
         elif "util_pct" in reads.na:
             reads.na["mem_util_pct"] = reads.na["util_pct"]
-        memory = reads.get("mem_used_bytes", "nvmlDeviceGetMemoryInfo")
+        out.update(self._read_memory(reads))
+        return out
+
+    def _read_memory(self, reads: _Reads) -> dict[str, Any]:
+        """Used memory as nvidia-smi shows it: ``_v2``, which leaves the driver's reserved memory out.
+
+        Since R510 the v1 call counts that reservation as used (an idle A100:
+        912 MB used by v1, 7.8 MB by v2, rust-nvml #57); v1 is the fallback
+        for a driver or bindings without v2, and then reserved is N/A.
+        """
+        lib = self.nvml.lib
+        version = getattr(lib, "nvmlMemory_v2", None)
+        memory = None
+        if version is not None and not self.nvml.is_missing("nvmlDeviceGetMemoryInfo_v2"):
+            memory = reads.get_with(
+                "mem_used_bytes", "nvmlDeviceGetMemoryInfo_v2", lambda h: lib.nvmlDeviceGetMemoryInfo(h, version)
+            )
+            if memory is None and self.nvml.is_missing("nvmlDeviceGetMemoryInfo_v2") and not reads.lost:
+                reads.na.pop("mem_used_bytes", None)
+        out: dict[str, Any] = {}
         if memory is not None:
-            out["mem_used_bytes"] = int(memory.used)
-            out["mem_total_bytes"] = int(memory.total)
-        elif "mem_used_bytes" in reads.na:
-            reads.na["mem_total_bytes"] = reads.na["mem_used_bytes"]
+            out["mem_reserved_bytes"] = int(memory.reserved)
+        elif "mem_used_bytes" not in reads.na:
+            memory = reads.get("mem_used_bytes", "nvmlDeviceGetMemoryInfo")
+            if memory is not None:
+                reads.na["mem_reserved_bytes"] = "counted as used by this driver's memory call (v1)"
+        if memory is None:
+            reads.na["mem_total_bytes"] = reads.na["mem_reserved_bytes"] = reads.na.get("mem_used_bytes", "")
+            return out
+        out["mem_used_bytes"] = int(memory.used)
+        out["mem_total_bytes"] = int(memory.total)
         return out
 
     def _read_physical_fields(self, reads: _Reads) -> dict[str, Any]:
@@ -258,7 +325,10 @@ class GpuSampler:
         limit_mw = reads.get("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit")
         if limit_mw is not None:
             out["power_limit_w"] = limit_mw / 1000.0
-        temp = reads.get("temp_c", "nvmlDeviceGetTemperature", self._c("NVML_TEMPERATURE_GPU"))
+        # nvmlDeviceGetTemperature is deprecated and goes in CUDA 14; TemperatureV is its replacement.
+        temp = reads.first(
+            "temp_c", ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), self._c("NVML_TEMPERATURE_GPU")
+        )
         if temp is not None:
             out["temp_c"] = float(temp)
         sm_clock = reads.get("sm_clock_mhz", "nvmlDeviceGetClockInfo", self._c("NVML_CLOCK_SM"))
@@ -267,13 +337,7 @@ class GpuSampler:
         mem_clock = reads.get("mem_clock_mhz", "nvmlDeviceGetClockInfo", self._c("NVML_CLOCK_MEM"))
         if mem_clock is not None:
             out["mem_clock_mhz"] = int(mem_clock)
-        # NVML reports PCIe throughput in KiB/s over a 20 ms window.
-        rx_kib = reads.get("pcie_rx_bytes_s", "nvmlDeviceGetPcieThroughput", self._c("NVML_PCIE_UTIL_RX_BYTES"))
-        if rx_kib is not None:
-            out["pcie_rx_bytes_s"] = float(rx_kib) * 1024.0
-        tx_kib = reads.get("pcie_tx_bytes_s", "nvmlDeviceGetPcieThroughput", self._c("NVML_PCIE_UTIL_TX_BYTES"))
-        if tx_kib is not None:
-            out["pcie_tx_bytes_s"] = float(tx_kib) * 1024.0
+        out.update(self._read_throughput(reads))
         mask = reads.first(
             "throttle_reasons",
             ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
@@ -291,29 +355,65 @@ class GpuSampler:
             out["ecc_errors"] = int(ecc)
         return out
 
+    def _read_throughput(self, reads: _Reads) -> dict[str, Any]:
+        """PCIe and NVLink rates from the driver's byte counters, in one non-blocking call."""
+        if reads.lost:
+            return {}
+        lib = self.nvml.lib
+
+        def field_values(ids: list[tuple[int, int]]) -> Any:
+            return reads.get_with(
+                "pcie_rx_bytes_s", "nvmlDeviceGetFieldValues", lambda h: lib.nvmlDeviceGetFieldValues(h, ids)
+            )
+
+        rates, na = self._counters.read(reads.device, field_values, self.nvml.reason_of_code)
+        failed = reads.na.pop("pcie_rx_bytes_s", None)
+        for name in ("pcie_rx_bytes_s", "pcie_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_tx_bytes_s"):
+            if name not in rates:
+                reads.na[name] = failed or na.get(name, "not read")
+        return dict(rates)
+
     def _read_processes(self, reads: _Reads) -> tuple[GpuProcess, ...]:
         used: dict[int, int | None] = {}
-        for fn_name, field in (
-            ("nvmlDeviceGetComputeRunningProcesses", "processes"),
-            ("nvmlDeviceGetGraphicsRunningProcesses", "graphics_processes"),
-        ):
-            listed = reads.get(field, fn_name, record=field == "processes")
-            for proc in listed or ():
-                pid = int(proc.pid)
-                used.setdefault(pid, None if proc.usedGpuMemory is None else int(proc.usedGpuMemory))
+        for kind, field in (("Compute", "processes"), ("Graphics", "graphics_processes")):
+            for entry in self._list_processes(reads, kind, field) or ():
+                used.setdefault(entry.pid, entry.used_bytes)
         if not used:
             return ()
         sm_util, mem_util = self._read_process_utilization(reads, set(used))
-        return tuple(
-            GpuProcess(
-                pid=pid,
-                used_bytes=used_bytes,
-                sm_util_pct=sm_util.get(pid),
-                mem_util_pct=mem_util.get(pid),
-                name=self._name_of_pid(pid),
+        processes = []
+        for pid, used_bytes in sorted(used.items()):
+            visible, ns_pid = self._pid_here(pid)
+            processes.append(
+                GpuProcess(
+                    pid=pid,
+                    used_bytes=used_bytes,
+                    sm_util_pct=sm_util.get(pid),
+                    mem_util_pct=mem_util.get(pid),
+                    name=self._name_of_pid(pid) if visible else None,
+                    visible=visible,
+                    ns_pid=ns_pid,
+                )
             )
-            for pid, used_bytes in sorted(used.items())
-        )
+        return tuple(processes)
+
+    def _list_processes(self, reads: _Reads, kind: str, field: str) -> list[ProcessEntry] | None:
+        """``nvmlDevice...RunningProcesses`` through the newest version this driver has (v3, v2, v1)."""
+        lib = self.nvml.lib
+        for suffix, sizes in VERSIONS:
+            c_name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+            if self.nvml.is_missing(c_name):
+                continue
+            listed = reads.get_with(
+                field, c_name, lambda h, c_name=c_name, sizes=sizes: list_processes(lib, h, c_name, sizes),
+                record=field == "processes",
+            )  # fmt: skip
+            if listed is not None or not self.nvml.is_missing(c_name) or reads.lost:
+                return listed
+            reads.na.pop(field, None)
+        if field == "processes":
+            reads.na[field] = "no process-listing call in this driver"
+        return None
 
     def _read_process_utilization(self, reads: _Reads, pids: set[int]) -> tuple[dict[int, float], dict[int, float]]:
         """Mean SM and memory utilization per process since the previous sample.
@@ -349,6 +449,18 @@ class GpuSampler:
                 acc[1] += float(s.memUtil)
                 acc[2] += 1
         self._util_seen_us[reads.device] = newest
+        if not sums and value and len(pids) == 1:
+            # Drivers from 560.35 translate the listed PIDs into this container's namespace but not
+            # the utilization samples' (HAMi-core #112): with one process on the GPU, the samples are its.
+            only = next(iter(pids))
+            samples = list(value)
+            sums[only] = [
+                sum(float(s.smUtil) for s in samples),
+                sum(float(s.memUtil) for s in samples),
+                float(len(samples)),
+            ]
+        elif not sums and value:
+            reads.na["process_sm_util_pct"] = UTIL_PIDS_ELSEWHERE
         return (
             {pid: acc[0] / acc[2] for pid, acc in sums.items()},
             {pid: acc[1] / acc[2] for pid, acc in sums.items()},
@@ -358,12 +470,16 @@ class GpuSampler:
         """SM and tensor activity from GPM (Hopper+), between the previous sample and this one."""
         device = reads.device
         supported = self._gpm_supported.get(device)
+        missing = None
         if supported is None and not reads.lost:
             support = reads.get("gpm", "nvmlGpmQueryDeviceSupport", record=False)
             supported = bool(support is not None and getattr(support, "isSupportedDevice", 0))
-            self._gpm_supported[device] = supported
+            if support is None and self.nvml.is_missing("nvmlGpmQueryDeviceSupport"):
+                missing = "GPM: not in this driver (R520 and newer)"
+            else:
+                self._gpm_supported[device] = supported
         if not supported or reads.lost:
-            reason = GPU_LOST if reads.lost else GPM_NOT_SUPPORTED
+            reason = GPU_LOST if reads.lost else missing or GPM_NOT_SUPPORTED
             reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = reason
             return {}
         current, why = self.nvml.call("nvmlGpmSampleAlloc")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 # pynvml's error codes (nvml.h); read from the backend when it has them.
@@ -108,17 +109,33 @@ class Nvml:
         return int(getattr(self._lib, name, default))
 
     def call(self, fn_name: str, *args: Any, device: str | None = None, field: str | None = None) -> NvmlResult:
-        """Call ``fn_name(*args)``; with ``device`` and ``field``, remember an unsupported answer.
+        """Call the bindings' ``fn_name(*args)``; with ``device`` and ``field``, remember an unsupported answer.
 
         ``field`` names what is being read (one per distinct query, e.g.
         "pcie_rx_bytes_s"), so one unsupported counter does not hide another
         read through the same function.
         """
+        return self.call_with(fn_name, None, *args, device=device, field=field)
+
+    def call_with(
+        self,
+        name: str,
+        fn: Callable[..., Any] | None,
+        *args: Any,
+        device: str | None = None,
+        field: str | None = None,
+    ) -> NvmlResult:
+        """Call ``fn(*args)`` (None: the bindings' function ``name``), with ``call``'s bookkeeping.
+
+        ``fn`` is gputop's own code over the bindings, such as a versioned C
+        call; ``name`` is the C function it reaches, so a driver without it is
+        remembered under that name as a missing binding is.
+        """
         if not self._ready:
             why = self.start()
             if why is not None:
                 return NvmlResult(None, why)
-        missing = self._missing.get(fn_name)
+        missing = self._missing.get(name)
         if missing is not None:
             return NvmlResult(None, missing)
         key = (device, field) if device is not None and field is not None else None
@@ -126,16 +143,17 @@ class Nvml:
             known = self._unsupported.get(key)
             if known is not None:
                 return NvmlResult(None, known)
-        fn = getattr(self._lib, fn_name, None)
         if fn is None:
-            self._missing[fn_name] = NOT_IN_PYNVML
-            return NvmlResult(None, NOT_IN_PYNVML)
+            fn = getattr(self._lib, name, None)
+            if fn is None:
+                self._missing[name] = NOT_IN_PYNVML
+                return NvmlResult(None, NOT_IN_PYNVML)
         try:
             return NvmlResult(fn(*args))
         except Exception as exc:
             reason = self._reason(exc)
         if reason in _FUNCTION_MISSING:
-            self._missing[fn_name] = reason
+            self._missing[name] = reason
         elif reason in _REMEMBERED and key is not None:
             self._unsupported[key] = reason
         elif reason == UNINITIALIZED:
@@ -159,6 +177,11 @@ class Nvml:
                     self._lib.nvmlShutdown()
             self._ready = False
 
+    def reason_of_code(self, code: int) -> str:
+        """The short reason for an NVML return code (one field's answer inside a batched call)."""
+        name = self._codes.get(code)
+        return _REASONS[name] if name is not None else f"NVML error {code}"
+
     def _reason(self, exc: Exception) -> str:
         """A short reason for any exception out of the backend."""
         code = getattr(exc, "value", None)
@@ -167,6 +190,10 @@ class Nvml:
             return _REASONS[name]
         if isinstance(exc, AttributeError):
             return NOT_IN_PYNVML
+        if type(exc).__name__ == "NVMLLibraryMismatchError":
+            # nvidia-ml-py >= 12.535 maps an unversioned call to its newest version (_v3) and turns
+            # that version's FunctionNotFound into this, which is no NVMLError and has no code.
+            return NOT_IN_DRIVER
         try:
             text = str(exc)
         except Exception:  # pynvml's __str__ calls into NVML and can fail itself

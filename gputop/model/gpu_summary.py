@@ -32,9 +32,15 @@ class _Acc:
     sm_active: list[float] = field(default_factory=list)
     tensor_active: list[float] = field(default_factory=list)
     throttled: dict[str, int] = field(default_factory=dict)
+    # bytes/s each way, by link: "pcie_rx", "pcie_tx", "nvlink_rx", "nvlink_tx"
+    links: dict[str, list[float]] = field(default_factory=dict)
+    other_namespace: set[int] = field(default_factory=set)  # PIDs NVML gave for its ranks' own processes
     na: dict[str, str] = field(default_factory=dict)
     ranks: set[tuple[str, int, str]] = field(default_factory=set)
     unobserved: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+LINKS = ("pcie_rx", "pcie_tx", "nvlink_rx", "nvlink_tx")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -80,6 +86,7 @@ def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = Non
             if assignments is not None:
                 assignment = assignments[position]
                 acc.ranks.update((rv.run_id, rv.rank, rv.hello.hostname) for rv in assignment.ranks)
+                acc.other_namespace.update(p.pid for p in assignment.from_other_namespace)
                 for proc in assignment.unobserved:
                     blank = {"pid": proc.pid, "name": proc.name, "max_used_bytes": None}
                     seen = acc.unobserved.setdefault(proc.pid, blank)
@@ -109,6 +116,10 @@ def _add(acc: _Acc, reading: GpuReading) -> None:
         acc.sm_active.append(reading.sm_active_pct)
     if reading.tensor_active_pct is not None:
         acc.tensor_active.append(reading.tensor_active_pct)
+    for link in LINKS:
+        rate = getattr(reading, f"{link}_bytes_s")
+        if rate is not None:
+            acc.links.setdefault(link, []).append(rate)
     for reason in reading.throttle_reasons:
         acc.throttled[reason] = acc.throttled.get(reason, 0) + 1
     acc.na.update(reading.na)
@@ -140,6 +151,10 @@ def _gpu_summary(acc: _Acc) -> dict[str, Any]:
         "util_max_pct": max(acc.util, default=None),
         "mem_peak_bytes": max(acc.mem_used, default=None),
         "mem_total_bytes": total,
+        "mem_reserved_bytes": last.mem_reserved_bytes,  # the driver's own, not in mem_peak_bytes
+        "link_mean_bytes_s": {link: _mean(acc.links[link]) for link in LINKS if link in acc.links},
+        "link_max_bytes_s": {link: max(acc.links[link]) for link in LINKS if link in acc.links},
+        "pids_from_other_namespace": sorted(acc.other_namespace),
         "power_mean_w": _mean(acc.power),
         "power_max_w": max(acc.power, default=None),
         "power_limit_w": last.power_limit_w if last.power_limit_w is not None else acc.first.power_limit_w,

@@ -36,6 +36,8 @@ class GpuAssignment:
     ranks: tuple[RankView, ...]  # hello.device_uuid matches gpu.uuid (PID fallback for a rank with no UUID)
     unobserved: tuple[GpuProcess, ...]  # on this GPU, neither a rank's process nor one of its children
     hostname: str = ""  # the host whose node sampler read it; "" for the collector's own machine
+    # Processes NVML lists under PIDs from another namespace, taken as these ranks' own (a container)
+    from_other_namespace: tuple[GpuProcess, ...] = ()
 
 
 def normalize_uuid(uuid: str | None) -> str:
@@ -107,15 +109,63 @@ def assign_ranks(
             if extra is not None and rank not in on_gpu[extra]:
                 on_gpu[extra].append(rank)
 
-    return [
-        GpuAssignment(
-            gpu=gpu,
-            ranks=tuple(on_gpu[position]),
-            unobserved=tuple(p for p in gpu.processes if p.pid not in observed_pids),
-            hostname=hostname,
+    out = []
+    for position, gpu in enumerate(gpus):
+        others = [p for p in gpu.processes if p.pid not in observed_pids and p.ns_pid not in observed_pids]
+        claimed = _claimed_from_other_namespace(gpu, on_gpu[position], others)
+        out.append(
+            GpuAssignment(
+                gpu=gpu,
+                ranks=tuple(on_gpu[position]),
+                unobserved=tuple(p for p in others if p not in claimed),
+                hostname=hostname,
+                from_other_namespace=claimed,
+            )
         )
-        for position, gpu in enumerate(gpus)
+    return out
+
+
+# What a rank's process holds beyond torch's reserved memory: its CUDA context, cuBLAS
+# workspaces, NCCL's buffers.  Past this, a hidden process is someone else's.
+CONTEXT_SLACK_BYTES = 2 << 30
+
+
+def _claimed_from_other_namespace(
+    gpu: GpuReading, ranks: Sequence[RankView], others: Sequence[GpuProcess]
+) -> tuple[GpuProcess, ...]:
+    """The GPU's processes that are its ranks' own, listed under PIDs this machine cannot see.
+
+    NVML reports the host's PIDs; in a container (every Kubernetes pod) the
+    rank's own process is listed under a PID that is not in this namespace,
+    and would read as a second tenant on every GPU of the job.  A rank joined
+    to this GPU by UUID whose own PID is not listed takes one such process,
+    the one closest in memory to what the rank holds, unless that process
+    holds more than the rank could (torch's reserved memory plus a context).
+    What is left is still someone else's.
+    """
+    listed = {p.pid for p in gpu.processes} | {p.ns_pid for p in gpu.processes if p.ns_pid is not None}
+    key = normalize_uuid(gpu.uuid)
+    unlisted = [
+        r
+        for r in ranks
+        if normalize_uuid(r.hello.device_uuid) == key
+        and (r.hello.device or "").startswith("cuda")  # only a CUDA rank has a process on its GPU
+        and r.hello.pid not in listed
     ]
+    hidden = [p for p in others if not p.visible]
+    claimed: list[GpuProcess] = []
+    for rank in unlisted:
+        latest = rank.latest
+        holds = latest.mem_reserved_bytes if latest is not None else None
+        fits = [
+            p for p in hidden if p.used_bytes is None or holds is None or p.used_bytes <= holds + CONTEXT_SLACK_BYTES
+        ]
+        if not fits:
+            continue
+        best = min(fits, key=lambda p: abs((p.used_bytes or 0) - (holds or 0)))
+        claimed.append(best)
+        hidden.remove(best)
+    return tuple(claimed)
 
 
 def gpu_groups(snapshot: Snapshot) -> list[GpuSample]:

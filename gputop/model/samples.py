@@ -24,6 +24,12 @@ class GpuProcess:
     sm_util_pct: float | None = None  # since the previous sample
     mem_util_pct: float | None = None
     name: str | None = None
+    # False when NVML lists a PID this machine's /proc does not have: the host's PID of a process in a
+    # container (NVML reports host PIDs), or one that exited since.
+    visible: bool = True
+    # Its PID in the innermost PID namespace (/proc/PID/status NSpid), where that differs: the PID a
+    # rank in a container reports for itself while NVML and this host list it under the host's.
+    ns_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class GpuReading:
     mem_util_pct: float | None = None
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
+    mem_reserved_bytes: int | None = None  # held by the driver (nvmlMemory_v2_t), not in mem_used_bytes
     power_w: float | None = None
     power_limit_w: float | None = None
     temp_c: float | None = None
@@ -44,6 +51,8 @@ class GpuReading:
     mem_clock_mhz: int | None = None
     pcie_rx_bytes_s: float | None = None
     pcie_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None  # all links together
+    nvlink_tx_bytes_s: float | None = None
     throttle_reasons: tuple[str, ...] = ()
     ecc_errors: int | None = None
     sm_active_pct: float | None = None  # GPM, Hopper and newer

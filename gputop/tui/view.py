@@ -92,6 +92,8 @@ class GpuRow:
     ranks: tuple[str, ...]  # "r0", or "run:r0" when several runs share the machine
     unobserved: tuple[GpuProcess, ...]
     hostname: str = ""  # the host it is on, from its node sampler; "" this dashboard's machine
+    rank_keys: tuple[str, ...] = ()  # "run_id:rank" of each rank on it, for the rank detail screen
+    from_other_namespace: tuple[GpuProcess, ...] = ()  # its ranks' own processes, under the host's PIDs
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,8 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
             ),
             unobserved=a.unobserved,
             hostname=a.hostname,
+            rank_keys=tuple(r.key for r in a.ranks),
+            from_other_namespace=a.from_other_namespace,
         )
         for a in figures.assignments
     )

@@ -40,6 +40,9 @@ def communication_findings(run: RunFigures) -> list[Finding]:
     title = f"{ranks_text([r.rank for r in ranks])} wait for gradient exchange {pct(mean):.0f}% of each step"
     if severity is None:
         title += f": {too_close_text(least, se, threshold, lowest.stats.steps)}"
+    nvlink = nvlink_bytes_s(ranks)
+    if nvlink is not None:
+        title += f" (NVLink {nvlink / 1e9:.1f} GB/s per GPU)"
     comm = [r.stats.comm_s for r in ranks if r.stats.comm_s]
     overlap = [r.stats.overlap_s or 0.0 for r in ranks if r.stats.comm_s]
     hidden_frac = sum(overlap) / sum(c for c in comm if c) if comm else None
@@ -57,9 +60,23 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
             cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),
             step_s=mean_step_s(ranks),
-            extra={"comm_hidden_frac": hidden_frac},
+            extra={"comm_hidden_frac": hidden_frac, "nvlink_bytes_s": nvlink},
         )
     ]
+
+
+def nvlink_bytes_s(ranks: list[RankFigures]) -> float | None:
+    """The NVLink traffic (both ways) of the ranks' GPUs, mean per GPU; None where no GPU reads NVLink.
+
+    On SXM/NVSwitch nodes NCCL's all-reduce goes over NVLink, not PCIe: this is
+    the exchange itself, measured by the driver's counters.
+    """
+    rates = {
+        r.gpu.uuid: r.gpu.nvlink_rx_bytes_s + r.gpu.nvlink_tx_bytes_s
+        for r in ranks
+        if r.gpu is not None and r.gpu.nvlink_rx_bytes_s is not None and r.gpu.nvlink_tx_bytes_s is not None
+    }
+    return sum(rates.values()) / len(rates) if rates else None
 
 
 def communication_suggestion(rank: RankFigures) -> str:

@@ -81,6 +81,46 @@ def _facts(hello: Hello) -> list[tuple[str, list[Line]]]:
     ]
 
 
+def _gpu_section(view: DashboardView, key: str) -> Content | None:
+    """What NVML says of the rank's GPU, each missing figure with its reason."""
+    row = next((g for g in view.gpu_rows if key in g.rank_keys), None)
+    if row is None:
+        return None
+    g = row.reading
+
+    def value(text: str, *fields: str) -> str | None:
+        if all(getattr(g, f) is not None for f in fields):
+            return text
+        reason = next((g.na[f] for f in fields if f in g.na), "not read")
+        return f"N/A ({reason})"
+
+    def rates(prefix: str) -> str | None:
+        rx, tx = getattr(g, f"{prefix}_rx_bytes_s"), getattr(g, f"{prefix}_tx_bytes_s")
+        return value(f"rx {fmt_bytes(rx)}/s  tx {fmt_bytes(tx)}/s", f"{prefix}_rx_bytes_s", f"{prefix}_tx_bytes_s")
+
+    lines: list[Line] = [
+        ("GPU", f"{g.index}  {g.name}" + (f"  on {row.hostname}" if row.hostname else "")),
+        (
+            "utilization",
+            value(f"a kernel ran {fmt_pct(g.util_pct)} of the time, memory busy {fmt_pct(g.mem_util_pct)}", "util_pct"),
+        ),
+        (
+            "memory",
+            value(
+                f"{fmt_bytes(g.mem_used_bytes)} used of {fmt_bytes(g.mem_total_bytes)}"
+                + (f", {fmt_bytes(g.mem_reserved_bytes)} reserved by the driver" if g.mem_reserved_bytes else ""),
+                "mem_used_bytes",
+            ),
+        ),
+        ("PCIe", rates("pcie")),
+        ("NVLink", rates("nvlink")),
+    ]
+    if row.from_other_namespace:
+        pids = ", ".join(str(p.pid) for p in row.from_other_namespace)
+        lines.append(("processes", f"NVML reports PIDs from another namespace ({pids}): taken as this GPU's ranks'"))
+    return _section("GPU (NVML)", lines)
+
+
 def _cost_text(s: RankStats) -> str:
     """What gputop costs this rank, from its reporter's self-accounting."""
     if s.gputop_cpu_frac is None and s.hook_s_per_step is None:
@@ -205,9 +245,9 @@ class RankDetailScreen(Screen[None]):
                 + [Content.assemble("  ", (reason, "$text-muted")) for reason in row.na.values()]
             )
         )
-        self.query_one("#detail-facts", Static).update(
-            Content("\n\n").join(_section(title, lines) for title, lines in _facts(rank.hello))
-        )
+        sections = [_section(title, lines) for title, lines in _facts(rank.hello)]
+        gpu = _gpu_section(view, self.key)
+        self.query_one("#detail-facts", Static).update(Content("\n\n").join([gpu, *sections] if gpu else sections))
         events = [Content.styled("recent events", "bold $accent")]
         for event in rank.events[-10:][::-1]:
             ago = view.snapshot.t - event.t

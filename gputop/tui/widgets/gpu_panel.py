@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputop.model.samples import GpuProcess
+from gputop.model.samples import GpuProcess, GpuReading
 from gputop.tui.format import NA, bar, fmt_bytes, fmt_gib, fmt_pct
 from gputop.tui.view import GpuRow
 
@@ -168,8 +168,9 @@ class GpuPanel(Widget):
         ranks = ranks or "no rank"
         show_name = width >= 120
         name = f"{g.name[:22]:<22} " if show_name else ""
+        link = _link_text(g) if show_name else ""
         fixed = len(f"{g.index:>2} ") + len(name) + len("util  ") + 5 + len("mem  ") + len(mem) + 1
-        fixed += len(f"  {power:>5} {temp:>5}  ") + min(len(ranks), 16)
+        fixed += len(f"  {power:>5} {temp:>5}  ") + len(link) + min(len(ranks), 16)
         bar_w = max(min((width - fixed) // 2, 24), 4)
         parts: list[Part] = [
             (f"{g.index:>2} ", "bold"),
@@ -181,6 +182,7 @@ class GpuPanel(Widget):
             *_bar(mem_frac, bar_w, "$accent"),
             f" {mem}",
             (f"  {power:>5} {temp:>5}  ", "$text-muted" if g.power_w is None else ""),
+            (link, "$text-muted"),
             (ranks, "bold" if row.ranks else "$text-muted"),
         ]
         used = Content.assemble(*parts).cell_length
@@ -209,3 +211,14 @@ class GpuPanel(Widget):
             chunk = cells[start : start + per_line]
             lines.append(Content.assemble(*(c.pad_right(cell_w - c.cell_length) for c in chunk)))
         return Content("\n").join(lines)
+
+
+def _link_text(g: GpuReading) -> str:
+    """The busiest interconnect's traffic, both ways: NVLink where the GPU has it, else PCIe ("" unknown)."""
+    for label, rx, tx in (
+        ("nvl", g.nvlink_rx_bytes_s, g.nvlink_tx_bytes_s),
+        ("pcie", g.pcie_rx_bytes_s, g.pcie_tx_bytes_s),
+    ):
+        if rx is not None and tx is not None:
+            return f"{label} {fmt_bytes(rx + tx)}/s  "
+    return ""
