@@ -52,6 +52,7 @@ class Case:
     about: str
     script: str = "job.py"
     onset: bool = False  # the cause switches on mid-run; the job writes when
+    unseen: bool = False  # written after the rules, to score them on jobs they were not tuned on
 
 
 CASES: tuple[Case, ...] = (
@@ -82,6 +83,17 @@ CASES: tuple[Case, ...] = (
         "Lightning Trainer(strategy='ddp', max_time=...), convnet",
         script="lightning_case.py",
     ),
+    # Written like public scripts and added before any rule was tuned to them (jobs/accuracy/unseen_cases.py).
+    Case("hang_rank1_lock", "hang", "rank 1 blocks on a lock for good at step 40", unseen=True),
+    Case(
+        "straggler_metric_after_step_rank1", "straggler", "rank 1 computes a metric after optimizer.step()", unseen=True
+    ),
+    Case("allocation_outside_cpu_hog", "allocation", "healthy convnet, another program burns a core", unseen=True),
+    Case("stall_checkpoint_every_10_rank0", "stall", "rank 0 saves every 10 steps, 1.5 s flush", unseen=True),
+    Case("stall_irregular", "stall", "every rank flushes logs ~1 s at irregular steps", unseen=True),
+    Case("healthy_symmetric_accumulation", HEALTHY, "4 micro-batches under no_sync, optimizer marks", unseen=True),
+    Case("healthy_mingpt_like", HEALTHY, "minGPT-ddp scaled down: 2 blocks, AdamW, clipping", unseen=True),
+    Case("data_loading_tokenize_in_collate", "data_loading", "Python tokenizer in collate_fn, 0 workers", unseen=True),
 )
 
 

@@ -33,6 +33,16 @@ from steady_cases import (
     stall_checkpoint_rank0,
     stall_periodic_evaluation,
 )
+from unseen_cases import (
+    allocation_outside_cpu_hog,
+    data_loading_tokenize_in_collate,
+    hang_rank1_lock,
+    healthy_mingpt_like,
+    healthy_symmetric_accumulation,
+    stall_checkpoint_every_10_rank0,
+    stall_irregular,
+    straggler_metric_after_step_rank1,
+)
 
 CASES: dict[str, Callable[[float], None]] = {
     fn.__name__: fn
@@ -54,6 +64,14 @@ CASES: dict[str, Callable[[float], None]] = {
         model_config_tiny_buckets,
         healthy_convnet,
         healthy_accumulation_manual_marks,
+        hang_rank1_lock,
+        straggler_metric_after_step_rank1,
+        allocation_outside_cpu_hog,
+        stall_checkpoint_every_10_rank0,
+        stall_irregular,
+        healthy_symmetric_accumulation,
+        healthy_mingpt_like,
+        data_loading_tokenize_in_collate,
     )
 }
 

@@ -1,0 +1,302 @@
+"""Jobs written the way public training scripts are, added *before* any rule was tuned to them.
+
+pytorch/examples (minGPT-ddp), torchvision's reference scripts and the Hugging
+Face examples were the models: a metric computed after the optimizer step, a
+checkpoint every N steps, gradient accumulation, tokenising in the collate
+function, a rank that blocks for good, a neighbour process that takes a core.
+Their first scores, before any rule changed, are in docs/diagnosis.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+from common import Deadline, finish, start
+from steady_cases import cifar_convnet, images
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import gputop
+
+
+def _exit_at(seconds: float) -> None:
+    """End this rank when the budget is spent, wherever it is blocked (a hung job never ends by itself)."""
+
+    def leave() -> None:
+        time.sleep(seconds)
+        print(f"rank {os.environ.get('RANK')}: budget spent while hung, leaving", flush=True)
+        os._exit(0)
+
+    threading.Thread(target=leave, daemon=True).start()
+
+
+def hang_rank1_lock(seconds: float) -> None:
+    """At step 40 rank 1 waits on a lock a forgotten thread holds; rank 0 waits in its next all-reduce."""
+    rank = start()
+    _exit_at(seconds)
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(images(), batch_size=32, shuffle=True)
+    lock = threading.Lock()
+    steps = 0
+
+    def wait_for_lock() -> None:
+        with lock:  # never released: the holder below never finishes
+            pass
+
+    holder = threading.Thread(target=lambda: (lock.acquire(), time.sleep(1e9)), daemon=True)
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if steps == 40 and rank == 1:
+                holder.start()
+                time.sleep(0.1)
+                wait_for_lock()
+
+
+class Metric:
+    """An epoch-style metric recomputed every step over the last 16384 predictions (a common mistake)."""
+
+    def __init__(self) -> None:
+        self.scores: list[float] = []
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        self.scores.extend(logits.softmax(1).gather(1, targets[:, None]).squeeze(1).tolist())
+        self.scores = self.scores[-16384:]
+        ranked = sorted(self.scores)
+        return sum(math.log(s + 1e-9) for s in ranked) / len(ranked)
+
+
+def straggler_metric_after_step_rank1(seconds: float) -> None:
+    """Rank 1 computes a Python metric after optimizer.step() every step (rank 0 logs nothing)."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = images()
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data))
+    metric = Metric()
+    deadline, steps = Deadline(seconds), 0
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            logits = model(x)
+            nn.functional.cross_entropy(logits, y).backward()
+            opt.step()
+            if rank == 1:
+                for _ in range(4):
+                    metric.update(logits.detach(), y)
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
+def allocation_outside_cpu_hog(seconds: float) -> None:
+    """A healthy convnet while another program (not the job's) burns one of the two cores."""
+    rank = start()
+    hog = None
+    if rank == 0:
+        burn = f"import time\nend = time.time() + {seconds + 5}\nwhile time.time() < end: pass\n"
+        hog = subprocess.Popen([sys.executable, "-c", burn], start_new_session=True)
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = images()
+    loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data))
+    deadline, steps = Deadline(seconds), 0
+    try:
+        while True:
+            for x, y in gputop.track(loader):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                steps += 1
+                if deadline.reached(steps):
+                    finish(rank, steps)
+                    return
+    finally:
+        if hog is not None:
+            hog.kill()
+
+
+def stall_checkpoint_every_10_rank0(seconds: float) -> None:
+    """Rank 0 checkpoints every 10 steps (torch.save and a 1.5-s flush), as torchvision's references do per epoch."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(images(), batch_size=48, shuffle=True)
+    deadline, steps = Deadline(seconds), 0
+    with tempfile.TemporaryDirectory(prefix="gputop-bench-ckpt-") as folder:
+        while True:
+            for x, y in gputop.track(loader):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                steps += 1
+                if rank == 0 and steps % 10 == 0:
+                    torch.save({"model": model.module.state_dict(), "step": steps}, os.path.join(folder, "ckpt.pt"))
+                    time.sleep(1.5)
+                if deadline.reached(steps):
+                    finish(rank, steps)
+                    return
+
+
+def stall_irregular(seconds: float) -> None:
+    """Every rank uploads logs at irregular steps (~1 s each), the way a log shipper flushes when its buffer fills."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(images(), batch_size=48, shuffle=True)
+    flushes = set(random.Random(7).sample(range(8, 400), 25))  # the same steps on every rank
+    deadline, steps = Deadline(seconds), 0
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if steps in flushes:
+                time.sleep(1.0)
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
+def healthy_symmetric_accumulation(seconds: float) -> None:
+    """Gradient accumulation over 4 micro-batches under no_sync(), the optimizer's step counted as the step."""
+    rank = start()
+    accumulate = 4
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = images()
+    loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
+    deadline, steps, micro = Deadline(seconds), 0, 0
+    while True:
+        for x, y in gputop.track(loader):
+            micro += 1
+            loss = nn.functional.cross_entropy(model(x), y) / accumulate
+            if micro % accumulate:
+                with model.no_sync():
+                    loss.backward()
+                continue
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
+class TinyGPT(nn.Module):
+    """minGPT's shape, scaled to a CPU: token + position embeddings, 2 causal blocks, a head."""
+
+    def __init__(self, vocab: int = 256, width: int = 64, context: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        block = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(x) + self.positions(torch.arange(x.shape[1]))
+        return self.head(self.blocks(h, mask=self.mask, is_causal=True))
+
+
+class CharData(Dataset):
+    def __init__(self, n: int = 4096, context: int = 64) -> None:
+        self.data = torch.randint(0, 256, (n + context + 1,))
+        self.context = context
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.data[i : i + self.context + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def healthy_mingpt_like(seconds: float) -> None:
+    """pytorch/examples' minGPT-ddp, scaled down: AdamW, grad clipping, a DistributedSampler."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(TinyGPT())
+    gputop.watch(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    data = CharData()
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=48, sampler=sampler)
+    deadline, steps, epoch = Deadline(seconds), 0, 0
+    while True:
+        sampler.set_epoch(epoch)
+        for x, y in gputop.track(loader):
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+        epoch += 1
+
+
+WORDS = [f"w{i}" for i in range(5000)]
+
+
+class Reviews(Dataset):
+    """Raw text, as the Hugging Face examples start from."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> str:
+        rng = random.Random(i)
+        return " ".join(rng.choice(WORDS) for _ in range(400))
+
+
+def tokenize_batch(texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pure-Python tokenizer in collate_fn, in the main process (num_workers=0)."""
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    ids = [[vocab.get(w, 0) for w in text.split()][:128] for text in texts]
+    labels = torch.tensor([len(text) % 2 for text in texts])
+    return torch.tensor(ids), labels
+
+
+def data_loading_tokenize_in_collate(seconds: float) -> None:
+    """A text classifier whose collate_fn tokenises raw strings on the training process."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.EmbeddingBag(len(WORDS), 32), nn.Linear(32, 2)))
+    gputop.watch(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = Reviews()
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data), collate_fn=tokenize_batch)
+    deadline, steps = Deadline(seconds), 0
+    for x, y in gputop.track(loader):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+        if deadline.reached(steps):
+            break
+    finish(rank, steps)
