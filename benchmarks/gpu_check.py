@@ -10,6 +10,13 @@ and exits 2.  It installs nothing: it uses the torch and gputop that are there.
 Exit status: 0 when every check passed, 1 when one failed or broke, 2 when
 there is no GPU to check on.  Each check is independent: one that breaks
 records why and the others still run.
+
+A check is a function returning ``Row``s, registered in ``CHECKS``.  What
+they stand on: ``read_smi()`` (per GPU) and ``read_compute_apps()`` (per
+process and GPU) from nvidia-smi; ``run_job()``/``recorded_job()`` for a
+1-rank NCCL job of ``gpu_jobs/gpu_job.py`` with or without a recorder;
+``job_contexts()`` for which of a running job's processes hold a CUDA
+context on which GPU, with how much memory.
 """
 
 from __future__ import annotations
@@ -81,29 +88,29 @@ class SmiReading:
     temp_c: float | None
 
 
+def _number(cell: str) -> float | None:
+    cell = cell.strip()
+    try:
+        return float(cell)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
 def parse_smi_csv(text: str) -> list[SmiReading]:
     """Rows of ``nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits``."""
-
-    def number(cell: str) -> float | None:
-        cell = cell.strip()
-        try:
-            return float(cell)
-        except ValueError:  # "[N/A]", "[Not Supported]"
-            return None
-
     readings = []
     for cells in csv.reader(io.StringIO(text)):
         if len(cells) < len(SMI_FIELDS):
             continue
-        mem_mib = number(cells[3])
+        mem_mib = _number(cells[3])
         readings.append(
             SmiReading(
                 uuid=cells[0].strip(),
                 index=int(cells[1]),
-                util_pct=number(cells[2]),
+                util_pct=_number(cells[2]),
                 mem_used_bytes=None if mem_mib is None else int(mem_mib * MIB),
-                power_w=number(cells[4]),
-                temp_c=number(cells[5]),
+                power_w=_number(cells[4]),
+                temp_c=_number(cells[5]),
             )
         )
     return readings
@@ -118,6 +125,37 @@ def read_smi() -> list[SmiReading]:
         check=True,
     )
     return parse_smi_csv(out.stdout)
+
+
+@dataclass(frozen=True)
+class ComputeApp:
+    """One row of ``nvidia-smi --query-compute-apps``: a process holding a CUDA context on a GPU."""
+
+    pid: int
+    gpu_uuid: str
+    used_bytes: int | None
+
+
+def parse_compute_apps(text: str) -> list[ComputeApp]:
+    """Rows of ``nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits``."""
+    apps = []
+    for cells in csv.reader(io.StringIO(text)):
+        if len(cells) < 3 or not cells[0].strip().isdigit():  # "No running processes found" is no row
+            continue
+        mib = _number(cells[2])
+        apps.append(ComputeApp(int(cells[0]), cells[1].strip(), None if mib is None else int(mib * MIB)))
+    return apps
+
+
+def read_compute_apps() -> list[ComputeApp]:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return parse_compute_apps(out.stdout)
 
 
 def within(measured: float | None, reference: float | None, *, rel: float = 0.0, abs_: float = 0.0) -> bool:
@@ -196,25 +234,87 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def run_job(
-    mode: str, *, steps: int, port: int | None, env: dict[str, str] | None = None, unset: Sequence[str] = ()
-) -> float:
-    """A 1-rank torchrun of gpu_job.py; returns its steps/s.  Raises with the job's output if it fails."""
+def job_command(mode: str, steps: int, job_args: Sequence[str] = ()) -> list[str]:
+    """A 1-rank torchrun of gpu_job.py."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(JOB),
+            "--mode", mode, "--steps", str(steps), *job_args]  # fmt: skip
+
+
+def job_env(port: int | None, env: dict[str, str] | None = None, unset: Sequence[str] = ()) -> dict[str, str]:
+    """The job's environment: reporting to ``port`` (None: nowhere in particular), ``env`` added, ``unset`` removed."""
     # CUDA numbers devices fastest-first by default, nvidia-smi by PCI bus: make them the same.
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", **(env or {})}
     for name in ("GPUTOP_SOCKET", *unset):
         full_env.pop(name, None)
     if port is not None:
         full_env["GPUTOP_PORT"] = str(port)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(JOB),
-           "--mode", mode, "--steps", str(steps)]  # fmt: skip
-    out = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600)
+    return full_env
+
+
+def run_job(
+    mode: str,
+    *,
+    steps: int,
+    port: int | None,
+    env: dict[str, str] | None = None,
+    unset: Sequence[str] = (),
+    job_args: Sequence[str] = (),
+) -> float:
+    """A 1-rank torchrun of gpu_job.py; returns its steps/s.  Raises with the job's output if it fails."""
+    cmd = job_command(mode, steps, job_args)
+    out = subprocess.run(cmd, env=job_env(port, env, unset), capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{mode} job exited {out.returncode}: {(out.stdout + out.stderr)[-800:]}")
     for line in out.stdout.splitlines():
         if line.startswith("steps "):
             return float(line.split()[-1])
     raise RuntimeError(f"{mode} job printed no steps/s: {out.stdout[-400:]}")
+
+
+POLL_S = 0.5  # how often job_contexts asks nvidia-smi while the job runs
+
+
+def job_contexts(
+    mode: str,
+    *,
+    steps: int,
+    port: int | None,
+    env: dict[str, str] | None = None,
+    unset: Sequence[str] = (),
+    job_args: Sequence[str] = (),
+) -> dict[int, dict[str, int | None]]:
+    """Run a 1-rank job and watch nvidia-smi's process list until it exits.
+
+    Returns, for each of the job's processes (torchrun and its descendants)
+    that nvidia-smi listed, the UUIDs of the GPUs it held a CUDA context on
+    and the most memory seen there.  Raises with the job's output if it fails.
+    """
+    import psutil
+
+    seen: dict[int, dict[str, int | None]] = {}
+    with tempfile.TemporaryFile("w+") as output:
+        job = subprocess.Popen(job_command(mode, steps, job_args), env=job_env(port, env, unset), stdout=output,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        pids = {job.pid}
+        deadline = time.monotonic() + 600
+        try:
+            while job.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(psutil.Error):
+                    pids |= {child.pid for child in psutil.Process(job.pid).children(recursive=True)}
+                for app in read_compute_apps():
+                    if app.pid in pids:
+                        held = seen.setdefault(app.pid, {})
+                        known = [u for u in (held.get(app.gpu_uuid), app.used_bytes) if u is not None]
+                        held[app.gpu_uuid] = max(known) if known else None
+                time.sleep(POLL_S)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            job.wait()
+        if job.returncode != 0:
+            output.seek(0)
+            raise RuntimeError(f"{mode} job exited {job.returncode}: {output.read()[-800:]}")
+    return seen
 
 
 def report_of(path: Path) -> dict[str, Any]:
@@ -383,6 +483,70 @@ def check_rules() -> list[Row]:
     return rows
 
 
+def one_context_on(
+    seen: dict[int, dict[str, int | None]], gpu: SmiReading, smi: Sequence[SmiReading]
+) -> tuple[str, str]:
+    """(result, what was seen) for a 1-rank job: one process with one CUDA context, on ``gpu``, none anywhere else."""
+    index_of = {r.uuid: r.index for r in smi}
+    held = sorted((pid, uuid, used) for pid, gpus in seen.items() for uuid, used in gpus.items())
+    shown = "; ".join(
+        f"pid {pid} on GPU {index_of.get(uuid, '?')} ({uuid}, {(used or 0) / MIB:.0f} MiB)" for pid, uuid, used in held
+    )
+    if not held:
+        return "error: nvidia-smi listed no process of the job (a PID namespace of its own?)", "none listed"
+    ok = len(held) == 1 and _same_uuid(held[0][1], gpu.uuid)
+    return ("pass" if ok else "fail"), shown
+
+
+def check_cuda_contexts() -> list[Row]:
+    """One CUDA context per rank, on its GPU, and none on another GPU: nvidia-smi's process list during the job."""
+    smi = read_smi()
+    first, last = min(smi, key=lambda r: r.index), max(smi, key=lambda r: r.index)
+    rows = []
+    for placement, gpu, label in (
+        ("set_device", first, f"torch.cuda.set_device({first.index})"),
+        ("last_gpu", last, f"model.to({last.index}) without set_device"),
+    ):
+        job: dict[str, Any] = {"steps": 300, "unset": ("CUDA_VISIBLE_DEVICES",),
+                               "job_args": ("--placement", placement, "--hold-s", "3")}  # fmt: skip
+        with recording() as (port, _):
+            result, on = one_context_on(job_contexts("bf16", port=port, **job), gpu, smi)
+        _, off = one_context_on(job_contexts("bf16", port=None, env={"GPUTOP_DISABLE": "1"}, **job), gpu, smi)
+        rows.append(Row(f"CUDA contexts, one per rank ({label})",
+                        f"the rank's process on GPU {gpu.index} only; gputop adds no context",
+                        f"gputop on: {on} | gputop off: {off}", result))  # fmt: skip
+    return rows
+
+
+def check_ddp_timings() -> list[Row]:
+    """DDP's forward, backward and exchange times on NCCL are measurements: non-zero wherever a window has them."""
+    from gputop.protocol import Event, Window
+    from gputop.recording import read
+
+    with recording() as (port, path):
+        run_job("bf16", steps=2000, port=port)
+    windows: list[Window] = []
+    reasons: list[str] = []
+    for entry in read(path):
+        message = entry.value
+        if isinstance(message, Window) and message.comm_s is not None:
+            windows.append(message)
+        elif isinstance(message, Event) and message.kind == "not_measured" and message.message.startswith("ddp_"):
+            reasons.append(message.message)
+    zero = [w for w in windows if not (w.forward_s and w.backward_s and w.comm_s)]
+    last = windows[-1] if windows else None
+    example = (
+        "none"
+        if last is None
+        else f"forward {(last.forward_s or 0) * 1e3:.2f}, backward {(last.backward_s or 0) * 1e3:.2f}, "
+        f"comm {(last.comm_s or 0) * 1e3:.2f} ms"
+    )
+    ok = len(windows) >= 2 and not zero and not reasons
+    return [Row("DDP timings on NCCL are measured", "≥ 2 windows with DDP figures, forward/backward/comm > 0 in each; "
+                "no not_measured reason", f"{len(windows)} windows, {len(zero)} with a zero; last: {example}; "
+                f"reasons: {'; '.join(reasons) or 'none'}", "pass" if ok else "fail")]  # fmt: skip
+
+
 def check_overhead(rounds: int = 3) -> list[Row]:
     """Steps/s of a GPU job with gputop off and in each mode, alternated; and what one NVML sample costs."""
     modes = {
@@ -426,6 +590,8 @@ CHECKS: dict[str, Callable[[], list[Row]]] = {
     "join": check_join,
     "step_time": check_gpu_step_time,
     "rules": check_rules,
+    "contexts": check_cuda_contexts,
+    "ddp_times": check_ddp_timings,
     "overhead": check_overhead,
 }
 

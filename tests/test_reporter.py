@@ -36,16 +36,17 @@ def test_the_loaders_own_errors_pass_through_unchanged() -> None:
         list(TrackedLoader(broken(), StepClock()))
 
 
-def test_a_failing_cuda_event_factory_is_swallowed_and_dropped() -> None:
+def test_a_failing_cuda_event_is_swallowed_and_events_are_dropped() -> None:
     clock = StepClock()
 
-    def boom() -> None:
-        raise RuntimeError("CUDA error: an illegal memory access")
+    class Failing:
+        def record_step(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access")
 
-    clock.event_factory = boom
+    clock.gpu_steps = Failing()
     clock.mark_step()  # must not raise into training
     clock.mark_step()
-    assert clock.errors == 1 and clock.event_factory is None
+    assert clock.errors == 1 and clock.gpu_steps is None
     assert len(clock.drain()) == 2  # both steps counted, without GPU events
 
 

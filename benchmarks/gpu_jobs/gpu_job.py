@@ -6,6 +6,12 @@ Modes: ``gpu_bound`` (big bf16 matmuls, the GPU busy all step), ``launch_bound``
 ``fp32`` (a tensor-core-sized MLP without autocast), ``bf16`` (the same under
 bf16 autocast), ``slow_loader`` (60 ms per batch in the dataset).  Prints
 ``steps N steps_per_s X`` when done, measured around the loop only.
+
+``--placement``: ``set_device`` (the default) calls ``torch.cuda.set_device(local_rank)``
+and trains there; ``last_gpu`` never calls it and puts the model on the last
+visible GPU with ``model.to(device)``, as PyTorch's DDP tutorial does, so the
+training thread's current device stays 0.  ``--hold-s`` keeps the process (and
+its CUDA contexts) alive that long after training, for ``nvidia-smi`` to see.
 """
 
 from __future__ import annotations
@@ -65,18 +71,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=sorted(SHAPES), required=True)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--placement", choices=["set_device", "last_gpu"], default="set_device")
+    parser.add_argument("--hold-s", type=float, default=0.0)
     args = parser.parse_args()
     shape = SHAPES[args.mode]
 
     dist.init_process_group("nccl")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local_rank}")
-    torch.cuda.set_device(device)
+    if args.placement == "set_device":
+        index = local_rank
+        torch.cuda.set_device(index)
+    else:
+        index = torch.cuda.device_count() - 1  # and no set_device: device 0 stays current
+    device = torch.device("cuda", index)
     layers: list[nn.Module] = []
     for _ in range(shape["layers"] - 1):
         layers += [nn.Linear(shape["width"], shape["width"]), nn.ReLU()]
     layers.append(nn.Linear(shape["width"], 10))
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(device), device_ids=[local_rank])
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(device), device_ids=[index])
     gputop.watch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     data = Batches(shape["width"], shape["batch"], shape["delay_s"])
@@ -94,9 +106,10 @@ def main() -> None:
         steps += 1
         if steps == args.steps:
             break
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)  # this device's: a bare synchronize() would start a context on the current one
     elapsed = time.perf_counter() - started
     print(f"steps {steps} steps_per_s {steps / elapsed:.3f}", flush=True)
+    time.sleep(args.hold_s)
     dist.destroy_process_group()
 
 

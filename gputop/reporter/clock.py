@@ -27,7 +27,6 @@ class StepMark(NamedTuple):
     duration_s: float | None  # since the previous mark; None for the first step
     loader_wait_s: float  # blocked in the tracked loader during this step
     batches: int  # batches fetched from the tracked loader during this step
-    cuda_event: Any = None  # a recorded torch.cuda.Event, harvested off-thread
 
 
 class StepClock:
@@ -36,7 +35,8 @@ class StepClock:
     def __init__(self) -> None:
         self.marks: deque[tuple[Any, ...]] = deque(maxlen=MAX_PENDING_STEPS)  # StepMark fields, in order
         self.errors = 0  # failures swallowed on the training thread
-        self.event_factory: Any = None  # set by the reporter when the model is on CUDA
+        # Set by the reporter when the model is on one CUDA device: a RankCuda, which keeps the step events.
+        self.gpu_steps: Any = None
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
@@ -53,18 +53,16 @@ class StepClock:
     def mark_step(self) -> None:
         """Close the current step.  Called from the optimizer post-hook or ``gputop.step()``."""
         now = time.perf_counter()
-        event = None
-        if self.event_factory is not None:
+        gpu_steps = self.gpu_steps
+        if gpu_steps is not None:
             try:
-                event = self.event_factory()
-                event.record()
+                gpu_steps.record_step()
             except Exception:
                 self.errors += 1
-                self.event_factory = None  # keep timing steps without GPU events
-                event = None
+                self.gpu_steps = None  # keep timing steps without GPU events
         last, self._last_mark_s = self._last_mark_s, now
         # A plain tuple: a NamedTuple's __new__ is Python code; the reporter thread names the fields.
-        self.marks.append((now, None if last is None else now - last, self._loader_wait_s, self._batches, event))
+        self.marks.append((now, None if last is None else now - last, self._loader_wait_s, self._batches))
         self._loader_wait_s = 0.0
         self._batches = 0
 

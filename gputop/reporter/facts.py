@@ -187,14 +187,19 @@ def data_parallel_facts(model: Any) -> dict[str, Any]:
 
 
 def device_facts(device: str | None) -> dict[str, Any]:
-    """Name, UUID and memory of a CUDA device; nothing for CPU."""
+    """Name, UUID and memory of a CUDA device named with its index ("cuda:3"); nothing for CPU.
+
+    A bare "cuda" is not resolved with ``torch.cuda.current_device()``: that
+    is device 0 on any thread that never chose one, whatever GPU the model is on.
+    """
     if not device or not device.startswith("cuda"):
         return {}
     try:
         import torch
 
         index = torch.device(device).index
-        index = torch.cuda.current_device() if index is None else index
+        if index is None:
+            return {}
         props = torch.cuda.get_device_properties(index)
         uuid = getattr(props, "uuid", None)
         uuid_text = None if uuid is None else str(uuid)

@@ -40,6 +40,7 @@ from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
 from gputop.reporter.probes.ddp import DdpProbe
 from gputop.reporter.probes.gpu_steps import GpuStepProbe
 from gputop.reporter.probes.process import ProcessProbe
+from gputop.reporter.rank_cuda import RankCuda, model_cuda_index
 from gputop.reporter.sender import Sender
 from gputop.reporter.trainer_figures import TrainerLog
 from gputop.reporter.window import step_fields
@@ -54,7 +55,8 @@ EXIT_LINGER_MIN_S = 0.2  # and then for the dashboard to take it, however long t
 class Reporter:
     """One per process; ``gputop.watch()`` creates and starts it."""
 
-    def __init__(self, address: Address, *, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(self, address: Address, *, window_s: float = DEFAULT_WINDOW_S, cuda: Any = None) -> None:
+        """``cuda``: ``torch.cuda`` (None: imported when a model on CUDA is watched) or a stand-in for tests."""
         self.window_s = window_s
         self.clock = StepClock()
         self.sender = Sender(address, backlog_frames=max(int(BACKLOG_S / window_s), 16))
@@ -77,6 +79,10 @@ class Reporter:
         self._seq = 0
         self._step_total = 0
         self._failed_probes: set[str] = set()
+        self._reasons_said: set[tuple[str, str]] = set()  # (probe, why not measured), each sent once
+        self._cuda = cuda
+        # Every CUDA device a watched model was on, kept until the reporter thread drops their events at exit.
+        self._cuda_devices: dict[int, RankCuda] = {}
         self._forward_calls = 0
         self._train_forwards = 0  # forwards with autograd on: micro-batches, counted on the training thread
         self._train_forwards_sent = 0  # read by the reporter thread at the last window
@@ -130,15 +136,11 @@ class Reporter:
             probes.append(ddp)
         if device.startswith("cuda"):
             with contextlib.suppress(Exception):
-                probes.append(CudaMemoryProbe(device, self._facts.get("device_total_bytes")))
-            if os.environ.get("GPUTOP_CUDA_EVENTS", "1") != "0":
-                try:
-                    import torch
-
-                    self.clock.event_factory = lambda: torch.cuda.Event(enable_timing=True)
-                    probes.append(GpuStepProbe())
-                except Exception:
-                    pass
+                index = int(device.partition(":")[2])
+                probes.append(CudaMemoryProbe(self._rank_cuda(index), self._facts.get("device_total_bytes")))
+        gpu_steps = self._gpu_step_probe(model)
+        if gpu_steps is not None:
+            probes.append(gpu_steps)
         self._probes = (*(p for p in self._probes if p.name not in {q.name for q in probes}), *probes)
         with contextlib.suppress(Exception):
             import torch
@@ -147,6 +149,45 @@ class Reporter:
         with contextlib.suppress(Exception):
             self._hook_handles.append(model.register_forward_pre_hook(self._on_forward))
         self._facts_changed.set()
+
+    def _gpu_step_probe(self, model: Any) -> GpuStepProbe | None:
+        """GPU step time on the model's device, or a probe saying why not; None for a CPU run.
+
+        Step events go on the current stream of the device the parameters are
+        on, never on the thread's current device: a script that placed the
+        model without ``torch.cuda.set_device`` still has device 0 current.
+        """
+        self.clock.gpu_steps = None  # a model watched before may have been elsewhere
+        try:
+            index, why_not = model_cuda_index(model, cuda_in_use=self._cuda_in_use())
+        except Exception:
+            return None  # no parameters to read: model_facts found no device either
+        if index is None:
+            return None if why_not is None else GpuStepProbe(None, not_measured=why_not)
+        if os.environ.get("GPUTOP_CUDA_EVENTS", "1") == "0":
+            return GpuStepProbe(None, not_measured="CUDA events are off (GPUTOP_CUDA_EVENTS=0)")
+        try:
+            device = self._rank_cuda(index)
+        except Exception as exc:
+            return GpuStepProbe(None, not_measured=f"torch.cuda is not usable here ({type(exc).__name__})")
+        self.clock.gpu_steps = device
+        return GpuStepProbe(device)
+
+    def _rank_cuda(self, index: int) -> RankCuda:
+        device = self._cuda_devices.get(index)
+        if device is None:
+            device = self._cuda_devices[index] = RankCuda(index, self._cuda)
+        return device
+
+    def _cuda_in_use(self) -> bool:
+        """Whether this process has started CUDA (a flag torch keeps; asking it starts nothing)."""
+        cuda = self._cuda
+        if cuda is None:
+            cuda = getattr(sys.modules.get("torch"), "cuda", None)
+        try:
+            return bool(cuda is not None and cuda.is_initialized())
+        except Exception:
+            return False
 
     def attach_loader(self, loader: Any) -> None:
         self._facts.update(facts.loader_facts(loader))
@@ -314,6 +355,7 @@ class Reporter:
     def _final_flush(self, window_t0: float) -> None:
         try:
             self._close_window(window_t0)
+            self._release_cuda()
             bye = Bye(
                 run_id=self._hello_or_new().run_id,
                 rank=self._hello_or_new().rank,
@@ -333,6 +375,13 @@ class Reporter:
             self._node.stop()
         except Exception:
             pass
+
+    def _release_cuda(self) -> None:
+        """Drop the step events here, each with its device current, not wherever the interpreter's exit would."""
+        self.clock.gpu_steps = None
+        for device in self._cuda_devices.values():
+            with contextlib.suppress(Exception):
+                device.release()
 
     def _hello_or_new(self) -> Hello:
         if self._hello is None:
@@ -402,6 +451,18 @@ class Reporter:
             encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind="error", message=message))
         )
 
+    def _say_why_not_measured(self, probe: Probe) -> None:
+        """A probe's reason for N/A fields, sent once per reason as a ``not_measured`` event: "<probe>: <why>"."""
+        reason = probe.not_measured
+        if not reason or (probe.name, reason) in self._reasons_said:
+            return
+        self._reasons_said.add((probe.name, reason))
+        hello = self._hello_or_new()
+        message = f"{probe.name}: {reason}"[:500]
+        self.sender.enqueue(
+            encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind="not_measured", message=message))
+        )
+
     def _close_window(self, t0: float) -> float:
         """Build and enqueue the window that ends now; return its end time."""
         t1 = time.time()
@@ -417,6 +478,7 @@ class Reporter:
                 fields.update(probe.read(marks))
             except Exception as exc:
                 self._report_error(probe.name, exc)
+            self._say_why_not_measured(probe)
         self._learn_ddp_settings()
         if self._grad_enabled is not None:
             forwards, self._train_forwards_sent = self._train_forwards - self._train_forwards_sent, self._train_forwards

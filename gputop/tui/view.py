@@ -206,8 +206,13 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
         reasons["loader"] = "loader wait: loader not tracked (iterate it with gputop.track(loader))"
     if stats.samples_per_s is None:
         reasons["samples"] = "samples/s: batch size unknown (gputop.track(loader) reports it)"
+    said = not_measured(rank)
+    if stats.gpu_step_time_p50_s is None and not on_cpu and "gpu_step_times" in said:
+        reasons["gpu_step"] = f"GPU step time: {said['gpu_step_times']}"
     if stats.forward_s is None:
-        if hello.ddp is False:
+        if "ddp_stats" in said:
+            why = said["ddp_stats"]
+        elif hello.ddp is False:
             why = "not a DDP model"
         elif hello.ddp is None:
             why = "model not watched yet (gputop.watch(model))"
@@ -221,6 +226,16 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
     if hello.device_uuid is None:
         reasons["gpu"] = "GPU: CPU run" if on_cpu else "GPU: the rank did not report a device UUID"
     return reasons
+
+
+def not_measured(rank: RankView) -> dict[str, str]:
+    """Each probe's latest word on why its figures are N/A (``not_measured`` events: "<probe>: <why>")."""
+    said: dict[str, str] = {}
+    for event in rank.events:
+        if event.kind == "not_measured":
+            probe, _, why = event.message.partition(": ")
+            said[probe] = why
+    return said
 
 
 def straggler_keys(findings: Sequence[Finding]) -> set[str]:

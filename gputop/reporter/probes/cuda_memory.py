@@ -5,25 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from gputop.reporter.clock import StepMark
+from gputop.reporter.rank_cuda import RankCuda
 
 
 class CudaMemoryProbe:
-    """``torch.cuda.memory_stats`` of one device: host-side counters, no GPU synchronisation."""
+    """``torch.cuda.memory_stats`` of the rank's device, read through ``RankCuda``: host-side counters, no sync."""
 
     name = "memory"
+    not_measured: str | None = None
 
-    def __init__(self, device: str, total_bytes: int | None) -> None:
-        import torch
-
-        self._torch = torch
-        self._index = torch.device(device).index
+    def __init__(self, device: RankCuda, total_bytes: int | None) -> None:
+        self._device = device
         self._total_bytes = total_bytes
 
     def read(self, marks: list[StepMark]) -> dict[str, Any]:
-        cuda = self._torch.cuda
-        if not cuda.is_initialized():
+        stats = self._device.memory_stats()
+        if not stats:
             return {}
-        stats = cuda.memory_stats(self._index)
         out = {
             "mem_allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
             "mem_reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),

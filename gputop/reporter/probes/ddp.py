@@ -4,6 +4,15 @@ Read from ``_get_ddp_logging_data()``, a private PyTorch API, defensively: a
 missing key or a changed name leaves the figures out (N/A), never raises into
 training.  DDP times every Nth iteration; how N is chosen, and why every
 iteration is timed on CPU, is in docs/architecture.md ("DDP statistics").
+
+Zero is not a measurement here.  At each sampled iteration DDP's logger sets
+the four times to 0 and then fills each one it can time; it leaves them all at
+0 for a CUDA module on several devices, for a device that is neither CPU nor
+CUDA, and a time stays 0 when its timer has no usable pair of events (c10d
+``Logger::reset_performance_stats`` / ``Logger::set_runtime_stats_and_log``,
+``CudaTimer::measureDifference``).  A real iteration's forward and backward
+never take 0 ns, so all four at 0 means "DDP did not time this", and the
+window says so instead of reporting "exposed comm 0 ms".
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ _NS = 1e9
 # DDP knows what find_unused_parameters found, and its final buckets, after the
 # first iterations (it rebuilds the buckets in gradient order after the first).
 SETTLED_ITERATIONS = 2
+# Why the DDP figures are N/A although DDP runs, as the not_measured event says it.
+MULTI_DEVICE = "DDP does not time a module spread over several devices (it logs zeros)"
+ALL_ZERO = "DDP logged all-zero times: it had no usable timing events for its sampled iterations"
 
 
 def ddp_settings(data: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +88,7 @@ class DdpProbe:
         # the difference between two reads is the window's own total.
         self._totals_from: tuple[int, dict[str, float]] | None = None
         self.rate_error: Exception | None = None
+        self.not_measured: str | None = None  # why the latest read had no figures although DDP ran
         self.settings: dict[str, Any] | None = None  # Hello facts: how DDP was built, read once it has settled
         default = CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE
         try:
@@ -98,6 +111,9 @@ class DdpProbe:
         iteration = int(data["iteration"])
         if self.settings is None and iteration >= SETTLED_ITERATIONS:
             self.settings = ddp_settings(data)
+        if data.get("is_multi_device_module"):
+            self.not_measured = MULTI_DEVICE
+            return {}
         if self._totals_from is not None:
             means = self._window_means(data, iteration, *self._totals_from)
             if means is not None:
@@ -107,7 +123,17 @@ class DdpProbe:
             value = data.get(key)
             if isinstance(value, (int, float)) and value >= 0:
                 out[name] = value / _NS
-        return out if "comm_s" in out else {}
+        if "comm_s" not in out:
+            return {}
+        return self._unless_all_zero(out)
+
+    def _unless_all_zero(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The figures, or {} when all of DDP's times are 0: DDP did not time the iteration(s)."""
+        if any(out.get(name) for _, name in DDP_TIMES):
+            self.not_measured = None
+            return out
+        self.not_measured = ALL_ZERO
+        return {}
 
     def _window_means(
         self, data: dict[str, Any], iteration: int, since: int, before: dict[str, float]
@@ -136,4 +162,4 @@ class DdpProbe:
             self._totals_from = None
             return None
         self._totals_from = (iteration, averages)
-        return out
+        return self._unless_all_zero(out)

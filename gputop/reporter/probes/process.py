@@ -18,6 +18,7 @@ class ProcessProbe:
     """psutil on this process; CPU% is the delta since the previous window (None on the first)."""
 
     name = "cpu"
+    not_measured: str | None = None
 
     def __init__(self, train_tid: int | None = None) -> None:
         import psutil  # imported on the reporter thread's first window, not at `import gputop`

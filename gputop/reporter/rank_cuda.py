@@ -1,0 +1,143 @@
+"""The rank's CUDA device: the only reporter code that calls ``torch.cuda``, and every call with that device current.
+
+A CUDA call on a thread that never chose a device runs on device 0 and makes
+a context there if the process has none: ~500 MiB of GPU 0 per rank, enough
+to run rank 0 out of memory (torchcomms PR #777; vLLM PR #37449, ~800 MiB per
+worker).  The reporter thread is such a thread, and so is a training thread
+that placed its model with ``model.to(rank)`` and never called
+``torch.cuda.set_device`` (PyTorch's DDP tutorial does this): its current
+device is still 0, so an event recorded on "the current stream" times GPU 0's
+idle stream, and GPU step time reads as wall time.  torch's ``Event.query()``
+calls ``cudaEventQuery`` with no device guard, and ``elapsed_time()`` queries
+first (``c10/cuda/CUDAEvent.h``); dropping an event destroys it, which
+switches devices too (pytorch PR #135273).
+
+So ``RankCuda`` holds the index of the device the model's parameters are on
+and runs every call inside ``torch.cuda.device(index)``, on whichever thread
+calls it: step events are made and recorded on that device's current stream
+(training thread), queried, timed and dropped there (reporter thread), and
+the allocator's counters are read for it.  Leaving the scope hands the thread
+back the device torch had for it, switching back only to a device that
+already has a context (c10's ``MaybeExchangeDevice``, thread-local), so the
+training thread's ``torch.cuda.current_device()`` is what the script left it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# A GPU that stops completing events (a hung kernel) must not make us hold events
+# without bound: past this many the training thread stops recording new ones.
+MAX_PENDING_EVENTS = 10_000
+
+
+class RankCuda:
+    """One CUDA device of this rank: step events and memory counters, each call scoped to the device.
+
+    ``cuda`` is ``torch.cuda`` or a stand-in with its names (the tests pass
+    one that records which device each call happens on).
+    """
+
+    def __init__(self, index: int, cuda: Any = None) -> None:
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda
+        self.index = index
+        self._cuda = cuda
+        # Appended by the training thread, taken by the reporter thread (deque ends are atomic under the GIL).
+        self._recorded: deque[Any] = deque()
+        self._last: Any = None  # the newest completed event: where the next GPU step starts
+
+    def _scoped(self, work: Callable[[], T]) -> T:
+        """``work()`` with the rank's device current on this thread.
+
+        A failure leaves as a plain RuntimeError raised after the scope: the
+        original's traceback holds ``work``'s frames, and with them the events
+        it was handling, and those must be released in here.
+        """
+        with self._cuda.device(self.index):
+            try:
+                return work()
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+        raise RuntimeError(failure)
+
+    # -- training thread ------------------------------------------------------------
+
+    def record_step(self) -> None:
+        """Mark the end of a step on the current stream of the rank's device.  Never synchronises.
+
+        Never evicts an old event to make room: dropping an event destroys it,
+        which only ``step_times_s`` does, in scope.
+        """
+        if len(self._recorded) < MAX_PENDING_EVENTS:
+            self._recorded.append(self._scoped(self._new_event))
+
+    def _new_event(self) -> Any:
+        cuda = self._cuda
+        event = cuda.Event(enable_timing=True)
+        event.record(cuda.current_stream(self.index))  # not record(): that takes the current device's stream
+        return event
+
+    # -- reporter thread ------------------------------------------------------------
+
+    def step_times_s(self) -> list[float]:
+        """GPU time between consecutive completed step events, oldest first.
+
+        ``query()`` never waits: an event the GPU has not reached yet stays for
+        the next call, so the training thread is never synchronised.
+        """
+        return self._scoped(self._harvest)
+
+    def _harvest(self) -> list[float]:
+        # Events are dropped only here (the previous ``_last``) and in ``_drop_events``,
+        # both run by ``_scoped``; this frame's locals end before the scope does.
+        times: list[float] = []
+        recorded = self._recorded
+        while recorded and recorded[0].query():
+            event = recorded.popleft()
+            if self._last is not None:
+                times.append(self._last.elapsed_time(event) / 1000.0)
+            self._last = event
+        return times
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The caching allocator's counters for the device (host-side, no synchronisation); {} before CUDA starts."""
+        cuda = self._cuda
+        if not cuda.is_initialized():
+            return {}
+        return self._scoped(lambda: dict(cuda.memory_stats(self.index)))
+
+    def release(self) -> None:
+        """Drop every event, with the device current (at exit, on the reporter thread)."""
+        self._scoped(self._drop_events)
+
+    def _drop_events(self) -> None:
+        self._recorded.clear()
+        self._last = None
+
+
+def model_cuda_index(model: Any, *, cuda_in_use: bool) -> tuple[int | None, str | None]:
+    """The CUDA device every parameter of ``model`` is on; else None and why GPU step time cannot be measured.
+
+    The reason is None for a CPU run (CUDA never started in this process):
+    there is nothing to explain.  Raises what ``model.parameters()`` raises.
+    """
+    devices = {p.device for p in model.parameters()}
+    names = " and ".join(sorted(str(d) for d in devices))
+    if len(devices) > 1:
+        return None, f"the model's parameters are on {names}; GPU step time needs them on one GPU"
+    if devices:
+        (device,) = devices
+        if device.type == "cuda" and device.index is not None:
+            return device.index, None
+    if not cuda_in_use:
+        return None, None
+    if not devices:
+        return None, "the watched model has no parameters, so its GPU is unknown"
+    return None, f"the model's parameters are on {names} while this process uses CUDA; watch it once it is on its GPU"
