@@ -9,9 +9,11 @@ Their first scores, before any rule changed, are in docs/diagnosis.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,8 +111,14 @@ def allocation_outside_cpu_hog(seconds: float) -> None:
     rank = start()
     hog = None
     if rank == 0:
-        burn = f"import time\nend = time.time() + {seconds + 5}\nwhile time.time() < end: pass\n"
-        hog = subprocess.Popen([sys.executable, "-c", burn], start_new_session=True)
+        # Started through a shell that exits at once, so the hog is nobody's child: not the job's, like
+        # another user's program, and it ends by itself after the run.
+        burn = f"import time; end = time.time() + {seconds + 5}\nwhile time.time() < end: pass"
+        started = subprocess.run(
+            ["sh", "-c", f'{sys.executable} -c "$0" >/dev/null 2>&1 & echo $!', burn],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        hog = int(started.stdout.split()[0])
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -129,7 +137,8 @@ def allocation_outside_cpu_hog(seconds: float) -> None:
                     return
     finally:
         if hog is not None:
-            hog.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hog, signal.SIGKILL)
 
 
 def stall_checkpoint_every_10_rank0(seconds: float) -> None:
