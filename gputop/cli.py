@@ -248,6 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="headless report format")
     demo.add_argument("--record", type=Path, default=None, help="also record the run to this file")
     _add_dashboard_options(demo)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="say what gputop can see on this machine (NVML, GPUs, torch, sockets, settings) and why not",
+        description="Check NVML and the driver, the GPUs, the container, torch, the per-user socket, the "
+        "collector GPUTOP_ADDR/GPUTOP_PORT/GPUTOP_SOCKET name, and the token and TLS settings: one line each, "
+        "marked ok, -- (worth knowing) or !! (not ok: why, and what to do).",
+        epilog="exit status: 0 when NVML answers with at least one GPU (a dashboard here would see GPUs), 1 otherwise",
+    )
+    doctor.add_argument("--format", choices=("text", "json"), default="text", help="json: for a bug report")
     return parser
 
 
@@ -257,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
     handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
-               "capture": cmd_capture, "agent": cmd_agent,
+               "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor,
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)
@@ -281,6 +291,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.hostname:
         argv += ["--hostname", args.hostname]
     return agent_main(argv)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What gputop can see on this machine, and why not (gputop.doctor)."""
+    from gputop.doctor import run
+
+    return run(args.format)
 
 
 # -- the dashboard -----------------------------------------------------------------
