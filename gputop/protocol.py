@@ -69,6 +69,7 @@ Bucket = Annotated[int, Meta(ge=0, le=SKETCH_MAX_BUCKET)]
 LegacyBucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
 # A tuple, not a list: an empty list per window is an object the garbage collector walks.
 SlowSteps = Annotated[tuple[tuple[Seconds, Seconds], ...], Meta(max_length=SLOW_STEPS_KEPT)]
+SlowStepNumbers = Annotated[tuple[Count, ...], Meta(max_length=SLOW_STEPS_KEPT)]
 
 
 class _Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
@@ -226,6 +227,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     step_time_max_s: float | None = None
     step_sketch: dict[Bucket, Count] = {}  # {bucket: steps}, see sketch_bucket
     slow_steps: SlowSteps = ()  # the window's slowest steps: (duration, loader wait), slowest first
+    # Their step numbers (the reporter's count, as step_total), in the same order; () from older reporters.
+    slow_step_numbers: SlowStepNumbers = ()
     step_hist: dict[LegacyBucket, Count] = {}  # recordings of the first protocol only; new reporters send step_sketch
     gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
     loader_wait_s: Seconds = 0.0

@@ -59,7 +59,10 @@ def merge_windows(ws: Sequence[Window]) -> Window:
     for w in ws:
         hist.update(w.step_hist)
         sketch.update(w.step_sketch)
-    slowest = sorted((step for w in ws for step in w.slow_steps), reverse=True)[:SLOW_STEPS_KEPT]
+    # Each slow step with its number (0 where an older reporter sent none), the slowest kept.
+    numbered = all(len(w.slow_step_numbers) == len(w.slow_steps) for w in ws)
+    pairs = [(step, w.slow_step_numbers[i] if numbered else 0) for w in ws for i, step in enumerate(w.slow_steps)]
+    slowest = sorted(pairs, key=lambda pair: pair[0], reverse=True)[:SLOW_STEPS_KEPT]
     timed = sum(w.timed for w in ws)
     ddp = [w for w in ws if w.ddp_iteration is not None or w.forward_s is not None or w.comm_s is not None]
     ddp_weight: Callable[[Window], float] = lambda w: float(w.ddp_steps or 1)  # noqa: E731
@@ -83,7 +86,8 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         step_time_p95_s=_weighted(ws, lambda w: w.step_time_p95_s, steps_weight),
         step_time_max_s=max(maxima) if maxima else None,
         step_sketch=dict(sketch),
-        slow_steps=tuple(slowest),
+        slow_steps=tuple(step for step, _ in slowest),
+        slow_step_numbers=tuple(number for _, number in slowest) if numbered else (),
         step_hist=dict(hist),
         gpu_step_time_p50_s=_weighted(ws, lambda w: w.gpu_step_time_p50_s, steps_weight),
         loader_wait_s=sum(w.loader_wait_s for w in ws),

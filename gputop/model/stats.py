@@ -90,6 +90,8 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     stall_frac: float | None = None  # time lost to stalls (beyond a median step each) over all step time
     stall_loader_frac: float | None = None  # of the named stall steps' time, the share spent waiting for a batch
     stall_in_comm_frac: float | None = None  # of the stalls' excess, the share this rank waited in exposed comm
+    stall_period_steps: int | None = None  # the stalls fall every N steps (from their step numbers)
+    stall_regular: bool | None = None  # False: they fall at irregular steps; None: too few numbered stalls to say
     # What gputop itself cost the rank (the reporter's self-accounting); None from older reporters.
     reporter_cpu_pct: float | None = None  # the reporter thread, 100 = one core
     hook_s_per_step: float | None = None  # training-thread time inside gputop per step
@@ -300,6 +302,10 @@ class Stalls:
     frac: float
     loader_frac: float | None
     in_comm_frac: float | None
+    # From the stall steps' numbers: "every N steps" (period), or irregular (period None, regular False);
+    # both None when too few stalls carry a number to tell.
+    period_steps: int | None = None
+    regular: bool | None = None
 
 
 def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step_sum_s: float) -> Stalls:
@@ -321,22 +327,66 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
             total_s += n * value
             excess_s += n * (value - p50_s)
     named_s = named_loader_s = window_excess_s = window_comm_s = 0.0
+    numbers: set[int] = set()
     for w in windows:
         stalled = [(d, loader) for d, loader in w.slow_steps if d >= line_s]
         if not stalled:
             continue
+        if len(w.slow_step_numbers) == len(w.slow_steps):
+            numbers.update(n for (d, _), n in zip(w.slow_steps, w.slow_step_numbers, strict=True) if d >= line_s and n)
         named_s += sum(d for d, _ in stalled)
         named_loader_s += sum(loader for _, loader in stalled)
         if w.exposed_comm_s is not None:
             window_excess_s += sum(d - p50_s for d, _ in stalled)
             window_comm_s += w.exposed_comm_s * (w.ddp_steps or w.timed or 1)
+    period, regular = stall_period(sorted(numbers))
     return Stalls(
         steps=count,
         mean_s=total_s / count if count else None,
         frac=excess_s / step_sum_s if step_sum_s > 0 else 0.0,
         loader_frac=named_loader_s / named_s if named_s > 0 else None,
         in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 else None,
+        period_steps=period,
+        regular=regular,
     )
+
+
+# Stalls whose numbers tell a period: at least this many, and this share of them on its progression.
+PERIOD_MIN_STALLS = 3
+PERIOD_SHARE = 0.6
+PERIOD_FILL = 0.75
+PERIOD_MAX_STALLS = 40
+
+
+def stall_period(numbers: Sequence[int]) -> tuple[int | None, bool | None]:
+    """(N, True) when stalls fall every N steps, (None, False) when they do not; (None, None): too few to say.
+
+    Each candidate N (a difference of two stall steps) is judged by its best
+    progression: how many stalls lie on it (at least ``PERIOD_SHARE`` of them,
+    so a few stray ones, a rank descheduled on a busy machine or DDP's first
+    iteration, do not hide a checkpoint every 20 steps) and how full it is
+    between its first and last stall (at least ``PERIOD_FILL``, so 10 does not
+    pass for 20 by catching noise in the gaps).  The N holding the most stalls
+    wins, the longer on a tie.  From 10 steps on, one step late still counts:
+    a waiting rank's long step can be the one after the stopping rank's.
+    """
+    numbers = numbers[-PERIOD_MAX_STALLS:]  # the newest: a long run's period is its recent one
+    if len(numbers) < PERIOD_MIN_STALLS:
+        return None, None
+    needed = max(PERIOD_MIN_STALLS, math.ceil(PERIOD_SHARE * len(numbers)))
+    # A period is the gap between a stall and one of the next three (a stray stall in between),
+    # give or take the one step a waiting rank's stall can lag.
+    gaps = {numbers[i + k] - numbers[i] for k in (1, 2, 3) for i in range(len(numbers) - k)}
+    candidates = gaps | {g + d for g in gaps if g >= 10 for d in (-1, 1)}
+    best: tuple[int, int] | None = None  # (stalls on it, period)
+    for period in (c for c in candidates if c >= 3):
+        slack = 1 if period >= 10 else 0
+        for start in numbers:
+            on = [n for n in numbers if n >= start and (n - start) % period <= slack]
+            full = len({(n - start) // period for n in on}) >= PERIOD_FILL * ((on[-1] - start) // period + 1)
+            if len(on) >= needed and full and (best is None or (len(on), period) > best):
+                best = (len(on), period)
+    return (best[1], True) if best is not None else (None, False)
 
 
 def starved_share(wait_s: float, cpu_s: float) -> float | None:
@@ -665,6 +715,8 @@ class SpanSums:
             stall_frac=None if stall is None else stall.frac,
             stall_loader_frac=None if stall is None else stall.loader_frac,
             stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
+            stall_period_steps=None if stall is None else stall.period_steps,
+            stall_regular=None if stall is None else stall.regular,
             # What gputop itself cost the rank:
             reporter_cpu_pct=100.0 * t.reporter_cpu_s / t.own_span_s if t.own_span_s > 0 else None,
             hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,

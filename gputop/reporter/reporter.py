@@ -468,7 +468,7 @@ class Reporter:
         t1 = time.time()
         marks = self.clock.drain()
         hello = self._hello_or_new()
-        fields = step_fields(marks, self._facts.get("loader_batch_size"))
+        fields = step_fields(marks, self._facts.get("loader_batch_size"), first_step=self._step_total + 1)
         self._step_total += len(marks)
         fields["step_total"] = self._step_total
         fields["dropped"] = self.sender.dropped

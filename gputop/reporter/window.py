@@ -20,8 +20,12 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[index]
 
 
-def step_fields(marks: Sequence[StepMark], batch_size: int | None) -> dict[str, Any]:
-    """The Window fields that come from the step marks alone (not ``step_total``, a running count)."""
+def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: int = 1) -> dict[str, Any]:
+    """The Window fields that come from the step marks alone (not ``step_total``, a running count).
+
+    ``first_step`` is the number of the first mark's step (the reporter's count): the slow
+    steps carry theirs, so a stall's period is read from which steps stalled.
+    """
     timed = [m for m in marks if m.duration_s is not None]
     durations = sorted(m.duration_s for m in timed if m.duration_s is not None)
     sketch: dict[int, int] = {}
@@ -39,8 +43,10 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None) -> dict[str, 
     }
     if timed:
         # The window's slowest steps with their loader wait: where a stall spent its time.
-        slowest = sorted(timed, key=lambda m: m.duration_s or 0.0)[-SLOW_STEPS_KEPT:]
-        fields["slow_steps"] = tuple((m.duration_s, m.loader_wait_s) for m in reversed(slowest))
+        numbered = [(m, first_step + i) for i, m in enumerate(marks) if m.duration_s is not None]
+        slowest = sorted(numbered, key=lambda pair: pair[0].duration_s or 0.0)[-SLOW_STEPS_KEPT:][::-1]
+        fields["slow_steps"] = tuple((m.duration_s, m.loader_wait_s) for m, _ in slowest)
+        fields["slow_step_numbers"] = tuple(number for _, number in slowest)
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)

@@ -64,7 +64,7 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     threshold = STALL_CRITICAL_FRAC if severity == "critical" else STALL_WARN_FRAC
     title = (
         f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
-        f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms every {steps / count:.0f} steps "
+        f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms {when_text(stats.stall_period_steps, stats.stall_regular)} "
         f"({count} of {steps}): {pct(stats.stall_frac or 0.0):.0f}% of the run"
     )
     title += ", waiting for a batch" if loader else ", outside the loader"
@@ -88,7 +88,7 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             cause="stall",
             severity=severity,
             title=title,
-            suggestion=stall_suggestion(main, loader=loader, every_steps=steps / count),
+            suggestion=stall_suggestion(main, loader=loader),
             evidence=tuple(evidence),
             ranks=tuple(sorted(r.rank for r in named)),
             run_id=run.run_id,
@@ -101,15 +101,23 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     ]
 
 
-def stall_suggestion(rank: RankFigures, *, loader: bool, every_steps: float) -> str:
+def when_text(period_steps: int | None, regular: bool | None) -> str:
+    """ "every 10 steps" from the stall steps' numbers, "at irregular intervals", or "now and then" (too few to say)."""
+    if period_steps is not None:
+        return f"every {period_steps} steps"
+    return "at irregular intervals" if regular is False else "now and then"
+
+
+def stall_suggestion(rank: RankFigures, *, loader: bool) -> str:
     if loader:
         return (
             f"Rank {rank.rank} waits for a batch now and then: DataLoader(persistent_workers=True) if it happens "
             "at each epoch's start (workers restart), a larger prefetch_factor to ride out slow batches, and look "
             "for slow samples (large files, remote reads) or a worker that dies."
         )
+    when = when_text(rank.stats.stall_period_steps, rank.stats.stall_regular)
     return (
-        f"Rank {rank.rank} stops outside the loader about every {every_steps:.0f} steps: a checkpoint save, an "
+        f"Rank {rank.rank} stops outside the loader {when}: a checkpoint save, an "
         "evaluation pass, logging or a GC pause. Save checkpoints asynchronously "
         "(torch.distributed.checkpoint.async_save) or less often, evaluate less often or on all ranks at once, "
         "and try gc.freeze() after start-up."

@@ -1,0 +1,56 @@
+"""A stall's period from the numbers of the steps that stalled, not from the run's length over their count."""
+
+from __future__ import annotations
+
+import random
+
+from gputop.model.stats import rank_stats, stall_period
+from gputop.protocol import Window, sketch_bucket
+from gputop.reporter.clock import StepMark
+from gputop.reporter.window import step_fields
+
+
+def test_every_tenth_step() -> None:
+    assert stall_period([10, 20, 30, 40, 50]) == (10, True)
+
+
+def test_a_waiting_ranks_long_step_is_one_later_and_still_on_the_period() -> None:
+    assert stall_period([10, 21, 30, 41, 50]) == (10, True)
+    assert stall_period([11, 21, 31, 41]) == (10, True)
+
+
+def test_a_few_stray_stalls_do_not_hide_the_period() -> None:
+    """A rank descheduled on a busy machine stalls too: 3 strays among 5 checkpoints every 20 steps."""
+    assert stall_period([20, 33, 40, 60, 71, 80, 97, 100]) == (20, True)
+
+
+def test_stalls_a_window_did_not_keep_leave_gaps_of_whole_periods() -> None:
+    assert stall_period([10, 20, 40, 50, 60, 80]) == (10, True)
+
+
+def test_irregular_stalls_have_no_period() -> None:
+    assert stall_period(sorted(random.Random(7).sample(range(8, 400), 25))) == (None, False)
+
+
+def test_too_few_stalls_say_nothing() -> None:
+    assert stall_period([10, 20]) == (None, None)
+
+
+def window(seq: int, durations: list[float], first_step: int) -> Window:
+    marks = [StepMark(end_s=0.0, duration_s=d, loader_wait_s=0.0, batches=1) for d in durations]
+    fields = step_fields(marks, None, first_step=first_step)
+    return Window(run_id="r", rank=0, seq=seq, t0=seq * 0.5, t1=seq * 0.5 + 0.5, step_total=first_step + len(marks) - 1,
+                  **fields)  # fmt: skip
+
+
+def test_the_reporter_numbers_its_slow_steps_and_the_figures_read_the_period() -> None:
+    """Steps of 20 ms, every 12th a 600-ms save: the windows carry the numbers, the stats say every 12 steps."""
+    windows, step = [], 1
+    for seq in range(12):
+        durations = [0.6 if (step + i) % 12 == 0 else 0.02 for i in range(10)]
+        windows.append(window(seq, durations, step))
+        step += 10
+    assert windows[1].slow_step_numbers[0] == 12  # the window of steps 11-20 holds step 12's save
+    assert sketch_bucket(0.6) in windows[1].step_sketch
+    stats = rank_stats(windows)
+    assert (stats.stall_period_steps, stats.stall_regular) == (12, True)
