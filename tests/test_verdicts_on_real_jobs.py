@@ -92,3 +92,36 @@ def test_find_unused_parameters_with_none_unused_is_read_from_ddp_itself(collect
     for view in snapshot_of(collector).all_ranks():
         assert view.hello.ddp_find_unused_parameters is True and view.hello.ddp_unused_parameter_bytes == 0
         assert view.hello.ddp_buckets and view.hello.ddp_gradient_bytes
+
+
+def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_resume(collector: Collector) -> None:
+    """Rank 1 waits on a lock for 25 s after step 30; rank 0 waits for it in the next all-reduce.
+
+    The live findings (the dashboard's span) are read twice a second: the hang shows
+    within 15 s of the last step, names both ranks and the step, and is gone once
+    the lock lets go and the ranks step again.
+    """
+    from gputop.model.figures import SPAN_S
+
+    job = torchrun("ddp_job.py", "--steps", "60", "--hang-at", "30", "--hang-s", "25", port=collector.address.port)
+    try:
+        hang: Finding | None = None
+        last_step_t = seen_t = 0.0
+        while job.poll() is None and hang is None:
+            snapshot = snapshot_of(collector)
+            stepped = [w.t1 for v in snapshot.all_ranks() for w in v.windows if w.steps > 0]
+            last_step_t = max(stepped, default=0.0)
+            hang = next((f for f in diagnose(summarize(snapshot, span_s=SPAN_S)) if f.cause == "hang"), None)
+            seen_t = snapshot.t
+            if hang is None:
+                wait_for(lambda: False, timeout_s=0.5)
+        assert hang is not None, "no hang finding while rank 1 was blocked"
+        assert seen_t - last_step_t <= 15.0, f"the hang showed {seen_t - last_step_t:.1f} s after the last step"
+        assert hang.severity == "critical" and hang.ranks == (0, 1), hang
+        assert "after step 30" in hang.title, hang.title
+        assert wait_for(
+            lambda: not any(f.cause == "hang" for f in diagnose(summarize(snapshot_of(collector), span_s=SPAN_S))),
+            timeout_s=40,
+        ), "the hang finding outlived the hang"
+    finally:
+        finish(job, timeout_s=120)

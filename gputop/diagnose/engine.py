@@ -17,6 +17,7 @@ from gputop.diagnose.rules.communication import communication_findings
 from gputop.diagnose.rules.cpu_contention import absorb_cpu_symptoms
 from gputop.diagnose.rules.data_loading import data_loading_findings
 from gputop.diagnose.rules.data_parallel import data_parallel_findings
+from gputop.diagnose.rules.hang import hang_findings
 from gputop.diagnose.rules.hosts import with_hosts
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import model_config_findings
@@ -43,6 +44,7 @@ def diagnose(machine: Figures) -> list[Finding]:
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
         run_findings = absorb_stall_symptoms(run_findings + stall_findings(run))
+        run_findings += hang_findings(run, machine.t)
         run_findings += model_config_findings(run)
         run_findings += memory_findings(run)
         findings += with_hosts(run_findings, run)  # slow nodes; titles name the host in multi-host runs

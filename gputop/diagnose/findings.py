@@ -14,6 +14,7 @@ Cause = Literal[
     "straggler",
     "allocation",
     "stall",
+    "hang",
     "unobserved",
 ]
 Severity = Literal["info", "warn", "critical"]

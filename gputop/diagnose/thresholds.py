@@ -183,3 +183,13 @@ OTHER_PROCESS_CPU_PCT = 25.0
 # per-process SM utilization above noise) or holds real memory.
 OTHER_PROCESS_SM_PCT = 5.0
 OTHER_PROCESS_MIN_BYTES = 512 << 20
+
+# hang: no live rank has finished a step for max(HANG_MIN_S, HANG_STEP_FACTOR x its median step,
+# HANG_LONGEST_FACTOR x its longest recent step).  The floor keeps a job of 50-ms steps from
+# reading as hung during a 2-s checkpoint; the longest-step factor does the same for a job
+# whose evaluation or save takes longer than the floor.  A rank that spends more than
+# HANG_BUSY_CPU_PCT of a core meanwhile is computing, not blocked: warn, not critical.
+HANG_MIN_S = 5.0
+HANG_STEP_FACTOR = 10.0
+HANG_LONGEST_FACTOR = 2.0
+HANG_BUSY_CPU_PCT = 50.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import torch
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--stall-every", type=int, default=0, help="after every Nth step, one rank stops")
     parser.add_argument("--stall-ms", type=float, default=400.0, help="how long it stops (a checkpoint save)")
     parser.add_argument("--stall-rank", type=int, default=0)
+    parser.add_argument("--hang-at", type=int, default=0, help="rank 1 blocks on a lock after this step")
+    parser.add_argument("--hang-s", type=float, default=20.0, help="for this long; then the job carries on")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True): none are unused")
     parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
@@ -92,6 +95,10 @@ def main() -> None:
         steps += 1
         if args.stall_every and steps % args.stall_every == 0 and dist.get_rank() == args.stall_rank:
             time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce
+        if args.hang_at and steps == args.hang_at and dist.get_rank() == 1:
+            stuck = threading.Lock()  # a lock someone else holds
+            stuck.acquire()
+            stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce
         if steps == args.steps:
             break
     print(f"rank {dist.get_rank()} steps {steps}", flush=True)

@@ -1,0 +1,100 @@
+"""hang: no rank has finished a step for many times its usual step time.
+
+A rank blocked for good (a lock, a queue, a forgotten ``input()``, a collective
+another rank never joins) stops stepping, and in synchronous DDP every other
+rank stops at its next all-reduce.  Their reporter threads keep sending
+windows, so the ranks look alive; only their step counts stand still.
+
+The line is relative to the job itself: several times the usual step and
+twice the longest step seen lately (so a periodic checkpoint or evaluation
+does not read as a hang), and never under ``HANG_MIN_S``.  Read from the
+windows' step counts, so it works on a recording too: a run that ended hung
+is reported hung.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from gputop.diagnose.findings import Evidence, Finding, Severity
+from gputop.diagnose.grading import doc_anchor
+from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
+from gputop.diagnose.wording import ranks_text
+from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.snapshot import LIVE
+
+# How far back the usual and the longest step are read: long enough to include
+# a periodic evaluation or checkpoint, short enough to follow the job.
+LOOKBACK_WINDOWS = 240
+
+
+def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
+    """One finding for a run whose live ranks have all stopped stepping past the run's own line."""
+    live = [r for r in run.ranks if r.status == LIVE and r.view.windows]
+    if not live:
+        return []
+    stuck: list[tuple[RankFigures, float, int]] = []  # (rank, seconds since its last step, its step count)
+    line_s = 0.0
+    for rank in live:
+        stepped = [w for w in rank.view.windows[-LOOKBACK_WINDOWS:] if w.steps > 0]
+        if not stepped:
+            return []  # still starting: nothing to compare with
+        medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
+        usual = statistics.median(medians) if medians else 0.0
+        longest = max((w.step_time_max_s or 0.0 for w in stepped), default=0.0)
+        line = max(HANG_MIN_S, HANG_STEP_FACTOR * usual, HANG_LONGEST_FACTOR * longest)
+        line_s = max(line_s, line)
+        idle = now_t - stepped[-1].t1
+        if idle < line:
+            return []  # one rank still steps: not a hang (a straggler or a stall is someone else's finding)
+        stuck.append((rank, idle, stepped[-1].step_total))
+    idle_s = min(idle for _, idle, _ in stuck)
+    since = sorted({total for _, _, total in stuck})
+    busy = [r.rank for r, _, _ in stuck if _cpu_since_last_step(r) >= HANG_BUSY_CPU_PCT]
+    ranks = [r.rank for r, _, _ in stuck]
+    where = f"after step {since[0]}" if len(since) == 1 else f"after steps {since[0]}-{since[-1]}"
+    title = (
+        f"{ranks_text(ranks)} {'has' if len(ranks) == 1 else 'have'} not finished a step for {idle_s:.0f} s ({where})"
+    )
+    severity: Severity
+    if busy and len(busy) == len(ranks):
+        title += ", busy on the CPU: a long evaluation or save, or a loop that never reaches the step"
+        severity = "warn"
+    else:
+        title += ": hung"
+        if busy:
+            title += f"; {ranks_text(busy)} busy on the CPU"
+        severity = "critical"
+    # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
+    # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
+    lost = [v.rank for v in run.lost]
+    if lost:
+        title += f"; {ranks_text(lost)} stopped reporting (dead, or blocked holding the GIL)"
+        ranks += lost
+    return [
+        Finding(
+            cause="hang",
+            severity=severity,
+            title=title,
+            suggestion=(
+                "See where each rank is: py-spy dump --pid <rank pid> (the rank detail screen names the pid). A rank "
+                "blocked on a lock, a queue or input() holds the others in their next all-reduce; a rank that died "
+                "leaves them there too. TORCH_NCCL_TRACE_BUFFER_SIZE=2000 makes NCCL's Flight Recorder name the "
+                "last collective each rank entered."
+            ),
+            evidence=(Evidence("seconds_without_a_step", idle_s, line_s, " s", op=">="),),
+            ranks=tuple(sorted(ranks)),
+            run_id=run.run_id,
+            doc=doc_anchor("hang"),
+            magnitude=1.0,
+            extra={"since_step": since[0], "busy_ranks": busy, "lost_ranks": lost},
+        )
+    ]
+
+
+def _cpu_since_last_step(rank: RankFigures) -> float:
+    """The rank's mean CPU% (100 = one core) over its windows since its last step; 0 when unknown."""
+    windows = rank.view.windows
+    last = max((i for i, w in enumerate(windows) if w.steps > 0), default=-1)
+    after = [w.cpu_pct for w in windows[last + 1 :] if w.cpu_pct is not None]
+    return sum(after) / len(after) if after else 0.0

@@ -1,0 +1,64 @@
+"""The hang rule on windows made to measure: its line follows the job's own steps."""
+
+from __future__ import annotations
+
+from gputop.collect.store import Store
+from gputop.diagnose import diagnose
+from gputop.diagnose.findings import Finding
+from gputop.model.figures import SPAN_S, summarize
+from gputop.protocol import Hello, Window
+
+T0 = 1_000_000.0
+
+
+def hangs(stepping_s: float, idle_s: float, *, step_s: float = 0.05, longest_s: float | None = None,
+          idle_cpu_pct: float = 2.0) -> list[Finding]:  # fmt: skip
+    """Hang findings, live, for 2 ranks stepping every ``step_s`` for ``stepping_s`` and then not for ``idle_s``.
+
+    Their reporters keep sending (empty) windows meanwhile, as a hung rank's do.
+    """
+    store = Store()
+    for rank in (0, 1):
+        store.ingest(Hello(run_id="job", rank=rank, world_size=2, pid=100 + rank), T0)
+    t, seq, total = T0, 0, 0
+    while t < T0 + stepping_s + idle_s:
+        stepping = t < T0 + stepping_s
+        steps = int(0.5 / step_s) if stepping else 0
+        total += steps
+        seq += 1
+        for rank in (0, 1):
+            window = Window(
+                run_id="job", rank=rank, seq=seq, t0=t, t1=t + 0.5, steps=steps, step_total=total,
+                step_time_sum_s=steps * step_s, step_time_p50_s=step_s if steps else None,
+                step_time_max_s=(longest_s or step_s) if steps else None,
+                cpu_pct=95.0 if stepping else idle_cpu_pct,
+            )  # fmt: skip
+            store.ingest(window, t + 0.5)
+        t += 0.5
+    return [f for f in diagnose(summarize(store.snapshot(t), span_s=SPAN_S)) if f.cause == "hang"]
+
+
+def test_ranks_blocked_past_the_line_are_hung() -> None:
+    (hang,) = hangs(20.0, 8.0)
+    assert hang.severity == "critical" and hang.ranks == (0, 1)
+    assert "not finished a step for 8 s" in hang.title and "hung" in hang.title
+
+
+def test_a_pause_shorter_than_the_floor_is_not_a_hang() -> None:
+    assert hangs(20.0, 3.0) == []
+
+
+def test_a_job_whose_long_steps_take_longer_is_given_longer() -> None:
+    """A job that saves for 4 s now and then: 8 s without a step is within twice its longest step."""
+    assert hangs(20.0, 7.0, longest_s=4.0) == []
+    assert hangs(20.0, 9.0, longest_s=4.0) != []
+
+
+def test_ranks_busy_on_the_cpu_meanwhile_are_a_warning_not_hung() -> None:
+    """An evaluation pass that never marks a step burns CPU; a blocked rank does not."""
+    (busy,) = hangs(20.0, 8.0, idle_cpu_pct=100.0)
+    assert busy.severity == "warn" and "busy on the CPU" in busy.title
+
+
+def test_stepping_again_clears_it() -> None:
+    assert hangs(20.0, 0.5) == []
