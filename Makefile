@@ -17,6 +17,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@# Before it was gputop-train this project installed as "gputop"; that install (or the
+	@# unrelated PyPI gputop) owns bin/gputop too, so it goes first, before ours writes it.
+	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
 	$(BIN)/pip install -q -e '.[test,dev]'
 	@$(BIN)/python -c 'import torch' 2>/dev/null || \
 	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))

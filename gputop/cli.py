@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputop import __version__
 from gputop.address import Address, AddressError, resolve
+from gputop.install_check import other_gputop
 
 if TYPE_CHECKING:
     from gputop.recording import Recorder
@@ -262,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if (collision := other_gputop()) is not None:  # the unrelated PyPI 'gputop' shares our files (docs/packaging.md)
+        print(f"gputop: {collision}", file=sys.stderr)
     args = build_parser().parse_args(argv)
     command = args.command or "attach"
     if args.command is None:  # `gputop` alone: attach with the defaults
@@ -641,7 +644,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gputop.demos.scenarios import plan, usable_cores
 
     if importlib.util.find_spec("torch") is None:
-        raise UserError("`gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop[torch]'")
+        raise UserError("`gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop-train[torch]'")
     if args.nproc < 1:
         raise UserError("--nproc must be at least 1")
     seconds = args.seconds if args.seconds is not None else (15.0 if args.headless else None)

@@ -99,7 +99,7 @@ def test_demo_without_torch_is_one_line(monkeypatch, capsys) -> None:
     monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     assert cli.main(["demo", "--headless", "--seconds", "1"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "gputop: `gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop[torch]'"
+        "gputop: `gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop-train[torch]'"
     )
 
 

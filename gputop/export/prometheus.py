@@ -8,7 +8,7 @@ ranks a 2-s timer cost the recorder 30% of a core, one 15-s scrape ~4%
 (docs/performance.md).  The findings then advance once per scrape, so one that
 must hold 1 s shows from the second scrape that sees it.  prometheus-client
 serves the HTTP side on its own daemon thread; it is loaded only here
-(``pip install 'gputop[prometheus]'``).
+(``pip install 'gputop-train[prometheus]'``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class PrometheusExporter:
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
-            raise ExporterError("--prometheus needs prometheus-client: pip install 'gputop[prometheus]'") from None
+            hint = "pip install 'gputop-train[prometheus]'"
+            raise ExporterError(f"--prometheus needs prometheus-client: {hint}") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]  # a collector is anything with collect()
         try:

@@ -18,7 +18,7 @@ show it next to the loss.  The callbacks are given the unwrapped model, not the
 Trainer, so the Trainer is found once, at the start of training, in the
 caller's frames; if that ever fails the rank still reports, without DDP
 figures.  Never raises into training; transformers is an optional extra
-(``pip install 'gputop[transformers]'``).
+(``pip install 'gputop-train[transformers]'``).
 """
 
 from __future__ import annotations
