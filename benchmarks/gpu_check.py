@@ -408,6 +408,83 @@ def check_nvml_vs_smi() -> list[Row]:
     return rows
 
 
+@contextlib.contextmanager
+def copy_load(seconds: float) -> Iterator[int]:
+    """Host-to-device copies of a pinned 256 MiB buffer in a child process: PCIe traffic for the counters."""
+    code = (
+        "import time, torch; h = torch.empty(64 << 20, pin_memory=True); d = torch.empty(64 << 20, device='cuda')\n"
+        f"end = time.time() + {seconds}\n"
+        "while time.time() < end: d.copy_(h, non_blocking=True); torch.cuda.synchronize()\n"
+    )
+    load = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(5.0)
+        yield load.pid
+    finally:
+        load.kill()
+        load.wait()
+
+
+def check_nvml_processes_and_links() -> list[Row]:
+    """The process list, the PCIe/NVLink counters and the sample's own cost, through the real driver."""
+    from gputop.collect.gpu import GpuSampler
+
+    sampler = GpuSampler()
+    rows = []
+    with copy_load(20.0) as pid:
+        sampler.sample()  # counters need two samples
+        time.sleep(1.0)
+        start = time.perf_counter()
+        sample = sampler.sample()
+        took_s = time.perf_counter() - start
+        apps = {(a.pid, a.gpu_uuid): a for a in read_compute_apps()}
+    sampler.close()
+    listed = [(g, p) for g in sample.gpus for p in g.processes if p.pid == pid]
+    smi = [a for (app_pid, _), a in apps.items() if app_pid == pid]
+    rows.append(
+        Row(
+            "NVML process list (versioned call) vs nvidia-smi",
+            "the copying process listed with nvidia-smi's memory (±64 MiB)",
+            f"gputop: {[(g.index, (p.used_bytes or 0) // MIB) for g, p in listed]} MiB; "
+            f"nvidia-smi: {[(a.gpu_uuid[:12], (a.used_bytes or 0) // MIB) for a in smi]} MiB",
+            "pass" if listed and smi and within(listed[0][1].used_bytes, smi[0].used_bytes, abs_=64 * MIB) else "fail",
+        )
+    )
+    gpu = listed[0][0] if listed else (sample.gpus[0] if sample.gpus else None)
+    rx = None if gpu is None else gpu.pcie_rx_bytes_s
+    rows.append(
+        Row(
+            "PCIe counters under host-to-device copies",
+            "rx between 1 and 128 GB/s (field 198, differenced)",
+            f"rx {'N/A' if rx is None else f'{rx / 1e9:.1f}'} GB/s"
+            + ("" if gpu is None or rx is not None else f" ({gpu.na.get('pcie_rx_bytes_s')})"),
+            "pass" if rx is not None and 1e9 <= rx <= 128e9 else "fail",
+        )
+    )
+    nvlink = [(g.index, g.nvlink_rx_bytes_s, g.nvlink_tx_bytes_s, g.na.get("nvlink_rx_bytes_s")) for g in sample.gpus]
+    plausible = all(
+        (rx_ is None and why) or (rx_ is not None and tx_ is not None and 0 <= rx_ <= 1e12 and 0 <= tx_ <= 1e12)
+        for _, rx_, tx_, why in nvlink
+    )
+    rows.append(
+        Row(
+            "NVLink counters (all links, scope UINT_MAX)",
+            "a rate between 0 and 1 TB/s each way, or N/A with a reason (no NVLink)",
+            "; ".join(f"GPU {i}: {rx_} / {tx_} B/s {why or ''}" for i, rx_, tx_, why in nvlink),
+            "pass" if plausible else "fail",
+        )
+    )
+    rows.append(
+        Row(
+            "one GPU sample's wall time",
+            "≤ 50 ms (no blocking PCIe call)",
+            f"{took_s * 1e3:.1f} ms for {len(sample.gpus)} GPU rows",
+            "pass" if took_s <= 0.05 else "fail",
+        )
+    )
+    return rows
+
+
 def check_join() -> list[Row]:
     """The rank lands on the GPU nvidia-smi gives that device's UUID, with CUDA_VISIBLE_DEVICES unset and set."""
     smi = read_smi()
@@ -587,6 +664,7 @@ def check_overhead(rounds: int = 3) -> list[Row]:
 
 CHECKS: dict[str, Callable[[], list[Row]]] = {
     "nvml": check_nvml_vs_smi,
+    "nvml_processes": check_nvml_processes_and_links,
     "join": check_join,
     "step_time": check_gpu_step_time,
     "rules": check_rules,
