@@ -349,7 +349,11 @@ def _run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = N
 
 def cmd_attach(args: argparse.Namespace) -> int:
     from gputop.collect.live import LiveSource
+    from gputop.yielding import yield_to_training
 
+    # Before any thread starts, so every one inherits it; not in `gputop demo`, whose ranks are
+    # its children and would inherit it too.
+    yield_to_training()
     source = LiveSource(_listen_address(args), sample_interval_s=args.interval)
     source.start()
     exporter = None
