@@ -66,3 +66,18 @@ async def test_a_gpu_sample_draws_the_gpu_lines_again_and_a_new_second_the_bars(
         drawn.clear()
         chart.show(history=history(61), gpu_history=gpus(61), show_gpus=True)
         assert drawn == ["bars", "bars"], f"a new second drew {drawn}"  # step time and samples/s
+
+
+def test_the_axis_spans_the_data_so_a_ten_percent_swing_fills_the_chart() -> None:
+    """Step times of 100-110 ms: from zero they are eight rows of solid blocks; on their own range they are not."""
+    from gputop.tui.widgets.run_chart import axis
+
+    values = [0.100, 0.105, 0.110, 0.100, 0.102]
+    low, high = axis(values)
+    assert high == 0.110 and 0.08 < low < 0.1
+    lines = spark_rows(values, 5, 8, low=low, high=high)
+    columns = ["".join(line[i] for line in lines) for i in range(5)]
+    heights = [len(c.strip()) for c in columns]
+    assert max(heights) - min(heights) >= 4, columns  # the swing takes half the chart's height or more
+    assert axis([0.5, 0.5]) == (0.5 * (1 - 0.04), 0.5)  # a flat series: a sliver of range, not a division by zero
+    assert axis([]) == (0.0, 0.0)

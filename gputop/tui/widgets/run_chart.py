@@ -85,6 +85,22 @@ def spark_rows(
     return [pad + "".join(line) for line in zip(*columns, strict=True)] if columns else [pad] * rows
 
 
+# A series' axis spans its data, padded by this share of the range (and at least this share of
+# its top), so a 10% swing in step time fills most of the chart's height instead of the top
+# eighth of a column of solid blocks.
+AXIS_PAD = 0.15
+AXIS_MIN_RANGE = 0.04
+
+
+def axis(values: Sequence[float]) -> tuple[float, float]:
+    """(low, high) for bars of ``values``: their range, padded, and never below zero."""
+    if not values:
+        return 0.0, 0.0
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * AXIS_PAD, hi * AXIS_MIN_RANGE)
+    return max(lo - pad, 0.0), hi
+
+
 def _gpus(samples: Sequence[GpuSample]) -> int:
     return len(samples[-1].gpus) if samples else 0
 
@@ -303,10 +319,13 @@ class RunChart(Widget):
         muted = looks["muted"]
         value = f"{fmt(newest) if newest is not None else NA:>{VALUE_W}} "
         left = [[Segment(f"{label:<{LABEL_W}}", muted), Segment(value, looks["base"] if newest is not None else muted)]]
+        low, high = axis(shown)
         if rows > 2 and shown:  # the top of the scale, so the bars' height reads as a number
-            left.append([Segment(f"{'peak':<{LABEL_W}}{fmt(max(shown)):>{VALUE_W}} ", muted)])
+            left.append([Segment(f"{'peak':<{LABEL_W}}{fmt(high):>{VALUE_W}} ", muted)])
         blank = [Segment(" " * (LABEL_W + VALUE_W + 1), looks["base"])]
-        chart = spark_rows(values, width, rows)
+        chart = spark_rows(values, width, rows, low=low, high=high)
+        if rows > 3 and shown and low > 0:  # and its bottom: the bars start there, not at zero
+            left += [blank] * (rows - 1 - len(left)) + [[Segment(f"{'from':<{LABEL_W}}{fmt(low):>{VALUE_W}} ", muted)]]
         return [[*(left[i] if i < len(left) else blank), Segment(line, style)] for i, line in enumerate(chart)]
 
     def _gpu_lines(self, samples: tuple[GpuSample, ...], looks: dict[str, Style]) -> list[Strip]:
