@@ -221,7 +221,7 @@ def recording(seconds: float = 600.0) -> Iterator[tuple[int, Path]]:
     finally:
         if recorder.poll() is None:
             time.sleep(1.0)  # the ranks' last windows and byes
-            recorder.send_signal(signal.SIGINT)
+            recorder.send_signal(signal.SIGTERM)  # as kill and Slurm do; SIGINT may be ignored in the background
         try:
             recorder.wait(30)
         except subprocess.TimeoutExpired:

@@ -197,7 +197,7 @@ def run_gputop_headless(steps: int) -> Run:
         time.sleep(0.5)  # the ranks' last windows
         meter.poll([recorder.pid])
     finally:
-        recorder.send_signal(signal.SIGINT)
+        recorder.send_signal(signal.SIGTERM)  # SIGINT is ignored by a recorder started from a background shell
         recorder.wait(30)
     report = subprocess.run([sys.executable, "-m", "gputop", "report", str(recording), "--format", "json"],
                             capture_output=True, text=True, check=True)  # fmt: skip
