@@ -1,7 +1,7 @@
 """The wire format between reporters and the collector.
 
 Newline-delimited JSON, one message per line, every message a JSON object with
-``v`` (protocol version), ``type`` (hello, window, event, bye), ``run_id`` and
+``v`` (protocol version), ``type`` (hello, window, event, bye, ...), ``run_id`` and
 ``rank``.  The messages are ``msgspec.Struct``s whose annotations carry the
 limits (string lengths, integer ranges, histogram buckets), so one typed
 decode both parses and checks a frame; ``__post_init__`` adds the checks that
@@ -70,6 +70,10 @@ LegacyBucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
 # A tuple, not a list: an empty list per window is an object the garbage collector walks.
 SlowSteps = Annotated[tuple[tuple[Seconds, Seconds], ...], Meta(max_length=SLOW_STEPS_KEPT)]
 SlowStepNumbers = Annotated[tuple[Count, ...], Meta(max_length=SLOW_STEPS_KEPT)]
+
+
+# The name of a message type, in a hello's ``sends`` and a collector's ``accepts``.
+TypeName = Annotated[str, Meta(max_length=32)]
 
 
 class _Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, tag_field="type"):
@@ -192,6 +196,8 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     k8s_pod: Text | None = None
     k8s_namespace: Text | None = None
     elastic_run_id: Text | None = None  # torchrun's TORCHELASTIC_RUN_ID (rendezvous id)
+    # Optional message types this reporter can send (``OPTIONAL_TYPES``), once the collector accepts them.
+    sends: Annotated[tuple[TypeName, ...], Meta(max_length=16)] = ()
 
 
 # gc=False: a window holds numbers, strings and flat dicts of numbers, never a cycle, so
@@ -351,8 +357,67 @@ class CaptureResult(_Message, frozen=True, kw_only=True, tag="capture_result"):
     error: Text = ""  # why it failed; training went on untouched
 
 
-Message = Union[Hello, Window, Event, Bye, CaptureResult]  # noqa: UP007 - a runtime alias, Python 3.10 too
-MESSAGE_TYPES: tuple[type[Message], ...] = (Hello, Window, Event, Bye, CaptureResult)
+# -- where the training thread is: optional, sent only to a collector that accepts it --------------
+
+STACKS_TOP = 5  # the places a reporter names per stacks message
+MAX_STACKS_TOP = 20  # the wire's limit: merged recordings keep more
+Where = Annotated[str, Meta(max_length=32)]  # a string, not a closed set: a newer reporter may name more
+FrameText = Annotated[str, Meta(max_length=256)]
+
+
+class StackFrame(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One place the training thread was: what it was inside, and its innermost frame in the user's own code.
+
+    On the wire an array, ``["after_step", "train.py", 57, "compute_metrics"]``.
+    ``where`` is one of ``loader``, ``forward``, ``backward``, ``optimizer``,
+    ``collective``, ``after_step``, ``before_step``, ``outside``; ``file`` is ""
+    when no frame of the user's code was on the stack.
+    """
+
+    where: Where
+    file: FrameText
+    line: Count
+    function: FrameText
+
+
+class SampledFrame(StackFrame, frozen=True, array_like=True, gc=False):
+    """A place and how many samples found the training thread there."""
+
+    count: Count
+
+
+class Stacks(_Message, frozen=True, kw_only=True, tag="stacks", gc=False):
+    """Where one rank's training thread was, sampled from its reporter thread since the last stacks message.
+
+    ``top`` are the places most samples found, most first; ``now`` is the
+    newest sample's (what a hang needs).  Sent about once a second, only to a
+    collector whose ``accepts`` command named ``stacks``.
+    """
+
+    TYPE: ClassVar[str] = "stacks"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    t: float  # unix time of the newest sample
+    period_s: Seconds = 0.0  # how long the samples cover: since the last stacks message
+    interval_s: Seconds = 0.0  # the sampling interval in use (the rate falls when a sample costs more)
+    samples: Count = 0
+    top: Annotated[tuple[SampledFrame, ...], Meta(max_length=MAX_STACKS_TOP)] = ()
+    now: StackFrame | None = None
+
+    def __post_init__(self) -> None:
+        if sum(frame.count for frame in self.top) > self.samples:
+            raise ValueError("stacks: the top places count more samples than were taken")
+
+
+# The optional upstream types: a reporter sends one only on a connection whose collector accepted it.
+OPTIONAL_TYPES: tuple[str, ...] = ("stacks",)
+
+
+Message = Union[Hello, Window, Event, Bye, CaptureResult, Stacks]  # noqa: UP007 - a runtime alias, Python 3.10 too
+MESSAGE_TYPES: tuple[type[Message], ...] = (Hello, Window, Event, Bye, CaptureResult, Stacks)
 
 
 class Gpus(_Message, frozen=True, kw_only=True, tag="gpus"):
@@ -374,7 +439,7 @@ class Gpus(_Message, frozen=True, kw_only=True, tag="gpus"):
 
 
 # What a connection may send upstream: a rank's messages, or a node sampler's readings.
-Upstream = Union[Hello, Window, Event, Bye, CaptureResult, Gpus]  # noqa: UP007 - a runtime alias
+Upstream = Union[Hello, Window, Event, Bye, CaptureResult, Stacks, Gpus]  # noqa: UP007 - a runtime alias
 
 
 # -- commands: the only frames that travel from the dashboard to a reporter ------------------------
@@ -428,7 +493,24 @@ class FindingsNotice(_Message, frozen=True, kw_only=True, tag="findings"):
     findings: Annotated[tuple[FindingBrief, ...], Meta(max_length=MAX_FINDINGS_NOTICED)] = ()
 
 
-Command = Union[CaptureRequest, FindingsNotice]  # noqa: UP007 - a runtime alias
+class Accepts(_Message, frozen=True, kw_only=True, tag="accepts"):
+    """The optional upstream types (of those the rank's hello ``sends``) this collector reads on this connection.
+
+    A collector from before a type never says it accepts it, so a reporter
+    never sends it a frame that would close the connection; and a reporter
+    from before ``sends`` is never sent this command, which it would not know.
+    """
+
+    TYPE: ClassVar[str] = "accepts"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    types: Annotated[tuple[TypeName, ...], Meta(max_length=16)] = ()
+
+
+Command = Union[CaptureRequest, FindingsNotice, Accepts]  # noqa: UP007 - a runtime alias
 
 
 class _Head(msgspec.Struct):

@@ -16,7 +16,8 @@ Old windows merge: from ``merge_after_s`` into the recording on, each rank's
 windows are merged (``gputop.model.merge``) into one per ``merge_s`` before they
 are written, so a day-long run keeps its first minutes at full resolution and
 the rest at a twentieth of the lines.  The header says so, and readers widen the
-"lost after silence" limit to match.
+"lost after silence" limit to match.  Stack samples (``stacks``, one a second)
+merge the same way (``gputop.model.frames.merge_stacks``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import IO, Any
 
 from gputop import __version__
 from gputop.collect.store import LOST_AFTER_S, Store
+from gputop.model.frames import merge_stacks
 from gputop.model.merge import merge_windows
 from gputop.model.samples import (
     GpuSample,
@@ -42,7 +44,7 @@ from gputop.model.samples import (
     host_sample_from_dict,
     sample_to_dict,
 )
-from gputop.protocol import Bye, Message, ProtocolError, Window, from_dict, to_dict
+from gputop.protocol import Bye, Message, ProtocolError, Stacks, Window, from_dict, to_dict
 
 RECORDING_VERSION = 1
 MERGE_S = 10.0  # a merged window: 20 reporter windows
@@ -75,6 +77,7 @@ class Recorder:
         self.started_t = time.time()
         self.merge_after_s, self.merge_s = merge_after_s, merge_s
         self._pending: dict[tuple[str, int], list[tuple[Window, float]]] = {}  # windows waiting to be merged
+        self._pending_stacks: dict[tuple[str, int], list[tuple[Stacks, float]]] = {}  # and stack samples
         header: dict[str, Any] = {
             "type": "recording",
             "version": RECORDING_VERSION,
@@ -96,6 +99,15 @@ class Recorder:
                     return
             self._flush_merged(key)
             return
+        if isinstance(message, Stacks) and self._merging_stacks(key, recv_t):
+            with self._lock:
+                pending_stacks = self._pending_stacks.setdefault(key, [])
+                pending_stacks.append((message, recv_t))
+                first = pending_stacks[0][0]
+                if message.t - (first.t - first.period_s) < self.merge_s:
+                    return
+            self._flush_merged(key)
+            return
         if isinstance(message, Bye):
             self._flush_merged(key)
         self._write({**to_dict(message), "recv_t": recv_t})
@@ -105,12 +117,21 @@ class Recorder:
             return False
         return recv_t - self.started_t >= self.merge_after_s or key in self._pending
 
+    def _merging_stacks(self, key: tuple[str, int], recv_t: float) -> bool:
+        if self.merge_after_s is None:
+            return False
+        return recv_t - self.started_t >= self.merge_after_s or key in self._pending_stacks
+
     def _flush_merged(self, key: tuple[str, int]) -> None:
         with self._lock:
             pending = self._pending.pop(key, [])
+            pending_stacks = self._pending_stacks.pop(key, [])
         if pending:
             merged = merge_windows([w for w, _ in pending])
             self._write({**to_dict(merged), "recv_t": pending[-1][1]})
+        if pending_stacks:
+            stacks = merge_stacks([s for s, _ in pending_stacks])
+            self._write({**to_dict(stacks), "recv_t": pending_stacks[-1][1]})
 
     def sample(self, sample: GpuSample | HostSample) -> None:
         self._write(sample_to_dict(sample))
@@ -120,7 +141,7 @@ class Recorder:
         self._write({"type": "disconnect", "run_id": run_id, "rank": rank, "reason": reason, "t": t, "pid": pid})
 
     def close(self) -> None:
-        for key in list(self._pending):
+        for key in {*self._pending, *self._pending_stacks}:
             self._flush_merged(key)
         with self._lock:
             self._file.close()

@@ -15,6 +15,7 @@ from typing import Any
 from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
+from gputop.model.frames import span_frames
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.jobs import job_ids, job_text
 from gputop.model.snapshot import LOST, Snapshot
@@ -40,8 +41,13 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 
 
 def rank_entry(figures: RankFigures) -> dict[str, Any]:
-    """One rank's row: its figures in the report's units (ms, %), None for N/A."""
+    """One rank's row: its figures in the report's units (ms, %), None for N/A.
+
+    ``frames``: where its training thread was (the places most stack samples
+    found it, and the newest sample's), None when its reporter sent no samples.
+    """
     stats, view = figures.stats, figures.view
+    frames = span_frames(figures)
     return {
         "rank": figures.rank,
         "steps": stats.steps,
@@ -84,6 +90,8 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "status": view.status,
         "status_reason": view.status_reason,
         "lost": view.status == LOST,
+        "frames": None if frames is None else frames.to_dict(),
+        "frames_text": None if frames is None else frames.text(),
     }
 
 
@@ -247,6 +255,7 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         out.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=False)))
         for row in rows:
             out.append("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)))
+        out.extend(f"  rank {r['rank']} {r['frames_text']}" for r in run["ranks"] if r.get("frames_text"))
         out.append("")
     if gpu_lines:
         out.extend(gpu_lines)
@@ -273,6 +282,9 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         out.append("|" + "---:|" * len(header))
         out.extend("| " + " | ".join(row) + " |" for row in rows)
         out.append("")
+        where = [f"- rank {r['rank']} {r['frames_text']}" for r in run["ranks"] if r.get("frames_text")]
+        if where:
+            out += ["Where each training thread was (stack samples):", "", *where, ""]
     if gpu_lines:
         out.append("## GPUs")
         out.append("")

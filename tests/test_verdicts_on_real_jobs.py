@@ -11,7 +11,7 @@ from gputop.diagnose import diagnose
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import summarize
 from gputop.model.snapshot import DONE
-from tests.conftest import finish, needs_torch, snapshot_of, torchrun, wait_for
+from tests.conftest import JOBS, finish, needs_torch, snapshot_of, torchrun, wait_for
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
@@ -94,12 +94,15 @@ def test_find_unused_parameters_with_none_unused_is_read_from_ddp_itself(collect
         assert view.hello.ddp_buckets and view.hello.ddp_gradient_bytes
 
 
+BLOCKED_LINE = "            stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce"
+
+
 def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_resume(collector: Collector) -> None:
     """Rank 1 waits on a lock for 25 s after step 30; rank 0 waits for it in the next all-reduce.
 
     The live findings (the dashboard's span) are read twice a second: the hang shows
-    within 15 s of the last step, names both ranks and the step, and is gone once
-    the lock lets go and the ranks step again.
+    within 15 s of the last step, names both ranks, the step and the line rank 1 is
+    blocked on, and is gone once the lock lets go and the ranks step again.
     """
     from gputop.model.figures import SPAN_S
 
@@ -119,6 +122,11 @@ def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_res
         assert seen_t - last_step_t <= 15.0, f"the hang showed {seen_t - last_step_t:.1f} s after the last step"
         assert hang.severity == "critical" and hang.ranks == (0, 1), hang
         assert "after step 30" in hang.title, hang.title
+        # Its reporter samples the training thread's stack: the title names the line rank 1 is blocked on.
+        blocked = (JOBS / "ddp_job.py").read_text().splitlines().index(BLOCKED_LINE) + 1
+        place = rf"rank 1 is in `main` \((tests/jobs/)?ddp_job\.py:{blocked}\), after the optimizer step"
+        assert re.search(place, hang.title), hang.title
+        assert hang.extra["frames"][1]["now"]["line"] == blocked
         assert wait_for(
             lambda: not any(f.cause == "hang" for f in diagnose(summarize(snapshot_of(collector), span_s=SPAN_S))),
             timeout_s=40,

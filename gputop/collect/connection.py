@@ -36,7 +36,18 @@ from gputop import auth
 from gputop.collect.capture_relay import CaptureRelay, RankKey, is_capture_request
 from gputop.collect.store import Store
 from gputop.model.samples import GpuSample, gpu_sample_from_wire
-from gputop.protocol import MAX_FRAME_BYTES, Bye, Gpus, Hello, Message, ProtocolError, decode_upstream, encode
+from gputop.protocol import (
+    MAX_FRAME_BYTES,
+    OPTIONAL_TYPES,
+    Accepts,
+    Bye,
+    Gpus,
+    Hello,
+    Message,
+    ProtocolError,
+    decode_upstream,
+    encode,
+)
 
 log = logging.getLogger("gputop.collector")
 
@@ -215,10 +226,23 @@ class Connection(asyncio.BufferedProtocol):
         if intake.on_message is not None:
             for message in accepted:
                 intake.on_message(message, now)
+        for message in accepted:
+            if isinstance(message, Hello) and message.sends:
+                self._accept_optional(message)
         if any(isinstance(m, Bye) for m in accepted):
             self._reason = "finished"
         if problem:
             self.close(self._reject(problem))
+
+    def _accept_optional(self, hello: Hello) -> None:
+        """Tell a rank which of the optional types its hello offers this collector reads (``Accepts``).
+
+        A reporter sends an optional type only after hearing this on the same
+        connection: a collector from before that type would close on it.
+        """
+        types = tuple(t for t in hello.sends if t in OPTIONAL_TYPES)
+        if types:
+            self.send(encode(Accepts(run_id=hello.run_id, rank=hello.rank, types=types)))
 
     def _answer_capture(self, frame: bytes) -> None:
         """A ``gputop capture`` client: relay its request, write the rank's answer, then close."""

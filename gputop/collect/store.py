@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from gputop.collect.window_history import WindowHistory
 from gputop.model.samples import GpuSample, HostSample
 from gputop.model.snapshot import CHART_SECONDS, DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
-from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Window
+from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Stacks, Window
 
 HISTORY_WINDOWS = 1200  # 10 minutes of 0.5 s windows per rank
 # Windows kept across all ranks (a rank's newest 40 are 1.2-KiB objects, the older
@@ -38,6 +38,9 @@ RUN_SECOND_SETTLE_S = 1.0
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
+# Where the training thread was, about one message a second per rank: the figures' 10-s span and
+# room to spare.  ~1 KiB each, so 30 MiB at 1,024 ranks; a whole recording keeps them all.
+HISTORY_STACKS = 30
 MAX_RUNS = 64  # runs kept; beyond it the oldest finished run is forgotten
 LOST_AFTER_S = 5.0  # ten silent windows: the rank is hung, stopped or its dashboard link is gone
 # A host's GPUs leave the live join after this long without a sample from its node sampler
@@ -59,6 +62,7 @@ class _Rank:
     windows: WindowHistory
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     captures: deque[CaptureResult] = field(default_factory=lambda: deque(maxlen=HISTORY_CAPTURES))
+    stacks: deque[Stacks] = field(default_factory=lambda: deque(maxlen=HISTORY_STACKS))
     connected: bool = True
     done: bool = False
     lost_reason: str = ""
@@ -176,6 +180,7 @@ class Store:
                     first_seen_t=now,
                     last_seen_t=now,
                     windows=WindowHistory(self._per_rank_windows()),
+                    stacks=deque(maxlen=None if self._history_windows is None else HISTORY_STACKS),
                 )
                 self._fit_history()
             else:
@@ -199,6 +204,8 @@ class Store:
             rank.events.append(message)
         elif isinstance(message, CaptureResult):
             rank.captures.append(message)
+        elif isinstance(message, Stacks):
+            rank.stacks.append(message)
         elif isinstance(message, Bye):
             rank.done = True
 
@@ -338,6 +345,7 @@ class Store:
                     last_seen_t=state.last_seen_t,
                     events=tuple(state.events),
                     captures=tuple(state.captures),
+                    stacks=tuple(state.stacks),
                 )
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from gputop.model.samples import GpuSample, HostSample
-from gputop.protocol import CaptureResult, Event, Hello, Window
+from gputop.protocol import CaptureResult, Event, Hello, Stacks, Window
 
 Status = Literal["live", "lost", "done"]
 LIVE: Final = "live"
@@ -42,6 +42,9 @@ class RankView:
     last_seen_t: float
     events: tuple[Event, ...] = ()
     captures: tuple[CaptureResult, ...] = ()  # profiler captures it answered, oldest first
+    # Where its training thread was, oldest first: one message a second from a reporter that samples its stack
+    # (``gputop.model.frames`` reads them); empty from older reporters or with GPUTOP_STACKS=0.
+    stacks: tuple[Stacks, ...] = ()
 
     @property
     def key(self) -> str:
@@ -51,6 +54,11 @@ class RankView:
     @property
     def latest(self) -> Window | None:
         return self.windows[-1] if self.windows else None
+
+    @property
+    def latest_stacks(self) -> Stacks | None:
+        """Where the training thread was at the newest sample this rank sent, with the places before it."""
+        return self.stacks[-1] if self.stacks else None
 
 
 # The run chart draws a column a second: its newest seconds on a terminal up to ~620

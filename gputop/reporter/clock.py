@@ -37,6 +37,10 @@ class StepClock:
         self.errors = 0  # failures swallowed on the training thread
         # Set by the reporter when the model is on one CUDA device: a RankCuda, which keeps the step events.
         self.gpu_steps: Any = None
+        # Forwards of the watched model (its pre-hook counts them), and the count at the last step mark:
+        # the stack sampler tells "after the optimizer step" from "before it" by whether they differ.
+        self.forwards = 0
+        self.forwards_at_mark = 0
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
@@ -45,6 +49,11 @@ class StepClock:
     def batches_since_mark(self) -> int:
         """Batches fetched from the tracked loader since the last step mark."""
         return self._batches
+
+    @property
+    def stepped(self) -> bool:
+        """A step has been marked."""
+        return self._last_mark_s is not None
 
     def add_loader_wait(self, seconds: float) -> None:
         self._loader_wait_s += seconds
@@ -65,6 +74,7 @@ class StepClock:
         self.marks.append((now, None if last is None else now - last, self._loader_wait_s, self._batches))
         self._loader_wait_s = 0.0
         self._batches = 0
+        self.forwards_at_mark = self.forwards
 
     def drain(self) -> list[StepMark]:
         """Take every mark so far (reporter thread)."""

@@ -21,6 +21,7 @@ from gputop import __version__
 from gputop.address import Address
 from gputop.procfs import name_this_thread
 from gputop.protocol import (
+    Accepts,
     Bye,
     CaptureRequest,
     CaptureResult,
@@ -32,7 +33,7 @@ from gputop.protocol import (
     decode_command,
     encode,
 )
-from gputop.reporter import facts, node_sampler
+from gputop.reporter import facts, node_sampler, stacks
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock, calibrate
 from gputop.reporter.probes import Probe
@@ -50,6 +51,9 @@ BACKLOG_S = 600.0  # ten minutes of windows wait for a dashboard that starts lat
 TICK_S = 0.25  # how often the thread wakes to connect and flush between windows: twice per window
 EXIT_FLUSH_S = 1.0  # the most process exit waits for the last window to leave
 EXIT_LINGER_MIN_S = 0.2  # and then for the dashboard to take it, however long the flush took
+# Where the training thread was goes up once a second (stacks.SEND_EVERY_S): a 10-s span holds ten, a hang's
+# newest place is at most a second old, and a collector of 1,024 ranks reads 1,024 more frames a second, not 2,048.
+STACKS_EVERY_S = stacks.SEND_EVERY_S
 
 
 class Reporter:
@@ -69,6 +73,7 @@ class Reporter:
         self._probes: tuple[Probe, ...] = ()
         self._process_probe: ProcessProbe | None = None  # psutil: imported on the reporter thread
         self._train_tid = threading.get_native_id()  # the thread that calls gputop: the training thread
+        self._train_ident = threading.get_ident()  # the same thread, as sys._current_frames() names it
         # (reporter thread CPU, bytes sent) at the last window; a new thread's CPU time starts at 0.
         self._cost_mark = (0.0, 0)
         self._call_cost_s: tuple[float, float] | None = None  # a step mark's and a tracked batch's cost
@@ -83,13 +88,16 @@ class Reporter:
         self._cuda = cuda
         # Every CUDA device a watched model was on, kept until the reporter thread drops their events at exit.
         self._cuda_devices: dict[int, RankCuda] = {}
-        self._forward_calls = 0
         self._train_forwards = 0  # forwards with autograd on: micro-batches, counted on the training thread
         self._train_forwards_sent = 0  # read by the reporter thread at the last window
         self._grad_enabled: Any = None  # torch.is_grad_enabled, once a model is watched
         self._clock_errors_reported = 0
         self._refusal_said = False
         self._stop = threading.Event()
+        # The reporter thread sleeps on this lock (held from the start, released by shutdown): one C call
+        # per sleep, where Event.wait runs a Condition's Python code: it wakes up to 20 times a second for stacks.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._thread = threading.Thread(target=self._run, name="gputop-reporter", daemon=True)
         self._facts_changed = threading.Event()
         # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
@@ -99,6 +107,15 @@ class Reporter:
         self._node_mode = node_sampler.mode()
         self._node = node_sampler.NodeSamplerChild()
         self._node_decided = self._node_mode == "off"
+        # Where the training thread is (GPUTOP_STACKS, GPUTOP_STACKS_HZ): sampled only while a collector that
+        # accepts stacks messages is connected, so with no dashboard, or an older one, it costs nothing.
+        hz, self._stacks_complaint = stacks.configured_hz(os.environ)
+        self._stacks = None if hz is None else stacks.StackSampler(self._train_ident, hz=hz, clock=self.clock)
+        if self._stacks is not None:
+            self._facts["sends"] = ("stacks",)
+        self._stacks_connection = 0  # the sender's connection count when its collector accepted stacks
+        self._next_stacks_s = 0.0
+        self._forward_codes: tuple[Any, ...] = ()  # the watched model's forward code (training thread writes)
 
     # -- training thread ------------------------------------------------------------
 
@@ -122,6 +139,9 @@ class Reporter:
             return
         self._model = model
         self._train_tid = threading.get_native_id()
+        self._train_ident = threading.get_ident()
+        with contextlib.suppress(Exception):
+            self._forward_codes = stacks.forward_codes(model)
         self._facts.update(facts.model_facts(model))
         self._facts.update(facts.device_facts(self._facts.get("device")))
         if self._facts.get("data_parallel"):
@@ -239,11 +259,12 @@ class Reporter:
 
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
-        self._forward_calls += 1
+        clock = self.clock
+        clock.forwards += 1
         grad_enabled = self._grad_enabled
         if grad_enabled is not None and grad_enabled():  # evaluation forwards are no micro-batches
             self._train_forwards += 1
-        if self._forward_calls % 50 != 1:
+        if clock.forwards % 50 != 1:
             return
         try:
             import torch
@@ -263,6 +284,7 @@ class Reporter:
         if os.getpid() != self.pid or self._stop.is_set():
             return
         self._stop.set()
+        self._wake.release()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(EXIT_FLUSH_S + 0.5)
         for handle in self._hook_handles:
@@ -274,8 +296,17 @@ class Reporter:
     def _run(self) -> None:
         name_this_thread("gputop-reporter")
         next_window_s = time.monotonic() + self.window_s
+        next_tick_s = time.monotonic() + TICK_S
         window_t0 = time.time()
-        while not self._stop.wait(TICK_S):
+        while True:
+            cpu_before_wake_s = time.thread_time()  # what waking for a stack sample costs is the sampler's
+            if self._wake.acquire(timeout=self._wait_s(next_tick_s)):
+                break
+            now = time.monotonic()
+            self._sample_stack(now, cpu_before_wake_s)
+            if now < next_tick_s:
+                continue  # woken for a stack sample only
+            next_tick_s = now + TICK_S
             try:
                 if self._facts_changed.is_set():
                     self._facts_changed.clear()
@@ -286,12 +317,60 @@ class Reporter:
                     next_window_s += self.window_s
                     if next_window_s < now:  # the process was suspended; don't burst
                         next_window_s = now + self.window_s
+                self._send_stacks(now)
                 self.sender.pump(now)
                 self._serve_capture(now)
                 self._tend_node_sampler()
             except Exception as exc:  # a bug here must not end reporting for the run
                 self._report_error("reporter", exc)
         self._final_flush(window_t0)
+
+    def _wait_s(self, next_tick_s: float) -> float:
+        """How long to sleep: until the next tick, or the next stack sample when one is sooner."""
+        wait_s = next_tick_s - time.monotonic()
+        if self._stacks is not None and self._stacks_accepted():
+            wait_s = min(wait_s, self._stacks.next_s - time.monotonic())
+        return max(wait_s, 0.0)
+
+    # -- where the training thread is --------------------------------------------------
+
+    def _stacks_accepted(self) -> bool:
+        """The collector connected now said it reads stacks messages."""
+        return self.sender.connected and self._stacks_connection == self.sender.connects
+
+    def _sample_stack(self, now_s: float, cpu_before_wake_s: float) -> None:
+        sampler = self._stacks
+        if sampler is None or not self._stacks_accepted():
+            return
+        try:
+            if self._forward_codes:
+                sampler.watch_forwards(self._forward_codes)
+            sampler.sample_when_due(now_s, cpu_before_wake_s)
+        except Exception as exc:  # the sampler goes; reporting goes on without it
+            self._stacks = None
+            self._report_error("stacks", exc)
+
+    def _send_stacks(self, now_s: float) -> None:
+        """Every STACKS_EVERY_S, where the training thread was since the last time, to a collector that reads it."""
+        sampler = self._stacks
+        if sampler is None or now_s < self._next_stacks_s or not self._stacks_accepted():
+            return
+        self._next_stacks_s = now_s + STACKS_EVERY_S
+        cpu_s = time.thread_time()
+        hello = self._hello_or_new()
+        message = sampler.take(hello.run_id, hello.rank, time.time())
+        self.sender.enqueue(encode(message), this_connection_only=True)
+        sampler.send_cost_s = time.thread_time() - cpu_s  # out of the sampler's budget, from the next second on
+
+    def _accepted(self, command: Accepts, now_s: float) -> None:
+        """The collector named the optional types it reads: start sampling if stacks is one (once per connection)."""
+        if "stacks" not in command.types or self._stacks is None or self._stacks_accepted():
+            return
+        self._stacks_connection = self.sender.connects
+        self._stacks.restart(now_s)
+        self._next_stacks_s = now_s + STACKS_EVERY_S
+        if self._stacks_complaint:
+            self._report_error("stacks_hz", ValueError(self._stacks_complaint))
 
     def _serve_capture(self, now_s: float) -> None:
         """Take capture requests from the dashboard; send the result of a finished capture."""
@@ -300,6 +379,8 @@ class Reporter:
                 command = decode_command(frame)
                 if isinstance(command, FindingsNotice):
                     self.trainer_log.findings = command
+                elif isinstance(command, Accepts):
+                    self._accepted(command, now_s)
                 else:
                     self._start_capture(command)
             except ProtocolError as exc:

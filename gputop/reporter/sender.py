@@ -79,7 +79,16 @@ class Sender:
         self._inflight.clear()
         self._inflight_bytes = self._offset = 0
 
-    def enqueue(self, frame: bytes) -> None:
+    def enqueue(self, frame: bytes, *, this_connection_only: bool = False) -> None:
+        """Queue a frame; ``this_connection_only``: dropped now when not connected, and never sent after a reconnect.
+
+        Such a frame was meant for the collector connected now (it said it
+        accepts its type); the next connection may be another collector.
+        """
+        if this_connection_only:
+            if self._sock is None:
+                return
+            frame = _ThisConnection(frame)
         if len(self.backlog) >= self.backlog_frames:
             self.backlog.popleft()
             self.dropped += 1
@@ -174,8 +183,11 @@ class Sender:
         self._backoff_s = BACKOFF_MIN_S
         # Frames cut off by the last connection's end go again: the collector
         # drops windows it has already seen by their sequence number.
+        if any(isinstance(frame, _ThisConnection) for frame in self.backlog):
+            self.backlog = deque(frame for frame in self.backlog if not isinstance(frame, _ThisConnection))
         for frame in reversed(self._inflight):
-            self.backlog.appendleft(frame)
+            if not isinstance(frame, _ThisConnection):
+                self.backlog.appendleft(frame)
         self._inflight.clear()
         self._inflight_bytes = self._offset = 0
         if self.hello:
@@ -220,6 +232,10 @@ class Sender:
                 self._inflight.popleft()
                 self._inflight_bytes -= len(frame)
                 self._offset = 0
+
+
+class _ThisConnection(bytes):
+    """A frame queued for the connection open at the time: left out when a new connection takes the backlog."""
 
 
 def _ends_differ(sock: socket.socket) -> bool:

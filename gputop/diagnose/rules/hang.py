@@ -10,6 +10,11 @@ twice the longest step seen lately (so a periodic checkpoint or evaluation
 does not read as a hang), and never under ``HANG_MIN_S``.  Read from the
 windows' step counts, so it works on a recording too: a run that ended hung
 is reported hung.
+
+Where the reporters sample their training thread's stack (``Stacks``), the
+title names each stuck rank's place now: a rank waiting in a collective (or,
+under DDP, in backward, where the gradient all-reduce runs) waits for the
+others; the rest are where the hang is.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.frames import Frame, RankFrames, span_frames
 from gputop.model.snapshot import LIVE
 
 # How far back the usual and the longest step are read: long enough to include
 # a periodic evaluation or checkpoint, short enough to follow the job.
 LOOKBACK_WINDOWS = 240
+PLACES_NAMED = 3  # places of stuck ranks a title names; more read as "…"
 
 
 def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
@@ -65,6 +72,9 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
         if busy:
             title += f"; {ranks_text(busy)} busy on the CPU"
         severity = "critical"
+    frames = {r.rank: f for r, _, _ in stuck if (f := span_frames(r)) is not None and f.now is not None}
+    if frames:
+        title += "; " + where_stuck_text([r for r, _, _ in stuck], frames)
     # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
     # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
     lost = [v.rank for v in run.lost]
@@ -87,9 +97,42 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             run_id=run.run_id,
             doc=doc_anchor("hang"),
             magnitude=1.0,
-            extra={"since_step": since[0], "busy_ranks": busy, "lost_ranks": lost},
+            extra={
+                "since_step": since[0],
+                "busy_ranks": busy,
+                "lost_ranks": lost,
+                "frames": {rank: f.to_dict() for rank, f in frames.items()},
+            },
         )
     ]
+
+
+def waits_for_others(rank: RankFigures, now: Frame) -> bool:
+    """Whether a stuck rank's place is a wait for the other ranks: a collective, or DDP's backward (its all-reduce)."""
+    return now.where == "collective" or (now.where == "backward" and bool(rank.hello.ddp))
+
+
+def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames]) -> str:
+    """ "rank 1 is in `wait_for_lock` (train.py:102), after the optimizer step; rank 0 waits in the all-reduce"."""
+    culprits: dict[str, list[int]] = {}  # where a rank is -> the ranks there, in rank order
+    waiting: dict[str, list[int]] = {}
+    for rank in stuck:
+        now = frames[rank.rank].now if rank.rank in frames else None
+        if now is None:
+            continue
+        if not waits_for_others(rank, now):
+            culprits.setdefault(now.text(), []).append(rank.rank)
+        elif now.where == "backward":
+            waiting.setdefault("in the all-reduce", []).append(rank.rank)
+        else:
+            waiting.setdefault(f"in a collective from {now.place}" if now.file else "in a collective", []).append(
+                rank.rank
+            )
+    parts = [f"{ranks_text(r)} {'is' if len(r) == 1 else 'are'} {text}" for text, r in culprits.items()]
+    parts += [f"{ranks_text(r)} {'waits' if len(r) == 1 else 'wait'} {text}" for text, r in waiting.items()]
+    if len(parts) > PLACES_NAMED:
+        parts = [*parts[:PLACES_NAMED], "…"]
+    return "; ".join(parts)
 
 
 def _cpu_since_last_step(rank: RankFigures) -> float:

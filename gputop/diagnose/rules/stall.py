@@ -10,6 +10,11 @@ A stall raises means too, so the exposed comm of the ranks that waited, a
 straggler's own time or the loader share can cross their lines because of it.
 ``absorb_stall_symptoms`` moves those under the stall when what is left of
 them without the stall's share is below their warn line.
+
+Where the reporter samples the training thread's stack, a stall outside the
+loader names the place in the user's code that took the stopping rank's time
+("in `write_snapshot` (train.py:88), after the optimizer step"), when that
+place holds at least half the stall's share of the samples.
 """
 
 from __future__ import annotations
@@ -30,9 +35,15 @@ from gputop.diagnose.thresholds import (
 )
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.frames import OUTSIDE_PHASES, FrameShare, RankFrames, span_frames
 from gputop.model.stats import STALL_FACTOR
 
 # Each symptom's own warn line: what is left of it without the stall must stay under it.
+# A sampled place names a stall when it holds at least this part of the stall's share of the time.
+STALL_PLACE_MIN_PART = 0.5
+# Where a stall outside the loader can be: the user's code between the phases, or the optimizer's step.
+STALL_PLACES = OUTSIDE_PHASES | {"optimizer"}
+
 SYMPTOM_WARN_FRAC = {
     "communication": EXPOSED_COMM_WARN_FRAC,
     "straggler": STRAGGLER_WAIT_WARN_FRAC,
@@ -68,6 +79,10 @@ def stall_findings(run: RunFigures) -> list[Finding]:
         f"({count} of {steps}): {pct(stats.stall_frac or 0.0):.0f}% of the run"
     )
     title += ", waiting for a batch" if loader else ", outside the loader"
+    frames = span_frames(main)
+    place = None if loader or frames is None else stall_place(frames, stats.stall_frac or 0.0)
+    if place is not None:
+        title += f", {place.frame.text()}"
     waiting = [r for r in stalled if r not in named]
     if waiting:
         verb = "waits" if len(waiting) == 1 else "wait"
@@ -96,9 +111,21 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             magnitude=frac,
             cost_s=frac * (stats.step_time_mean_s or 0.0),  # each stall's excess, spread over the steps
             step_s=stats.step_time_mean_s,
-            extra={"phase": "loader" if loader else "other", "waiting_ranks": [r.rank for r in waiting]},
+            extra={
+                "phase": "loader" if loader else "other",
+                "waiting_ranks": [r.rank for r in waiting],
+                "frames": {} if frames is None else {main.rank: frames.to_dict()},
+            },
         )
     ]
+
+
+def stall_place(frames: RankFrames, stall_frac: float) -> FrameShare | None:
+    """The sampled place in the user's code that plausibly holds the stall: the top one outside the model's phases."""
+    place = next((f for f in frames.top if f.frame.where in STALL_PLACES and f.frame.file), None)
+    if place is None or place.share < STALL_PLACE_MIN_PART * stall_frac:
+        return None
+    return place
 
 
 def when_text(period_steps: int | None, regular: bool | None) -> str:

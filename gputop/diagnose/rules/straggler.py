@@ -5,6 +5,11 @@ not hidden behind backward compute); the difference is that the others wait
 for one rank, not for the exchange.  DDP synchronizes every step, so wall step
 times are alike across ranks; what differs is how each rank's step divides
 into its own work (``RankFigures.own_s``) and waiting.
+
+When the slow rank's time goes outside the measured phases and its reporter
+samples the training thread's stack, the title names the place in the user's
+code that takes it ("rank 1 spends 38% of each step in `compute_metrics`
+(train.py:57), after the optimizer step").
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from gputop.diagnose.thresholds import (
 )
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.frames import FrameShare, RankFrames, span_frames
 from gputop.model.stats import leave_one_out_medians, median
 
 # The phases of a rank's own time, and how each reads in a title.
@@ -42,6 +48,10 @@ PHASE_TEXT: dict[SlowPhaseName, str] = {
     "other": "{share:.0f}% of its step is outside loader, forward, backward and comm",
     "own": "its own work takes {share:.0f}% of each step",
 }
+
+
+# A sampled place is named when it holds at least this part of the slow rank's time outside the phases.
+STRAGGLER_PLACE_MIN_PART = 0.5
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,11 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         else f"{who} is slow: "
     )
     title += PHASE_TEXT[phase.name].format(share=pct(phase.share))
+    frames = span_frames(worst)
+    place = None if frames is None else straggler_place(frames, phase)
+    if place is not None:
+        who_spends = "it" if len(slow_ids) == 1 else f"rank {worst.rank}"
+        title += f"; {who_spends} spends {pct(place.share):.0f}% of each step {place.frame.text()}"
     title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
     if severity is None:
         title += f": {too_close_text(wait_frac, se, threshold, worst.stats.steps)}"
@@ -117,9 +132,23 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         magnitude=wait_frac,
         cost_s=wait_frac * (worst.stats.step_time_mean_s or 0.0),  # what every other rank waits each step
         step_s=worst.stats.step_time_mean_s,
-        extra={"phase": phase.name, "waiting_ranks": [r.rank for r in waiting]},
+        extra={
+            "phase": phase.name,
+            "waiting_ranks": [r.rank for r in waiting],
+            "frames": {} if frames is None else {worst.rank: frames.to_dict()},
+        },
     )
     return warming_up([finding], run_age_s)
+
+
+def straggler_place(frames: RankFrames, phase: SlowPhase) -> FrameShare | None:
+    """For time outside the phases: the sampled place in the user's code holding at least half of it, if one does."""
+    if phase.name not in ("other", "own"):
+        return None
+    place = frames.top_outside_phases()
+    if place is None or place.share < STRAGGLER_PLACE_MIN_PART * phase.share:
+        return None
+    return place
 
 
 def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding]:

@@ -1,4 +1,4 @@
-"""One rank in full: its step's phases, histories, the facts it reported, and its events."""
+"""One rank in full: its step's phases, where its training thread is, histories, its facts and its events."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from gputop.model.figures import phase_seconds
+from gputop.model.figures import SPAN_S, phase_seconds
+from gputop.model.frames import rank_frames
+from gputop.model.snapshot import RankView
 from gputop.model.stats import RankStats
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
@@ -132,6 +134,30 @@ def _cost_text(s: RankStats) -> str:
     )
 
 
+def _frames_section(rank: RankView, now_t: float) -> Content | None:
+    """Where the training thread is now and where it spent the span, from its reporter's stack samples.
+
+    None when the rank sends none (an older gputop, or GPUTOP_STACKS=0).
+    """
+    frames = rank_frames(rank, since_t=now_t - SPAN_S)
+    if frames is None:
+        return None
+    rate = f"{1 / frames.interval_s:.0f}/s" if frames.interval_s else "?"
+    out = [
+        Content.assemble(
+            ("where the training thread is", "bold $accent"),
+            (f"   sampled {rate}, {frames.samples} samples in the last {SPAN_S:.0f} s", "$text-muted"),
+        ),
+        Content.assemble(
+            ("  now    ", "bold"),
+            frames.now.text() if frames.now is not None else ("not sampled (its thread has ended)", "$text-muted"),
+            (f"   {max(now_t - frames.now_t, 0.0):.0f} s ago", "$text-muted"),
+        ),
+    ]
+    out += [Content.assemble(f"  {place.share * 100:>3.0f}%   ", place.frame.text()) for place in frames.top]
+    return Content("\n").join(out)
+
+
 def _section(title: str, lines: list[Line]) -> Content:
     out = [Content.styled(title, "bold $accent")]
     for label, value in lines:
@@ -169,6 +195,7 @@ class RankDetailScreen(Screen[None]):
         with VerticalScroll(id="detail-body"):
             yield Static(id="detail-stats")
             yield PhaseBar(id="detail-phases")
+            yield Static(id="detail-frames")
             yield HistoryPanel(id="detail-history")
             yield CapturePanel(id="detail-captures")
             yield Static(id="detail-na")
@@ -234,6 +261,10 @@ class RankDetailScreen(Screen[None]):
             )
         )
         self.query_one(PhaseBar).phases = tuple(phase_seconds(s).items())
+        frames = self.query_one("#detail-frames", Static)
+        where = _frames_section(rank, view.snapshot.t)
+        frames.display = where is not None
+        frames.update(where or "")
         run = next((r for r in view.snapshot.runs if r.run_id == rank.run_id), None)
         self.query_one(CapturePanel).show(run.ranks if run is not None else (rank,), view.snapshot.t)
         self.query_one(HistoryPanel).series = view.series(self.key)

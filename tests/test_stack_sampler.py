@@ -1,0 +1,429 @@
+"""The stack sampler on real threads: what each sample finds, how it tallies, what it costs and when it sends.
+
+Every thread here is a real one blocked in a real place (a lock in this file,
+torch's optimizer and autograd, a DataLoader, a gloo barrier); the sampler
+reads it from another thread with ``sys._current_frames()``, as the reporter
+thread does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputop.address import Address
+from gputop.collect.server import Collector
+from gputop.protocol import StackFrame, Stacks, decode
+from gputop.reporter import stacks
+from gputop.reporter.clock import StepClock, TrackedLoader
+from gputop.reporter.sender import Sender
+from gputop.reporter.stacks import StackSampler
+from tests.conftest import free_port, needs_torch, snapshot_of, wait_for
+
+THIS_FILE = "tests/test_stack_sampler.py"  # as the sampler shows it: relative to the working folder (the repo)
+
+
+def line_of(text: str) -> int:
+    """The line of this file holding ``text`` (where a thread below blocks)."""
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
+
+
+@contextlib.contextmanager
+def blocked(target: Callable[[threading.Event], Any]) -> Iterator[threading.Thread]:
+    """A thread running ``target(release)`` until the block ends; it is sampled meanwhile."""
+    release = threading.Event()
+    thread = threading.Thread(target=target, args=(release,), daemon=True)
+    thread.start()
+    time.sleep(0.2)  # into the blocking call
+    try:
+        yield thread
+    finally:
+        release.set()
+        thread.join(10)
+
+
+def sampled(thread: threading.Thread, *, samples: int = 5, clock: StepClock | None = None,
+            forwards: tuple[Any, ...] = ()) -> Stacks:  # fmt: skip
+    sampler = StackSampler(thread.ident or 0, clock=clock)
+    sampler.watch_forwards(forwards)
+    for _ in range(samples):
+        sampler.sample()
+    return sampler.take("run", 0, time.time())
+
+
+def wait_for_lock(release: threading.Event) -> None:
+    release.wait()  # the place every sample below must name
+
+
+def deep(depth: int, then: Callable[[threading.Event], None]) -> Callable[[threading.Event], None]:
+    """``then`` called ``depth`` frames deep (a realistic training stack is 30-50 frames)."""
+
+    def call(release: threading.Event, left: int = depth) -> None:
+        if left == 0:
+            then(release)
+        else:
+            call(release, left - 1)
+
+    return call
+
+
+class TestWhatASampleFinds:
+    def test_a_thread_blocked_on_a_lock_in_the_users_code_is_named_with_its_line(self) -> None:
+        with blocked(deep(40, wait_for_lock)) as thread:
+            message = sampled(thread)
+        line = line_of("release.wait()  # the place")
+        assert message.now == StackFrame("outside", THIS_FILE, line, "wait_for_lock")
+        assert message.samples == 5
+        assert [(f.where, f.file, f.line, f.function, f.count) for f in message.top] == [
+            ("outside", THIS_FILE, line, "wait_for_lock", 5)
+        ]
+
+    def test_the_step_clock_tells_after_the_optimizer_step_from_before_it(self) -> None:
+        clock = StepClock()
+        with blocked(wait_for_lock) as thread:
+            assert sampled(thread, clock=clock).now.where == "outside"  # type: ignore[union-attr]  # nothing seen
+            clock.forwards += 1
+            clock.mark_step()
+            assert sampled(thread, clock=clock).now.where == "after_step"  # type: ignore[union-attr]
+            clock.forwards += 1
+            assert sampled(thread, clock=clock).now.where == "before_step"  # type: ignore[union-attr]
+
+    def test_a_wait_in_a_tracked_loader_is_the_loader_with_the_users_generator(self) -> None:
+        def slow_batches(release: threading.Event) -> Iterator[int]:
+            yield 1
+            release.wait()  # fetching the second batch
+            yield 2
+
+        def loop(release: threading.Event) -> None:
+            for _ in TrackedLoader(slow_batches(release), StepClock()):
+                pass
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now == StackFrame("loader", THIS_FILE, line_of("release.wait()  # fetching"), "slow_batches")
+
+    def test_a_thread_with_no_frame_of_the_users_code_names_no_place(self) -> None:
+        with blocked(lambda release: release.wait()) as thread:
+            now = sampled(thread).now
+        # The lambda is in this file: the user's.  threading's own frames are not.
+        assert now is not None and now.file == THIS_FILE
+        event = threading.Event()
+        stdlib_only = threading.Thread(target=event.wait, daemon=True)
+        stdlib_only.start()
+        time.sleep(0.1)
+        try:
+            assert sampled(stdlib_only).now == StackFrame("outside", "", 0, "")
+        finally:
+            event.set()
+
+    def test_a_thread_that_ended_has_no_now(self) -> None:
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+        message = sampled(thread)
+        assert message.now is None and message.samples == 0 and message.top == ()
+
+
+@needs_torch
+class TestTorchPhases:
+    """The markers on torch's own frames: optimizer, backward, the watched model's forward, the DataLoader."""
+
+    def test_a_hook_inside_optimizer_step_is_the_optimizer(self) -> None:
+        import torch
+
+        def loop(release: threading.Event) -> None:
+            param = torch.nn.Parameter(torch.ones(2))
+            optimizer = torch.optim.SGD([param], lr=0.1)
+
+            def hook(*_: Any) -> None:
+                release.wait()  # blocked inside Optimizer.step
+
+            optimizer.register_step_pre_hook(hook)
+            param.grad = torch.ones(2)
+            optimizer.step()
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now is not None and now.where == "optimizer" and now.file == THIS_FILE, now
+
+    def test_a_custom_backward_is_the_backward(self) -> None:
+        import torch
+
+        class Blocking(torch.autograd.Function):
+            release: threading.Event
+
+            @staticmethod
+            def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+                return x * 2
+
+            @staticmethod
+            def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+                Blocking.release.wait()  # inside loss.backward()
+                return grad * 2
+
+        def loop(release: threading.Event) -> None:
+            Blocking.release = release
+            Blocking.apply(torch.ones(2, requires_grad=True)).sum().backward()
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now == StackFrame("backward", THIS_FILE, line_of("# inside loss.backward()"), "Blocking.backward")
+
+    def test_the_watched_models_forward_is_the_forward(self) -> None:
+        import torch
+
+        class Net(torch.nn.Module):
+            release: threading.Event
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                self.release.wait()  # inside the model's forward
+                return x
+
+        model = torch.nn.parallel.DataParallel(Net())  # a wrapper, as DDP is: the inner forward counts too
+        model.module.release = threading.Event()
+
+        def loop(release: threading.Event) -> None:
+            model.module.release = release
+            model(torch.ones(1))
+
+        with blocked(loop) as thread:
+            now = sampled(thread, forwards=stacks.forward_codes(model)).now
+            without = sampled(thread).now
+        assert now == StackFrame("forward", THIS_FILE, line_of("# inside the model's forward"), "Net.forward")
+        assert without is not None and without.where == "outside"  # not the watched model's: no marker
+
+    def test_a_dataloader_fetch_is_the_loader_with_the_users_dataset(self) -> None:
+        import torch
+
+        class Slow(torch.utils.data.Dataset[int]):
+            def __init__(self, release: threading.Event) -> None:
+                self.release = release
+
+            def __len__(self) -> int:
+                return 4
+
+            def __getitem__(self, index: int) -> int:
+                self.release.wait()  # reading a sample
+                return index
+
+        def loop(release: threading.Event) -> None:
+            for _ in torch.utils.data.DataLoader(Slow(release), batch_size=2):
+                pass
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now == StackFrame("loader", THIS_FILE, line_of("# reading a sample"), "Slow.__getitem__")
+
+    def test_a_rank_waiting_in_a_gloo_barrier_is_in_a_collective(self, tmp_path: Path) -> None:
+        """Two real processes: rank 1 joins the barrier 3 s late; rank 0's thread waits in it meanwhile."""
+        script = tmp_path / "barrier_job.py"
+        script.write_text(
+            textwrap.dedent(
+                """
+                import json, sys, threading, time
+                import torch.distributed as dist
+                from gputop.reporter.stacks import StackSampler
+
+                rank, port = int(sys.argv[1]), sys.argv[2]
+                dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+                if rank == 1:
+                    time.sleep(3)
+                    dist.barrier()
+                else:
+                    def wait_for_the_others():
+                        dist.barrier()
+
+                    thread = threading.Thread(target=wait_for_the_others)
+                    thread.start()
+                    time.sleep(1)
+                    sampler = StackSampler(thread.ident)
+                    for _ in range(5):
+                        sampler.sample()
+                    now = sampler.take("run", 0, time.time()).now
+                    print(json.dumps([now.where, now.file, now.line, now.function]), flush=True)
+                    thread.join()
+                dist.destroy_process_group()
+                """
+            )
+        )
+        port = str(free_port())
+        cwd = str(Path(__file__).parent.parent)
+        late = subprocess.Popen([sys.executable, str(script), "1", port], cwd=cwd)
+        try:
+            out = subprocess.run([sys.executable, str(script), "0", port], cwd=cwd, capture_output=True, text=True,
+                                 timeout=120)  # fmt: skip
+        finally:
+            late.wait(60)
+        assert out.returncode == 0, out.stderr
+        line = script.read_text().splitlines().index("        dist.barrier()") + 1  # in wait_for_the_others
+        assert json.loads(out.stdout) == ["collective", "barrier_job.py", line, "wait_for_the_others"]
+
+
+class TestTallies:
+    def test_the_top_places_are_the_most_sampled_functions_and_now_is_the_newest_line(self) -> None:
+        first, second, third = threading.Event(), threading.Event(), threading.Event()
+
+        def save_checkpoint() -> None:
+            third.wait()  # place three
+
+        def two_lines(release: threading.Event) -> None:
+            first.wait()  # place one
+            second.wait()  # place two
+            save_checkpoint()
+
+        with blocked(two_lines) as thread:
+            sampler = StackSampler(thread.ident or 0)
+            for release, samples in ((first, 4), (second, 2), (None, 5)):
+                for _ in range(samples):
+                    sampler.sample()
+                if release is not None:
+                    release.set()
+                    time.sleep(0.1)
+            message = sampler.take("run", 2, time.time())
+            third.set()
+        assert message.rank == 2 and message.samples == 11
+        # One function is one place, under its most-sampled line: its time is not split line by line.
+        assert [(f.function, f.line, f.count) for f in message.top] == [
+            ("two_lines", line_of("# place one"), 6),
+            ("save_checkpoint", line_of("# place three"), 5),
+        ]
+        assert message.now is not None and message.now.line == line_of("# place three")
+        empty = sampler.take("run", 2, time.time())
+        assert empty.samples == 0 and empty.top == ()  # each message counts since the last
+
+    def test_a_sample_that_costs_more_than_the_budget_lowers_the_rate(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        with blocked(deep(40, wait_for_lock)) as thread:
+            sampler = StackSampler(thread.ident or 0, hz=20)
+            for k in range(20):
+                sampler.sample_when_due(float(k))
+            sampler.take("run", 0, time.time())
+            assert sampler.interval_s == pytest.approx(0.05)  # microseconds a sample: well within 0.1% at 20/s
+            assert sampler.cost_s is not None and sampler.cost_s < 50e-6
+            monkeypatch.setattr(stacks, "BUDGET_FRAC", 1e-9)  # a budget no sample fits in
+            for k in range(20, 40):
+                sampler.sample_when_due(float(k) * 1e6)
+            sampler.take("run", 0, time.time())
+        assert sampler.interval_s == pytest.approx(sampler.cost_s / 1e-9)
+
+    @pytest.mark.parametrize(
+        ("env", "hz", "complaint"),
+        [
+            ({}, 20.0, ""),
+            ({"GPUTOP_STACKS": "0"}, None, ""),
+            ({"GPUTOP_STACKS": "off", "GPUTOP_STACKS_HZ": "50"}, None, ""),
+            ({"GPUTOP_STACKS_HZ": "50"}, 50.0, ""),
+            ({"GPUTOP_STACKS_HZ": "fast"}, 20.0, "GPUTOP_STACKS_HZ='fast'"),
+            ({"GPUTOP_STACKS_HZ": "1e6"}, 20.0, "0.5-200 samples a second"),
+        ],
+    )
+    def test_the_settings(self, env: dict[str, str], hz: float | None, complaint: str) -> None:
+        got, why = stacks.configured_hz(env)
+        assert got == hz and complaint in why and bool(why) == bool(complaint)
+
+
+class TestSending:
+    def test_a_frame_for_this_connection_is_not_sent_after_a_reconnect(self, tmp_path: Path) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / "collector.sock"))
+        listener.listen()
+        listener.settimeout(10)
+        sender = Sender(Address(path=tmp_path / "collector.sock"), backlog_frames=10)
+        sender.enqueue(b"kept\n")
+        sender.enqueue(b"dropped now: not connected\n", this_connection_only=True)
+        sender.pump()
+        first, _ = listener.accept()
+        sender.enqueue(b"for this connection\n", this_connection_only=True)
+        first.close()  # before the sender could write it: it would go again on the next connection
+        sender.close()
+        sender._next_attempt_s = 0.0
+        sender.pump()
+        second, _ = listener.accept()
+        second.settimeout(2)
+        sender.enqueue(b"window\n")
+        sender.pump()
+        received = b""
+        while not received.endswith(b"window\n"):
+            received += second.recv(4096)
+        assert b"this connection" not in received and b"dropped now" not in received
+        second.close()
+        listener.close()
+
+
+BLOCKED_JOB = """
+import sys, threading, gputop
+gputop.watch()
+lock = threading.Lock()
+lock.acquire()
+
+def wait_for_lock():
+    lock.acquire(timeout=float(sys.argv[1]))  # blocked here
+
+wait_for_lock()
+"""
+
+
+def _run(tmp_path: Path, seconds: float, **env: str) -> subprocess.Popen[str]:
+    """A script (a file: code from ``python -c`` is nobody's file) that blocks on a lock for ``seconds``."""
+    import os
+
+    script = tmp_path / "blocked_job.py"
+    script.write_text(BLOCKED_JOB)
+    full = {**os.environ, **env}
+    return subprocess.Popen([sys.executable, str(script), str(seconds)], env=full, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+class TestWithACollector:
+    def test_a_collector_that_accepts_stacks_sees_where_the_training_thread_blocks(
+        self, collector: Collector, tmp_path: Path
+    ) -> None:
+        job = _run(tmp_path, 4, GPUTOP_PORT=str(collector.address.port))
+        try:
+            assert wait_for(lambda: any(v.stacks for v in snapshot_of(collector).all_ranks()), timeout_s=20)
+            (view,) = snapshot_of(collector).all_ranks()
+            assert view.hello.sends == ("stacks",)
+            latest = view.latest_stacks
+            assert latest is not None and latest.samples >= 10, latest  # 20 a second over about a second
+            line = BLOCKED_JOB.splitlines().index("    lock.acquire(timeout=float(sys.argv[1]))  # blocked here") + 1
+            assert latest.now == StackFrame("outside", "blocked_job.py", line, "wait_for_lock")
+        finally:
+            out, _ = job.communicate(timeout=60)
+        assert job.returncode == 0, out
+
+    def test_gputop_stacks_0_sends_none(self, collector: Collector, tmp_path: Path) -> None:
+        job = _run(tmp_path, 2.5, GPUTOP_PORT=str(collector.address.port), GPUTOP_STACKS="0")
+        out, _ = job.communicate(timeout=60)
+        assert job.returncode == 0, out
+        (view,) = snapshot_of(collector).all_ranks()
+        assert view.windows and view.stacks == () and view.hello.sends == ()
+
+    def test_a_collector_that_never_accepts_stacks_is_never_sent_one(self, tmp_path: Path) -> None:
+        """A collector from before stacks closes a connection on a type it does not know: it must never see one."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # no handshake on a Unix socket
+        listener.bind(str(tmp_path / "old.sock"))
+        listener.listen()
+        listener.settimeout(30)
+        job = _run(tmp_path, 3, GPUTOP_SOCKET=str(tmp_path / "old.sock"))
+        try:
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+        finally:
+            out, _ = job.communicate(timeout=60)
+            listener.close()
+        types = [decode(line).TYPE for line in data.splitlines() if line.strip()]
+        assert job.returncode == 0, out
+        assert "window" in types and "bye" in types and "stacks" not in types, types
