@@ -218,9 +218,11 @@ def tmux_pane(command: str) -> Iterator[int]:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
-def run_gputop_dashboard(steps: int) -> Run:
+def run_gputop_dashboard(steps: int, nice: str | None = None) -> Run:
+    """``nice``: GPUTOP_NICE for the dashboard ("0": it does not yield the CPU, as before it did)."""
     port = free_port()
-    with tmux_pane(f"{sys.executable} -m gputop attach --port {port}") as pane:
+    setting = "" if nice is None else f"GPUTOP_NICE={nice} "
+    with tmux_pane(f"{setting}{sys.executable} -m gputop attach --port {port}") as pane:
         wait_listening(port)
         time.sleep(1.0)  # the first frames drawn
         meter = CpuMeter()
@@ -337,6 +339,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 100 steps: does everything run?")
     parser.add_argument("--no-traceml", action="store_true")
+    parser.add_argument("--unyielding", action="store_true", help="also the dashboard with GPUTOP_NICE=0")
     args = parser.parse_args()
     rounds, steps = (2, 100) if args.quick else (args.rounds, args.steps)
 
@@ -344,6 +347,8 @@ def main() -> None:
     modes = [base, Mode("gputop, headless recorder", run_gputop_headless)]
     if shutil.which("tmux"):
         modes.append(Mode("gputop, live dashboard in tmux", run_gputop_dashboard))
+        if args.unyielding:
+            modes.append(Mode("gputop, live dashboard, GPUTOP_NICE=0", lambda n: run_gputop_dashboard(n, "0")))
     else:
         print("vs_peers: tmux not found: the live dashboard modes are left out", file=sys.stderr)
     why_not = "left out (--no-traceml)" if args.no_traceml else traceml_ready()
