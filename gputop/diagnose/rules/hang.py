@@ -27,7 +27,7 @@ from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, H
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import Frame, RankFrames, span_frames
-from gputop.model.snapshot import LIVE
+from gputop.model.snapshot import LIVE, LOST
 
 # How far back the usual and the longest step are read: long enough to include
 # a periodic evaluation or checkpoint, short enough to follow the job.
@@ -36,13 +36,21 @@ PLACES_NAMED = 3  # places of stuck ranks a title names; more read as "…"
 
 
 def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
-    """One finding for a run whose live ranks have all stopped stepping past the run's own line."""
+    """One finding for a run whose live ranks have all stopped stepping past the run's own line.
+
+    With no live rank left, the ranks that went silent are judged at the time each did.
+    """
     live = [r for r in run.ranks if r.status == LIVE and r.view.windows]
-    if not live:
+    # With no rank reporting any more (a hung job killed, a recording's end), judge each by the time it
+    # went silent: a job that was hung when it was stopped is reported hung.
+    ended = not live
+    judged = live or [r for r in run.ranks if r.status == LOST and r.view.windows]
+    if not judged:
         return []
     stuck: list[tuple[RankFigures, float, int]] = []  # (rank, seconds since its last step, its step count)
+    silent: list[int] = []  # ended: ranks whose reporting stopped with their steps (starved or dead, can't tell)
     line_s = 0.0
-    for rank in live:
+    for rank in judged:
         stepped = [w for w in rank.view.windows[-LOOKBACK_WINDOWS:] if w.steps > 0]
         if not stepped:
             return []  # still starting: nothing to compare with
@@ -51,18 +59,24 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
         longest = max((w.step_time_max_s or 0.0 for w in stepped), default=0.0)
         line = max(HANG_MIN_S, HANG_STEP_FACTOR * usual, HANG_LONGEST_FACTOR * longest)
         line_s = max(line_s, line)
-        idle = now_t - stepped[-1].t1
-        if idle < line:
+        idle = (rank.view.windows[-1].t1 if ended else now_t) - stepped[-1].t1
+        if idle >= line:
+            stuck.append((rank, idle, stepped[-1].step_total))
+        elif ended:
+            silent.append(rank.rank)
+        else:
             return []  # one rank still steps: not a hang (a straggler or a stall is someone else's finding)
-        stuck.append((rank, idle, stepped[-1].step_total))
+    if not stuck:
+        return []
     idle_s = min(idle for _, idle, _ in stuck)
     since = sorted({total for _, _, total in stuck})
     busy = [r.rank for r, _, _ in stuck if _cpu_since_last_step(r) >= HANG_BUSY_CPU_PCT]
     ranks = [r.rank for r, _, _ in stuck]
     where = f"after step {since[0]}" if len(since) == 1 else f"after steps {since[0]}-{since[-1]}"
-    title = (
-        f"{ranks_text(ranks)} {'has' if len(ranks) == 1 else 'have'} not finished a step for {idle_s:.0f} s ({where})"
-    )
+    verb = "had" if ended else "has" if len(ranks) == 1 else "have"
+    title = f"{ranks_text(ranks)} {verb} not finished a step for {idle_s:.0f} s ({where})"
+    if ended:
+        title += " when they stopped reporting" if len(ranks) > 1 else " when it stopped reporting"
     severity: Severity
     if busy and len(busy) == len(ranks):
         title += ", busy on the CPU: a long evaluation or save, or a loop that never reaches the step"
@@ -77,7 +91,7 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
         title += "; " + where_stuck_text([r for r, _, _ in stuck], frames)
     # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
     # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
-    lost = [v.rank for v in run.lost]
+    lost = silent if ended else [v.rank for v in run.lost]
     if lost:
         title += f"; {ranks_text(lost)} stopped reporting (dead, or blocked holding the GIL)"
         ranks += lost
