@@ -348,19 +348,23 @@ def causes(report: dict[str, Any], *, at_least: str = "warn") -> set[str]:
 
 
 @contextlib.contextmanager
-def gpu_load(seconds: float) -> Iterator[None]:
-    """Matmuls on GPU 0 in a child process, so utilization, memory and power have something to show."""
-    code = (
-        f"import time, torch; a = torch.randn(8192, 8192, device='cuda'); end = time.time() + {seconds}\n"
-        "while time.time() < end: a = (a @ a).clamp_(-1, 1)\n"
-    )
+def child_load(code: str) -> Iterator[int]:
+    """``code`` in a child Python process, given 5 s to start (CUDA context, allocation, clocks up); its pid."""
     load = subprocess.Popen([sys.executable, "-c", code])
     try:
-        time.sleep(5.0)  # CUDA context, allocation, clocks up
-        yield
+        time.sleep(5.0)
+        yield load.pid
     finally:
         load.kill()
         load.wait()
+
+
+def gpu_load(seconds: float) -> contextlib.AbstractContextManager[int]:
+    """Matmuls on GPU 0 in a child process, so utilization, memory and power have something to show."""
+    return child_load(
+        f"import time, torch; a = torch.randn(8192, 8192, device='cuda'); end = time.time() + {seconds}\n"
+        "while time.time() < end: a = (a @ a).clamp_(-1, 1)\n"
+    )
 
 
 def check_nvml_vs_smi() -> list[Row]:
@@ -408,21 +412,13 @@ def check_nvml_vs_smi() -> list[Row]:
     return rows
 
 
-@contextlib.contextmanager
-def copy_load(seconds: float) -> Iterator[int]:
+def copy_load(seconds: float) -> contextlib.AbstractContextManager[int]:
     """Host-to-device copies of a pinned 256 MiB buffer in a child process: PCIe traffic for the counters."""
-    code = (
+    return child_load(
         "import time, torch; h = torch.empty(64 << 20, pin_memory=True); d = torch.empty(64 << 20, device='cuda')\n"
         f"end = time.time() + {seconds}\n"
         "while time.time() < end: d.copy_(h, non_blocking=True); torch.cuda.synchronize()\n"
     )
-    load = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        time.sleep(5.0)
-        yield load.pid
-    finally:
-        load.kill()
-        load.wait()
 
 
 def check_nvml_processes_and_links() -> list[Row]:
