@@ -37,6 +37,13 @@ class Address:
     def is_tcp(self) -> bool:
         return self.port is not None
 
+    @property
+    def tcp_endpoint(self) -> tuple[str, int]:
+        """(host, port) for ``socket.create_connection``; ValueError for a Unix socket."""
+        if self.port is None:
+            raise ValueError(f"{self} is not a TCP address")
+        return self.host, self.port
+
     def __str__(self) -> str:
         return f"tcp://{self.host}:{self.port}" if self.is_tcp else f"unix://{self.path}"
 

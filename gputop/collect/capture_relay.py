@@ -184,7 +184,7 @@ def ask(address: Address, request: CaptureRequest) -> CaptureResult:
     Raises OSError when nothing listens there, ProtocolError when what answers is not a collector.
     """
     if address.is_tcp:
-        sock = socket.create_connection((address.host, address.port), timeout=5.0)
+        sock = socket.create_connection(address.tcp_endpoint, timeout=5.0)
         try:  # a TCP collector greets every connection with the token handshake, this one too
             sock, refusal = auth.secure_client(sock, auth.Security.from_env(), address.host, str(address))
         except auth.HandshakeError as exc:

@@ -113,7 +113,7 @@ class Link:
                 sock.close()
                 raise
             return sock
-        sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
+        sock = socket.create_connection(self.address.tcp_endpoint, timeout=CONNECT_TIMEOUT_S)
         try:
             sock, refusal = auth.secure_client(sock, self.security, self.address.host, str(self.address))
         except auth.HandshakeError as exc:

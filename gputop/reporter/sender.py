@@ -158,7 +158,7 @@ class Sender:
     def _connect(self, now_s: float) -> bool:
         try:
             if self.address.is_tcp:
-                sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S)
+                sock = socket.create_connection(self.address.tcp_endpoint, timeout=CONNECT_TIMEOUT_S)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock = self._secure(sock)
                 self.remote_link = _ends_differ(sock)
