@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import sys
 import threading
@@ -235,7 +236,7 @@ class Reporter:
         optim: Any = sys.modules.get("torch.optim.optimizer")
         if optim is None:
             try:
-                import torch.optim.optimizer as optim
+                optim = importlib.import_module("torch.optim.optimizer")
             except Exception:
                 return
         try:
