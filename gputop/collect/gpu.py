@@ -127,20 +127,11 @@ class _Reads:
         self.lost = False
 
     def get(self, field: str, fn_name: str, *args: Any, record: bool = True) -> Any:
-        if self.lost:
-            if record:
-                self.na[field] = GPU_LOST
-            return None
-        value, why = self.nvml.call(fn_name, self.handle, *args, device=self.device, field=field)
-        if why is not None:
-            if why == GPU_LOST:
-                self.lost = True  # every further read would fail the same way, some slowly
-            if record:
-                self.na[field] = why
-        return value
+        """The bindings' ``fn_name`` on this device; a failure's reason goes in ``na[field]``."""
+        return self.get_with(field, fn_name, None, *args, record=record)
 
-    def get_with(self, field: str, name: str, fn: Callable[..., Any], *args: Any, record: bool = True) -> Any:
-        """``get`` for gputop's own function over the bindings; ``name`` is the C function it calls."""
+    def get_with(self, field: str, name: str, fn: Callable[..., Any] | None, *args: Any, record: bool = True) -> Any:
+        """``get`` for gputop's own function over the bindings (None: the bindings' ``name`` itself)."""
         if self.lost:
             if record:
                 self.na[field] = GPU_LOST
@@ -148,7 +139,7 @@ class _Reads:
         value, why = self.nvml.call_with(name, fn, self.handle, *args, device=self.device, field=field)
         if why is not None:
             if why == GPU_LOST:
-                self.lost = True
+                self.lost = True  # every further read would fail the same way, some slowly
             if record:
                 self.na[field] = why
         return value
