@@ -19,11 +19,20 @@ the few places a ``Stacks`` message names (per function, under its
 most-sampled line: ``by_function``).  The rate adapts: when the median
 sample of the last second costs more than ``BUDGET_FRAC`` of a core at the
 configured rate, the interval grows until it does not.
+
+Each interval is drawn at random around the configured one (0.5x to 1.5x).
+A fixed interval beats against the step: at 143 ms between samples and a
+57-ms step, every sample fell on one of two points of the step, and a rank
+that computed a metric for 11% of each step showed it in 4% of its samples
+and its backward pass in 71%.  The random spread is wider than any step short
+enough to beat, so the samples see each part of the step in proportion to its
+time (the interval's mean, and so the cost, are unchanged).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from collections.abc import Mapping
@@ -38,6 +47,7 @@ MIN_HZ, MAX_HZ = 0.5, 200.0
 BUDGET_FRAC = 0.001  # of one core: the sampler's cost at most, whatever the rate asked for
 MAX_DEPTH = 256  # frames walked per sample: a deeper stack (a recursion) is cut there
 SEND_EVERY_S = 1.0  # a stacks message a second: a 10-s span holds ten, a hang's place is at most a second old
+JITTER = 0.5  # each interval is the configured one x uniform(1 - JITTER, 1 + JITTER): no beat with the step
 MAX_CODES = 20_000  # code objects classified before the cache starts over (code made at run time: exec, compile)
 
 # Where the thread is, when a marker frame is on its stack (innermost marker first).
@@ -106,6 +116,7 @@ class StackSampler:
         self.base_interval_s = 1.0 / hz
         self.interval_s = self.base_interval_s  # grows when a sample costs more than the budget allows
         self.next_s = 0.0  # monotonic time of the next sample
+        self._spread = random.Random()  # the interval's spread (its own generator: the user's seed is theirs)
         self.samples = 0  # since the last take()
         self.cost_s: float | None = None  # the median sample's cost over the last second with samples
         self._costs: list[float] = []
@@ -154,7 +165,7 @@ class StackSampler:
         start = time.thread_time() if cpu_before_wake_s is None else cpu_before_wake_s
         self.sample()
         self._costs.append(time.thread_time() - start)
-        self.next_s = now_s + self.interval_s
+        self.next_s = now_s + self.interval_s * self._spread.uniform(1.0 - JITTER, 1.0 + JITTER)
 
     def sample(self) -> None:
         """Where the thread is now: one tally."""
