@@ -192,6 +192,20 @@ def cpu_ticks() -> dict[int, tuple[int, str]]:
     return out
 
 
+def age_s(pid: int) -> float | None:
+    """How long ago a process started (its stat file's start time against the system's uptime); None if gone."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as stat:
+            tail = stat.read(_STAT_MAX_BYTES).rpartition(b")")[2]
+        with open(f"{_PROC}/uptime", "rb") as uptime:
+            up_s = float(uptime.read().split()[0])
+        # After "(comm)": starttime is the 20th field (proc(5) field 22), in clock ticks since boot.
+        start_ticks = int(tail.split(None, 20)[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(up_s - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
 def owner_of(pid: int) -> str | None:
     """The user name owning a process (its /proc folder), or the uid as text; None if it is gone."""
     try:

@@ -117,6 +117,24 @@ class TestBusyProcesses:
         assert samples[1].busy == samples[0].busy  # between reads, the last one repeated
         assert any(p.pid == worker_pid for p in samples[-1].busy), samples[-1].busy
 
+    def test_a_program_started_between_reads_is_rated_over_its_own_life(self) -> None:
+        """A neighbour started after the last read burns a core: it reads near 100%, not its share of the 5 s."""
+        now = [time.time()]
+        sampler = HostSampler(clock=lambda: now[0])
+        sampler.sample()  # the first read: before the program exists
+        loop = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        try:
+            time.sleep(1.5)
+            now[0] += 5.0  # the next read is due; the program ran the last 1.5 s of those 5
+            busy = {p.pid: p for p in sampler.sample().busy}
+        finally:
+            loop.kill()
+            loop.wait()
+        assert loop.pid in busy, busy
+        # Alone it takes a core; 2 shared cores under a test run still give it well over the 30% a 5-s span would say.
+        assert busy[loop.pid].cpu_pct > 50, busy[loop.pid]
+        assert busy[loop.pid].wait_pct is not None and busy[loop.pid].wait_pct >= 0  # its run-queue wait, read too
+
 
 class TestRankProcesses:
     """Per-rank CPU and memory, with DataLoader workers counted as the rank's."""

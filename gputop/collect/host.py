@@ -25,7 +25,7 @@ import psutil
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import BusyProcess, HostSample, ProcessReading
-from gputop.procfs import cpu_ticks, descendants_of, owner_of
+from gputop.procfs import age_s, cpu_ticks, descendants_of, owner_of, schedstat_s
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -52,6 +52,8 @@ BUSY_MIN_PCT = 5.0  # of one core: below this a process is background noise
 # each (2 ms a second with 73 processes, most of the sampler's cost; a shared node
 # runs thousands), and which processes crowd the job changes over minutes, not seconds.
 BUSY_EVERY_S = 5.0
+# A process started since the last read is rated over its life once it is this old (younger: at the next read).
+NEW_PROCESS_MIN_AGE_S = 0.5
 
 
 def _pct(part: float, whole: float) -> float:
@@ -80,6 +82,7 @@ class HostSampler:
         self._last_ticks = (self._clock(), cpu_ticks())
         self._owners: dict[int, str | None] = {}
         self._busy_now: tuple[BusyProcess, ...] | None = None  # the last read, repeated until the next
+        self._last_waits: dict[int, float] = {}  # busy pid -> its threads' run-queue wait (s) at the last read
 
     def sample(self) -> HostSample:
         with self._lock:
@@ -111,18 +114,51 @@ class HostSampler:
             return ()
         used = []
         for pid, (ticks, name) in now.items():
-            if pid == self._own.pid or pid not in before:
+            if pid == self._own.pid:
                 continue
-            cpu_pct = 100.0 * (ticks - before[pid][0]) * self._tick_s / span_s
+            if pid in before:
+                cpu_pct = 100.0 * (ticks - before[pid][0]) * self._tick_s / span_s
+            elif ticks * self._tick_s >= BUSY_MIN_PCT / 100.0 * NEW_PROCESS_MIN_AGE_S:
+                # Started since the last read: its CPU over its own life, or a neighbour started
+                # after the job would read at the share of the read's span it happened to run.
+                age = age_s(pid)
+                if age is None or age < NEW_PROCESS_MIN_AGE_S:
+                    continue  # too young to rate; the next read will
+                cpu_pct = 100.0 * ticks * self._tick_s / min(age, span_s)
+            else:
+                continue
             if cpu_pct >= BUSY_MIN_PCT:
                 used.append((cpu_pct, pid, name))
         used.sort(reverse=True)
         kept = used[:BUSY_PROCESSES_KEPT]
         self._owners = {pid: self._owners[pid] if pid in self._owners else owner_of(pid) for _, pid, _ in kept}
+        waits = self._waits([pid for _, pid, _ in kept], span_s)
         self._busy_now = tuple(
-            BusyProcess(pid=pid, name=name, cpu_pct=round(cpu, 1), user=self._owners[pid]) for cpu, pid, name in kept
+            BusyProcess(pid=pid, name=name, cpu_pct=round(cpu, 1), user=self._owners[pid], wait_pct=waits.get(pid))
+            for cpu, pid, name in kept
         )
         return self._busy_now
+
+    def _waits(self, pids: list[int], span_s: float) -> dict[int, float]:
+        """Each busy process's run-queue wait since the last read, 100 = one core (its threads' schedstat).
+
+        A process not kept at the last read counts its wait over its life.
+        """
+        totals: dict[int, float] = {}
+        out: dict[int, float] = {}
+        for pid in pids:
+            threads = schedstat_s(pid)
+            if not threads:
+                continue
+            total = totals[pid] = sum(wait for _, wait in threads.values())
+            if pid in self._last_waits:
+                out[pid] = round(100.0 * max(total - self._last_waits[pid], 0.0) / span_s, 1)
+            else:
+                age = age_s(pid)
+                if age:
+                    out[pid] = round(100.0 * total / age, 1)
+        self._last_waits = totals
+        return out
 
     def _machine(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpu_count": psutil.cpu_count(logical=True)}

@@ -95,6 +95,14 @@ class BusyProcess:
     name: str
     cpu_pct: float  # since the previous sample, 100 = one core
     user: str | None = None
+    # Runnable but waiting for a CPU over the same time, 100 = one core's worth (None: not read): what it
+    # wanted beyond what it got, so a busy loop squeezed to 60% of a core still counts as wanting a whole one.
+    wait_pct: float | None = None
+
+    @property
+    def demand_pct(self) -> float:
+        """The CPU it wanted, 100 = one core: what it used and what it waited for."""
+        return self.cpu_pct + (self.wait_pct or 0.0)
 
 
 @dataclass(frozen=True)
