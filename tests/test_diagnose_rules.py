@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
 
 from gputop.diagnose import Finding, diagnose
 from gputop.diagnose import thresholds as th
+from gputop.diagnose.rules.cpu_contention import busy_others
 from gputop.model.figures import SPAN_S, summarize
-from gputop.model.samples import BusyProcess, GpuProcess
+from gputop.model.samples import BusyProcess, GpuProcess, HostSample
 from tests.diagnose_fixtures import (
     GIB,
+    T0,
     RankSpec,
     cuda_hello,
     findings_of,
@@ -179,6 +182,19 @@ class TestStraggler:
         assert finding.extra["phase"] == "loader"
         assert by_cause(findings, "communication") == []  # rank 1 itself hardly waits
         assert by_cause(findings, "data_loading") == []  # one slow rank is not a run-wide input problem
+
+    def test_a_phase_is_named_only_when_its_own_time_holds_the_excess(self) -> None:
+        # Rank 1's 30% excess is spread: 10 points each in forward, backward and outside the phases.
+        # Naming the forward pass (the largest by a hair) would send the user to the wrong place.
+        specs = [
+            RankSpec(rank=0, forward_frac=0.2, backward_frac=0.3, comm_frac=0.42, overlap_frac=0.05),
+            RankSpec(rank=1, forward_frac=0.305, backward_frac=0.4, comm_frac=0.1, overlap_frac=0.05),
+        ]
+        finding = only(findings_of(make_snapshot(specs)), "straggler")
+        assert finding.extra["phase"] == "own", finding.title
+        assert "its own work takes" in finding.title and "forward" not in finding.title
+        specs[1] = RankSpec(rank=1, forward_frac=0.45, backward_frac=0.3, comm_frac=0.15, overlap_frac=0.05)
+        assert only(findings_of(make_snapshot(specs)), "straggler").extra["phase"] == "forward"
 
     @pytest.mark.parametrize(("swing", "severity"), [(0.0, "warn"), (0.08, "info")])
     def test_a_wait_near_the_line_is_decided_by_its_band(self, swing: float, severity: str) -> None:
@@ -468,6 +484,53 @@ class TestCpuContention:
         assert "+ 1 other want 3.6 of 2 CPUs" in finding.title
         assert "pid 4242 (stress, user alice) at 98% of a core" in finding.title
         assert "pid 4242" in finding.suggestion
+
+    def test_a_neighbour_on_one_core_makes_the_rank_beside_it_an_allocation_finding_not_a_straggler(self) -> None:
+        # Measured in issue #22: a busy loop on one of 2 cores, rank 0 waits 36% and computes slower, rank 1
+        # waits 21% and for rank 0 in the all-reduce; the threads ready to run come to 1.2x the cores.
+        hog = BusyProcess(pid=4242, name="python", cpu_pct=71.0, user="alice")
+        slow = RankSpec(
+            rank=0, cpu_starved_frac=0.36, cpu_pct=60.0, forward_frac=0.55, backward_frac=0.4, comm_frac=0.02
+        )
+        waiting = RankSpec(rank=1, cpu_starved_frac=0.21, cpu_pct=45.0, forward_frac=0.35, backward_frac=0.4,
+                           comm_frac=0.22)  # fmt: skip
+        snapshot = make_snapshot(
+            [slow, waiting], hello={"cpu_count": 2}, host=host_sample([1030, 1031], cpu_count=2, busy=[hog])
+        )
+        findings = findings_of(snapshot)
+        top = findings[0]
+        assert (top.cause, top.ranks) == ("allocation", (0,)), [(f.severity, f.cause, f.title) for f in findings]
+        assert top.title.startswith("rank 0 waits for a CPU 36% of the time it is ready to run")
+        assert "pid 4242 (python, user alice) at 71% of a core" in top.title
+        assert only(findings, "straggler").severity == "info"
+
+    def test_a_neighbour_counts_the_cpu_it_waited_for_as_well_as_what_it_got(self) -> None:
+        # Two busy loops squeezed to 40% of a core each want a whole core each: 2 ranks + 2 loops on 2 cores.
+        loops = [BusyProcess(pid=pid, name="python", cpu_pct=40.0, wait_pct=60.0) for pid in (4242, 4243)]
+        snapshot = make_snapshot(
+            two_ranks(cpu_starved_frac=0.45, cpu_pct=55.0),
+            hello={"cpu_count": 2},
+            host=host_sample([1030, 1031], cpu_count=2, busy=loops),
+        )
+        finding = only(findings_of(snapshot), "allocation")
+        assert finding.ranks == (0, 1) and "+ 2 others want 4.0 of 2 CPUs" in finding.title, finding.title
+
+    def test_a_neighbour_below_half_a_core_is_named_but_not_the_cause(self) -> None:
+        hog = BusyProcess(pid=4242, name="python", cpu_pct=40.0, user="alice")
+        specs = [RankSpec(rank=0, cpu_starved_frac=0.36, cpu_pct=60.0), RankSpec(rank=1, cpu_starved_frac=0.21)]
+        snapshot = make_snapshot(specs, hello={"cpu_count": 2}, host=host_sample([1030, 1031], cpu_count=2, busy=[hog]))
+        assert by_cause(findings_of(snapshot), "allocation") == []
+
+    def test_a_neighbour_started_after_the_job_is_counted_from_when_it_appears(self) -> None:
+        def sample(t: float, busy: list[BusyProcess]) -> HostSample:
+            return replace(host_sample([1030]), t=t, busy=tuple(busy))
+
+        hog = BusyProcess(pid=4242, name="python", cpu_pct=70.0)
+        samples = [sample(T0 + k, [] if k < 5 else [hog]) for k in range(10)]
+        (found,) = busy_others(samples, {1030})
+        assert found.cpu_pct == pytest.approx(70.0)  # not 35: it burned 70% of a core for as long as it ran
+        gone = [*samples, *(sample(T0 + 10 + k, []) for k in range(5))]
+        assert busy_others(gone, {1030})[0].cpu_pct == pytest.approx(35.0)  # ended: its quiet samples count
 
     def test_the_thread_count_joins_the_measured_wait_in_one_finding(self) -> None:
         snapshot = make_snapshot(two_ranks(cpu_starved_frac=0.6, hello={"torch_threads": 4}), hello={"cpu_count": 2})

@@ -179,6 +179,11 @@ CPU_DEMAND_OVER_CORES = 1.25
 # gputop: a process outside the job is worth naming as competition for the
 # job's CPUs once it uses a quarter of a core on average.
 OTHER_PROCESS_CPU_PCT = 25.0
+# gputop: a process outside the job that takes half a core or more is a
+# competitor by itself: the ranks past CPU_STARVED_WARN_FRAC wait behind it
+# whatever the job's own demand (a busy loop on one core of a 2-core host
+# starved the rank beside it 36% and the other 21%, issue #22).
+OUTSIDE_COMPETITOR_CPU_PCT = 50.0
 # gputop: another process on the job's GPU matters when it computes (NVML's
 # per-process SM utilization above noise) or holds real memory.
 OTHER_PROCESS_SM_PCT = 5.0

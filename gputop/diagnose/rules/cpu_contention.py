@@ -26,6 +26,7 @@ from gputop.diagnose.thresholds import (
     CPU_STARVED_WARN_FRAC,
     HOST_CPU_BUSY_PCT,
     OTHER_PROCESS_CPU_PCT,
+    OUTSIDE_COMPETITOR_CPU_PCT,
 )
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import Figures, RankFigures
@@ -51,7 +52,7 @@ class HostLoad:
         mine = [r.stats.cpu_demand_cores for r in self.ranks if r.stats.cpu_demand_cores is not None]
         if not mine:
             return None
-        return sum(mine) + sum(p.cpu_pct for p in self.others) / 100.0
+        return sum(mine) + sum(p.demand_pct for p in self.others) / 100.0
 
     @property
     def demand_per_core(self) -> float | None:
@@ -108,20 +109,37 @@ def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> 
 
 
 def busy_others(samples: Sequence[HostSample], job_pids: set[int]) -> tuple[BusyProcess, ...]:
-    """Processes outside the job and gputop, by their mean CPU over the samples (absent counts 0), busiest first."""
+    """Processes outside the job and gputop, busiest first, by their mean CPU from the sample that first lists them.
+
+    Absent from a later sample counts 0 (it ended, or went quiet).  Counting
+    from its first sample, not the span's: a program started after the job (the
+    usual neighbour) would otherwise read at the share of the span it ran, and
+    one that burned a whole core for half of it at half a core.
+    """
     seen: dict[int, BusyProcess] = {}
     used: dict[int, float] = {}
-    for h in samples:
+    waited: dict[int, float | None] = {}
+    first: dict[int, int] = {}
+    for index, h in enumerate(samples):
         for p in h.busy:
             if p.pid in job_pids or p.pid == h.gputop_pid:
                 continue
             seen[p.pid] = p
             used[p.pid] = used.get(p.pid, 0.0) + p.cpu_pct
-    mean = {pid: total / len(samples) for pid, total in used.items()}
+            before = waited.get(p.pid, 0.0)
+            waited[p.pid] = None if before is None or p.wait_pct is None else before + p.wait_pct
+            first.setdefault(p.pid, index)
+    count = {pid: len(samples) - first[pid] for pid in used}
     return tuple(
-        BusyProcess(pid=pid, name=seen[pid].name, cpu_pct=round(cpu, 1), user=seen[pid].user)
-        for pid, cpu in sorted(mean.items(), key=lambda item: -item[1])
-        if cpu >= OTHER_PROCESS_CPU_PCT
+        BusyProcess(
+            pid=pid,
+            name=seen[pid].name,
+            cpu_pct=round(used[pid] / count[pid], 1),
+            user=seen[pid].user,
+            wait_pct=None if waited[pid] is None else round((waited[pid] or 0.0) / count[pid], 1),
+        )
+        for pid in sorted(used, key=lambda pid: -used[pid] / count[pid])
+        if used[pid] / count[pid] >= OTHER_PROCESS_CPU_PCT
     )
 
 
@@ -130,11 +148,15 @@ def starved_median(ranks: Sequence[RankFigures]) -> float | None:
     return median([r.stats.cpu_starved_frac for r in ranks if is_measured(r) and r.stats.cpu_starved_frac is not None])
 
 
-def contention_evidence(load: HostLoad, median_frac: float, threshold_frac: float) -> list[Evidence]:
+def contention_evidence(
+    load: HostLoad, ranks: Sequence[RankFigures], median_frac: float, threshold_frac: float
+) -> list[Evidence]:
     evidence = [Evidence("cpu_wait_pct", pct(median_frac), pct(threshold_frac), "%")]
-    if load.demand_per_core is not None:
-        evidence.append(Evidence("runnable_per_cpu", load.demand_per_core, CPU_DEMAND_OVER_CORES, "x"))
-    main = [r.stats.main_cpu_wait_frac for r in load.ranks if r.stats.main_cpu_wait_frac is not None]
+    demand = load.demand_per_core
+    if demand is not None:  # shown with the comparison it makes: a neighbour alone may be the want of cores
+        op = ">" if demand > CPU_DEMAND_OVER_CORES else "<="
+        evidence.append(Evidence("runnable_per_cpu", demand, CPU_DEMAND_OVER_CORES, "x", op=op))
+    main = [r.stats.main_cpu_wait_frac for r in ranks if r.stats.main_cpu_wait_frac is not None]
     if main:  # corroboration: shown with the comparison it makes, crossed or not
         op = ">" if max(main) > threshold_frac else "<="
         evidence.append(Evidence("training_thread_cpu_wait_pct", pct(max(main)), pct(threshold_frac), "%", op=op))
@@ -145,9 +167,11 @@ def contention_evidence(load: HostLoad, median_frac: float, threshold_frac: floa
     return evidence
 
 
-def contention_title(load: HostLoad, median_frac: float) -> str:
-    who = ranks_text([r.rank for r in load.ranks])
-    title = f"{who} wait for a CPU {pct(median_frac):.0f}% of the time they are ready to run: {load.processes_text()}"
+def contention_title(load: HostLoad, ranks: Sequence[RankFigures], median_frac: float) -> str:
+    who = ranks_text([r.rank for r in ranks])
+    verb = "waits" if len(ranks) == 1 else "wait"
+    they = "it is" if len(ranks) == 1 else "they are"
+    title = f"{who} {verb} for a CPU {pct(median_frac):.0f}% of the time {they} ready to run: {load.processes_text()}"
     if load.others:
         top = load.others[0]
         owner = f", user {top.user}" if top.user else ""
@@ -194,23 +218,51 @@ def merge_contention(thread_finding: Finding | None, contention: Finding) -> Fin
     )
 
 
+def starved_ranks(
+    machine: Figures, hostname: str, ranks: Sequence[RankFigures]
+) -> tuple[list[RankFigures], HostLoad] | None:
+    """The ranks that wait for a CPU for want of cores, and the host's load; None when none does.
+
+    Either the job's ranks as a whole wait past the line (their median) while
+    more threads want to run than there are cores, or a process outside the job
+    takes at least ``OUTSIDE_COMPETITOR_CPU_PCT`` of a core and the ranks past
+    the line wait behind it: a neighbour on one core of a 2-core host starves
+    the rank that shares that core, and the other rank only waits for that one.
+    """
+    measured_ranks = [r for r in ranks if is_measured(r) and r.stats.cpu_starved_frac is not None]
+    if not measured_ranks:
+        return None
+    median_frac = starved_median(measured_ranks)
+    over = [r for r in measured_ranks if (r.stats.cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC]
+    if not over:
+        return None
+    load = host_load(machine, hostname, ranks)
+    if median_frac is not None and median_frac > CPU_STARVED_WARN_FRAC:
+        demand = load.demand_per_core
+        if demand is not None and demand > CPU_DEMAND_OVER_CORES:
+            return measured_ranks, load
+    if load.others and load.others[0].cpu_pct >= OUTSIDE_COMPETITOR_CPU_PCT:
+        return over, load
+    return None  # waiting, but not for want of cores: scheduling latency, not oversubscription
+
+
 def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequence[RankFigures]) -> Finding | None:
     """The CPU-contention finding for one run's ranks on one host, or None below the warn line."""
+    found = starved_ranks(machine, hostname, ranks)
+    if found is None:
+        return None
+    ranks, load = found
     median_frac = starved_median(ranks)
     severity = grade_above(median_frac, CPU_STARVED_WARN_FRAC, CPU_STARVED_CRITICAL_FRAC)
     if severity is None or median_frac is None:
         return None
     threshold = CPU_STARVED_CRITICAL_FRAC if severity == "critical" else CPU_STARVED_WARN_FRAC
-    load = host_load(machine, hostname, ranks)
-    demand = load.demand_per_core
-    if demand is None or demand <= CPU_DEMAND_OVER_CORES:
-        return None  # waiting, but not for want of cores: scheduling latency, not oversubscription
     return Finding(
         cause="allocation",
         severity=severity,
-        title=contention_title(load, median_frac),
+        title=contention_title(load, ranks, median_frac),
         suggestion=contention_suggestion(load),
-        evidence=tuple(contention_evidence(load, median_frac, threshold)),
+        evidence=tuple(contention_evidence(load, ranks, median_frac, threshold)),
         ranks=tuple(sorted(r.rank for r in ranks)),
         run_id=run_id,
         doc=doc_anchor("allocation"),
