@@ -276,6 +276,33 @@ class TestFindingsNameThePlace:
             plain.title
         )
 
+    def test_a_rank_that_waits_in_its_own_collective_is_not_named_as_stopping(self) -> None:
+        # Rank 0 saves a checkpoint; rank 1 waits for it in dist.all_reduce(loss), outside DDP's timed
+        # exchange, so both stall alike and only where their training threads were tells them apart.
+        specs = [RankSpec(rank=0, step_s=0.1, stall_s=0.4), RankSpec(rank=1, step_s=0.1, stall_s=0.4)]
+        snapshot = make_snapshot(specs)
+        plain = only(live(snapshot), "stall")
+        assert plain.ranks == (0, 1), plain.title
+        share = round(100 * plain.magnitude)
+        save = SampledFrame("after_step", "train.py", 88, "write_snapshot", share)
+        log = SampledFrame("collective", "train.py", 61, "log_loss", share)
+        named = only(
+            live(
+                with_stacks(
+                    snapshot, {0: [stacks(0, SPEC_T0 + 9, top=(save,))], 1: [stacks(1, SPEC_T0 + 9, top=(log,))]}
+                )
+            ),
+            "stall",
+        )
+        assert named.ranks == (0,)
+        assert named.title.startswith("rank 0 stops ")
+        assert named.title.endswith(
+            ", in `write_snapshot` (train.py:88), after the optimizer step; "
+            "rank 1 waits for it in `log_loss` (train.py:61), in a collective (all-reduce, barrier, ...)"
+        )
+        both_wait = with_stacks(snapshot, {r: [stacks(r, SPEC_T0 + 9, top=(log,))] for r in (0, 1)})
+        assert only(live(both_wait), "stall").ranks == (0, 1)  # no rank left that stopped: both are named
+
     def test_a_straggler_outside_the_phases_names_its_place(self) -> None:
         specs = [
             RankSpec(rank=0, loader_frac=0.01, forward_frac=0.2, backward_frac=0.3, comm_frac=0.45, overlap_frac=0.05),

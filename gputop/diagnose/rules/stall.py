@@ -4,7 +4,8 @@ Read from per-step data, not from means: the run's step-time sketch counts the
 steps of at least ``STALL_FACTOR`` x the median and the time they lose, and
 each window's slowest steps say whether that time went to waiting for a batch.
 In synchronous DDP every rank sees the long step; the one that stopped is the
-one that did not spend it waiting in the all-reduce.
+one that did not spend it waiting in the all-reduce, or, where stacks are
+sampled, in a collective of the user's own (``dist.all_reduce(loss)``, a barrier).
 
 A stall raises means too, so the exposed comm of the ranks that waited, a
 straggler's own time or the loader share can cross their lines because of it.
@@ -65,8 +66,12 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     severity = grade_above(frac, STALL_WARN_FRAC, STALL_CRITICAL_FRAC)
     if severity is None:
         return []
-    # The ranks that stopped: those whose stall time was not spent waiting for another in the all-reduce.
-    stoppers = [r for r in stalled if (r.stats.stall_in_comm_frac or 0.0) < STALL_IN_COMM_FRAC]
+    # The ranks that stopped: those whose stall time was not spent waiting for another, in DDP's all-reduce
+    # (timed) or in a collective of the user's own (a loss all-reduce, a barrier: seen in the stack samples).
+    in_collective = {r.rank: collective_wait(r, r.stats.stall_frac or 0.0) for r in stalled}
+    stoppers = [
+        r for r in stalled if (r.stats.stall_in_comm_frac or 0.0) < STALL_IN_COMM_FRAC and in_collective[r.rank] is None
+    ]
     named = stoppers or stalled
     main = max(named, key=lambda r: r.stats.stall_frac or 0.0)
     stats = main.stats
@@ -84,9 +89,14 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     if place is not None:
         title += f", {place.frame.text()}"
     waiting = [r for r in stalled if r not in named]
-    if waiting:
-        verb = "waits" if len(waiting) == 1 else "wait"
-        title += f"; {ranks_text([r.rank for r in waiting])} {verb} for it in the all-reduce"
+    in_ddp = [r.rank for r in waiting if in_collective[r.rank] is None]
+    if in_ddp:
+        verb = "waits" if len(in_ddp) == 1 else "wait"
+        title += f"; {ranks_text(in_ddp)} {verb} for it in the all-reduce"
+    for rank in waiting:
+        place = in_collective[rank.rank]
+        if place is not None:
+            title += f"; rank {rank.rank} waits for it {place.frame.text()}"
     p50 = stats.step_time_p50_s or 0.0
     evidence = [
         Evidence("stall_pct", pct(stats.stall_frac or 0.0), pct(threshold), "%", rank=main.rank),
@@ -126,6 +136,22 @@ def stall_place(frames: RankFrames, stall_frac: float) -> FrameShare | None:
     if place is None or place.share < STALL_PLACE_MIN_PART * stall_frac:
         return None
     return place
+
+
+def collective_wait(rank: RankFigures, stall_frac: float) -> FrameShare | None:
+    """The collective outside DDP a rank's stalls were spent in (its samples' top one), if it holds half of them.
+
+    A rank that waits for a stopped one in ``dist.all_reduce(loss)`` or a
+    barrier stalls as long, outside DDP's timed exchange: only where its
+    training thread was tells it from the rank that stopped.
+    """
+    frames = span_frames(rank)
+    if frames is None:
+        return None
+    waits = [f for f in frames.top if f.frame.where == "collective"]
+    if not waits or sum(f.share for f in waits) < STALL_PLACE_MIN_PART * stall_frac:
+        return None
+    return waits[0]
 
 
 def when_text(period_steps: int | None, regular: bool | None) -> str:

@@ -46,7 +46,7 @@ PHASE_TEXT: dict[SlowPhaseName, str] = {
     "forward": "its forward pass takes {share:.0f}% of each step",
     "backward": "its backward pass takes {share:.0f}% of each step",
     "other": "{share:.0f}% of its step is outside loader, forward, backward and comm",
-    "own": "its own work takes {share:.0f}% of each step",
+    "own": "its own work takes {share:.0f}% of each step, the excess in no one measured phase",
 }
 
 
@@ -161,12 +161,21 @@ def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding
     ]
 
 
+# A phase is named as where a slow rank's time goes when its measured excess is at least this part of the
+# rank's whole own-time excess; else the excess is spread over phases, or lies where none is measured.
+SLOW_PHASE_MIN_PART = 0.5
+
+
 def slow_phase(slow: RankFigures, others: list[RankFigures]) -> tuple[SlowPhase, float]:
-    """The phase where the slow rank spends most time beyond the others' median.
+    """The phase where the slow rank spends most time beyond the others' median, when it holds most of the excess.
 
     Returns it with the others' median share of step time in that same phase.
+    A phase is named only from its own measured time, never because the others
+    are not: a forward pass 0.3 ms longer is not where a 20-ms excess went.
     """
     step = slow.stats.step_time_mean_s or 1e-9
+    own = slow.own_s or 0.0
+    typical_own = median([r.own_s or 0.0 for r in others]) or 0.0
     best: SlowPhase | None = None
     best_typical = 0.0
     for name, read in PHASES.items():
@@ -177,10 +186,8 @@ def slow_phase(slow: RankFigures, others: list[RankFigures]) -> tuple[SlowPhase,
         excess = mine - typical
         if best is None or excess > best.excess_s:
             best, best_typical = SlowPhase(name, mine / step, excess), typical
-    if best is None or best.excess_s <= 0:  # phases unmeasured: report the own time as a whole
-        own = slow.own_s or 0.0
-        typical = median([r.own_s or 0.0 for r in others]) or 0.0
-        return SlowPhase("own", own / step, own - typical), typical / step
+    if best is None or best.excess_s <= 0 or best.excess_s < SLOW_PHASE_MIN_PART * (own - typical_own):
+        return SlowPhase("own", own / step, own - typical_own), typical_own / step
     return best, best_typical / step
 
 
