@@ -37,6 +37,16 @@ class SleepyData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.ones(64) * (index % 7), torch.tensor(index % 10)
 
 
+def compute_metrics(seconds: float) -> float:
+    """A metric in plain Python (sorting scores, a log-loss), the way an epoch metric recomputed each step is."""
+    scores = [((k * 7919) % 1000) / 1000.0 for k in range(4096)]
+    end, total = time.perf_counter() + seconds, 0.0
+    while time.perf_counter() < end:
+        ranked = sorted(scores, reverse=True)
+        total += sum(s * s for s in ranked[:512])
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -53,6 +63,8 @@ def main() -> None:
     parser.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True): none are unused")
     parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
+    parser.add_argument("--metric-ms", type=float, default=0.0, help="a Python metric this long after each step")
+    parser.add_argument("--metric-rank", type=int, default=1, help="the rank that computes it")
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
     )
@@ -92,6 +104,8 @@ def main() -> None:
         if args.manual == "after":
             gputop.step()
         optimizer.zero_grad()
+        if args.metric_ms and dist.get_rank() == args.metric_rank:
+            compute_metrics(args.metric_ms / 1000.0)  # after the optimizer step, on one rank: the others wait
         steps += 1
         if args.stall_every and steps % args.stall_every == 0 and dist.get_rank() == args.stall_rank:
             time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce
