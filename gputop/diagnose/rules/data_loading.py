@@ -50,7 +50,8 @@ def data_loading_findings(
             Evidence("loader_wait_pct", pct(worst.stats.loader_wait_frac or 0.0), pct(threshold), "%", rank=worst.rank)
         )
     evidence.extend(worker_evidence(worst))
-    title = f"{ranks_text([r.rank for r in waiting])} wait for data {pct(mean_frac):.0f}% of each step"
+    verb = "waits" if len(waiting) == 1 else "wait"
+    title = f"{ranks_text([r.rank for r in waiting])} {verb} for data {pct(mean_frac):.0f}% of each step"
     if severity is None:
         title += f": {too_close_text(mean_frac, se, threshold, min(r.stats.steps for r in ranks))}"
     if len(waiting) > 1 and (worst.stats.loader_wait_frac or 0.0) > 1.5 * mean_frac:
