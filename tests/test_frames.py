@@ -21,6 +21,8 @@ from gputop.collect.capture_relay import CaptureRelay
 from gputop.collect.connection import Connection, Intake
 from gputop.collect.store import HISTORY_STACKS, Store
 from gputop.diagnose import Finding, diagnose
+from gputop.diagnose.alerts import Alert
+from gputop.export.metrics import families
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.frames import merge_stacks, rank_frames
 from gputop.model.snapshot import Snapshot
@@ -335,6 +337,24 @@ class TestWhereItShows:
         text = render(snapshot, "text")
         assert "  rank 1 now in `wait_for_lock` (train.py:102), after the optimizer step; most: 38% in " in text
         assert "rank 0 now" not in text
+
+    def test_the_alert_payload_and_the_exporter_carry_the_place(self) -> None:
+        specs = [
+            RankSpec(rank=0, loader_frac=0.01, forward_frac=0.2, backward_frac=0.3, comm_frac=0.45, overlap_frac=0.05),
+            RankSpec(rank=1, loader_frac=0.01, forward_frac=0.2, backward_frac=0.3, comm_frac=0.07, overlap_frac=0.05),
+        ]
+        snapshot = with_stacks(make_snapshot(specs), {1: [stacks(1, SPEC_T0 + 9, top=(METRIC,))]})
+        figures = summarize(snapshot, span_s=SPAN_S)
+        straggler = only(diagnose(figures), "straggler")
+        payload = Alert("raised", straggler, SPEC_T0 + 10, 30.0).to_dict()  # what an --on-finding command reads
+        (top,) = payload["finding"]["frames"]["1"]["top"]
+        assert (top["function"], top["file"], top["line"], top["where"]) == ("compute_metrics", "train.py", 57,
+                                                                            "after_step")  # fmt: skip
+        by_name = {f.spec.name: f for f in families(figures, [straggler], gpu_hostname="node0")}
+        family = by_name["gputop_rank_top_frame_ratio"]
+        (series,) = [dict(zip(family.spec.labels, labels, strict=True)) | {"value": v} for labels, v in family.samples]
+        assert series["rank"] == "1" and series["function"] == "compute_metrics" and series["line"] == "57"
+        assert series["value"] == pytest.approx(0.38)
 
     async def test_the_detail_screen_says_where_the_training_thread_is(self) -> None:
         snapshot = fx.two_ranks()

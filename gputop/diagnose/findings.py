@@ -111,4 +111,6 @@ class Finding:
             "cost_ms_per_step": None if self.cost_s is None else round(self.cost_s * 1e3, 3),
             "speedup_x": None if self.speedup is None else round(self.speedup, 2),
             "worth": self.worth_text,
+            # Where the named ranks' training threads were (their stack samples), by rank: function, file, line.
+            "frames": {str(rank): frames for rank, frames in self.extra.get("frames", {}).items()},
         }

@@ -23,6 +23,7 @@ from typing import Literal
 
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import PHASES, Figures, RankFigures, phase_seconds
+from gputop.model.frames import span_frames
 from gputop.model.snapshot import LOST
 
 Kind = Literal["gauge", "counter"]
@@ -78,6 +79,11 @@ METRICS: tuple[Spec, ...] = (
     _rank("gputop_dataloader_workers_cpu_ratio", f"The rank's DataLoader workers' CPU, 1 = one core {SPAN}"),
     _rank("gputop_reporter_cpu_ratio", f"gputop's own reporter thread's CPU in the rank, 1 = one core {SPAN}"),
     _rank("gputop_windows_dropped", "Windows the rank dropped because its backlog was full", "counter"),
+    _rank(
+        "gputop_rank_top_frame_ratio",
+        f"Share of the training thread's stack samples at its most sampled place {SPAN}",
+        extra=("where", "function", "file", "line"),
+    ),
     _gpu("gputop_gpu_utilization_ratio", "NVML GPU utilization (share of time a kernel ran)"),
     _gpu("gputop_gpu_memory_used_bytes", "NVML memory used on the GPU, every process"),
     _gpu("gputop_gpu_memory_total_bytes", "NVML memory on the GPU"),
@@ -144,7 +150,17 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         "gputop_dataloader_workers_cpu_ratio": [((), ratio(s.workers_cpu_pct))],
         "gputop_reporter_cpu_ratio": [((), ratio(s.reporter_cpu_pct))],
         "gputop_windows_dropped": [((), float(s.dropped))],
+        "gputop_rank_top_frame_ratio": top_frame(r),
     }
+
+
+def top_frame(r: RankFigures) -> list[tuple[tuple[str, ...], float | None]]:
+    """The rank's most sampled place over the span: one series a rank, not one per place it was seen in."""
+    frames = span_frames(r)
+    if frames is None or not frames.top:
+        return []
+    top = frames.top[0]
+    return [((top.frame.where, top.frame.function, top.frame.file, str(top.frame.line)), top.share)]
 
 
 def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str) -> list[Family]:
