@@ -225,9 +225,12 @@ def starved_ranks(
 
     Either the job's ranks as a whole wait past the line (their median) while
     more threads want to run than there are cores, or a process outside the job
-    takes at least ``OUTSIDE_COMPETITOR_CPU_PCT`` of a core and the ranks past
-    the line wait behind it: a neighbour on one core of a 2-core host starves
-    the rank that shares that core, and the other rank only waits for that one.
+    takes at least ``OUTSIDE_COMPETITOR_CPU_PCT`` of a core, more is wanted than
+    the host has, and the ranks past the line wait behind it: a neighbour on one
+    core of a 2-core host starves the rank that shares that core, and the other
+    rank only waits for that one.  With fewer threads ready than cores, a rank
+    that mostly sleeps (for a batch, say) can wait a third of its little ready
+    time for wake-up latency alone: no neighbour is to blame for that.
     """
     measured_ranks = [r for r in ranks if is_measured(r) and r.stats.cpu_starved_frac is not None]
     if not measured_ranks:
@@ -241,8 +244,9 @@ def starved_ranks(
         demand = load.demand_per_core
         if demand is not None and demand > CPU_DEMAND_OVER_CORES:
             return measured_ranks, load
-    if load.others and load.others[0].cpu_pct >= OUTSIDE_COMPETITOR_CPU_PCT:
-        return over, load
+    demand = load.demand_per_core
+    if load.others and load.others[0].cpu_pct >= OUTSIDE_COMPETITOR_CPU_PCT and demand is not None and demand > 1.0:
+        return over, load  # more wanted than there is, and a neighbour takes a good part of it
     return None  # waiting, but not for want of cores: scheduling latency, not oversubscription
 
 
