@@ -515,6 +515,18 @@ class TestCpuContention:
         finding = only(findings_of(snapshot), "allocation")
         assert finding.ranks == (0, 1) and "+ 2 others want 4.0 of 2 CPUs" in finding.title, finding.title
 
+    def test_a_rank_doing_extra_work_stays_a_straggler_on_a_starved_host(self) -> None:
+        # Both ranks wait 60% for a CPU; rank 1 also computes a metric outside the model (its "other" time):
+        # a slower CPU would stretch its forward and backward, not add work after the step.
+        specs = [
+            RankSpec(rank=0, cpu_starved_frac=0.6, forward_frac=0.2, backward_frac=0.3, comm_frac=0.45),
+            RankSpec(rank=1, cpu_starved_frac=0.6, forward_frac=0.2, backward_frac=0.3, comm_frac=0.07),
+        ]
+        findings = findings_of(make_snapshot(specs, hello={"cpu_count": 2}))
+        assert only(findings, "allocation").severity in ("warn", "critical")
+        straggler = only(findings, "straggler")
+        assert straggler.extra["phase"] == "other" and straggler.severity != "info", straggler.title
+
     def test_a_neighbour_below_half_a_core_is_named_but_not_the_cause(self) -> None:
         hog = BusyProcess(pid=4242, name="python", cpu_pct=40.0, user="alice")
         specs = [RankSpec(rank=0, cpu_starved_frac=0.36, cpu_pct=60.0), RankSpec(rank=1, cpu_starved_frac=0.21)]

@@ -284,8 +284,8 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
     )
 
 
-def cpu_explains(finding: Finding, ranks: Sequence[RankFigures]) -> bool:
-    """Whether CPU starvation explains a symptom finding on these (starved) ranks."""
+def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Sequence[RankFigures] = ()) -> bool:
+    """Whether CPU starvation explains a symptom finding on these (starved) ranks; ``everyone``: the run's ranks."""
     mine = [r for r in ranks if r.rank in finding.ranks]
     if not mine:
         return False
@@ -294,9 +294,14 @@ def cpu_explains(finding: Finding, ranks: Sequence[RankFigures]) -> bool:
     if finding.cause == "data_loading":  # starved workers; a sleeping or I/O-bound loader is not explained
         return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
     if finding.cause == "straggler":
-        if finding.extra.get("phase") == "loader":
+        phase = finding.extra.get("phase")
+        if phase == "loader":
             return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
-        return all(not r.on_cuda for r in mine)  # a CPU rank computing slower on a starved host
+        if phase not in ("forward", "backward"):
+            return False  # time outside the model's phases is extra work (a metric, a save), not a slower CPU
+        # A CPU rank computing slower because it is the one squeezed: it waits for a CPU more than the others.
+        others = median([r.stats.cpu_starved_frac or 0.0 for r in everyone or ranks if r.rank not in finding.ranks])
+        return all(not r.on_cuda and (r.stats.cpu_starved_frac or 0.0) > (others or 0.0) for r in mine)
     return False
 
 
@@ -320,7 +325,7 @@ def absorb_cpu_symptoms(findings: list[Finding], machine: Figures) -> list[Findi
             if f.run_id == contention.run_id
             and f.cause in ("communication", "data_loading", "straggler")
             and f.severity != "info"
-            and cpu_explains(f, ranks)
+            and cpu_explains(f, ranks, run.ranks)
         ]
         if not absorbed:
             continue
