@@ -386,6 +386,18 @@ class SampledFrame(StackFrame, frozen=True, array_like=True, gc=False):
     count: Count
 
 
+class Collective(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """The collective a rank entered last, from torch's Flight Recorder.
+
+    On the wire an array, ``["gloo:all_reduce", 41, "scheduled", "default_pg"]``.
+    """
+
+    name: Annotated[str, Meta(max_length=64)]  # torch's profiling name: backend:collective
+    seq: Count  # the process group's collective sequence number: equal across the ranks that joined it
+    state: Annotated[str, Meta(max_length=16)]  # scheduled, started, completed (NCCL tracks the last two)
+    group: Annotated[str, Meta(max_length=64)] = ""  # the process group's name ("default_pg")
+
+
 class Stacks(_Message, frozen=True, kw_only=True, tag="stacks", gc=False):
     """Where one rank's training thread was, sampled from its reporter thread since the last stacks message.
 
@@ -406,6 +418,9 @@ class Stacks(_Message, frozen=True, kw_only=True, tag="stacks", gc=False):
     samples: Count = 0
     top: Annotated[tuple[SampledFrame, ...], Meta(max_length=MAX_STACKS_TOP)] = ()
     now: StackFrame | None = None
+    # While no step has finished for a few seconds and the user turned torch's Flight Recorder on: the last
+    # collective the rank entered (None otherwise, and from reporters that do not read it).
+    collective: Collective | None = None
 
     def __post_init__(self) -> None:
         if sum(frame.count for frame in self.top) > self.samples:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gputop.model.snapshot import RankView
-from gputop.protocol import MAX_STACKS_TOP, STACKS_TOP, SampledFrame, StackFrame, Stacks
+from gputop.protocol import MAX_STACKS_TOP, STACKS_TOP, Collective, SampledFrame, StackFrame, Stacks
 
 if TYPE_CHECKING:
     from gputop.model.figures import RankFigures
@@ -88,6 +88,8 @@ class RankFrames:
     samples: int  # samples in the span
     top: tuple[FrameShare, ...]  # most samples first
     interval_s: float  # the reporter's sampling interval at the newest message
+    # The collective the rank entered last (torch's Flight Recorder), sent while it is stuck; else None.
+    collective: Collective | None = None
 
     def top_outside_phases(self) -> FrameShare | None:
         """The place in the user's own code, outside the model, the optimizer and the loader, most samples found."""
@@ -98,6 +100,8 @@ class RankFrames:
         parts = [f"now {self.now.text()}" if self.now is not None else "now: not sampled"]
         if self.top:
             parts.append("most: " + ", ".join(f.text() for f in self.top[:places]))
+        if self.collective is not None:
+            parts.append(f"last collective entered: {collective_text(self.collective)} (Flight Recorder)")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +111,7 @@ class RankFrames:
             "samples": self.samples,
             "sample_interval_ms": round(self.interval_s * 1e3, 1),
             "top": [f.to_dict() for f in self.top],
+            "collective": None if self.collective is None else collective_dict(self.collective),
         }
 
 
@@ -131,7 +136,17 @@ def rank_frames(view: RankView, since_t: float | None = None, top: int = STACKS_
             FrameShare(Frame(*key), count, count / samples if samples else 0.0) for key, count in ranked if count
         ),
         interval_s=latest.interval_s,
+        collective=latest.collective,
     )
+
+
+def collective_dict(collective: Collective) -> dict[str, Any]:
+    return {"name": collective.name, "seq": collective.seq, "state": collective.state, "group": collective.group}
+
+
+def collective_text(collective: Collective) -> str:
+    """ "gloo:all_reduce #41" (the process group's sequence number)."""
+    return f"{collective.name} #{collective.seq}"
 
 
 def span_frames(rank: RankFigures) -> RankFrames | None:
@@ -157,6 +172,7 @@ def merge_stacks(messages: Sequence[Stacks]) -> Stacks:
         samples=samples,
         top=tuple(SampledFrame(*key, count) for key, count in ranked),
         now=last.now,
+        collective=last.collective,
     )
 
 

@@ -55,6 +55,11 @@ class StepClock:
         """A step has been marked."""
         return self._last_mark_s is not None
 
+    def since_mark_s(self) -> float | None:
+        """Seconds since the last step mark (None before the first); any thread may ask."""
+        last = self._last_mark_s
+        return None if last is None else time.perf_counter() - last
+
     def add_loader_wait(self, seconds: float) -> None:
         self._loader_wait_s += seconds
         self._batches += 1

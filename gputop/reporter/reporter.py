@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+import msgspec
+
 from gputop import __version__
 from gputop.address import Address
 from gputop.procfs import name_this_thread
@@ -26,6 +28,7 @@ from gputop.protocol import (
     Bye,
     CaptureRequest,
     CaptureResult,
+    Collective,
     Event,
     FindingsNotice,
     Hello,
@@ -34,7 +37,7 @@ from gputop.protocol import (
     decode_command,
     encode,
 )
-from gputop.reporter import facts, node_sampler, stacks
+from gputop.reporter import facts, flight_recorder, node_sampler, stacks
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock, calibrate
 from gputop.reporter.probes import Probe
@@ -115,6 +118,9 @@ class Reporter:
         if self._stacks is not None:
             self._facts["sends"] = ("stacks",)
         self._stacks_connection = 0  # the sender's connection count when its collector accepted stacks
+        # torch's Flight Recorder, where the user turned it on: read only while the training thread is stuck.
+        dump = flight_recorder.dump_function() if flight_recorder.enabled(os.environ) else None
+        self._flight = None if dump is None else flight_recorder.FlightRecorderReader(dump)
         self._next_stacks_s = 0.0
         self._forward_codes: tuple[Any, ...] = ()  # the watched model's forward code (training thread writes)
 
@@ -360,8 +366,22 @@ class Reporter:
         cpu_s = time.thread_time()
         hello = self._hello_or_new()
         message = sampler.take(hello.run_id, hello.rank, time.time())
+        collective = self._last_collective(now_s)
+        if collective is not None:
+            message = msgspec.structs.replace(message, collective=collective)
         self.sender.enqueue(encode(message), this_connection_only=True)
         sampler.send_cost_s = time.thread_time() - cpu_s  # out of the sampler's budget, from the next second on
+
+    def _last_collective(self, now_s: float) -> Collective | None:
+        """The Flight Recorder's last entered collective while no step finishes; None otherwise, or on failure."""
+        if self._flight is None:
+            return None
+        try:
+            return self._flight.read_if_stuck(now_s, self.clock.since_mark_s())
+        except Exception as exc:  # a torch without the dump, a malformed one: read no more
+            self._flight = None
+            self._report_error("flight_recorder", exc)
+            return None
 
     def _accepted(self, command: Accepts, now_s: float) -> None:
         """The collector named the optional types it reads: start sampling if stacks is one (once per connection)."""

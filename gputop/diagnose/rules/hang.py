@@ -26,8 +26,9 @@ from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
-from gputop.model.frames import Frame, RankFrames, span_frames
+from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
 from gputop.model.snapshot import LIVE, LOST
+from gputop.protocol import Collective
 
 # How far back the usual and the longest step are read: long enough to include
 # a periodic evaluation or checkpoint, short enough to follow the job.
@@ -89,6 +90,9 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
     frames = {r.rank: f for r, _, _ in stuck if (f := span_frames(r)) is not None and f.now is not None}
     if frames:
         title += "; " + where_stuck_text([r for r, _, _ in stuck], frames)
+    entered = {rank: f.collective for rank, f in frames.items() if f.collective is not None}
+    if entered:
+        title += "; " + flight_recorder_text(entered)
     # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
     # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
     lost = silent if ended else [v.rank for v in run.lost]
@@ -103,8 +107,8 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             suggestion=(
                 "See where each rank is: py-spy dump --pid <rank pid> (the rank detail screen names the pid). A rank "
                 "blocked on a lock, a queue or input() holds the others in their next all-reduce; a rank that died "
-                "leaves them there too. TORCH_NCCL_TRACE_BUFFER_SIZE=2000 makes NCCL's Flight Recorder name the "
-                "last collective each rank entered."
+                "leaves them there too. TORCH_FR_BUFFER_SIZE=2000 (TORCH_NCCL_TRACE_BUFFER_SIZE for NCCL in older "
+                "torch) turns on torch's Flight Recorder: gputop then names the last collective each rank entered."
             ),
             evidence=(Evidence("seconds_without_a_step", idle_s, line_s, " s", op=">="),),
             ranks=tuple(sorted(ranks)),
@@ -119,6 +123,22 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             },
         )
     ]
+
+
+def flight_recorder_text(entered: dict[int, Collective]) -> str:
+    """ "Flight Recorder: rank 0 entered gloo:all_reduce #41, rank 1's last was #40": who never joined.
+
+    Ranks that entered the newest collective wait in it; a rank whose last
+    one is older never joined it.
+    """
+    newest = max(c.seq for c in entered.values())
+    joined = sorted(rank for rank, c in entered.items() if c.seq == newest)
+    name = next(c.name for c in entered.values() if c.seq == newest)
+    text = f"Flight Recorder: {ranks_text(joined)} entered {name} #{newest}"
+    behind = sorted((rank, c) for rank, c in entered.items() if c.seq != newest)
+    if behind:
+        text += ", " + ", ".join(f"rank {rank}'s last was {collective_text(c)}" for rank, c in behind)
+    return text
 
 
 def waits_for_others(rank: RankFigures, now: Frame) -> bool:
