@@ -191,6 +191,22 @@ def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "
     return replace(result_of(case, run, report, wall_s), onset_to_finding_s=onset_s, before_onset=before)
 
 
+def rescore(case: Case, folder: Path, run: int) -> RunResult | None:
+    """A kept run's recording reported again with the rules as they are now; None if it was not kept.
+
+    The runs were recorded with the code of their day; only the reading of them
+    is today's, so a rule change can be scored on the very runs that showed the
+    need for it, and on all the others it might break.
+    """
+    rec_path = folder / f"{case.name}.{run}.jsonl"
+    if not rec_path.exists():
+        return None
+    onset_path = folder / f"{case.name}.{run}.onset"
+    onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
+    result = result_of(case, run, gputop_report(rec_path), 0.0)
+    return replace(result, onset_to_finding_s=onset_s, before_onset=before)
+
+
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGINT torchrun's session (it stops its ranks), then SIGKILL it."""
     for sig in (signal.SIGINT, signal.SIGKILL):
@@ -314,6 +330,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep recordings and job logs here")
     parser.add_argument("--condition", choices=CONDITIONS, default="quiet", help="what shares the cores (see above)")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
+                        help="run no job: report the recordings a --keep DIR holds with today's rules")  # fmt: skip
     args = parser.parse_args()
     names = [n for n in args.cases.split(",") if n]
     unknown = sorted(set(names) - {c.name for c in CASES})
@@ -327,8 +345,13 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         for case in cases:
             for run in range(1, args.runs + 1):
-                result = run_job(replace(case, expected=case.expected_under(args.condition)), args.seconds, work, run,
-                                 args.condition)  # fmt: skip
+                expecting = replace(case, expected=case.expected_under(args.condition))
+                if args.rescore is not None:
+                    result = rescore(expecting, args.rescore, run)
+                    if result is None:
+                        continue
+                else:
+                    result = run_job(expecting, args.seconds, work, run, args.condition)
                 results.append(result)
                 verdict = "ok" if result.top == result.expected else "WRONG"
                 print(f"{case.name} run {run}: {result.top} ({verdict}) {result.top_title or result.error}",
