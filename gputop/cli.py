@@ -466,22 +466,23 @@ def _record_with_alerts(source: Any, seconds: float, command: str, hold_s: float
     """Diagnose once a second while recording and run ``command`` for each alert."""
     from gputop.alert_command import AlertCommand
     from gputop.diagnose import Diagnoser
-    from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
-    from gputop.model.figures import SPAN_S, summarize
-    from gputop.model.span import SpanFigures
+    from gputop.diagnose.alerts import AlertTracker
+    from gputop.diagnose.live import LivePipeline
 
-    diagnoser, tracker, runner = Diagnoser(), AlertTracker(hold_s=hold_s), AlertCommand(command)
-    spans = SpanFigures(SPAN_S)
-    to_ranks = FindingsToRanks()
+    pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=hold_s))
+    runner = AlertCommand(command)
     end_s = time.monotonic() + seconds
+    said = "ok"
     try:
         while (left_s := end_s - time.monotonic()) > 0:
             time.sleep(min(ALERT_CHECK_S, left_s))
-            figures = summarize(source.snapshot(), spans=spans)
-            findings = diagnoser.update(figures)
-            for run_id, briefs in to_ranks.changed(findings).items():
+            update = pipeline.update(source.snapshot())
+            if update.diagnosis != said:  # a rule that raised: said once, not every second
+                said = update.diagnosis
+                print(f"gputop: diagnosis {said}", file=sys.stderr)
+            for run_id, briefs in update.to_ranks.items():
                 source.notify_findings(run_id, briefs)  # the ranks log them beside their loss
-            for alert in tracker.update(findings, figures.t):
+            for alert in update.alerts:
                 print(f"gputop: {alert.kind}: {alert.finding.title}", file=sys.stderr)
                 runner.run(alert)
             runner.reap()

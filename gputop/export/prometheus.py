@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gputop.diagnose import Diagnoser
+from gputop.diagnose.live import LivePipeline
 from gputop.export.metrics import Family, families
-from gputop.model.figures import SPAN_S, summarize
 from gputop.model.snapshot import Snapshot
-from gputop.model.span import SpanFigures
 
 REFRESH_S = 2.0  # two scrapers (an HA pair) within this share one computation
 
@@ -42,8 +41,7 @@ class PrometheusExporter:
         self.refresh_s = refresh_s
         self.gpu_hostname = socket.gethostname()  # NVML readings are this machine's
         self._families: list[Family] = []
-        self._diagnoser = Diagnoser()
-        self._spans = SpanFigures(SPAN_S)  # read and slid under self._lock
+        self._pipeline = LivePipeline(diagnoser=Diagnoser())  # used under self._lock
         self._lock = threading.Lock()  # prometheus-client may serve two scrapes at once
         self._refreshed_at = -float("inf")  # monotonic time of the last computation
         self._server: Any = None
@@ -72,10 +70,8 @@ class PrometheusExporter:
 
     def refresh(self) -> None:
         started = time.perf_counter()
-        snapshot = self._snapshot()
-        figures = summarize(snapshot, spans=self._spans)
-        findings = self._diagnoser.update(figures)
-        self._families = families(figures, findings, gpu_hostname=self.gpu_hostname)
+        update = self._pipeline.update(self._snapshot())
+        self._families = families(update.figures, update.findings, gpu_hostname=self.gpu_hostname)
         self.last_refresh_s = time.perf_counter() - started
 
     def collect(self) -> Iterator[Any]:

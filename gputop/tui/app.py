@@ -31,12 +31,13 @@ from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.widgets import Footer
 
-from gputop.diagnose import Diagnoser, Finding
-from gputop.diagnose.alerts import AlertTracker, FindingsToRanks
-from gputop.model.figures import SPAN_S, Figures, WindowFiguresMemo, summarize
+from gputop.diagnose import Diagnoser
+from gputop.diagnose.alerts import Alert, AlertTracker
+from gputop.diagnose.live import LivePipeline
+from gputop.model.figures import WindowFiguresMemo
 from gputop.model.source import SnapshotSource
-from gputop.model.span import SpanFigures
 from gputop.procfs import name_this_thread
+from gputop.protocol import FindingBrief
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
@@ -147,8 +148,15 @@ class GputopApp(App[int]):
         self.source = source
         self.refresh_s = refresh_s
         self.notice = notice
-        self.diagnoser: Diagnoser | None = diagnoser_factory() if diagnoser_factory is not None else None
-        self._spans = SpanFigures(SPAN_S)  # each rank's figures, slid along by the figures thread
+        # Snapshot to figures, findings, briefs for the ranks and alerts: the figures thread's alone.
+        self.pipeline = LivePipeline(
+            diagnoser=diagnoser_factory() if diagnoser_factory is not None else None, alerts=alerts
+        )
+        # What the figures thread decided for the UI thread to carry out: kept apart from the views,
+        # which replace each other in the queue, so that no alert or brief is lost with a replaced view.
+        self._pending_lock = threading.Lock()
+        self._pending_alerts: list[Alert] = []
+        self._pending_briefs: dict[str, tuple[FindingBrief, ...]] = {}
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
         self._selected: str | None = None
@@ -159,8 +167,6 @@ class GputopApp(App[int]):
         self._travel = 0  # views back from the newest while paused; 0 = the newest
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
-        self.alerts = alerts
-        self._findings_to_ranks = FindingsToRanks()
         self._input_t = 0.0  # monotonic: the user's last key or click
         self._series_memo = WindowFiguresMemo()  # the figures thread's alone
 
@@ -182,7 +188,7 @@ class GputopApp(App[int]):
         self.history.border_title = "history"
         self.empty.border_title = "waiting for a run"
         self.empty.source_text = self.source.description
-        self.findings.diagnosis = "off" if self.diagnoser is None else "waiting"
+        self.findings.diagnosis = "off" if self.pipeline.diagnoser is None else "waiting"
         yield self.header
         yield self.gpus
         yield self.empty
@@ -251,11 +257,12 @@ class GputopApp(App[int]):
         """Take a snapshot and build the view (in the figures thread)."""
         self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
         snapshot = self.source.snapshot()
-        figures = summarize(snapshot, between_ranks=self._wait_for_quiet, spans=self._spans)
+        update = self.pipeline.update(snapshot, between=self._wait_for_quiet)
+        with self._pending_lock:
+            self._pending_alerts += update.alerts
+            self._pending_briefs.update(update.to_ranks)
         self._wait_for_quiet()
-        findings, diagnosis = self._diagnose(figures)
-        self._wait_for_quiet()
-        view = build_view(figures, findings, diagnosis)
+        view = build_view(update.figures, update.findings, update.diagnosis)
         if (selected := self._selected) is not None:
             # The history panel's sparklines, computed here rather than on the UI thread, each
             # window's figures once (the memo) rather than on every refresh.
@@ -275,24 +282,17 @@ class GputopApp(App[int]):
             self._input_t = time.monotonic()
         await super().on_event(event)
 
-    def _diagnose(self, figures: Figures) -> tuple[list[Finding], str]:
-        if self.diagnoser is None:
-            return [], "off"
-        try:
-            findings = list(self.diagnoser.update(figures))
-        except Exception as exc:  # a rule's bug must not take the dashboard down
-            return [], f"failed: {type(exc).__name__}: {exc}"
-        findings.sort(key=lambda f: -f.severity_rank)  # stable: keeps the diagnoser's order within a severity
-        return findings, "ok"
-
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         if not self.table.is_attached:  # a message that arrives while the app shuts down
             return
         self._newest = message.view
         self._remember(message.view)
         self._announce_rejections(message.view.snapshot.rejected)
-        self._ring_alerts(message.view)
-        self._tell_ranks(message.view)
+        with self._pending_lock:
+            alerts, self._pending_alerts = self._pending_alerts, []
+            briefs, self._pending_briefs = self._pending_briefs, {}
+        self._ring_alerts(alerts)
+        self._tell_ranks(briefs)
         self.header.finished = message.finished
         slow = self.figures_every_s > 1.5 * self.refresh_s
         # Rounded as shown, so that a change too small to read does not repaint the header.
@@ -323,11 +323,9 @@ class GputopApp(App[int]):
             self.notify(reason, title="connection refused", severity="warning", timeout=8)
         self._rejections_seen = set(rejected)
 
-    def _ring_alerts(self, view: DashboardView) -> None:
+    def _ring_alerts(self, alerts: list[Alert]) -> None:
         """A warn/critical finding that has held long enough: the terminal bell and a notification."""
-        if self.alerts is None:
-            return
-        for alert in self.alerts.update(view.findings, view.snapshot.t):
+        for alert in alerts:
             finding = alert.finding
             if alert.kind == "cleared":
                 self.notify(finding.title, title=f"cleared: {finding.cause}", timeout=8)
@@ -337,11 +335,11 @@ class GputopApp(App[int]):
             title = f"{finding.severity}: {finding.cause}" + (" (worse)" if alert.kind == "worsened" else "")
             self.notify(f"{finding.title}\n{finding.suggestion}", title=title, severity=severity, timeout=15)
 
-    def _tell_ranks(self, view: DashboardView) -> None:
+    def _tell_ranks(self, changed: dict[str, tuple[FindingBrief, ...]]) -> None:
         """A live source passes changed findings down to their run's ranks, for the trainer's logger."""
         notify = getattr(self.source, "notify_findings", None)
         if notify is not None:
-            for run_id, briefs in self._findings_to_ranks.changed(view.findings).items():
+            for run_id, briefs in changed.items():
                 notify(run_id, briefs)
 
     def on_source_failed(self, message: SourceFailed) -> None:

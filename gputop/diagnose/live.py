@@ -1,0 +1,71 @@
+"""The live chain, once: a snapshot in; figures, findings, what the ranks are told and the alerts out.
+
+The dashboard, ``gputop record --on-finding`` and the Prometheus exporter read
+a live source again and again, and each turned a snapshot into figures
+(``summarize``, sliding each rank's span along), findings (the persistent
+``Diagnoser``), the briefs each run's ranks are told (``FindingsToRanks``)
+and alerts (``AlertTracker``).  Written three times, the three had drifted
+(only the dashboard ordered the findings, only it survived a rule's bug);
+each now holds a ``LivePipeline`` and does with its output what is its own:
+the dashboard draws and rings, the recorder runs the user's command, the
+exporter serves families.
+
+Pure like the rest of the diagnosis: no source, no clock, no I/O.  The caller
+hands the snapshot in and carries the briefs to its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gputop.diagnose.alerts import Alert, AlertTracker, FindingsToRanks
+from gputop.diagnose.findings import Finding
+from gputop.diagnose.persistence import Diagnoser
+from gputop.model.figures import SPAN_S, Figures, summarize
+from gputop.model.snapshot import Snapshot
+from gputop.model.span import SpanFigures
+from gputop.protocol import FindingBrief
+
+
+@dataclass(frozen=True)
+class LiveUpdate:
+    """One refresh's result."""
+
+    figures: Figures
+    findings: list[Finding]  # as shown: worst first
+    diagnosis: str  # "ok"; "off" without a diagnoser; "failed: ..." when a rule raised (no findings then)
+    to_ranks: dict[str, tuple[FindingBrief, ...]] = field(default_factory=dict)  # run id -> its changed briefs
+    alerts: list[Alert] = field(default_factory=list)
+
+
+class LivePipeline:
+    """Snapshot to figures, findings, briefs and alerts, with the state a live view keeps between refreshes.
+
+    One thread calls ``update``: the span figures, the diagnoser's persistence,
+    the briefs already sent and the alert states are that thread's.
+    """
+
+    def __init__(
+        self, *, diagnoser: Diagnoser | None = None, alerts: AlertTracker | None = None, span_s: float = SPAN_S
+    ) -> None:
+        """``diagnoser``: None diagnoses nothing ("off"); ``alerts``: None raises no alert."""
+        self.diagnoser = diagnoser
+        self.alerts = alerts
+        self._spans = SpanFigures(span_s)
+        self._to_ranks = FindingsToRanks()
+
+    def update(self, snapshot: Snapshot, *, between: Callable[[], None] | None = None) -> LiveUpdate:
+        """The refresh for ``snapshot``; ``between`` is called between ranks and steps (the dashboard yields there)."""
+        figures = summarize(snapshot, between_ranks=between, spans=self._spans)
+        if between is not None:
+            between()
+        if self.diagnoser is None:
+            return LiveUpdate(figures, [], "off")
+        try:
+            findings = list(self.diagnoser.update(figures))
+        except Exception as exc:  # a rule's bug must not take the dashboard, the recorder or the exporter down
+            return LiveUpdate(figures, [], f"failed: {type(exc).__name__}: {exc}")
+        findings.sort(key=lambda f: -f.severity_rank)  # stable: the diagnoser's order within a severity
+        alerts = [] if self.alerts is None else self.alerts.update(findings, figures.t)
+        return LiveUpdate(figures, findings, "ok", self._to_ranks.changed(findings), alerts)
