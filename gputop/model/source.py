@@ -9,9 +9,11 @@ store at the recorded pace.  Both are in ``gputop.collect.live`` and
 
 from __future__ import annotations
 
-from typing import Protocol
+import concurrent.futures
+from typing import Protocol, runtime_checkable
 
 from gputop.model.snapshot import Snapshot
+from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 
 
 class SnapshotSource(Protocol):
@@ -32,6 +34,22 @@ class SnapshotSource(Protocol):
     @property
     def finished(self) -> bool:
         """A replay that reached the end of its recording; always False live."""
+        ...
+
+
+@runtime_checkable
+class TalksToRanks(Protocol):
+    """A source with ranks on the line (a live one; a replay has none): it can ask and tell them.
+
+    ``isinstance(source, TalksToRanks)`` is how the dashboard knows it may.
+    """
+
+    def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
+        """Have a rank profile its next steps; the future holds its result."""
+        ...
+
+    def notify_findings(self, run_id: str, findings: tuple[FindingBrief, ...]) -> None:
+        """Tell a run's ranks the findings shown for it, for their trainer's logger."""
         ...
 
 

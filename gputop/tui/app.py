@@ -35,7 +35,7 @@ from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import Alert, AlertTracker
 from gputop.diagnose.live import LivePipeline
 from gputop.model.figures import WindowFiguresMemo
-from gputop.model.source import SnapshotSource
+from gputop.model.source import SnapshotSource, TalksToRanks
 from gputop.procfs import name_this_thread
 from gputop.protocol import FindingBrief
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
@@ -337,10 +337,9 @@ class GputopApp(App[int]):
 
     def _tell_ranks(self, changed: dict[str, tuple[FindingBrief, ...]]) -> None:
         """A live source passes changed findings down to their run's ranks, for the trainer's logger."""
-        notify = getattr(self.source, "notify_findings", None)
-        if notify is not None:
+        if isinstance(self.source, TalksToRanks):
             for run_id, briefs in changed.items():
-                notify(run_id, briefs)
+                self.source.notify_findings(run_id, briefs)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         if message.reason != self._last_failure:

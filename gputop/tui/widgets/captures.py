@@ -22,6 +22,7 @@ from textual.widgets import Static
 
 from gputop.model.captures import compare
 from gputop.model.snapshot import RankView
+from gputop.model.source import TalksToRanks
 from gputop.protocol import CaptureRequest, CaptureResult
 
 CAPTURE_STEPS = 5  # a few steps: enough for the operators' shares, a trace small enough to open
@@ -30,15 +31,15 @@ _ids = itertools.count(1)
 
 def request_captures(app: App[int], run_id: str, ranks: Sequence[int], steps: int = CAPTURE_STEPS) -> None:
     """Ask the source to have each rank profile its next ``steps`` steps; notify with each answer."""
-    ask = getattr(getattr(app, "source", None), "request_capture", None)
-    if ask is None:
+    source = getattr(app, "source", None)  # the dashboard's; a bare App in a test has none
+    if not isinstance(source, TalksToRanks):
         app.notify("profiling needs a live dashboard: a replay has no ranks to ask", severity="warning")
         return
     names = ", ".join(map(str, ranks))
     app.notify(f"profiling the next {steps} steps of rank{'s' if len(ranks) > 1 else ''} {names}…", timeout=5)
     for rank in ranks:
         request = CaptureRequest(run_id=run_id, rank=rank, id=f"tui-{os.getpid()}-{next(_ids)}", steps=steps)
-        future: concurrent.futures.Future[CaptureResult] = ask(request)
+        future: concurrent.futures.Future[CaptureResult] = source.request_capture(request)
         future.add_done_callback(functools.partial(_on_thread_answered, app, rank))
 
 
