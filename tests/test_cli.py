@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from gputop import cli
+from gputop.cli import demo as cli_demo
 from tests.conftest import exited_pid, free_port, needs_torch, wait_for
 from tests.test_recording import write_run
 
@@ -95,8 +96,10 @@ def test_record_without_a_gpu_keeps_host_samples_and_says_why_no_gpu(tmp_path) -
 
 
 def test_demo_without_torch_is_one_line(monkeypatch, capsys) -> None:
-    real = cli.importlib.util.find_spec
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    real = cli_demo.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli_demo.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
     assert cli.main(["demo", "--headless", "--seconds", "1"]) == 1
     assert capsys.readouterr().err.strip() == (
         "gputop: `gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop-train[torch]'"

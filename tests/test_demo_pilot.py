@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gputop.address import Address
-from gputop.cli import DemoJob
 from gputop.collect.live import LiveSource
+from gputop.demos.job import DemoJob
 from gputop.diagnose import Diagnoser
 from gputop.tui.app import GputopApp
 from gputop.tui.view import DashboardView

@@ -116,7 +116,7 @@ def test_the_build_is_clean_and_ships_what_a_user_needs(dists: Dists) -> None:
 def test_the_wheel_without_torch_and_beside_the_other_gputop(dists: Dists, tmp_path: Path) -> None:
     """The dashboard side installs and runs without torch; the unrelated 'gputop' is named when it is there.
 
-    The other project's wheel writes gputop/__init__.py and gputop/cli.py, as ours does:
+    The other project's wheel writes gputop/__init__.py (and a gputop/cli.py beside our gputop/cli/):
     installed after ours it takes them over; ours installed again takes them back, and
     then the check fires.  The fix it prints leaves ours whole.
     """

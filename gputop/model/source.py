@@ -9,11 +9,14 @@ store at the recorded pace.  Both are in ``gputop.collect.live`` and
 
 from __future__ import annotations
 
-import concurrent.futures
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gputop.model.snapshot import Snapshot
-from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
+
+if TYPE_CHECKING:  # the model loads no threading: the types are for the checker
+    import concurrent.futures
+
+    from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 
 
 class SnapshotSource(Protocol):

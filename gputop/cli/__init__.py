@@ -1,0 +1,48 @@
+"""The ``gputop`` command: attach (default), record, report, replay, capture, agent, demo, doctor.
+
+A module per command; ``parser`` declares them all, ``options`` the options
+several share, ``common`` the errors, the listening address, the recorder and
+the exporter's start.  Errors a user can meet print one line (``gputop: ...``)
+and exit 1; usage errors exit 2 (argparse).  Tracebacks are for bugs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from gputop.address import AddressError
+from gputop.cli.agent import cmd_agent, cmd_doctor
+from gputop.cli.capture import cmd_capture
+from gputop.cli.common import EXIT_ERROR, EXIT_USAGE, UsageError, UserError
+from gputop.cli.dashboard import cmd_attach
+from gputop.cli.demo import cmd_demo
+from gputop.cli.parser import build_parser
+from gputop.cli.record import cmd_record
+from gputop.cli.replay import cmd_replay
+from gputop.cli.report import cmd_report
+from gputop.install_check import other_gputop
+
+__all__ = ["UsageError", "UserError", "build_parser", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if (collision := other_gputop()) is not None:  # the unrelated PyPI 'gputop' shares our files (docs/packaging.md)
+        print(f"gputop: {collision}", file=sys.stderr)
+    args = build_parser().parse_args(argv)
+    command = args.command or "attach"
+    if args.command is None:  # `gputop` alone: attach with the defaults
+        args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
+    handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
+               "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor,
+               "demo": cmd_demo}[command]  # fmt: skip
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (UserError, AddressError) as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,73 @@
+"""What every command shares: the one-line errors, the listening address, the recorder, the exporter."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gputop.address import Address, resolve
+
+if TYPE_CHECKING:
+    from gputop.recording import Recorder
+
+EXIT_ERROR = 1
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line."""
+
+
+class UsageError(UserError):
+    """A combination of options that cannot work; one line, exit 2 like argparse's."""
+
+
+def listen_address(args: argparse.Namespace) -> Address:
+    """Where to listen; a network-facing listener without a token is a usage error."""
+    from gputop.auth import Security, is_loopback
+
+    address = resolve(args.port, args.socket, listen=args.listen)
+    if address.is_tcp and not is_loopback(address.host) and not Security.from_env().token:
+        raise UsageError(
+            f"--listen {address.host}:{address.port} is reachable from the network: "
+            "set GPUTOP_TOKEN (the same value in every rank's environment)"
+        )
+    return address
+
+
+def start_prometheus(args: argparse.Namespace, source: Any) -> Any:
+    """The Prometheus endpoint over the source's snapshots, started; None when not asked for."""
+    if not args.prometheus:
+        return None
+    from gputop.address import parse_host_port
+    from gputop.export.prometheus import ExporterError, PrometheusExporter
+
+    where = parse_host_port(args.prometheus, "--prometheus")
+    assert where.port is not None
+    exporter = PrometheusExporter(source.snapshot, where.host, where.port)
+    try:
+        exporter.start()
+    except ExporterError as exc:
+        raise UserError(str(exc)) from None
+    return exporter
+
+
+def log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gputop: %(message)s"))
+    logger = logging.getLogger("gputop")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def open_recorder(path: Path, *, source: str, merge_after_s: float | None = None, merge_s: float = 10.0) -> Recorder:
+    from gputop.recording import Recorder, RecordingError
+
+    try:
+        return Recorder(path, source=source, merge_after_s=merge_after_s, merge_s=merge_s)
+    except RecordingError as exc:
+        raise UserError(str(exc)) from None

@@ -1,0 +1,69 @@
+"""``gputop`` / ``gputop attach``: the dashboard over a live collector (and the start-up the replay shares)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from gputop.cli.common import listen_address, start_prometheus
+
+
+def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = None) -> int:
+    """Show a started source until the user quits; the caller owns the source's start and stop.
+
+    ``--refresh`` and ``--theme`` given here are remembered (gputop.tui.settings) for the next start.
+    """
+    from textual.theme import BUILTIN_THEMES
+
+    from gputop.diagnose import Diagnoser
+    from gputop.tui import settings
+    from gputop.tui.app import run_dashboard as show
+
+    saved = settings.load()
+    theme = getattr(args, "theme", None)  # checked by the parser
+    if saved.theme not in BUILTIN_THEMES:
+        saved = settings.Settings(refresh_s=saved.refresh_s)
+    chosen = settings.Settings(refresh_s=args.refresh or saved.refresh_s, theme=theme or saved.theme)
+    if chosen != saved:
+        settings.save(chosen)
+
+    def remember_theme(name: str) -> None:
+        if name != (chosen.theme or settings.DEFAULT_THEME):
+            settings.save(settings.Settings(refresh_s=chosen.refresh_s, theme=name))
+
+    # The UI shows rejected connections itself; log lines would corrupt the screen.
+    logging.getLogger("gputop").addHandler(logging.NullHandler())
+    logging.getLogger("gputop").propagate = False
+    from gputop.diagnose.alerts import HOLD_S, AlertTracker
+
+    alert_after_s = getattr(args, "alert_after", None)
+    alerts = AlertTracker(hold_s=HOLD_S if alert_after_s is None else alert_after_s)
+    return show(
+        source,
+        refresh_s=chosen.refresh_s or settings.DEFAULT_REFRESH_S,
+        diagnoser_factory=Diagnoser,
+        theme=chosen.theme or settings.DEFAULT_THEME,
+        remember_theme=remember_theme,
+        alerts=alerts,
+        notice=notice,
+    )
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from gputop.collect.live import LiveSource
+    from gputop.yielding import yield_to_training
+
+    # Before any thread starts, so every one inherits it; not in `gputop demo`, whose ranks are
+    # its children and would inherit it too.
+    yield_to_training()
+    source = LiveSource(listen_address(args), sample_interval_s=args.interval)
+    source.start()
+    exporter = None
+    try:
+        exporter = start_prometheus(args, source)
+        return run_dashboard(source, args)
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        source.stop()

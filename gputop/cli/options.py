@@ -1,0 +1,100 @@
+"""The options several commands take, and the argument types that check them (one line each when wrong)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+    return value
+
+
+def non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must not be negative")
+    return value
+
+
+def theme_name(text: str) -> str:
+    from textual.theme import BUILTIN_THEMES
+
+    if text not in BUILTIN_THEMES:
+        raise argparse.ArgumentTypeError(f"unknown theme {text!r}; one of: {', '.join(BUILTIN_THEMES)}")
+    return text
+
+
+def rank_list(text: str) -> list[int]:
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or a comma-separated list of ranks") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are numbers from 0")
+    return list(dict.fromkeys(ranks))
+
+
+def capture_steps(text: str) -> int:
+    from gputop.protocol import MAX_CAPTURE_STEPS
+
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= steps <= MAX_CAPTURE_STEPS:
+        raise argparse.ArgumentTypeError(f"--steps must be from 1 to {MAX_CAPTURE_STEPS}")
+    return steps
+
+
+def add_address(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--port", type=int, help="listen on TCP 127.0.0.1:PORT (runs started with GPUTOP_PORT=PORT)")
+    group.add_argument("--socket", metavar="PATH", help="listen on this Unix socket instead of the per-user default")
+    group.add_argument(
+        "--listen",
+        metavar="ADDR:PORT",
+        help="listen on TCP ADDR:PORT for ranks on other hosts (GPUTOP_ADDR=HOST:PORT); off loopback it needs "
+        "GPUTOP_TOKEN; GPUTOP_TLS_CERT/GPUTOP_TLS_KEY add TLS",
+    )
+
+
+def add_prometheus(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prometheus",
+        metavar="[ADDR]:PORT",
+        help="also serve Prometheus metrics on ADDR:PORT (:9464 = every interface); see docs/prometheus.md",
+    )
+
+
+def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
+    add_alert_after(parser)
+    parser.add_argument(
+        "--refresh", type=positive, default=None, metavar="S", help="redraw every S seconds (default 0.5; remembered)"
+    )
+    parser.add_argument(
+        "--theme", type=theme_name, default=None, help="a Textual theme, e.g. textual-light (remembered)"
+    )
+    parser.add_argument(
+        "--interval", type=positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
+    )
+
+
+def add_alert_after(parser: argparse.ArgumentParser) -> None:
+    from gputop.diagnose.alerts import HOLD_S
+
+    parser.add_argument(
+        "--alert-after",
+        type=non_negative,
+        default=HOLD_S,
+        metavar="S",
+        help=f"a warn/critical finding alerts once it has held S seconds (default {HOLD_S:g})",
+    )

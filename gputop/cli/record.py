@@ -1,0 +1,104 @@
+"""``gputop record``: reporters, GPU and host samples to a file, headless; alerts with ``--on-finding``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from gputop.cli.common import listen_address, log_to_stderr, open_recorder, start_prometheus
+
+ALERT_CHECK_S = 1.0  # how often `record --on-finding` diagnoses: the dashboard refreshes twice as often
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM stops like Ctrl-C, so the recording is closed whole.
+
+    What a scheduler, ``kill`` or a container's stop sends is SIGTERM, and Python
+    dies of it on the spot: the merged windows not yet written and, in a ``.gz``
+    recording, the last seconds and the stream's end were lost, and the summary
+    never said what was written. (A shell's background job also ignores SIGINT.)
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from gputop.collect.live import LiveSource
+
+    log_to_stderr()
+    address = listen_address(args)
+    merge_after_s = args.merge_after if args.merge_after >= 0 else None
+    recorder = open_recorder(args.output, source=str(address), merge_after_s=merge_after_s, merge_s=args.merge_s)
+    source = LiveSource(address, sample_interval_s=args.interval, recorder=recorder)
+    exporter = None
+    try:
+        source.start()
+        exporter = start_prometheus(args, source)
+        metrics = f", Prometheus metrics on :{exporter.port}/metrics" if exporter is not None else ""
+        with contextlib.suppress(KeyboardInterrupt), sigterm_interrupts():
+            # Said once SIGTERM stops it cleanly: a script may wait for this line, then signal.
+            print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
+            if args.on_finding:
+                record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
+            else:
+                time.sleep(args.seconds)
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        source.stop()
+        recorder.close()
+    snapshot = source.snapshot()
+    ranks = snapshot.all_ranks()
+    hosts = len({r.hello.hostname for r in ranks})
+    print(
+        f"gputop: wrote {recorder.lines} lines from {len(ranks)} rank(s) on {hosts} host(s) to {args.output}",
+        file=sys.stderr,
+    )
+    if snapshot.node_gpu_history:  # nodes' samplers sent their GPUs: say whose, so a missing node shows
+        names = list(snapshot.node_gpu_history)
+        nodes = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        print(f"gputop: GPUs of {len(snapshot.node_gpu_history)} other host(s): {nodes}", file=sys.stderr)
+    if snapshot.token_refusals:
+        print(f"gputop: refused {snapshot.token_refusals} connection(s) for a wrong or missing token", file=sys.stderr)
+    return 0
+
+
+def record_with_alerts(source: Any, seconds: float, command: str, hold_s: float) -> None:
+    """Diagnose once a second while recording and run ``command`` for each alert."""
+    from gputop.alert_command import AlertCommand
+    from gputop.diagnose import Diagnoser
+    from gputop.diagnose.alerts import AlertTracker
+    from gputop.diagnose.live import LivePipeline
+
+    pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=hold_s))
+    runner = AlertCommand(command)
+    end_s = time.monotonic() + seconds
+    said = "ok"
+    try:
+        while (left_s := end_s - time.monotonic()) > 0:
+            time.sleep(min(ALERT_CHECK_S, left_s))
+            update = pipeline.update(source.snapshot())
+            if update.diagnosis != said:  # a rule that raised: said once, not every second
+                said = update.diagnosis
+                print(f"gputop: diagnosis {said}", file=sys.stderr)
+            for run_id, briefs in update.to_ranks.items():
+                source.notify_findings(run_id, briefs)  # the ranks log them beside their loss
+            for alert in update.alerts:
+                print(f"gputop: {alert.kind}: {alert.finding.title}", file=sys.stderr)
+                runner.run(alert)
+            runner.reap()
+    finally:
+        runner.wait()
