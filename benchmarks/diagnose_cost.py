@@ -14,7 +14,8 @@ from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.model.figures import summarize
 from gputop.model.stats import rank_stats
-from gputop.protocol import Hello, Window, sketch_bucket
+from gputop.protocol import Hello, Window
+from gputop.sketch import sketch_bucket
 
 RANKS, WINDOWS = 64, 1200
 

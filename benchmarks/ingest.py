@@ -23,7 +23,8 @@ import psutil
 from gputop.address import Address
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
-from gputop.protocol import Hello, Window, encode, sketch_bucket
+from gputop.protocol import Hello, Window, encode
+from gputop.sketch import sketch_bucket
 
 
 def frames_of(rank: int, windows: int) -> bytes:

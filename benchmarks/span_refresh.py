@@ -18,7 +18,8 @@ from gputop.collect.live import SPAN_COPY_WINDOWS
 from gputop.collect.store import Store
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.span import SpanFigures
-from gputop.protocol import Hello, Window, sketch_bucket
+from gputop.protocol import Hello, Window
+from gputop.sketch import sketch_bucket
 
 WINDOW_S = 0.5
 

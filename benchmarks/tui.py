@@ -27,7 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gputop.protocol import Hello, Window, encode, sketch_bucket
+from gputop.protocol import Hello, Window, encode
+from gputop.sketch import sketch_bucket
 
 SCRAPE_EVERY_S = 15.0  # Prometheus's default scrape interval
 

@@ -18,7 +18,8 @@ from gputop.diagnose import Finding, diagnose
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.samples import BusyProcess, GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
 from gputop.model.snapshot import Snapshot
-from gputop.protocol import Hello, Window, sketch_bucket
+from gputop.protocol import Hello, Window
+from gputop.sketch import sketch_bucket
 
 GIB = 1 << 30
 WINDOW_S = 0.5

@@ -8,22 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputop.protocol import (
-    MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    Bye,
-    Event,
-    Hello,
-    ProtocolError,
-    Window,
-    decode,
-    encode,
-    legacy_hist_to_sketch,
-    sketch_bucket,
-    sketch_quantile_s,
-    sketch_quantiles_s,
-    sketch_value_s,
-)
+from gputop.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION, Bye, Event, Hello, ProtocolError, Window, decode, encode
+from gputop.sketch import legacy_hist_to_sketch, sketch_bucket, sketch_quantile_s, sketch_quantiles_s, sketch_value_s
 
 
 def test_every_message_type_round_trips() -> None:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from gputop.model.span import SpanFigures
 from gputop.model.stats import RankStats, rank_stats, recent
-from gputop.protocol import Window, sketch_bucket
+from gputop.protocol import Window
+from gputop.sketch import sketch_bucket
 
 SPAN_S = 10.0
 

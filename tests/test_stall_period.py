@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 
 from gputop.model.stats import rank_stats, stall_period
-from gputop.protocol import Window, sketch_bucket
+from gputop.protocol import Window
 from gputop.reporter.clock import StepMark
 from gputop.reporter.window import step_fields
+from gputop.sketch import sketch_bucket
 
 
 def test_every_tenth_step() -> None:

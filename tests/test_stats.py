@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputop.model.stats import count_steps, leave_one_out_medians, median, rank_stats, recent
-from gputop.protocol import Window, sketch_bucket
+from gputop.protocol import Window
 from gputop.reporter.clock import StepMark
 from gputop.reporter.window import step_fields
+from gputop.sketch import sketch_bucket
 
 
 def w(seq: int, steps: int, total: int, **kw: object) -> Window:

@@ -13,7 +13,8 @@ from dataclasses import replace
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
 from gputop.model.snapshot import Snapshot
-from gputop.protocol import Event, Hello, Window, sketch_bucket
+from gputop.protocol import Event, Hello, Window
+from gputop.sketch import sketch_bucket
 
 T0 = 1_700_000_000.0
 WINDOW_S = 0.5

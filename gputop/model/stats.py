@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from gputop.protocol import Window, legacy_hist_to_sketch, sketch_quantiles_s, sketch_value_s
+from gputop.protocol import Window
+from gputop.sketch import legacy_hist_to_sketch, sketch_quantiles_s, sketch_value_s
 
 # A stall is a step that takes at least this many times the median step: a
 # checkpoint save, an evaluation pass, a GC pause or a slow batch among ordinary

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gputop.protocol import SLOW_STEPS_KEPT, sketch_bucket
+from gputop.protocol import SLOW_STEPS_KEPT
 from gputop.reporter.clock import StepMark
+from gputop.sketch import sketch_bucket
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
