@@ -39,7 +39,7 @@ def names_read(paths: list[Path], *, skip: Path | None = None) -> set[str]:
 
 def window_properties_read() -> set[str]:
     """Fields read by the message classes' own methods (``timed`` reads ``timed_steps``)."""
-    tree = ast.parse((PACKAGE / "protocol.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "protocol" / "run.py").read_text(encoding="utf-8"))
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in ("Window", "_Message")]
     return {
         node.attr

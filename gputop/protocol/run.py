@@ -1,0 +1,209 @@
+"""What a rank says about its run: hello first, then windows (its steps), events, and bye at the end."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from msgspec import Meta
+
+from gputop.protocol.limits import (
+    PROTOCOL_VERSION,
+    AtLeastOne,
+    Bucket,
+    Count,
+    LegacyBucket,
+    Seconds,
+    SlowStepNumbers,
+    SlowSteps,
+    Text,
+    TypeName,
+    _Message,
+)
+
+
+class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
+    """Static facts about one rank, sent first on every connection.
+
+    Sent again on the same connection when a fact becomes known later (for
+    example the DataLoader config once ``track()`` is called); the collector
+    keeps the latest.
+    """
+
+    TYPE: ClassVar[str] = "hello"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    world_size: AtLeastOne = 1
+    local_rank: Count = 0
+    hostname: Text = ""
+    pid: Count = 0
+    name: Text = ""  # the script, for humans
+    started_t: float = 0.0  # unix time the reporter started
+    window_s: float = 0.5
+    gputop_version: Text = ""
+    torch_version: Text | None = None
+    backend: Text | None = None  # "nccl", "gloo", None when not distributed
+    device: Text | None = None  # "cuda:0", "cpu"
+    device_name: Text | None = None
+    device_uuid: Text | None = None  # "GPU-…" from torch, the key for the NVML join
+    device_total_bytes: Count | None = None
+    # nn.DataParallel: one rank computing on several GPUs, device_uuid's first.  None for one device.
+    device_uuids: tuple[Text, ...] | None = None
+    data_parallel: bool | None = None
+    loader_batch_size: Count | None = None
+    loader_num_workers: Count | None = None
+    loader_pin_memory: bool | None = None
+    loader_persistent_workers: bool | None = None
+    loader_prefetch_factor: Count | None = None
+    autocast: bool | None = None  # seen enabled during forward of the watched model
+    param_dtype: Text | None = None  # dtype of most parameters, "float32", "bfloat16", …
+    tf32_matmul: bool | None = None
+    tf32_cudnn: bool | None = None
+    cudnn_benchmark: bool | None = None
+    torch_threads: Count | None = None
+    cpu_count: Count | None = None  # CPUs this process may run on
+    model_name: Text | None = None
+    ddp: bool | None = None
+    # How DDP was built, from its logging data once it has run an iteration:
+    ddp_find_unused_parameters: bool | None = None
+    ddp_unused_parameter_bytes: Count | None = None  # what find_unused_parameters found unused
+    ddp_static_graph: bool | None = None
+    ddp_gradient_as_bucket_view: bool | None = None
+    ddp_bucket_cap_bytes: Count | None = None
+    ddp_buckets: Count | None = None  # gradient buckets each backward all-reduces
+    ddp_gradient_bytes: Count | None = None  # all parameters' size: what one all-reduce round moves
+    # The scheduler's names for the job (docs/protocol.md#job-ids): None when not under it.
+    slurm_job_id: Text | None = None
+    slurm_step_id: Text | None = None
+    slurm_nodelist: Text | None = None
+    k8s_pod: Text | None = None
+    k8s_namespace: Text | None = None
+    elastic_run_id: Text | None = None  # torchrun's TORCHELASTIC_RUN_ID (rendezvous id)
+    # Optional message types this reporter can send (``OPTIONAL_TYPES``), once the collector accepts them.
+    sends: Annotated[tuple[TypeName, ...], Meta(max_length=16)] = ()
+
+
+# gc=False: a window holds numbers, strings and flat dicts of numbers, never a cycle, so
+# the garbage collector need not walk it.  A dashboard keeps 150,000 of them, and
+# walking them stalled every thread for 0.3-0.8 s (a keypress waited that long).
+class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
+    """What one rank did during one reporting window (default 0.5 s).
+
+    Times are seconds, memory is bytes.  ``loader_wait_s`` and
+    ``step_time_sum_s`` are totals over the steps that ended in the window, so
+    their ratio is the loader-wait share.  The DDP figures (``forward_s`` …
+    ``overlap_s``) are per step: the mean over ``ddp_steps`` iterations, or,
+    when that is None, DDP's latest sampled iteration.
+    """
+
+    TYPE: ClassVar[str] = "window"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    seq: Count
+    t0: float  # unix time, start of the window
+    t1: float  # unix time, end of the window
+    steps: Count = 0  # optimizer steps that ended in the window
+    step_total: Count = 0  # steps since the reporter started, this one included
+    # Steps with a known duration: a reporter's first step has none.  The time
+    # totals (step_time_sum_s, loader_wait_s) cover these; None means all steps.
+    timed_steps: Count | None = None
+    step_time_sum_s: Seconds = 0.0
+    step_time_p50_s: float | None = None
+    step_time_p95_s: float | None = None
+    step_time_max_s: float | None = None
+    step_sketch: dict[Bucket, Count] = {}  # noqa: RUF012 - msgspec copies mutable defaults. {bucket: steps}
+    slow_steps: SlowSteps = ()  # the window's slowest steps: (duration, loader wait), slowest first
+    # Their step numbers (the reporter's count, as step_total), in the same order; () from older reporters.
+    slow_step_numbers: SlowStepNumbers = ()
+    # Recordings of the first protocol only; new reporters send step_sketch.
+    step_hist: dict[LegacyBucket, Count] = {}  # noqa: RUF012 - msgspec copies mutable defaults
+    gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
+    loader_wait_s: Seconds = 0.0
+    loader_batches: Count = 0
+    samples: Count | None = None  # steps × batch size, when the batch size is known
+    forward_s: float | None = None
+    backward_s: float | None = None  # backward compute
+    comm_s: float | None = None  # gradient all-reduce, start to end
+    overlap_s: float | None = None  # part of comm hidden behind backward compute
+    forwards: Count | None = None  # forwards of the watched model with autograd on: micro-batches
+    ddp_iteration: Count | None = None  # DDP's iteration the figures come from (the last one)
+    ddp_steps: AtLeastOne | None = None  # iterations the DDP figures average; None: one sampled iteration
+    mem_allocated_bytes: Count | None = None
+    mem_reserved_bytes: Count | None = None
+    mem_peak_bytes: Count | None = None
+    mem_total_bytes: Count | None = None
+    alloc_retries: Count | None = None
+    ooms: Count | None = None
+    cpu_pct: float | None = None  # the rank process, 100 = one core
+    rss_bytes: Count | None = None
+    threads: Count | None = None
+    workers: Count | None = None  # live DataLoader worker processes
+    workers_cpu_pct: float | None = None
+    # Run-queue wait in the window (ready to run, no CPU free), from /proc/<pid>/task/<tid>/schedstat:
+    main_cpu_wait_s: Seconds | None = None  # the training thread
+    cpu_wait_s: Seconds | None = None  # the rank's compute threads together (gloo's and NCCL's own left out)
+    cpu_run_s: Seconds | None = None  # the CPU time of those same threads
+    workers_cpu_wait_s: Seconds | None = None  # all the DataLoader workers' threads together
+    dropped: Count = 0  # windows this reporter had to drop so far
+    # What gputop itself cost the rank in this window (self-accounting):
+    reporter_cpu_s: float | None = None  # CPU time of the reporter thread
+    hook_s: float | None = None  # training-thread time in gputop's step marks and loader bookkeeping (calibrated)
+    sent_bytes: Count | None = None  # bytes written to the dashboard's socket
+
+    def __post_init__(self) -> None:
+        # The one check no annotation can say: the counts, sizes and durations are typed non-negative.
+        if self.t1 < self.t0:
+            raise ValueError("window times must not run backwards")
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.t1 - self.t0, 1e-9)
+
+    @property
+    def timed(self) -> int:
+        """How many steps the time totals cover."""
+        return self.steps if self.timed_steps is None else self.timed_steps
+
+    @property
+    def step_time_mean_s(self) -> float | None:
+        return self.step_time_sum_s / self.timed if self.timed > 0 else None
+
+    @property
+    def exposed_comm_s(self) -> float | None:
+        """Communication not hidden behind backward compute, per step."""
+        if self.comm_s is None:
+            return None
+        return max(self.comm_s - (self.overlap_s or 0.0), 0.0)
+
+
+class Event(_Message, frozen=True, kw_only=True, tag="event"):
+    """Something that happened once: an OOM, a reporter-internal error, a note."""
+
+    TYPE: ClassVar[str] = "event"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    t: float
+    kind: Text
+    message: Text = ""
+
+
+class Bye(_Message, frozen=True, kw_only=True, tag="bye"):
+    """A rank's reporter shutting down cleanly (the process is exiting)."""
+
+    TYPE: ClassVar[str] = "bye"
+
+    v: Literal[1] = PROTOCOL_VERSION
+
+    run_id: Text
+    rank: Count
+    t: float
+    step_total: Count = 0
+    dropped: Count = 0
