@@ -53,6 +53,15 @@ def test_report_text_and_markdown(recording_file, fmt: str, marker: str) -> None
     assert marker in result.stdout and "N/A" in result.stdout
 
 
+def test_output_piped_into_head_ends_without_a_traceback() -> None:
+    """`gputop doctor | head -1`: doctor prints line by line (torch's import takes seconds), so later lines
+    meet a closed pipe. That is the reader having had enough: exit 141 like `yes | head`, no traceback."""
+    pipeline = f"{sys.executable} -m gputop doctor | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+    result = subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+    assert result.stdout.strip() == "141"
+
+
 def test_report_of_a_file_that_is_not_a_recording_is_one_line(tmp_path) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("hello\n")

@@ -8,6 +8,7 @@ and exit 1; usage errors exit 2 (argparse).  Tracebacks are for bugs.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -22,6 +23,8 @@ from gputop.cli.record import cmd_record
 from gputop.cli.replay import cmd_replay
 from gputop.cli.report import cmd_report
 from gputop.install_check import other_gputop
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a program the signal ended reports, as `yes | head` does
 
 __all__ = ["UsageError", "UserError", "build_parser", "main"]
 
@@ -46,3 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `gputop doctor | head -1`: the reader had enough; no traceback for that
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would raise again
+        return EXIT_BROKEN_PIPE
