@@ -66,7 +66,7 @@ def consumers(app: GputopApp, store: Store) -> None:
         f"store: {len(encoded)} windows encoded": _deep_size([encoded], seen) - sys.getsizeof(encoded),
         "store: the rest": _deep_size([store], seen),
         "the view on screen, beyond the store": _deep_size([app._newest], seen),
-        f"{len(app._past)} past views, beyond all that": _deep_size(list(app._past), seen),
+        f"{len(app.past)} past views, beyond all that": _deep_size(list(app.past), seen),
     }
     for name, size in sizes.items():
         print(f"  {size / MIB:7.1f} MiB  {name}")
@@ -103,7 +103,7 @@ async def run_app(store: Store, ranks: int, next_seq: int, seconds: float, every
             while (elapsed := time.perf_counter() - t0) < seconds:
                 await asyncio.sleep(every_s)
                 print(
-                    f"  {elapsed + every_s:5.0f} s: RSS {rss_mib():6.1f} MiB, {len(app._past)} past views, "
+                    f"  {elapsed + every_s:5.0f} s: RSS {rss_mib():6.1f} MiB, {len(app.past)} past views, "
                     f"figures every {app.figures_every_s:.1f} s",
                     flush=True,
                 )

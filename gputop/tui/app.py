@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -43,6 +42,7 @@ from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.screens.help import HelpScreen
 from gputop.tui.terminal import exit_when_the_terminal_goes
+from gputop.tui.time_travel import Past
 from gputop.tui.titles import set_border_title
 from gputop.tui.view import DashboardView, build_view
 from gputop.tui.widgets.empty_state import EmptyState
@@ -60,14 +60,6 @@ from gputop.tui.widgets.run_chart import RunChart
 # the next waits, and the header says how often figures update.  Keys and
 # scrolling stay immediate, since the UI thread never does that work.
 FIGURES_DUTY = 0.05
-# Past views kept for time travel, as rank-views (a view of 1,024 ranks counts
-# 1,024).  A past view holds its figures and rows, not its windows (but the drawn
-# rank's: ``DashboardView.for_time_travel``): 10 minutes at 2 Hz for a 2-rank
-# job, a minute at 64 ranks, the last 7 moments at 1,024 (where 20,000 held RSS
-# near 575 MiB when past views kept their windows).
-PAST_BUDGET_RANKS = 8_000
-PAST_MIN_VIEWS = 5
-PAST_MAX_VIEWS = 1200
 # After a key or a click, the figures worker pauses this long (between ranks) before
 # going on: Python runs one thread at a time, and a keypress must not wait behind
 # a thousand ranks' figures.
@@ -163,8 +155,7 @@ class GputopApp(App[int]):
         self._stopping = threading.Event()
         self._figures_thread = threading.Thread(target=self._figures_loop, name="gputop-figures", daemon=True)
         self.figures_every_s = refresh_s  # how often figures are really updated
-        self._past: deque[DashboardView] = deque(maxlen=PAST_MAX_VIEWS)  # newest last, for time travel
-        self._travel = 0  # views back from the newest while paused; 0 = the newest
+        self.past = Past()  # the views to step back through, and which one is shown
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
         self._input_t = 0.0  # monotonic: the user's last key or click
@@ -286,7 +277,7 @@ class GputopApp(App[int]):
         if not self.table.is_attached:  # a message that arrives while the app shuts down
             return
         self._newest = message.view
-        self._remember(message.view)
+        self.past.remember(message.view, paused=self.paused)
         self._announce_rejections(message.view.snapshot.rejected)
         with self._pending_lock:
             alerts, self._pending_alerts = self._pending_alerts, []
@@ -299,22 +290,6 @@ class GputopApp(App[int]):
         self.header.figures_every_s = float(f"{self.figures_every_s:.2g}") if slow else None
         if not self.paused:
             self._show(message.view)
-
-    def _remember(self, view: DashboardView) -> None:
-        """Keep the view for time travel, one per moment, within PAST_BUDGET_RANKS rank-views."""
-        past = self._past
-        if past and past[-1].snapshot.t == view.snapshot.t:
-            past[-1] = view  # the same moment again (a finished replay, fixed data): nothing to step through
-            return
-        if past:
-            past[-1] = past[-1].for_time_travel()  # no longer the newest: its windows are the store's to keep
-        past.append(view)
-        if self.paused:
-            self._travel += 1  # keep pointing at the view on screen
-        keep = max(PAST_BUDGET_RANKS // max(len(view.rank_rows), 1), PAST_MIN_VIEWS)
-        while len(past) > keep:
-            past.popleft()
-        self._travel = min(self._travel, len(past) - 1)
 
     def _announce_rejections(self, rejected: tuple[str, ...]) -> None:
         """A connection closed for a bad frame: say so once, also while runs are showing."""
@@ -513,9 +488,8 @@ class GputopApp(App[int]):
 
     def action_travel_back(self) -> None:
         """Pause and show the view one refresh earlier."""
-        if not self._past:
+        if self.past.step_back() is None:
             return
-        self._travel = min(self._travel + 1, len(self._past) - 1)
         if not self.paused:
             self.paused = True
         self._show_travel()
@@ -524,17 +498,14 @@ class GputopApp(App[int]):
         """One refresh later; past the newest, back to live."""
         if not self.paused:
             return
-        if self._travel == 0:
+        if self.past.step_forward() is None:
             self.paused = False
             return
-        self._travel -= 1
         self._show_travel()
 
     def _show_travel(self) -> None:
-        view = self._past[-1 - self._travel]
-        newest = self._past[-1]
-        self.header.behind_s = newest.snapshot.t - view.snapshot.t
-        self._show(view)
+        self.header.behind_s = self.past.behind_s
+        self._show(self.past.shown)
 
     def action_open_rank(self) -> None:
         """Open the selected rank's detail screen."""
@@ -562,7 +533,7 @@ class GputopApp(App[int]):
     def watch_paused(self, paused: bool) -> None:
         self.header.paused = paused
         if not paused:
-            self._travel = 0
+            self.past.go_live()
             self.header.behind_s = 0.0
             if self._newest is not None and self._newest is not self.view:
                 self._show(self._newest)
