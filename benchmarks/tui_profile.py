@@ -140,7 +140,7 @@ async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top
         async with app.run_test(size=(160, 48)) as pilot:
             while app.view is None:
                 await pilot.pause(0.1)
-            figures_tid = app._figures_thread.native_id
+            figures_tid = app.worker.native_id
             c0, f0, t0 = time.thread_time(), _thread_cpu_s(figures_tid), time.perf_counter()
             await asyncio.sleep(seconds)
             ui_s, figures_s, wall_s = time.thread_time() - c0, _thread_cpu_s(figures_tid) - f0, time.perf_counter() - t0

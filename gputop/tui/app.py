@@ -1,11 +1,11 @@
 """The dashboard app and ``run_dashboard``, the entry point the CLI calls.
 
-Data flow: every ``refresh_s`` the figures thread calls ``source.snapshot()``,
-computes its figures once (``summarize``), feeds them to the diagnoser, builds
-a ``DashboardView`` and posts it as a ``SnapshotReady`` message; the UI thread
-only copies the view into widgets.
-So the UI never waits on the collector's lock, and redraws at most once per
-``refresh_s`` however fast data arrives.
+Data flow: the figures thread (``FiguresWorker``) turns a snapshot into a
+``DashboardView`` every ``refresh_s`` and the app posts it to itself as a
+``SnapshotReady`` message; the UI thread only copies the view into widgets,
+rings the alerts and tells the ranks what the worker decided.  Time travel's
+views are ``Past``'s.  So the UI never waits on the collector's lock, and
+redraws at most once per ``refresh_s`` however fast data arrives.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import functools
 import gc
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import ClassVar
@@ -33,10 +32,9 @@ from textual.widgets import Footer
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import Alert, AlertTracker
 from gputop.diagnose.live import LivePipeline
-from gputop.model.figures import WindowFiguresMemo
 from gputop.model.source import SnapshotSource, TalksToRanks
-from gputop.procfs import name_this_thread
 from gputop.protocol import FindingBrief
+from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
@@ -44,7 +42,7 @@ from gputop.tui.screens.help import HelpScreen
 from gputop.tui.terminal import exit_when_the_terminal_goes
 from gputop.tui.time_travel import Past
 from gputop.tui.titles import set_border_title
-from gputop.tui.view import DashboardView, build_view
+from gputop.tui.view import DashboardView
 from gputop.tui.widgets.empty_state import EmptyState
 from gputop.tui.widgets.findings import FindingsPanel
 from gputop.tui.widgets.gpu_panel import GpuPanel
@@ -55,22 +53,9 @@ from gputop.tui.widgets.rank_cells import evidence_highlight
 from gputop.tui.widgets.ranks_table import RanksTable
 from gputop.tui.widgets.run_chart import RunChart
 
-# The worker spends at most this share of a core on figures and diagnosis: when
-# one refresh's work takes longer than FIGURES_DUTY × refresh_s (hundreds of ranks),
-# the next waits, and the header says how often figures update.  Keys and
-# scrolling stay immediate, since the UI thread never does that work.
-FIGURES_DUTY = 0.05
-# After a key or a click, the figures worker pauses this long (between ranks) before
-# going on: Python runs one thread at a time, and a keypress must not wait behind
-# a thousand ranks' figures.
-INPUT_QUIET_S = 0.3
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
 DiagnoserFactory = Callable[[], Diagnoser]
-
-
-class _Stopping(Exception):
-    """The app is closing: the figures thread leaves mid-refresh."""
 
 
 class GputopApp(App[int]):
@@ -140,26 +125,14 @@ class GputopApp(App[int]):
         self.source = source
         self.refresh_s = refresh_s
         self.notice = notice
-        # Snapshot to figures, findings, briefs for the ranks and alerts: the figures thread's alone.
-        self.pipeline = LivePipeline(
-            diagnoser=diagnoser_factory() if diagnoser_factory is not None else None, alerts=alerts
-        )
-        # What the figures thread decided for the UI thread to carry out: kept apart from the views,
-        # which replace each other in the queue, so that no alert or brief is lost with a replaced view.
-        self._pending_lock = threading.Lock()
-        self._pending_alerts: list[Alert] = []
-        self._pending_briefs: dict[str, tuple[FindingBrief, ...]] = {}
+        # Snapshot to figures, findings, briefs for the ranks and alerts, on the figures thread.
+        pipeline = LivePipeline(diagnoser=diagnoser_factory() if diagnoser_factory is not None else None, alerts=alerts)
+        self.worker = FiguresWorker(source, pipeline, refresh_s, self._post_refresh)
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
-        self._selected: str | None = None
-        self._stopping = threading.Event()
-        self._figures_thread = threading.Thread(target=self._figures_loop, name="gputop-figures", daemon=True)
-        self.figures_every_s = refresh_s  # how often figures are really updated
         self.past = Past()  # the views to step back through, and which one is shown
         self._last_failure = ""
         self._rejections_seen: set[str] = set()
-        self._input_t = 0.0  # monotonic: the user's last key or click
-        self._series_memo = WindowFiguresMemo()  # the figures thread's alone
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
@@ -179,7 +152,7 @@ class GputopApp(App[int]):
         self.history.border_title = "history"
         self.empty.border_title = "waiting for a run"
         self.empty.source_text = self.source.description
-        self.findings.diagnosis = "off" if self.pipeline.diagnoser is None else "waiting"
+        self.findings.diagnosis = "off" if self.worker.pipeline.diagnoser is None else "waiting"
         yield self.header
         yield self.gpus
         yield self.empty
@@ -198,7 +171,7 @@ class GputopApp(App[int]):
         self.table.focus()
         if self.notice:
             self.notify(self.notice, timeout=15)
-        self._figures_thread.start()
+        self.worker.start()
         if self.leave_on_sigterm:  # through the event loop: a plain signal handler could cut into its queues
             leave = functools.partial(self.exit, return_code=128 + signal.SIGTERM)  # as a SIGTERM death would say
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, leave)
@@ -211,66 +184,34 @@ class GputopApp(App[int]):
         gc.freeze()
 
     def on_unmount(self) -> None:
-        self._stopping.set()
-        # At most one rank's figures away (the thread checks between ranks), or one diagnosis.
-        self._figures_thread.join(timeout=2.0)
+        self.worker.stop()
 
     # -- data ------------------------------------------------------------------
 
-    def _figures_loop(self) -> None:
-        """The figures thread: a snapshot, its figures, diagnosis and view every refresh, off the UI thread.
+    def _post_refresh(self, result: Refreshed | Failed) -> None:
+        """On the figures thread: hand its result to the UI thread as a message."""
+        if isinstance(result, Refreshed):
+            self.post_message(SnapshotReady(result.view, finished=result.finished))
+        else:
+            self.post_message(SourceFailed(result.reason))
 
-        One long-lived thread, not a Textual worker per refresh: the worker machinery
-        (a task, a pool hand-off, three state-change messages through the DOM) cost
-        more than 2 ranks' figures.  It holds itself to FIGURES_DUTY of a core.
-        """
-        name_this_thread("gputop-figures")
-        next_t = time.monotonic()
-        while not self._stopping.wait(max(next_t - time.monotonic(), 0.0)):
-            started_t, started_cpu = time.monotonic(), time.thread_time()
-            try:
-                message: SnapshotReady | SourceFailed = self._figures()
-            except _Stopping:
-                return
-            except Exception as exc:  # a broken source shows as a notice, the last view stays
-                message = SourceFailed(f"{type(exc).__name__}: {exc}")
-            cost_s = time.thread_time() - started_cpu
-            self.figures_every_s = max(self.refresh_s, cost_s / FIGURES_DUTY)
-            next_t = started_t + self.figures_every_s
-            if self._stopping.is_set():
-                return
-            try:
-                self.post_message(message)
-            except RuntimeError:  # the event loop closed under us: the app is gone
-                return
+    @property
+    def _selected(self) -> str | None:
+        """The rank the table's cursor is on (a "run:rank" key): its history is drawn, so snapshots carry it."""
+        return self.worker.selected
 
-    def _figures(self) -> SnapshotReady:
-        """Take a snapshot and build the view (in the figures thread)."""
-        self.source.focus = frozenset({self._selected}) if self._selected else frozenset()
-        snapshot = self.source.snapshot()
-        update = self.pipeline.update(snapshot, between=self._wait_for_quiet)
-        with self._pending_lock:
-            self._pending_alerts += update.alerts
-            self._pending_briefs.update(update.to_ranks)
-        self._wait_for_quiet()
-        view = build_view(update.figures, update.findings, update.diagnosis)
-        if (selected := self._selected) is not None:
-            # The history panel's sparklines, computed here rather than on the UI thread, each
-            # window's figures once (the memo) rather than on every refresh.
-            view.series(selected, self._series_memo)
-        return SnapshotReady(view, finished=self.source.finished)
+    @_selected.setter
+    def _selected(self, key: str | None) -> None:
+        self.worker.selected = key
 
-    def _wait_for_quiet(self) -> None:
-        """In the figures thread: sleep (letting the UI thread run) until INPUT_QUIET_S after the last input."""
-        while (wait_s := self._input_t + INPUT_QUIET_S - time.monotonic()) > 0:
-            if self._stopping.wait(wait_s):
-                break
-        if self._stopping.is_set():
-            raise _Stopping
+    @property
+    def figures_every_s(self) -> float:
+        """How often figures are really updated: every refresh, or less often when one costs more."""
+        return self.worker.every_s
 
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Key | events.MouseDown | events.MouseScrollDown | events.MouseScrollUp):
-            self._input_t = time.monotonic()
+            self.worker.input_t = time.monotonic()
         await super().on_event(event)
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
@@ -279,9 +220,7 @@ class GputopApp(App[int]):
         self._newest = message.view
         self.past.remember(message.view, paused=self.paused)
         self._announce_rejections(message.view.snapshot.rejected)
-        with self._pending_lock:
-            alerts, self._pending_alerts = self._pending_alerts, []
-            briefs, self._pending_briefs = self._pending_briefs, {}
+        alerts, briefs = self.worker.take_pending()
         self._ring_alerts(alerts)
         self._tell_ranks(briefs)
         self.header.finished = message.finished
