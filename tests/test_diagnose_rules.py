@@ -634,3 +634,15 @@ class TestDdpSettings:
         assert "bucket_cap_mb=0.0312 now" in finding.suggestion
         default = {"ddp": True, "ddp_buckets": 4, "ddp_gradient_bytes": 80 << 20, "ddp_bucket_cap_bytes": 25 << 20}
         assert by_cause(findings_of(make_snapshot(two_ranks(), hello=default)), "model_config") == []
+
+    def test_the_exchange_tiny_buckets_expose_is_their_symptom_not_a_finding_of_its_own(self) -> None:
+        # Issue #22: 42 buckets of 9 KiB and 23% exposed comm read "communication: compress gradients".
+        tiny = {"ddp": True, "ddp_buckets": 42, "ddp_gradient_bytes": 42 * 9 << 10, "ddp_bucket_cap_bytes": 1 << 10}
+        findings = findings_of(make_snapshot(two_ranks(comm_frac=0.3, overlap_frac=0.05), hello=tiny))
+        top = findings[0]
+        assert top.cause == "model_config" and "it shows as communication 25%" in top.title, top.title
+        assert top.cost_s is not None and top.cost_s > 0  # the exchange's cost is the setting's now
+        assert only(findings, "communication").severity == "info"
+        default = {"ddp": True, "ddp_buckets": 4, "ddp_gradient_bytes": 80 << 20, "ddp_bucket_cap_bytes": 25 << 20}
+        plain = findings_of(make_snapshot(two_ranks(comm_frac=0.3, overlap_frac=0.05), hello=default))
+        assert plain[0].cause == "communication"  # without the setting, the exchange is the finding

@@ -20,7 +20,7 @@ from gputop.diagnose.rules.data_parallel import data_parallel_findings
 from gputop.diagnose.rules.hang import hang_findings
 from gputop.diagnose.rules.hosts import with_hosts
 from gputop.diagnose.rules.memory import memory_findings
-from gputop.diagnose.rules.model_config import model_config_findings
+from gputop.diagnose.rules.model_config import absorb_config_symptoms, model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
 from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
@@ -45,7 +45,7 @@ def diagnose(machine: Figures) -> list[Finding]:
             run_findings.append(parallelism)
         run_findings = absorb_stall_symptoms(run_findings + stall_findings(run))
         run_findings += hang_findings(run, machine.t)
-        run_findings += model_config_findings(run)
+        run_findings = absorb_config_symptoms(run_findings + model_config_findings(run))
         run_findings += memory_findings(run)
         findings += with_hosts(run_findings, run)  # slow nodes; titles name the host in multi-host runs
     findings += data_parallel_findings(machine)

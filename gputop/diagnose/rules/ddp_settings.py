@@ -30,6 +30,7 @@ class Problem:
     evidence: Evidence
     what: str
     fix: str
+    explains: tuple[str, ...] = ()  # the symptom findings this setting causes (moved under model_config)
 
 
 def ddp_problems(rank: RankFigures) -> list[Problem]:
@@ -60,6 +61,7 @@ def ddp_problems(rank: RankFigures) -> list[Problem]:
                     f"{buckets} gradient buckets of {mean_bytes / KIB:.0f} KiB: each all-reduce pays its latency",
                     f"DDP(model, bucket_cap_mb=25) (PyTorch's default){cap}: fewer, larger all-reduces that still "
                     "overlap backward",
+                    explains=("communication",),  # the exposed exchange is those all-reduces' latency
                 )
             )
     if hello.ddp_gradient_as_bucket_view is False and (gradient_bytes or 0) >= DDP_BIG_GRADIENT_BYTES:
