@@ -112,7 +112,9 @@ def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_res
     """
     from gputop.model.figures import SPAN_S
 
-    job = torchrun("ddp_job.py", "--steps", "60", "--hang-at", "30", "--hang-s", "25", port=collector.address.port)
+    # torch's Flight Recorder on, as a user debugging hangs turns it on: gloo records too in torch 2.13.
+    job = torchrun("ddp_job.py", "--steps", "60", "--hang-at", "30", "--hang-s", "25", port=collector.address.port,
+                   env={"TORCH_FR_BUFFER_SIZE": "200"})  # fmt: skip
     try:
         hang: Finding | None = None
         last_step_t = seen_t = 0.0
@@ -133,6 +135,16 @@ def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_res
         place = rf"rank 1 is in `main` \((tests/jobs/)?ddp_job\.py:{blocked}\), after the optimizer step"
         assert re.search(place, hang.title), hang.title
         assert hang.extra["frames"][1]["now"]["line"] == blocked
+
+        # The recorder is read 3 s after a rank's last step: the title then names who never joined.
+        def flight_recorder_text() -> str:
+            found = [f for f in diagnose(summarize(snapshot_of(collector), span_s=SPAN_S)) if f.cause == "hang"]
+            return found[0].title if found else ""
+
+        assert wait_for(lambda: "Flight Recorder" in flight_recorder_text(), timeout_s=10), hang.title
+        said = flight_recorder_text()
+        entered = re.search(r"Flight Recorder: rank 0 entered gloo:\w+ #(\d+), rank 1's last was gloo:\w+ #(\d+)", said)
+        assert entered and int(entered[1]) > int(entered[2]), said
         assert wait_for(
             lambda: not any(f.cause == "hang" for f in diagnose(summarize(snapshot_of(collector), span_s=SPAN_S))),
             timeout_s=40,
