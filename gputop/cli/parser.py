@@ -79,8 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the host name this node's ranks report (default: this machine's; a DaemonSet pod passes its node's)",
     )  # fmt: skip
 
-    report = commands.add_parser("report", help="summarise a recording: per rank, per GPU, findings")
-    report.add_argument("recording", type=Path)
+    report = commands.add_parser(
+        "report",
+        help="summarise a recording: per rank, per GPU, findings; or compare two (--compare BEFORE AFTER)",
+    )
+    report.add_argument("recording", type=Path, nargs="?")
+    report.add_argument(
+        "--compare", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
+        help="set two recordings side by side: step time with its noise band, phases, ranks, findings gone or new",
+    )  # fmt: skip
     report.add_argument("--format", choices=("text", "json", "markdown"), default="text")
 
     replay = commands.add_parser("replay", help="show a recording in the dashboard")
