@@ -25,14 +25,16 @@ COMMAND_TIMEOUT_S = 30.0
 class AlertCommand:
     """One shell command, started once per alert."""
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, *, price_per_hour: float | None = None) -> None:
+        """``price_per_hour``: a GPU-hour's price, to put the findings' waste in money."""
         self.command = command
+        self.price_per_hour = price_per_hour
         self.started = 0
         self._running: list[tuple[subprocess.Popen[bytes], float, str]] = []
 
     def run(self, alert: Alert) -> None:
         """Start the command with the alert on stdin; return at once."""
-        payload = json.dumps(alert.to_dict()).encode() + b"\n"
+        payload = json.dumps(alert.to_dict(self.price_per_hour)).encode() + b"\n"
         what = f"{alert.kind} {alert.finding.cause}"
         try:
             proc = subprocess.Popen(

@@ -101,6 +101,7 @@ def build(
     *,
     gpus: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
+    price_per_hour: float | None = None,
 ) -> dict[str, Any]:
     """The report as plain data, from the figures of the span the caller chose (usually the whole run)."""
     runs = []
@@ -122,7 +123,7 @@ def build(
         )
     return {
         "runs": runs,
-        "findings": [f.to_dict() for f in findings],
+        "findings": [f.to_dict(price_per_hour) for f in findings],
         "gpus": gpus if gpus is not None else {},
         "notes": list(notes),
         "gputop_process_cpu_pct": _round(figures.dashboard_cpu_pct, 2),
@@ -169,12 +170,12 @@ def undecided_notes(figures: Figures) -> list[str]:
     return notes
 
 
-def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = ()) -> str:
+def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = (), price_per_hour: float | None = None) -> str:
     """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
     figures = summarize(snapshot, span_s=None)
     findings = diagnose(figures)
     gpus = summarize_gpus(list(snapshot.gpu_samples()), snapshot)
-    data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)])
+    data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)], price_per_hour=price_per_hour)
     if fmt == "json":
         return to_json(data) + "\n"
     gpu_lines = format_gpu_summary_text(gpus)

@@ -17,8 +17,8 @@ def record(path: Path, specs: list[RankSpec], *, seconds: float = 20.0) -> Path:
     """A recording of two ranks in a steady state, written by the real recorder."""
     rec = recording.Recorder(path, source="test")
     for spec in specs:
-        rec.message(Hello(run_id="run", rank=spec.rank, world_size=len(specs), pid=100 + spec.rank,
-                          loader_batch_size=64, cpu_count=16), T0)  # fmt: skip
+        facts = {"world_size": len(specs), "pid": 100 + spec.rank, "loader_batch_size": 64, "cpu_count": 16}
+        rec.message(Hello(run_id="run", rank=spec.rank, **{**facts, **spec.hello}), T0)
         for window in rank_windows(spec, "run", seconds=seconds, t_end=T0 + seconds):
             rec.message(window, window.t1)
     rec.close()

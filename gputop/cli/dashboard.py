@@ -47,6 +47,7 @@ def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = No
         remember_theme=remember_theme,
         alerts=alerts,
         notice=notice,
+        price_per_hour=getattr(args, "gpu_hour_price", None),
     )
 
 

@@ -77,6 +77,7 @@ def add_prometheus(parser: argparse.ArgumentParser) -> None:
 
 def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     add_alert_after(parser)
+    add_price(parser)
     parser.add_argument(
         "--refresh", type=positive, default=None, metavar="S", help="redraw every S seconds (default 0.5; remembered)"
     )
@@ -86,6 +87,13 @@ def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
     )
+
+
+def add_price(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpu-hour-price", type=positive, default=None, metavar="PRICE",
+        help="what a GPU-hour costs you: findings then say what their waste comes to in money",
+    )  # fmt: skip
 
 
 def add_alert_after(parser: argparse.ArgumentParser) -> None:

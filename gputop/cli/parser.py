@@ -10,6 +10,7 @@ from gputop.cli.options import (
     add_address,
     add_alert_after,
     add_dashboard_options,
+    add_price,
     add_prometheus,
     capture_steps,
     positive,
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--alert-after seconds, again when it worsens or clears",
     )
     add_alert_after(record)
+    add_price(record)
     add_prometheus(record)
 
     capture = commands.add_parser(
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="set two recordings side by side: step time with its noise band, phases, ranks, findings gone or new",
     )  # fmt: skip
     report.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    add_price(report)
 
     replay = commands.add_parser("replay", help="show a recording in the dashboard")
     replay.add_argument("recording", type=Path)

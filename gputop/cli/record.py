@@ -52,7 +52,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             # Said once SIGTERM stops it cleanly: a script may wait for this line, then signal.
             print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
             if args.on_finding:
-                record_with_alerts(source, args.seconds, args.on_finding, args.alert_after)
+                record_with_alerts(source, args.seconds, args.on_finding, args.alert_after, args.gpu_hour_price)
             else:
                 time.sleep(args.seconds)
     finally:
@@ -76,7 +76,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_with_alerts(source: Any, seconds: float, command: str, hold_s: float) -> None:
+def record_with_alerts(
+    source: Any, seconds: float, command: str, hold_s: float, price_per_hour: float | None = None
+) -> None:
     """Diagnose once a second while recording and run ``command`` for each alert."""
     from gputop.alert_command import AlertCommand
     from gputop.diagnose import Diagnoser
@@ -84,7 +86,7 @@ def record_with_alerts(source: Any, seconds: float, command: str, hold_s: float)
     from gputop.diagnose.live import LivePipeline
 
     pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=hold_s))
-    runner = AlertCommand(command)
+    runner = AlertCommand(command, price_per_hour=price_per_hour)
     end_s = time.monotonic() + seconds
     said = "ok"
     try:

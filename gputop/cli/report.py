@@ -21,7 +21,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.recording is None:
         raise UsageError("which recording? gputop report RUN.jsonl, or gputop report --compare BEFORE AFTER")
     store, last_t, notes = load(args.recording)
-    sys.stdout.write(report.render(store.snapshot(last_t, history=None), args.format, notes))
+    sys.stdout.write(report.render(store.snapshot(last_t, history=None), args.format, notes, args.gpu_hour_price))
     return 0
 
 

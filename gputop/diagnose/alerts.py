@@ -37,9 +37,10 @@ class Alert:
     t: float  # when the alert was decided (snapshot time)
     held_s: float  # how long the finding had held by then
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object an ``--on-finding`` command reads on its stdin."""
-        return {"event": self.kind, "t": self.t, "held_s": round(self.held_s, 1), "finding": self.finding.to_dict()}
+    def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
+        """The JSON object an ``--on-finding`` command reads on its stdin (money where a GPU-hour has a price)."""
+        finding = self.finding.to_dict(price_per_hour)
+        return {"event": self.kind, "t": self.t, "held_s": round(self.held_s, 1), "finding": finding}
 
 
 @dataclass

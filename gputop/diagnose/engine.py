@@ -25,6 +25,7 @@ from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_fi
 from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
 from gputop.diagnose.rules.unobserved import unobserved_findings
+from gputop.diagnose.waste import with_waste
 from gputop.model.figures import Figures
 
 
@@ -53,7 +54,7 @@ def diagnose(machine: Figures) -> list[Finding]:
     findings = absorb_cpu_symptoms(findings + allocation, machine)
     reported = {(str(f.extra.get("hostname", "")), g) for f in allocation for g in f.gpus}
     findings += unobserved_findings(machine, gpus_already_reported=reported)
-    return worst_first(findings)
+    return worst_first(with_waste(findings, machine))
 
 
 def worst_first(findings: Iterable[Finding]) -> list[Finding]:

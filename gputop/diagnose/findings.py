@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+if TYPE_CHECKING:
+    from gputop.diagnose.waste import Waste
 
 Cause = Literal[
     "parallelism",
@@ -65,6 +68,8 @@ class Finding:
     # the measured phases with the culprit removed, and the step it is part of.
     cost_s: float | None = None
     step_s: float | None = None
+    # What that share of the run's GPUs (cores on a CPU run) comes to in device-hours (gputop.diagnose.waste).
+    waste: Waste | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -82,11 +87,18 @@ class Finding:
 
     @property
     def worth_text(self) -> str | None:
-        """'fixing it: about 58 ms a step, 2.4x steps/s', or None without an estimate."""
+        """'fixing it: about 58 ms a step, 2.4x steps/s; wastes about 0.7 GPU-hours an hour (1.9 so far)'."""
+        return self.worth()
+
+    def worth(self, price_per_hour: float | None = None) -> str | None:
+        """What fixing it is worth, with the waste priced at ``price_per_hour`` a device-hour when given."""
         speedup = self.speedup
         if speedup is None or self.cost_s is None:
             return None
-        return f"fixing it: about {self.cost_s * 1e3:.3g} ms a step, {speedup:.2g}x steps/s"
+        text = f"fixing it: about {self.cost_s * 1e3:.3g} ms a step, {speedup:.2g}x steps/s"
+        if self.waste is not None:
+            text += f"; {self.waste.text(price_per_hour)}"
+        return text
 
     @property
     def key(self) -> FindingKey:
@@ -97,7 +109,8 @@ class Finding:
     def severity_rank(self) -> int:
         return SEVERITIES.index(self.severity)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
+        """The finding as JSON: the report's and an alert command's; money where a price is given."""
         return {
             "cause": self.cause,
             "severity": self.severity,
@@ -110,7 +123,8 @@ class Finding:
             "doc": self.doc,
             "cost_ms_per_step": None if self.cost_s is None else round(self.cost_s * 1e3, 3),
             "speedup_x": None if self.speedup is None else round(self.speedup, 2),
-            "worth": self.worth_text,
+            "worth": self.worth(price_per_hour),
+            "waste": None if self.waste is None else self.waste.to_dict(price_per_hour),
             # Where the named ranks' training threads were (their stack samples), by rank: function, file, line.
             "frames": {str(rank): frames for rank, frames in self.extra.get("frames", {}).items()},
         }

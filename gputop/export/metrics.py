@@ -97,6 +97,13 @@ METRICS: tuple[Spec, ...] = (
         "1 for each diagnosis at work; rank is empty when it names several, Hostname when they span hosts",
         FINDING_LABELS,
     ),
+    Spec(
+        "gputop_finding_waste_per_hour",
+        "gauge",
+        "Device-hours an hour a finding's cause idles (unit GPU, or core on a CPU run): the run's devices x the "
+        "step share fixing it would recover",
+        (*FINDING_LABELS, "unit"),
+    ),
     Spec("gputop_collector_ranks", "gauge", "Ranks the collector knows, by status (live, lost, done)", ("status",)),
     Spec("gputop_collector_hosts", "gauge", "Hosts with at least one reporting rank", ()),
     Spec("gputop_token_refusals", "counter", "Connections refused for a wrong or missing GPUTOP_TOKEN", ()),
@@ -191,13 +198,18 @@ def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str
                 out[name].append((labels, float(value)))
         out["gputop_gpu_rank_info"] += [((*labels, v.run_id, str(v.rank)), 1.0) for v in a.ranks]
     finding_series: dict[tuple[str, ...], float] = {}  # two findings alike in every label are one series
+    waste_series: dict[tuple[str, ...], float] = {}
     for f in findings:
         hosts = {host_of.get((f.run_id or "", rank), "") for rank in f.ranks}
         host = f.extra.get("hostname") or (hosts.pop() if len(hosts) == 1 else "")
         rank = str(f.ranks[0]) if len(f.ranks) == 1 else ""
         gpu = str(f.gpus[0]) if len(f.gpus) == 1 else ""
         finding_series[(f.cause, f.severity, f.run_id or "", str(host), rank, gpu)] = 1.0
+        if f.waste is not None:
+            labels = (f.cause, f.severity, f.run_id or "", str(host), rank, gpu, f.waste.unit)
+            waste_series[labels] = waste_series.get(labels, 0.0) + f.waste.per_hour
     out["gputop_finding"] = list(finding_series.items())
+    out["gputop_finding_waste_per_hour"] = list(waste_series.items())
     statuses = [r.status for r in ranks]
     out["gputop_collector_ranks"] = [((status,), float(statuses.count(status))) for status in sorted(set(statuses))]
     out["gputop_collector_hosts"] = [((), float(len({r.hello.hostname for r in ranks if r.status != LOST})))]

@@ -108,6 +108,7 @@ class GputopApp(App[int]):
         theme: str | None = None,
         alerts: AlertTracker | None = None,
         notice: str | None = None,
+        price_per_hour: float | None = None,
     ) -> None:
         """Build the app.
 
@@ -118,6 +119,7 @@ class GputopApp(App[int]):
             theme: A Textual theme name; None keeps Textual's default.
             alerts: Decides which findings ring the bell; None rings nothing.
             notice: Said once at start, as a notification (the demo says what it runs where).
+            price_per_hour: A GPU-hour's price: the findings' waste is shown in money too.
         """
         super().__init__()
         if theme is not None:
@@ -125,6 +127,7 @@ class GputopApp(App[int]):
         self.source = source
         self.refresh_s = refresh_s
         self.notice = notice
+        self.price_per_hour = price_per_hour
         # Snapshot to figures, findings, briefs for the ranks and alerts, on the figures thread.
         pipeline = LivePipeline(diagnoser=diagnoser_factory() if diagnoser_factory is not None else None, alerts=alerts)
         self.worker = FiguresWorker(source, pipeline, refresh_s, self._post_refresh)
@@ -142,7 +145,7 @@ class GputopApp(App[int]):
         self.ranks_box = Vertical(id="ranks-box")
         self.table = RanksTable(id="ranks")
         self.findings_box = VerticalScroll(id="findings-box")
-        self.findings = FindingsPanel(id="findings")
+        self.findings = FindingsPanel(id="findings", price_per_hour=self.price_per_hour)
         self.history = HistoryPanel(id="history")
         self.chart = RunChart(id="run-chart")
         self.chart.border_title = "run"
@@ -496,6 +499,7 @@ def run_dashboard(
     remember_theme: Callable[[str], None] | None = None,
     alerts: AlertTracker | None = None,
     notice: str | None = None,
+    price_per_hour: float | None = None,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
@@ -504,7 +508,13 @@ def run_dashboard(
     theme on screen at exit (the user may have picked one in the command palette).
     """
     app = GputopApp(
-        source, refresh_s=refresh_s, diagnoser_factory=diagnoser_factory, theme=theme, alerts=alerts, notice=notice
+        source,
+        refresh_s=refresh_s,
+        diagnoser_factory=diagnoser_factory,
+        theme=theme,
+        alerts=alerts,
+        notice=notice,
+        price_per_hour=price_per_hour,
     )
     # The UI thread waits for the interpreter at most this long when the figures worker or the
     # collector holds it (Python's default is 5 ms, several times per frame).

@@ -54,8 +54,10 @@ class FindingsPanel(Widget):
 
     _lines: int | None = None  # the height last laid out for
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, price_per_hour: float | None = None, **kwargs: Any) -> None:
+        """``price_per_hour``: a GPU-hour's price (``--gpu-hour-price``), to show the waste in money."""
         super().__init__(*args, **kwargs)
+        self.price_per_hour = price_per_hour
         # Lines by width for the content now: the layout and the app's fitting of the middle both ask each refresh.
         self._heights: dict[int, int] = {}
 
@@ -137,6 +139,6 @@ class FindingsPanel(Widget):
             lines.append(self._hanging(head, f.title, "", 2, width))
             if not self.brief and f.suggestion:
                 lines.append(self._hanging([("  → ", "")], f.suggestion, "$text-muted", 4, width))
-            if not self.brief and f.worth_text:
-                lines.append(self._hanging([("  ≈ ", "")], f.worth_text, "$success", 4, width))
+            if not self.brief and (worth := f.worth(self.price_per_hour)):
+                lines.append(self._hanging([("  ≈ ", "")], worth, "$success", 4, width))
         return Content("\n").join(lines)

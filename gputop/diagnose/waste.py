@@ -1,0 +1,108 @@
+"""What a finding costs in the units a team pays in: GPU-hours (core-hours on a CPU run), and money at a price.
+
+A finding's "fixing it: about 58 ms a step" is a share of every step; the run
+holds its devices for every step, so that share of them sits idle for the
+cause: ``devices x cost / step`` device-hours every hour the run goes on, and
+that rate times the hours so far.  One definition, carried on the finding
+(``Finding.waste``), so the dashboard, the report, the alerts and the exporter
+all say the same number; only the price, a user's setting, is applied where
+it is shown.
+
+Devices: a CUDA run's GPUs (each rank's device, every GPU of an
+``nn.DataParallel`` rank); a CPU run's cores, as many as its ranks and
+their workers keep busy on average.  An estimate, like the cost it scales:
+the rest of the step is assumed unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from gputop.diagnose.findings import Finding
+from gputop.model.figures import Figures, RunFigures
+
+Unit = Literal["GPU", "core"]
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Device-hours a finding's cause idles: per hour of the run, and over the run so far."""
+
+    unit: Unit
+    devices: float  # what the run holds: GPUs, or busy cores
+    per_hour: float  # device-hours per hour
+    so_far: float  # device-hours over the run so far
+
+    def text(self, price_per_hour: float | None = None) -> str:
+        """ "wastes about 0.74 GPU-hours an hour (1.9 so far; 1.85 an hour at 2.50 per GPU-hour)".
+
+        ``price_per_hour`` is a GPU-hour's price (``--gpu-hour-price``): a CPU run's core-hours are not priced.
+        """
+        price_per_hour = price_per_hour if self.unit == "GPU" else None
+        unit = f"{self.unit}-hours"
+        out = f"wastes about {self.per_hour:.2g} {unit} an hour ({self.so_far:.2g} so far"
+        if price_per_hour is not None:
+            out += f"; {price_per_hour * self.per_hour:,.2f} an hour at {price_per_hour:,.2f} per {self.unit}-hour"
+        return out + ")"
+
+    def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
+        price_per_hour = price_per_hour if self.unit == "GPU" else None
+        out: dict[str, Any] = {
+            "unit": self.unit,
+            "devices": round(self.devices, 2),
+            "per_hour": round(self.per_hour, 3),
+            "so_far": round(self.so_far, 3),
+        }
+        if price_per_hour is not None:
+            out["price_per_hour"] = price_per_hour
+            out["money_per_hour"] = round(price_per_hour * self.per_hour, 2)
+            out["money_so_far"] = round(price_per_hour * self.so_far, 2)
+        return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a run holds while it runs, and for how long so far."""
+
+    unit: Unit
+    devices: float
+    hours: float
+
+
+def held(run: RunFigures) -> Held | None:
+    """The run's GPUs (or busy cores) and its hours so far; None when neither is known."""
+    ranks = [r for r in run.ranks if r.windows]
+    if not ranks:
+        return None
+    start = run.view.first_seen_t
+    end = max(r.windows[-1].t1 for r in ranks)  # live, the newest window: now, near enough
+    hours = max(end - start, 0.0) / 3600.0
+    gpus: set[str] = set()
+    for r in ranks:
+        if r.on_cuda:
+            gpus.update(r.hello.device_uuids or ((r.hello.device_uuid,) if r.hello.device_uuid else ()))
+            if not r.hello.device_uuids and not r.hello.device_uuid:
+                gpus.add(f"{r.hello.hostname}:{r.rank}")  # a CUDA rank whose device is not named: one GPU
+    if gpus:
+        return Held("GPU", float(len(gpus)), hours)
+    busy = [(r.stats.cpu_pct or 0.0) + (r.stats.workers_cpu_pct or 0.0) for r in ranks if r.stats.cpu_pct is not None]
+    if not busy:
+        return None
+    return Held("core", sum(busy) / 100.0, hours)
+
+
+def with_waste(findings: list[Finding], machine: Figures) -> list[Finding]:
+    """Each finding with a cost estimate, with what it idles of its run's devices."""
+    runs = {run.run_id: run for run in machine.runs}
+    holding = {run_id: held(run) for run_id, run in runs.items()}
+    out = []
+    for f in findings:
+        what = holding.get(f.run_id or "")
+        if what is None or f.cost_s is None or not f.step_s or f.severity == "info":
+            out.append(f)
+            continue
+        share = min(f.cost_s / f.step_s, 1.0)
+        per_hour = what.devices * share
+        out.append(replace(f, waste=Waste(what.unit, what.devices, per_hour, per_hour * what.hours)))
+    return out
