@@ -44,6 +44,8 @@ from unseen_cases import (
     straggler_metric_after_step_rank1,
 )
 
+from gputop.demos.teardown import exit_without_teardown
+
 CASES: dict[str, Callable[[float], None]] = {
     fn.__name__: fn
     for fn in (
@@ -86,3 +88,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # gloo aborts now and then while the interpreter finalizes ("terminate called without an active
+    # exception"), gputop or not: the exit handlers run (gputop's last window among them), then the process
+    # leaves without finalizing, as tests/jobs/ddp_job.py and the demo do (gputop/demos/teardown.py).
+    exit_without_teardown()
