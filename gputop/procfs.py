@@ -206,6 +206,22 @@ def age_s(pid: int) -> float | None:
     return max(up_s - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
 
 
+COMMAND_CHARS = 80  # of a command line: enough to tell `python train.py` from `python -m http.server`
+
+
+def command_of(pid: int) -> str | None:
+    """A process's command line, arguments joined by spaces, cut to COMMAND_CHARS; None if gone or a kernel thread."""
+    try:
+        with open(f"{_PROC}/{pid}/cmdline", "rb") as handle:
+            raw = handle.read(4 * COMMAND_CHARS)
+    except OSError:
+        return None
+    text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    if not text:
+        return None
+    return text if len(text) <= COMMAND_CHARS else text[: COMMAND_CHARS - 1] + "…"
+
+
 def owner_of(pid: int) -> str | None:
     """The user name owning a process (its /proc folder), or the uid as text; None if it is gone."""
     try:

@@ -134,6 +134,7 @@ class TestBusyProcesses:
         # Alone it takes a core; 2 shared cores under a test run still give it well over the 30% a 5-s span would say.
         assert busy[loop.pid].cpu_pct > 50, busy[loop.pid]
         assert busy[loop.pid].wait_pct is not None and busy[loop.pid].wait_pct >= 0  # its run-queue wait, read too
+        assert busy[loop.pid].command == f"{sys.executable} -c while True: pass"  # its command line, as top's `c`
 
 
 class TestRankProcesses:

@@ -229,6 +229,9 @@ def test_programs_outside_the_job_that_take_the_cores_are_the_finding_not_its_sy
     ) + " | " + " | ".join(f"[{f.severity}] {f.cause}: {f.title}" for f in findings)  # fmt: skip
     top = findings[0]
     assert top.cause == "allocation" and top.severity in ("warn", "critical"), summary
-    assert any(f"busiest other: pid {pid} (python" in top.title for pid in pids), summary
+    # Named by pid and command line, as top shows it with `c`.
+    assert any(f"busiest other: pid {pid} (" in top.title for pid in pids) and "-c while True: pass" in top.title, (
+        summary
+    )
     assert any(f"move or stop pid {pid}" in top.suggestion.lower() for pid in pids), summary
     assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary

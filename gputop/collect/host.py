@@ -25,7 +25,7 @@ import psutil
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import BusyProcess, HostSample, ProcessReading
-from gputop.procfs import age_s, cpu_ticks, descendants_of, owner_of, schedstat_s
+from gputop.procfs import age_s, command_of, cpu_ticks, descendants_of, owner_of, schedstat_s
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
@@ -83,6 +83,7 @@ class HostSampler:
         self._owners: dict[int, str | None] = {}
         self._busy_now: tuple[BusyProcess, ...] | None = None  # the last read, repeated until the next
         self._last_waits: dict[int, float] = {}  # busy pid -> its threads' run-queue wait (s) at the last read
+        self._commands: dict[int, str | None] = {}  # busy pid -> its command line, read once
 
     def sample(self) -> HostSample:
         with self._lock:
@@ -132,9 +133,17 @@ class HostSampler:
         used.sort(reverse=True)
         kept = used[:BUSY_PROCESSES_KEPT]
         self._owners = {pid: self._owners[pid] if pid in self._owners else owner_of(pid) for _, pid, _ in kept}
+        self._commands = {pid: self._commands[pid] if pid in self._commands else command_of(pid) for _, pid, _ in kept}
         waits = self._waits([pid for _, pid, _ in kept], span_s)
         self._busy_now = tuple(
-            BusyProcess(pid=pid, name=name, cpu_pct=round(cpu, 1), user=self._owners[pid], wait_pct=waits.get(pid))
+            BusyProcess(
+                pid=pid,
+                name=name,
+                cpu_pct=round(cpu, 1),
+                user=self._owners[pid],
+                wait_pct=waits.get(pid),
+                command=self._commands[pid],
+            )
             for cpu, pid, name in kept
         )
         return self._busy_now

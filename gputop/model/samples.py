@@ -98,6 +98,7 @@ class BusyProcess:
     # Runnable but waiting for a CPU over the same time, 100 = one core's worth (None: not read): what it
     # wanted beyond what it got, so a busy loop squeezed to 60% of a core still counts as wanting a whole one.
     wait_pct: float | None = None
+    command: str | None = None  # its command line, cut short (None: not read, or a kernel thread)
 
     @property
     def demand_pct(self) -> float:

@@ -134,6 +134,7 @@ def busy_others(samples: Sequence[HostSample], job_pids: set[int]) -> tuple[Busy
         BusyProcess(
             pid=pid,
             name=seen[pid].name,
+            command=seen[pid].command,
             cpu_pct=round(used[pid] / count[pid], 1),
             user=seen[pid].user,
             wait_pct=None if waited[pid] is None else round((waited[pid] or 0.0) / count[pid], 1),
@@ -175,7 +176,7 @@ def contention_title(load: HostLoad, ranks: Sequence[RankFigures], median_frac: 
     if load.others:
         top = load.others[0]
         owner = f", user {top.user}" if top.user else ""
-        title += f"; busiest other: pid {top.pid} ({top.name}{owner}) at {top.cpu_pct:.0f}% of a core"
+        title += f"; busiest other: pid {top.pid} ({top.command or top.name}{owner}) at {top.cpu_pct:.0f}% of a core"
     return title
 
 
@@ -194,7 +195,7 @@ def contention_suggestion(load: HostLoad) -> str:
             fixes.append(f"torch.set_num_threads({share}) in each rank (or OMP_NUM_THREADS={share})")
     if load.others:
         top = load.others[0]
-        fixes.append(f"move or stop pid {top.pid} ({top.name}) and other work off the job's cores")
+        fixes.append(f"move or stop pid {top.pid} ({top.command or top.name}) and other work off the job's cores")
     fixes.append(
         "give the job more CPUs or run fewer ranks per host, and pin each rank with its workers to its own cores "
         "(taskset/numactl)"
