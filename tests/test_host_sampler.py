@@ -137,6 +137,17 @@ class TestBusyProcesses:
         assert busy[loop.pid].command == f"{sys.executable} -c while True: pass"  # its command line, as top's `c`
 
 
+def test_the_samplers_own_cpu_is_read_over_long_enough_to_mean_something() -> None:
+    """Read at once after start, psutil's share of a 2-ms interval said 481%: now no figure, then a real one."""
+    sampler = HostSampler()
+    assert sampler.sample().gputop_cpu_pct is None  # too soon after the start to tell a clock tick from a core
+    end = time.monotonic() + 0.6
+    while time.monotonic() < end:  # this process keeps one core busy
+        pass
+    busy = sampler.sample().gputop_cpu_pct
+    assert busy is not None and 50 < busy <= 200, busy  # about one core (a loaded machine gives it less)
+
+
 class TestRankProcesses:
     """Per-rank CPU and memory, with DataLoader workers counted as the rank's."""
 

@@ -52,6 +52,8 @@ BUSY_MIN_PCT = 5.0  # of one core: below this a process is background noise
 # each (2 ms a second with 73 processes, most of the sampler's cost; a shared node
 # runs thousands), and which processes crowd the job changes over minutes, not seconds.
 BUSY_EVERY_S = 5.0
+# This process's own CPU is read over at least this long (a clock tick is 10 ms).
+OWN_MIN_INTERVAL_S = 0.5
 # A process started since the last read is rated over its life once it is this old (younger: at the next read).
 NEW_PROCESS_MIN_AGE_S = 0.5
 
@@ -75,7 +77,7 @@ class HostSampler:
         self._procs: dict[int, psutil.Process] = {}  # ranks and their children, kept for cpu_percent
         # Primed now so the first sample already has a delta to report.
         self._own = psutil.Process()
-        self._own.cpu_percent(None)
+        self._own_last = (time.monotonic(), self._own_cpu_s())  # when and how much CPU this process had used
         self._last_total = psutil.cpu_times()
         self._last_per_core = psutil.cpu_times(percpu=True)
         self._tick_s = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
@@ -169,9 +171,27 @@ class HostSampler:
         self._last_waits = totals
         return out
 
+    def _own_cpu_s(self) -> float:
+        times = self._own.cpu_times()
+        return float(times.user + times.system)
+
+    def _own_cpu_pct(self) -> float | None:
+        """This process's CPU since the last reading, 100 = one core; None over less than OWN_MIN_INTERVAL_S.
+
+        psutil's ``cpu_percent`` divides by however little time passed: the sample taken
+        right after the sampler started read 481% (one 10-ms tick over 2 ms), and a
+        14-s recording's mean said "this recorder 25% of a core" for a real 0.5%.
+        """
+        now, cpu = time.monotonic(), self._own_cpu_s()
+        since, before = self._own_last
+        if now - since < OWN_MIN_INTERVAL_S:
+            return None  # too short to tell a tick from a core; the next reading covers it
+        self._own_last = (now, cpu)
+        return 100.0 * max(cpu - before, 0.0) / (now - since)
+
     def _machine(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpu_count": psutil.cpu_count(logical=True)}
-        out["gputop_cpu_pct"] = float(self._own.cpu_percent(None))  # what watching costs, shown beside the ranks
+        out["gputop_cpu_pct"] = self._own_cpu_pct()  # what watching costs, shown beside the ranks
         total = psutil.cpu_times()
         busy1, iowait1, total1 = _busy_and_total(total)
         busy0, iowait0, total0 = _busy_and_total(self._last_total)
