@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
-from gputop.diagnose.findings import Cause, Finding, Severity
+from gputop.diagnose.findings import SEVERITIES, Cause, Finding, Severity
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import RankFigures, RunFigures
 
@@ -36,6 +37,37 @@ def largest_cost(findings: Sequence[Finding]) -> float | None:
     """A merged finding is worth what the costliest of its parts is (they overlap; they do not add)."""
     costs = [f.cost_s for f in findings if f.cost_s is not None]
     return max(costs) if costs else None
+
+
+def fold_symptoms(
+    findings: Sequence[Finding], index: int, symptoms: Sequence[Finding], note: str, *, name_them: bool = True
+) -> list[Finding]:
+    """The findings with ``findings[index]`` (a cause) taking its ``symptoms`` in: a measured cause outranks them.
+
+    The cause gets their worst severity, their first evidence and the largest cost
+    estimate; with ``name_them`` its title says how they showed ("it shows as
+    communication 23%") and its magnitude is the largest.  The symptoms stay listed,
+    as info, with ``note`` ("a symptom of CPU contention, see allocation"), so
+    nothing is hidden.
+    """
+    cause = findings[index]
+    folded = replace(
+        cause,
+        severity=max([cause.severity, *(f.severity for f in symptoms)], key=SEVERITIES.index),
+        evidence=cause.evidence + tuple(e for f in symptoms for e in f.evidence[:1]),
+        cost_s=largest_cost([cause, *symptoms]),
+        step_s=cause.step_s or next((f.step_s for f in symptoms if f.step_s), None),
+    )
+    if name_them:
+        shown = ", ".join(f"{f.cause} {100 * f.magnitude:.0f}%" for f in symptoms)
+        folded = replace(
+            folded,
+            title=cause.title + f"; it shows as {shown}",
+            magnitude=max([cause.magnitude, *(f.magnitude for f in symptoms)]),
+        )
+    out = [replace(f, severity="info", title=f"{f.title} ({note})") if f in symptoms else f for f in findings]
+    out[index] = folded
+    return out
 
 
 def grade_above(value: float | None, warn: float, critical: float) -> Severity | None:

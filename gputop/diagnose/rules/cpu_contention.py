@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, is_measured, largest_cost, mean_step_s
+from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, is_measured, mean_step_s
 from gputop.diagnose.thresholds import (
     CPU_DEMAND_OVER_CORES,
     CPU_STARVED_CRITICAL_FRAC,
@@ -330,20 +330,5 @@ def absorb_cpu_symptoms(findings: list[Finding], machine: Figures) -> list[Findi
         ]
         if not absorbed:
             continue
-        severity = max([contention.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index)
-        shown = ", ".join(f"{f.cause} {pct(f.magnitude):.0f}%" for f in absorbed)
-        out[index] = replace(
-            contention,
-            severity=severity,
-            evidence=contention.evidence + tuple(e for f in absorbed for e in f.evidence[:1]),
-            title=contention.title + f"; it shows as {shown}",
-            magnitude=max([contention.magnitude, *(f.magnitude for f in absorbed)]),
-            cost_s=largest_cost([contention, *absorbed]),
-        )
-        out = [
-            replace(f, severity="info", title=f.title + " (a symptom of CPU contention, see allocation)")
-            if f in absorbed
-            else f
-            for f in out
-        ]
+        out = fold_symptoms(out, index, absorbed, "a symptom of CPU contention, see allocation")
     return out

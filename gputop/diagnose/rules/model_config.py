@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import replace
 
-from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, largest_cost
+from gputop.diagnose.findings import Evidence, Finding, Severity
+from gputop.diagnose.grading import doc_anchor, fold_symptoms
 from gputop.diagnose.rules.ddp_settings import Problem, ddp_problems
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
-from gputop.diagnose.wording import pct, ranks_text
+from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 
 FULL_PRECISION = ("float32", "torch.float32", "float64", "torch.float64")
@@ -81,22 +80,7 @@ def absorb_config_symptoms(findings: list[Finding]) -> list[Finding]:
         absorbed = [f for f in out if f.run_id == config.run_id and f.cause in explains and f.severity != "info"]
         if not absorbed:
             continue
-        shown = ", ".join(f"{f.cause} {pct(f.magnitude):.0f}%" for f in absorbed)
-        out[index] = replace(
-            config,
-            severity=max([config.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index),
-            title=config.title + f"; it shows as {shown}",
-            evidence=config.evidence + tuple(e for f in absorbed for e in f.evidence[:1]),
-            magnitude=max([config.magnitude, *(f.magnitude for f in absorbed)]),
-            cost_s=largest_cost([config, *absorbed]),
-            step_s=config.step_s or next((f.step_s for f in absorbed if f.step_s), None),
-        )
-        out = [
-            replace(f, severity="info", title=f.title + " (a symptom of DDP's settings, see model_config)")
-            if f in absorbed
-            else f
-            for f in out
-        ]
+        out = fold_symptoms(out, index, absorbed, "a symptom of DDP's settings, see model_config")
     return out
 
 

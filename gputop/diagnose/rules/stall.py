@@ -20,10 +20,8 @@ place holds at least half the stall's share of the samples.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, largest_cost, measured
+from gputop.diagnose.findings import Evidence, Finding
+from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, measured
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
     LOADER_WAIT_WARN_FRAC,
@@ -193,14 +191,5 @@ def absorb_stall_symptoms(findings: list[Finding]) -> list[Finding]:
         ]
         if not absorbed:
             continue
-        out[index] = replace(
-            stall,
-            severity=max([stall.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index),
-            evidence=stall.evidence + tuple(e for f in absorbed for e in f.evidence[:1]),
-            cost_s=largest_cost([stall, *absorbed]),
-        )
-        out = [
-            replace(f, severity="info", title=f.title + " (mostly the stalls, see stall)") if f in absorbed else f
-            for f in out
-        ]
+        out = fold_symptoms(out, index, absorbed, "mostly the stalls, see stall", name_them=False)
     return out
