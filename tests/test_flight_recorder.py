@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from gputop.diagnose import diagnose
+from gputop.diagnose.rules.hang import flight_recorder_text
 from gputop.model.figures import SPAN_S, summarize
 from gputop.protocol import Collective, StackFrame, Stacks, decode, encode
 from gputop.reporter import flight_recorder
@@ -91,3 +92,19 @@ def test_a_hang_names_the_rank_that_never_joined_the_newest_collective() -> None
     ), hang.title
     assert hang.extra["frames"][0]["collective"] == {"name": "gloo:all_reduce", "seq": 41, "state": "scheduled",
                                                      "group": ""}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entered", "said"),
+    [
+        ({1: 35}, "Flight Recorder: rank 1's last collective was gloo:all_reduce #35"),  # rank 0's reporter silent
+        ({0: 41, 1: 41}, "Flight Recorder: ranks 0, 1 last entered gloo:all_reduce #41"),  # all in one
+        (
+            {0: 41, 1: 40, 2: 41},
+            "Flight Recorder: ranks 0, 2 entered gloo:all_reduce #41, rank 1's last was gloo:all_reduce #40",
+        ),
+    ],
+)
+def test_the_title_claims_only_what_the_ranks_that_could_say_said(entered: dict[int, int], said: str) -> None:
+    collectives = {rank: Collective("gloo:all_reduce", seq, "scheduled") for rank, seq in entered.items()}
+    assert flight_recorder_text(collectives) == said

@@ -143,8 +143,12 @@ def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_res
 
         assert wait_for(lambda: "Flight Recorder" in flight_recorder_text(), timeout_s=10), hang.title
         said = flight_recorder_text()
-        entered = re.search(r"Flight Recorder: rank 0 entered gloo:\w+ #(\d+), rank 1's last was gloo:\w+ #(\d+)", said)
-        assert entered and int(entered[1]) > int(entered[2]), said
+        # Rank 1, blocked on the lock, names its last collective. Rank 0 waits in DDP's all-reduce, which on
+        # gloo holds the GIL: its reporter often falls silent ("stopped reporting"); when it can say, it
+        # entered a later collective than rank 1's last.
+        both = re.search(r"Flight Recorder: rank 0 entered gloo:\w+ #(\d+), rank 1's last was gloo:\w+ #(\d+)", said)
+        alone = re.search(r"Flight Recorder: rank 1's last collective was gloo:\w+ #\d+", said)
+        assert (both and int(both[1]) > int(both[2])) or alone, said
         assert wait_for(
             lambda: not any(f.cause == "hang" for f in diagnose(summarize(snapshot_of(collector), span_s=SPAN_S))),
             timeout_s=40,

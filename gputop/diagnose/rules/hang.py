@@ -128,17 +128,20 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
 def flight_recorder_text(entered: dict[int, Collective]) -> str:
     """ "Flight Recorder: rank 0 entered gloo:all_reduce #41, rank 1's last was #40": who never joined.
 
-    Ranks that entered the newest collective wait in it; a rank whose last
-    one is older never joined it.
+    Ranks that entered the newest collective wait in it; a rank whose last one
+    is older never joined it.  Where only one rank could say (with gloo, a rank
+    waiting in DDP's all-reduce holds the GIL and its reporter falls silent),
+    or all say the same, that is all the title claims.
     """
     newest = max(c.seq for c in entered.values())
     joined = sorted(rank for rank, c in entered.items() if c.seq == newest)
     name = next(c.name for c in entered.values() if c.seq == newest)
-    text = f"Flight Recorder: {ranks_text(joined)} entered {name} #{newest}"
     behind = sorted((rank, c) for rank, c in entered.items() if c.seq != newest)
-    if behind:
-        text += ", " + ", ".join(f"rank {rank}'s last was {collective_text(c)}" for rank, c in behind)
-    return text
+    if not behind:
+        verb = "'s last collective was" if len(joined) == 1 else " last entered"
+        return f"Flight Recorder: {ranks_text(joined)}{verb} {name} #{newest}"
+    text = f"Flight Recorder: {ranks_text(joined)} entered {name} #{newest}"
+    return text + ", " + ", ".join(f"rank {rank}'s last was {collective_text(c)}" for rank, c in behind)
 
 
 def waits_for_others(rank: RankFigures, now: Frame) -> bool:
