@@ -10,6 +10,7 @@ data as DDP leaves it shows the zero side.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,11 +34,24 @@ def no_rate_override(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def ddp_model() -> Iterator[nn.parallel.DistributedDataParallel]:
-    """A real DDP model in a one-process gloo group."""
+    """A real DDP model in a one-process gloo group, its hold on the group let go before the group is destroyed.
+
+    DDP's reducer (and its logger, which holds the reducer) keep a reference to the
+    process group.  Left to pytest, the model is freed only after the fixture's
+    teardown, when it drops the test's arguments: the gloo group's destructor then
+    ran after ``destroy_process_group`` and joined worker threads that never woke,
+    and the suite hung for good in CI (py-spy: ``~Reducer`` -> ``~ProcessGroupGloo``
+    -> ``std::thread::join``, under ``runtestprotocol``).  So the reducer goes first.
+    """
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)))
     try:
-        yield nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)))
+        yield model
     finally:
+        for name in ("logger", "reducer"):  # the logger holds the reducer, the reducer the group
+            if hasattr(model, name):
+                delattr(model, name)
+        gc.collect()
         dist.destroy_process_group()
 
 
