@@ -319,15 +319,16 @@ class TestTallies:
     def test_samples_see_each_part_of_a_step_in_proportion_even_when_the_step_divides_the_interval(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        # A 57-ms step whose last 20% is a metric, sampled at an interval of 2.5 steps: with a fixed
-        # interval every sample falls on one of two points of the step, and the metric's share is 0 or 50%.
-        step_s, metric_from = 0.057, 0.8
+        # A 62.5-ms step whose last 20% is a metric, sampled at an interval of exactly 2.5 steps (binary
+        # fractions on a 1/1024-s clock, so no rounding drifts the phase): at a fixed interval every sample
+        # falls at the step's start or middle, and the metric, a fifth of the step, is never seen.
+        step_s, metric_from, tick_s = 0.0625, 0.8, 1 / 1024
         now = [0.0]
         seen: list[bool] = []
         sampler = StackSampler(threading.get_ident(), hz=1 / (2.5 * step_s))
         monkeypatch.setattr(sampler, "sample", lambda: seen.append((now[0] / step_s) % 1.0 >= metric_from))
-        for tick in range(600_000):  # 10 minutes in 1-ms ticks: about 4,000 samples
-            now[0] = tick * 1e-3
+        for tick in range(600 * 1024):  # 10 minutes: about 3,800 samples
+            now[0] = tick * tick_s
             sampler.sample_when_due(now[0], cpu_before_wake_s=0.0)
         share = sum(seen) / len(seen)
         assert 0.17 < share < 0.23, f"metric share in samples {share:.3f} over {len(seen)} samples, true 0.20"

@@ -21,12 +21,15 @@ sample of the last second costs more than ``BUDGET_FRAC`` of a core at the
 configured rate, the interval grows until it does not.
 
 Each interval is drawn at random around the configured one (0.5x to 1.5x).
-A fixed interval beats against the step: at 143 ms between samples and a
-57-ms step, every sample fell on one of two points of the step, and a rank
-that computed a metric for 11% of each step showed it in 4% of its samples
-and its backward pass in 71%.  The random spread is wider than any step short
-enough to beat, so the samples see each part of the step in proportion to its
-time (the interval's mean, and so the cost, are unchanged).
+A fixed interval can beat against the step: at an interval of exactly 2.5
+steps every sample falls at the step's start or middle, and a part of the
+step elsewhere is never seen (tests/test_stack_sampler.py).  A rank that
+computed a metric for 11% of each step showed it in 4% of its samples at a
+fixed 143 ms.  The random spread is wider than any step short enough to beat,
+so the samples see each part of the step in proportion to its time (the
+interval's mean, and so the cost, are unchanged).  What it cannot undo is the
+GIL: a pure-Python stretch shorter than the 5-ms switch interval is sampled
+where the thread next releases the GIL.
 """
 
 from __future__ import annotations
