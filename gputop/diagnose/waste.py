@@ -80,10 +80,9 @@ def held(run: RunFigures) -> Held | None:
     hours = max(end - start, 0.0) / 3600.0
     gpus: set[str] = set()
     for r in ranks:
-        if r.on_cuda:
-            gpus.update(r.hello.device_uuids or ((r.hello.device_uuid,) if r.hello.device_uuid else ()))
-            if not r.hello.device_uuids and not r.hello.device_uuid:
-                gpus.add(f"{r.hello.hostname}:{r.rank}")  # a CUDA rank whose device is not named: one GPU
+        if r.on_cuda:  # a CUDA rank whose device is not named holds one GPU of its own
+            unnamed = (f"{r.hello.hostname}:{r.rank}",)
+            gpus.update(r.hello.device_uuids or ((r.hello.device_uuid,) if r.hello.device_uuid else unnamed))
     if gpus:
         return Held("GPU", float(len(gpus)), hours)
     busy = [(r.stats.cpu_pct or 0.0) + (r.stats.workers_cpu_pct or 0.0) for r in ranks if r.stats.cpu_pct is not None]

@@ -241,12 +241,12 @@ def starved_ranks(
     if not over:
         return None
     load = host_load(machine, hostname, ranks)
-    if median_frac is not None and median_frac > CPU_STARVED_WARN_FRAC:
-        demand = load.demand_per_core
-        if demand is not None and demand > CPU_DEMAND_OVER_CORES:
-            return measured_ranks, load
     demand = load.demand_per_core
-    if load.others and load.others[0].cpu_pct >= OUTSIDE_COMPETITOR_CPU_PCT and demand is not None and demand > 1.0:
+    if demand is None:
+        return None  # no rank measures what it wants: nothing to weigh the wait against
+    if median_frac is not None and median_frac > CPU_STARVED_WARN_FRAC and demand > CPU_DEMAND_OVER_CORES:
+        return measured_ranks, load
+    if load.others and load.others[0].cpu_pct >= OUTSIDE_COMPETITOR_CPU_PCT and demand > 1.0:
         return over, load  # more wanted than there is, and a neighbour takes a good part of it
     return None  # waiting, but not for want of cores: scheduling latency, not oversubscription
 

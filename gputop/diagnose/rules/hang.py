@@ -133,14 +133,13 @@ def flight_recorder_text(entered: dict[int, Collective]) -> str:
     waiting in DDP's all-reduce holds the GIL and its reporter falls silent),
     or all say the same, that is all the title claims.
     """
-    newest = max(c.seq for c in entered.values())
-    joined = sorted(rank for rank, c in entered.items() if c.seq == newest)
-    name = next(c.name for c in entered.values() if c.seq == newest)
-    behind = sorted((rank, c) for rank, c in entered.items() if c.seq != newest)
+    newest = max(entered.values(), key=lambda c: c.seq)
+    joined = sorted(rank for rank, c in entered.items() if c.seq == newest.seq)
+    behind = sorted((rank, c) for rank, c in entered.items() if c.seq != newest.seq)
     if not behind:
         verb = "'s last collective was" if len(joined) == 1 else " last entered"
-        return f"Flight Recorder: {ranks_text(joined)}{verb} {name} #{newest}"
-    text = f"Flight Recorder: {ranks_text(joined)} entered {name} #{newest}"
+        return f"Flight Recorder: {ranks_text(joined)}{verb} {collective_text(newest)}"
+    text = f"Flight Recorder: {ranks_text(joined)} entered {collective_text(newest)}"
     return text + ", " + ", ".join(f"rank {rank}'s last was {collective_text(c)}" for rank, c in behind)
 
 
