@@ -116,6 +116,7 @@ class HostSampler:
         if span_s <= 0:
             return ()
         used = []
+        ages: dict[int, float] = {}  # of the processes started since the last read: their stat files read once
         for pid, (ticks, name) in now.items():
             if pid == self._own.pid:
                 continue
@@ -124,9 +125,9 @@ class HostSampler:
             elif ticks * self._tick_s >= BUSY_MIN_PCT / 100.0 * NEW_PROCESS_MIN_AGE_S:
                 # Started since the last read: its CPU over its own life, or a neighbour started
                 # after the job would read at the share of the read's span it happened to run.
-                age = age_s(pid)
-                if age is None or age < NEW_PROCESS_MIN_AGE_S:
-                    continue  # too young to rate; the next read will
+                age = ages[pid] = age_s(pid) or 0.0
+                if age < NEW_PROCESS_MIN_AGE_S:
+                    continue  # too young to rate (or gone); the next read will
                 cpu_pct = 100.0 * ticks * self._tick_s / min(age, span_s)
             else:
                 continue
@@ -136,7 +137,7 @@ class HostSampler:
         kept = used[:BUSY_PROCESSES_KEPT]
         self._owners = {pid: self._owners[pid] if pid in self._owners else owner_of(pid) for _, pid, _ in kept}
         self._commands = {pid: self._commands[pid] if pid in self._commands else command_of(pid) for _, pid, _ in kept}
-        waits = self._waits([pid for _, pid, _ in kept], span_s)
+        waits = self._waits([pid for _, pid, _ in kept], span_s, ages)
         self._busy_now = tuple(
             BusyProcess(
                 pid=pid,
@@ -150,10 +151,10 @@ class HostSampler:
         )
         return self._busy_now
 
-    def _waits(self, pids: list[int], span_s: float) -> dict[int, float]:
+    def _waits(self, pids: list[int], span_s: float, ages: dict[int, float]) -> dict[int, float]:
         """Each busy process's run-queue wait since the last read, 100 = one core (its threads' schedstat).
 
-        A process not kept at the last read counts its wait over its life.
+        A process not kept at the last read counts its wait over its life (``ages``: those already read).
         """
         totals: dict[int, float] = {}
         out: dict[int, float] = {}
@@ -165,7 +166,7 @@ class HostSampler:
             if pid in self._last_waits:
                 out[pid] = round(100.0 * max(total - self._last_waits[pid], 0.0) / span_s, 1)
             else:
-                age = age_s(pid)
+                age = ages[pid] if pid in ages else age_s(pid)
                 if age:
                     out[pid] = round(100.0 * total / age, 1)
         self._last_waits = totals
