@@ -321,6 +321,31 @@ class TestFindingsNameThePlace:
         )
         assert named.severity == plain.severity and named.extra["frames"][1]["top"][0]["share_pct"] == 38.0
 
+    def test_work_the_others_do_not_do_is_named_when_their_slower_compute_hides_it(self) -> None:
+        # Rank 1 computes a metric after each step (21 points more time outside the model than rank 0),
+        # while a neighbour slows rank 0's backward by 15 ms: rank 1's own time stands out only 6%,
+        # under the line, yet the others still wait for it every step.
+        specs = [
+            RankSpec(rank=0, loader_frac=0.01, forward_frac=0.2, backward_frac=0.45, comm_frac=0.30, overlap_frac=0.05),
+            RankSpec(rank=1, loader_frac=0.01, forward_frac=0.2, backward_frac=0.30, comm_frac=0.24, overlap_frac=0.05),
+        ]
+        snapshot = make_snapshot(specs)
+        assert not [f for f in live(snapshot) if f.cause == "straggler"]  # no stacks: nothing places the work
+        metric = SampledFrame("after_step", "train.py", 57, "compute_metrics", 20)
+        few = SampledFrame("after_step", "train.py", 57, "compute_metrics", 2)
+        named = only(live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=(metric,))]})), "straggler")
+        assert named.ranks == (1,) and named.severity == "info" and named.extra["phase"] == "other"
+        assert "it spends 20% of each step in `compute_metrics` (train.py:57), after the optimizer step" in named.title
+        assert named.title.endswith(
+            "the others wait for it 6% of each step, less than that work: their backward pass takes 15 ms more "
+            "than its, which hides it (it will cost more once they are faster)"
+        ), named.title
+        assert named.cost_s == pytest.approx(0.006)
+        # A few samples outside the model are scheduling noise, not a place that holds the work.
+        assert not [
+            f for f in live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=(few,))]})) if f.cause == "straggler"
+        ]
+
 
 class TestWhereItShows:
     def test_the_report_carries_each_ranks_frames(self) -> None:

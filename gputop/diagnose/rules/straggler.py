@@ -80,6 +80,9 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
             excess = (rank.own_s - others) / step
             if excess > STRAGGLER_WAIT_WARN_FRAC:
                 slow.append((rank, excess))
+    masked = None if slow else masked_outside_work(ranks)
+    if masked is not None:
+        slow = [masked]
     # A straggler is a minority; when most ranks are "slow" there is no typical rank to compare with.
     if not slow or len(slow) > len(ranks) // 2:
         return []
@@ -95,7 +98,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     errors = [worst.stats.exposed_comm_frac_se, median([r.stats.exposed_comm_frac_se or 0.0 for r in waiting])]
     se = None if None in errors else sum(e * e for e in errors if e is not None) ** 0.5
     severity, close = grade_band(wait_frac, se, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
-    if severity is None and not close:
+    if severity is None and not close and (masked is None or wait_frac <= 0):
         return []
 
     phase, others_share = slow_phase(worst, waiting)
@@ -109,16 +112,40 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     title += PHASE_TEXT[phase.name].format(share=pct(phase.share))
     frames = span_frames(worst)
     place = None if frames is None else straggler_place(frames, phase)
+    # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
+    # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
+    if masked is not None and (phase.name != "other" or place is None):
+        return []
     if place is not None:
         who_spends = "it" if len(slow_ids) == 1 else f"rank {worst.rank}"
         title += f"; {who_spends} spends {pct(place.share):.0f}% of each step {place.frame.text()}"
     title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
-    if severity is None:
+    if masked is not None and severity is None:
+        title += masking_text(worst, waiting)
+    elif severity is None:
         title += f": {too_close_text(wait_frac, se, threshold, worst.stats.steps)}"
+    # Masked, its own time stands out by less than the line; what does stand out is the work the others do not do.
+    excess_evidence = (
+        Evidence("own_time_excess_pct", pct(excess), pct(STRAGGLER_WAIT_WARN_FRAC), "%", rank=worst.rank)
+        if masked is None
+        else Evidence(
+            "other_excess_pct",
+            pct(phase.excess_s / (worst.stats.step_time_mean_s or 1e-9)),
+            pct(STRAGGLER_WAIT_WARN_FRAC),
+            "%",
+            rank=worst.rank,
+        )
+    )
     evidence = (
-        Evidence("own_time_excess_pct", pct(excess), pct(STRAGGLER_WAIT_WARN_FRAC), "%", rank=worst.rank),
+        excess_evidence,
         Evidence(f"{phase.name}_pct", pct(phase.share), pct(others_share), "%", rank=worst.rank),
-        Evidence("others_wait_pct", pct(wait_frac), pct(threshold), "%", spread=None if se is None else pct(2 * se)),
+        Evidence(
+            "others_wait_pct",
+            pct(wait_frac),
+            0.0 if masked is not None and severity is None else pct(threshold),
+            "%",
+            spread=None if se is None else pct(2 * se),
+        ),
     )
     finding = Finding(
         cause="straggler",
@@ -139,6 +166,50 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         },
     )
     return warming_up([finding], run_age_s)
+
+
+def masked_outside_work(ranks: list[RankFigures]) -> tuple[RankFigures, float] | None:
+    """The one rank doing work outside the model that the others do not, while its own time stands out little.
+
+    Every rank runs the same script, so time outside loader, forward, backward
+    and comm (metrics, logging, checkpoints) is alike across ranks unless one
+    rank does extra work.  When the others' own work is slower too (a neighbour
+    takes their CPU, their pages landed worse), it hides that work: the others
+    wait for it less than it takes, and its own-time excess stays under the
+    line, yet it is still on the step's critical path.  The caller names it
+    only where the stacks place that work in the user's code.  Returns the rank with
+    its own-time excess, when exactly one rank's outside time exceeds the
+    others' median by the line and its own work still takes longer than theirs.
+    """
+    others_other = leave_one_out_medians([r.stats.other_s or 0.0 for r in ranks])
+    others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
+    found: list[tuple[RankFigures, float]] = []
+    for rank, other, own in zip(ranks, others_other, others_own, strict=True):
+        step = rank.stats.step_time_mean_s
+        if rank.stats.other_s is None or other is None or own is None or not step:
+            continue
+        if (rank.stats.other_s - other) / step > STRAGGLER_WAIT_WARN_FRAC and (rank.own_s or 0.0) > own:
+            found.append((rank, ((rank.own_s or 0.0) - own) / step))
+    return found[0] if len(found) == 1 else None
+
+
+def masking_text(slow: RankFigures, others: list[RankFigures]) -> str:
+    """', less than that work: their own backward pass takes 14 ms more' — why the others wait less than it works."""
+    phases: list[SlowPhaseName] = ["loader", "forward", "backward"]
+    surplus: dict[SlowPhaseName, float] = {}
+    for name in phases:
+        mine = PHASES[name](slow)
+        typical = median([v for v in (PHASES[name](r) for r in others) if v is not None])
+        if mine is not None and typical is not None:
+            surplus[name] = typical - mine
+    if not surplus or max(surplus.values()) <= 0:
+        return ", less than that work: their own work takes longer too"
+    name = max(surplus, key=lambda n: surplus[n])
+    what = {"loader": "loader waits", "forward": "forward pass takes", "backward": "backward pass takes"}[name]
+    return (
+        f", less than that work: their {what} {surplus[name] * 1e3:.0f} ms more than its, which hides it "
+        "(it will cost more once they are faster)"
+    )
 
 
 def straggler_place(frames: RankFrames, phase: SlowPhase) -> FrameShare | None:
