@@ -55,3 +55,18 @@ def test_the_reporter_numbers_its_slow_steps_and_the_figures_read_the_period() -
     assert sketch_bucket(0.6) in windows[1].step_sketch
     stats = rank_stats(windows)
     assert (stats.stall_period_steps, stats.stall_regular) == (12, True)
+
+
+def test_steps_that_turn_slow_and_stay_so_are_a_new_level_not_stalls() -> None:
+    """A loader gone cold: 20-ms steps for 8 windows, then every step 300 ms (3 a window). Live, the span's
+    median is still the fast steps', so each slow step is past the stall line; they are not stops now and then."""
+    windows = [window(seq, [0.02] * 20, 1 + 20 * seq) for seq in range(8)]
+    windows += [window(8 + k, [0.3] * 3, 161 + 3 * k) for k in range(3)]
+    shifted = rank_stats(windows)
+    assert shifted.stall_steps == 9 and shifted.stall_level_shift is True
+    # The same slow steps as stops among ordinary ones, one a window: stalls.
+    stops = [window(seq, [0.02] * 19 + ([0.3] if seq >= 8 else [0.02]), 1 + 20 * seq) for seq in range(11)]
+    assert rank_stats(stops).stall_steps == 3 and rank_stats(stops).stall_level_shift is False
+    # One long stop alone in the newest window (a checkpoint's step): too soon to call a new level.
+    newest = [window(seq, [0.02] * 20, 1 + 20 * seq) for seq in range(8)] + [window(8, [0.9], 161)]
+    assert rank_stats(newest).stall_level_shift is False

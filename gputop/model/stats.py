@@ -93,6 +93,7 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     stall_in_comm_frac: float | None = None  # of the stalls' excess, the share this rank waited in exposed comm
     stall_period_steps: int | None = None  # the stalls fall every N steps (from their step numbers)
     stall_regular: bool | None = None  # False: they fall at irregular steps; None: too few numbered stalls to say
+    stall_level_shift: bool | None = None  # the steps turned slow and stayed so: a new level, not stops (Stalls)
     # What gputop itself cost the rank (the reporter's self-accounting); None from older reporters.
     reporter_cpu_pct: float | None = None  # the reporter thread, 100 = one core
     hook_s_per_step: float | None = None  # training-thread time inside gputop per step
@@ -307,6 +308,9 @@ class Stalls:
     # both None when too few stalls carry a number to tell.
     period_steps: int | None = None
     regular: bool | None = None
+    # Every window since the first stall has a typical step past the line: the steps turned slow and stayed
+    # so (a loader gone cold), a new level rather than stops now and then.
+    level_shift: bool = False
 
 
 def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step_sum_s: float) -> Stalls:
@@ -329,8 +333,11 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
             excess_s += n * (value - p50_s)
     named_s = named_loader_s = window_excess_s = window_comm_s = 0.0
     numbers: set[int] = set()
+    since_first: list[Window] = []  # the windows with steps from the first that holds a stall on
     for w in windows:
         stalled = [(d, loader) for d, loader in w.slow_steps if d >= line_s]
+        if w.steps and (stalled or since_first):
+            since_first.append(w)
         if not stalled:
             continue
         if len(w.slow_step_numbers) == len(w.slow_steps):
@@ -349,7 +356,14 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
         in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 else None,
         period_steps=period,
         regular=regular,
+        level_shift=len(since_first) >= LEVEL_SHIFT_WINDOWS
+        and all(w.step_time_p50_s is not None and w.step_time_p50_s >= line_s for w in since_first),
     )
+
+
+# Windows with steps, all slow since the first stall, that make a new level: two, so that one long stop
+# alone in the newest window (a checkpoint's step, 1.5 s in a 0.5-s window) is not one.
+LEVEL_SHIFT_WINDOWS = 2
 
 
 # Stalls whose numbers tell a period: at least this many, and this share of them on its progression.
@@ -718,6 +732,7 @@ class SpanSums:
             stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
             stall_period_steps=None if stall is None else stall.period_steps,
             stall_regular=None if stall is None else stall.regular,
+            stall_level_shift=None if stall is None else stall.level_shift,
             # What gputop itself cost the rank:
             reporter_cpu_pct=100.0 * t.reporter_cpu_s / t.own_span_s if t.own_span_s > 0 else None,
             hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,

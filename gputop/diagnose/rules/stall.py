@@ -52,10 +52,15 @@ SYMPTOM_WARN_FRAC = {
 
 def stall_findings(run: RunFigures) -> list[Finding]:
     """One finding per run whose ranks lose a share of their time to occasional long steps."""
+    # Steps that turned slow and stayed so are a new level, the business of the phase that grew (the loader's,
+    # usually), not stops now and then: as a stall it would hold that phase's finding as its symptom.
     stalled = [
         r
         for r in measured(run)
-        if (r.stats.stall_steps or 0) >= STALL_MIN_COUNT and r.stats.stall_frac and r.stats.stall_mean_s
+        if (r.stats.stall_steps or 0) >= STALL_MIN_COUNT
+        and r.stats.stall_frac
+        and r.stats.stall_mean_s
+        and not r.stats.stall_level_shift
     ]
     if not stalled:
         return []
