@@ -58,6 +58,23 @@ def _is_same(a: Window, b: Window) -> bool:
     return a is b or (a.seq == b.seq and a.t1 == b.t1)
 
 
+def _position(windows: Sequence[Window], w: Window) -> int | None:
+    """Where ``w`` is among ``windows``, newest first: the same object, else one with its seq and end.
+
+    The object first: a rank that starts over at once sends a window with the seq and
+    the end of the one before (seq 1 twice), and matching that one would take the
+    new window for the old and leave it out of the span.  Windows decoded afresh
+    (a replay) are never the same objects; for them seq and end tell.
+    """
+    for i in range(len(windows) - 1, -1, -1):
+        if windows[i] is w:
+            return i
+    for i in range(len(windows) - 1, -1, -1):
+        if _is_same(windows[i], w):
+            return i
+    return None
+
+
 def _in_time_order(windows: Iterable[Window]) -> bool:
     previous = float("-inf")
     for w in windows:
@@ -115,10 +132,8 @@ class SpanFigures:
         if not held or not span.slides:
             return False
         last = held[-1]
-        for i in range(len(windows) - 1, -1, -1):
-            if _is_same(windows[i], last):
-                break
-        else:
+        i = _position(windows, last)
+        if i is None:
             return False
         if len(windows) - 1 - i >= len(held):
             # As many windows to enter (and as many to leave) as the span holds: summing it afresh
