@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding
 from gputop.model.figures import Figures, RankFigures, RunFigures
 from gputop.model.stats import t95
@@ -56,12 +57,19 @@ def step_time(run: RunFigures) -> StepTime | None:
     return StepTime(mean, t95(k - 1) * math.sqrt(variance), k)
 
 
+OPTIONAL = frozenset(p.name for p in OWN_PHASES if p.optional)
+
 # The phases compared, as the table shows them: a share of the step, or milliseconds a step.
 Reader = Callable[[RankFigures], float | None]
+
+
+def _reads(seconds: str) -> Reader:
+    return lambda rank: getattr(rank.stats, seconds)
+
+
 PHASES: tuple[tuple[str, str, Reader], ...] = (
     ("loader wait", "%", lambda r: r.stats.loader_wait_frac),
-    ("forward", "ms", lambda r: r.stats.forward_s),
-    ("backward", "ms", lambda r: r.stats.backward_s),
+    *((p.name, "ms", _reads(p.seconds)) for p in OWN_PHASES if p.name != "loader"),  # gputop.combine's phases
     ("exposed comm", "%", lambda r: r.stats.exposed_comm_frac),
     ("outside the phases", "ms", lambda r: r.stats.other_s),
     ("cpu wait", "%", lambda r: r.stats.cpu_starved_frac),
@@ -112,6 +120,8 @@ def compare_runs(
             "after": _shown(_mean([read(r) for r in after.ranks]), unit),
         }
         for name, unit, read in PHASES
+        if any(read(r) is not None for r in (*before.ranks, *after.ranks))  # an optimizer neither run timed
+        or name not in OPTIONAL
     ]
     after_by_rank = {r.rank: r for r in after.ranks}
     ranks = [

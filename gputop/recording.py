@@ -35,8 +35,8 @@ from typing import IO, Any
 
 from gputop import __version__
 from gputop.collect.store import LOST_AFTER_S, Store
+from gputop.combine import merge_windows
 from gputop.model.frames import merge_stacks
-from gputop.model.merge import merge_windows
 from gputop.model.samples import (
     GpuSample,
     HostSample,

@@ -9,9 +9,10 @@ the dashboard shows and the findings quote.  No I/O here.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
@@ -58,8 +59,8 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "samples_per_s": _round(stats.samples_per_s, 1),
         "loader_wait_pct": _pct(stats.loader_wait_frac),
         "micro_batches_per_step": _round(stats.micro_batches, 2),
-        "forward_ms": _ms(stats.forward_s),
-        "backward_ms": _ms(stats.backward_s),
+        # Each phase of the rank's own work (gputop.combine.PHASES) but the loader's, as "<phase>_ms".
+        **{f"{p.name}_ms": _ms(getattr(stats, p.seconds)) for p in OWN_PHASES if p.name != "loader"},
         "comm_ms": _ms(stats.comm_s),
         "comm_exposed_ms": _ms(stats.exposed_comm_s),
         "comm_exposed_pct": _pct(stats.exposed_comm_frac),
@@ -200,6 +201,10 @@ def _gib(value: int | None) -> str:
     return "N/A" if value is None else f"{value / 2**30:.2f}GiB"
 
 
+def _cell(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda row: _fmt(row.get(key))
+
+
 _COLUMNS = (
     ("rank", "rank", lambda r: _fmt(r["rank"])),
     ("status", "status", lambda r: r["status"]),
@@ -208,8 +213,7 @@ _COLUMNS = (
     ("p95 ms", "step_time_p95_ms", lambda r: _fmt(r["step_time_p95_ms"])),
     ("samples/s", "samples_per_s", lambda r: _fmt(r["samples_per_s"])),
     ("loader %", "loader_wait_pct", lambda r: _fmt(r["loader_wait_pct"])),
-    ("fwd ms", "forward_ms", lambda r: _fmt(r["forward_ms"])),
-    ("bwd ms", "backward_ms", lambda r: _fmt(r["backward_ms"])),
+    *((f"{p.short} ms", f"{p.name}_ms", _cell(f"{p.name}_ms")) for p in OWN_PHASES if p.name != "loader"),
     ("comm exp %", "comm_exposed_pct", lambda r: _fmt(r["comm_exposed_pct"])),
     ("mem peak", "mem_peak_bytes", lambda r: _gib(r["mem_peak_bytes"])),
     ("cpu %", "cpu_pct", lambda r: _fmt(r["cpu_pct"], digits=0)),
@@ -217,9 +221,14 @@ _COLUMNS = (
 )
 
 
+# A phase only some reporters measure (the optimizer's) has no column where no rank measured it.
+_OPTIONAL_KEYS = frozenset(f"{p.name}_ms" for p in OWN_PHASES if p.optional)
+
+
 def _rank_rows(run: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = [name for name, _, _ in _COLUMNS]
-    rows = [[cell(r) for _, _, cell in _COLUMNS] for r in run["ranks"]]
+    columns = [c for c in _COLUMNS if c[1] not in _OPTIONAL_KEYS or any(r.get(c[1]) is not None for r in run["ranks"])]
+    header = [name for name, _, _ in columns]
+    rows = [[cell(r) for _, _, cell in columns] for r in run["ranks"]]
     return header, rows
 
 

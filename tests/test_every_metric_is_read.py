@@ -1,5 +1,9 @@
 """Adding a metric touches few places, and none is forgotten (docs/architecture.md, "Adding a metric").
 
+``gputop.combine`` names every Window field (its combination rule) and so is no
+reader: a field must reach the model's figures, and a figure a view, a report or
+a rule.
+
 A ``Window`` field that the dashboard side reads nowhere is a measurement the
 reporter pays for and the user never sees; a ``RankStats`` figure that no
 view, report or rule reads is arithmetic for nobody.  Both are read from the
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from gputop.combine import PHASES
 from gputop.model.stats import RankStats
 from gputop.protocol import Window
 
@@ -35,6 +40,16 @@ def names_read(paths: list[Path], *, skip: Path | None = None) -> set[str]:
                 elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                     found.add(node.value)
     return found
+
+
+def names_used(root: Path) -> set[str]:
+    """The plain names (imported functions and constants) these files use."""
+    return {
+        node.id
+        for path in ([root] if root.is_file() else sorted(root.rglob("*.py")))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Name)
+    }
 
 
 def window_properties_read() -> set[str]:
@@ -59,7 +74,12 @@ def test_every_window_field_is_read_on_the_dashboard_side() -> None:
 
 
 def test_every_rank_figure_reaches_a_view_a_report_or_a_rule() -> None:
-    read = names_read([PACKAGE / p for p in SHOWN_BY])
+    # A step's phases reach the phase bars, the report, the exporter and the straggler rule through their
+    # one declaration (gputop.combine.PHASES), which those views iterate: a phase declared there is shown.
+    assert {"PHASES", "phase_seconds"} <= names_used(PACKAGE / "tui") and "OWN_PHASES" in names_used(
+        PACKAGE / "report.py"
+    )
+    read = names_read([PACKAGE / p for p in SHOWN_BY]) | {p.seconds for p in PHASES}
     unread = [f.name for f in msgspec.structs.fields(RankStats) if f.name not in read]
     assert unread == [], f"RankStats figures nothing shows or judges: {unread}"
 

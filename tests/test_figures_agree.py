@@ -17,9 +17,10 @@ import msgspec
 import pytest
 
 from gputop import report
+from gputop.combine import phase_seconds
 from gputop.diagnose import Finding, diagnose
 from gputop.model import figures
-from gputop.model.figures import WindowFiguresMemo, phase_seconds, rank_series, summarize
+from gputop.model.figures import WindowFiguresMemo, rank_series, summarize
 from gputop.model.snapshot import Snapshot
 from gputop.tui.format import fmt_frac
 from gputop.tui.palette import Palette

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gputop.model.merge import merge_windows
+from gputop.combine import COMBINE, OWN_RULE, merge_windows
 from gputop.protocol import Window
 
 
@@ -30,3 +30,9 @@ def test_every_field_a_window_carries_survives_a_merge() -> None:
     lost = [f.name for f in msgspec.structs.fields(Window) if getattr(merged, f.name) in (None, {}, [])]
     assert lost == [], f"merge_windows drops {lost}"
     assert merged.step_sketch == {700: 10} and merged.forwards == 10 and merged.cpu_wait_s == 0.04
+
+
+def test_every_field_has_one_rule() -> None:
+    """A new Window field is declared in gputop.combine, once, or merge_windows refuses to guess."""
+    names = {f.name for f in msgspec.structs.fields(Window)}
+    assert set(COMBINE) | OWN_RULE == names and not set(COMBINE) & OWN_RULE

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gputop.combine import phase_seconds
 from gputop.diagnose.findings import Finding
-from gputop.model.figures import PHASES, Figures, RankFigures, phase_seconds
+from gputop.model.figures import Figures, RankFigures
 from gputop.model.frames import span_frames
 from gputop.model.snapshot import LOST
 
@@ -142,10 +143,10 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         "gputop_samples_per_second": [((), s.samples_per_s)],
         "gputop_loader_wait_ratio": [((), s.loader_wait_frac)],
         "gputop_exposed_comm_ratio": [((), s.exposed_comm_frac)],
-        "gputop_phase_seconds": [((p,), phases[p]) for p in PHASES],
+        # The phases the rank measures (gputop.combine.PHASES; an optimizer no hook times has no series).
+        "gputop_phase_seconds": [((p,), seconds) for p, seconds in phases.items()],
         "gputop_phase_ratio": [
-            ((p,), None if phases[p] is None or not step else phases[p] / step)  # type: ignore[operator]
-            for p in PHASES
+            ((p,), None if seconds is None or not step else seconds / step) for p, seconds in phases.items()
         ],
         "gputop_memory_allocated_bytes": [((), s.mem_allocated_bytes)],
         "gputop_memory_reserved_bytes": [((), s.mem_reserved_bytes)],

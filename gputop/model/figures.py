@@ -15,20 +15,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
 
+from gputop.combine import PHASE_NAMES, window_exposed_comm_frac, window_loader_wait_frac
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
 from gputop.model.samples import GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
 from gputop.model.span import SpanFigures
-from gputop.model.stats import (
-    RankStats,
-    rank_stats,
-    recent,
-    window_exposed_comm_frac,
-    window_loader_wait_frac,
-    window_step_s,
-)
+from gputop.model.stats import RankStats, rank_stats, recent, window_step_s
 from gputop.protocol import Hello, Window
 
 # The span the live figures cover: 20 windows, long enough to smooth one slow
@@ -36,8 +29,9 @@ from gputop.protocol import Hello, Window
 # diagnosis all read this one span.
 SPAN_S = 10.0
 
-Phase = Literal["loader", "forward", "backward", "exposed_comm", "other"]
-PHASES: tuple[Phase, ...] = ("loader", "forward", "backward", "exposed_comm", "other")
+# A step's phases, in the order they are drawn (gputop.combine.PHASES declares them).
+Phase = str
+PHASES: tuple[Phase, ...] = PHASE_NAMES
 
 
 @dataclass(frozen=True)
@@ -91,17 +85,6 @@ class RankFigures:
         if step is None or exposed is None:
             return None
         return max(step - exposed, 0.0)
-
-
-def phase_seconds(stats: RankStats) -> dict[Phase, float | None]:
-    """A step split into its phases, seconds per step (None: not measured)."""
-    return {
-        "loader": stats.loader_wait_s,
-        "forward": stats.forward_s,
-        "backward": stats.backward_s,
-        "exposed_comm": stats.exposed_comm_s,
-        "other": stats.other_s,
-    }
 
 
 @dataclass(frozen=True)

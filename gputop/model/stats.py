@@ -10,7 +10,6 @@ divided by wall step time, over the same steps, everywhere.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import operator
 from collections import deque
@@ -20,6 +19,16 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from gputop.combine import (
+    COMBINE,
+    DDP_MEAN,
+    NEWEST_GROUPS,
+    OWN_PHASES,
+    loader_wait_share,
+    other_seconds,
+    share_of_step,
+    window_loader_wait_frac,
+)
 from gputop.protocol import Window
 from gputop.sketch import legacy_hist_to_sketch, sketch_quantiles_s, sketch_value_s
 
@@ -102,39 +111,39 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     @property
     def other_s(self) -> float | None:
-        """Step time not explained by loader wait, compute or exposed comm."""
-        parts = (self.loader_wait_s, self.forward_s, self.backward_s, self.exposed_comm_s)
-        if self.step_time_mean_s is None or any(p is None for p in parts):
-            return None
-        return max(self.step_time_mean_s - sum(p for p in parts if p is not None), 0.0)
+        """Step time outside every measured phase (gputop.combine.PHASES): loader, compute, optimizer, exposed comm."""
+        # An optional phase this rank does not measure keeps its time outside the phases.
+        parts = {p.seconds: v for p in OWN_PHASES if (v := getattr(self, p.seconds)) is not None or not p.optional}
+        parts["exposed_comm_s"] = self.exposed_comm_s
+        return other_seconds(self.step_time_mean_s, parts)
 
 
-# What one sampled DDP iteration adds: each figure times the iterations it averages,
-# and those iterations (forward, its n; backward, n; comm, n; overlap, n; exposed, n),
-# then whether it includes DDP's first iteration(s), and its exposed comm over its
-# window's mean step (for the error band; None where unknown).  A plain tuple, as are a
-# window's ``_parts``: a span holds one per window, and the garbage collector never
-# stops tracking a tuple subclass (a NamedTuple), so at 1,024 ranks 41,000 of them made
-# every full collection (~100 ms, a slow keypress when it lands on one) longer.
-_DdpSample = tuple[float, int, float, int, float, int, float, int, float, int, bool, float | None]
-_WARMUP, _FRAC = 10, 11
+# DDP's per-iteration figures (gputop.combine: a mean weighted by the iterations each window
+# averaged), and the exposed comm each window derives from two of them.
+DDP_FIGURES: tuple[str, ...] = (*(name for name, how in COMBINE.items() if how is DDP_MEAN), "exposed_comm_s")
+
+
+class _DdpSample(msgspec.Struct, frozen=True, gc=False):
+    """What one sampled DDP iteration adds: each figure times the iterations it averages, and those iterations.
+
+    A struct the garbage collector never tracks (numbers only): a span holds one per
+    sample, and at 1,024 ranks 41,000 tracked tuple subclasses (NamedTuples, which the
+    collector never untracks) made every full collection ~100 ms longer.
+    """
+
+    sums: tuple[float, ...]  # per DDP_FIGURES
+    counts: tuple[int, ...]  # per DDP_FIGURES: the iterations behind each sum, 0 where not measured
+    warmup: bool  # it includes DDP's first iteration(s)
+    exposed_frac: float | None  # its exposed comm over its window's mean step, for the error band
 
 
 def _ddp_sample(w: Window) -> _DdpSample:
     n = w.ddp_steps or 1
-    forward, backward, comm, overlap, exposed = w.forward_s, w.backward_s, w.comm_s, w.overlap_s, w.exposed_comm_s
-    timed = w.timed
-    return (
-        0.0 if forward is None else forward * n,
-        0 if forward is None else n,
-        0.0 if backward is None else backward * n,
-        0 if backward is None else n,
-        0.0 if comm is None else comm * n,
-        0 if comm is None else n,
-        0.0 if overlap is None else overlap * n,
-        0 if overlap is None else n,
-        0.0 if exposed is None else exposed * n,
-        0 if exposed is None else n,
+    values = [getattr(w, name) for name in DDP_FIGURES]
+    exposed, timed = w.exposed_comm_s, w.timed
+    return _DdpSample(
+        tuple(0.0 if v is None else v * n for v in values),
+        tuple(0 if v is None else n for v in values),
         _covers_ddp_warmup(w),
         share_of_step(exposed, w.step_time_sum_s / timed) if exposed is not None and timed > 0 else None,
     )
@@ -144,11 +153,7 @@ def _ddp_sample(w: Window) -> _DdpSample:
 class _DdpMeans:
     """The per-iteration means of DDP's figures over a rank's distinct samples."""
 
-    forward_s: float | None
-    backward_s: float | None
-    comm_s: float | None
-    overlap_s: float | None
-    exposed_comm_s: float | None
+    means: dict[str, float | None]  # per DDP_FIGURES
     exposed_comm_fracs: list[float]  # each sample's exposed comm over its window's mean step, for the error band
 
     @classmethod
@@ -158,16 +163,11 @@ class _DdpMeans:
         DDP's first iteration is left out when later ones are known: it rebuilds
         the gradient buckets and pays one-time allocation, so it is no typical step.
         """
-        samples = [s for s in samples if not s[_WARMUP]] or samples
-        if not samples:
-            return cls(None, None, None, None, None, [])
-        totals = [sum(column) for column in itertools.islice(zip(*samples, strict=True), 10)]  # the figures' columns
-
-        def mean(i: int) -> float | None:  # the figure at ``i``, its iterations after it
-            return totals[i] / totals[i + 1] if totals[i + 1] else None
-
-        fracs = [frac for s in samples if (frac := s[_FRAC]) is not None]
-        return cls(mean(0), mean(2), mean(4), mean(6), mean(8), fracs)
+        samples = [s for s in samples if not s.warmup] or samples
+        sums = [sum(column) for column in zip(*(s.sums for s in samples), strict=True)] if samples else []
+        counts = [sum(column) for column in zip(*(s.counts for s in samples), strict=True)] if samples else []
+        means = {name: (sums[i] / counts[i] if samples and counts[i] else None) for i, name in enumerate(DDP_FIGURES)}
+        return cls(means, [frac for s in samples if (frac := s.exposed_frac) is not None])
 
 
 def _ddp_key(w: Window) -> int:
@@ -272,27 +272,9 @@ def count_steps(windows: Sequence[Window]) -> int:
     return max(last.step_total - (first.step_total - first.steps), 0)
 
 
-def loader_wait_share(loader_wait_s: float, step_time_s: float, *, tracked: bool) -> float | None:
-    """Time blocked in the tracked loader over wall step time, both summed over the same steps."""
-    return loader_wait_s / step_time_s if (tracked and step_time_s > 0) else None
-
-
-def share_of_step(per_step_s: float | None, step_time_mean_s: float | None) -> float | None:
-    """A per-step duration as a share of the mean wall step."""
-    return per_step_s / step_time_mean_s if (per_step_s is not None and step_time_mean_s) else None
-
-
 def window_step_s(w: Window) -> float | None:
     """One window's step time: its exact p50, else its mean."""
     return w.step_time_p50_s if w.step_time_p50_s is not None else w.step_time_mean_s
-
-
-def window_loader_wait_frac(w: Window) -> float | None:
-    return loader_wait_share(w.loader_wait_s, w.step_time_sum_s, tracked=w.loader_batches > 0)
-
-
-def window_exposed_comm_frac(w: Window) -> float | None:
-    return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
 
 
 @dataclass(frozen=True)
@@ -443,7 +425,7 @@ _NO_PARTS = _Parts(*[0.0] * len(_Parts._fields))
 
 
 def _parts(w: Window) -> tuple[float, ...]:
-    """The window's ``_Parts``, as a plain tuple (see ``_DdpSample``: a span holds one a window)."""
+    """The window's ``_Parts``, kept as a plain tuple (see ``_DdpSample``: a span holds one a window)."""
     dt = w.t1 - w.t0
     timed = w.timed > 0
     own = w.reporter_cpu_s is not None and w.hook_s is not None
@@ -451,24 +433,26 @@ def _parts(w: Window) -> tuple[float, ...]:
     run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
     waited = w.cpu_wait_s is not None and run_s is not None
     workers = waited and w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None
-    return (  # in the fields' order
-        w.step_time_sum_s if timed else 0.0,
-        w.loader_wait_s if timed else 0.0,
-        dt,
-        w.cpu_pct or 0.0,
-        w.workers_cpu_pct or 0.0,
-        dt if own else 0.0,
-        w.reporter_cpu_s or 0.0 if own else 0.0,
-        w.hook_s or 0.0 if own else 0.0,
-        w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
-        (w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
-        w.main_cpu_wait_s or 0.0,
-        dt if w.main_cpu_wait_s is not None else 0.0,
-        dt if waited else 0.0,
-        w.cpu_wait_s or 0.0 if waited else 0.0,
-        run_s or 0.0 if waited else 0.0,
-        w.workers_cpu_wait_s or 0.0 if workers else 0.0,
-        (w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
+    return tuple(
+        _Parts(
+            step_s=w.step_time_sum_s if timed else 0.0,
+            loader_s=w.loader_wait_s if timed else 0.0,
+            span_s=dt,
+            cpu_pct=w.cpu_pct or 0.0,
+            workers_cpu_pct=w.workers_cpu_pct or 0.0,
+            own_span_s=dt if own else 0.0,
+            reporter_cpu_s=w.reporter_cpu_s or 0.0 if own else 0.0,
+            hook_s=w.hook_s or 0.0 if own else 0.0,
+            rank_cpu_s=w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
+            gputop_cpu_s=(w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
+            main_wait_s=w.main_cpu_wait_s or 0.0,
+            main_span_s=dt if w.main_cpu_wait_s is not None else 0.0,
+            wait_span_s=dt if waited else 0.0,
+            wait_s=w.cpu_wait_s or 0.0 if waited else 0.0,
+            run_s=run_s or 0.0 if waited else 0.0,
+            workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
+            workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
+        )
     )
 
 
@@ -496,17 +480,8 @@ class _SlidingMax:
         return self._queue[0][0] if self._queue else None
 
 
-# Fields a probe fills together: a figure reads the newest window that has it.
-_NEWEST_FIELDS = (
-    "mem_allocated_bytes",
-    "rss_bytes",
-    "mem_reserved_bytes",
-    "mem_total_bytes",
-    "alloc_retries",
-    "ooms",
-    "threads",
-    "workers",
-)
+# Fields a probe fills together (gputop.combine.NEWEST_GROUPS): a figure reads the newest window that has it.
+_NEWEST_FIELDS = tuple(name for group in NEWEST_GROUPS for name in group)
 
 
 class SpanSums:
@@ -670,10 +645,10 @@ class SpanSums:
         tracked = self.tracked > 0
         newest = self.newest
         # Fields a probe fills together come from the newest window that probe filled.
-        memory, process = newest.get("mem_allocated_bytes"), newest.get("rss_bytes")
+        sources = [newest.get(group[0]) for group in NEWEST_GROUPS]
 
         def last(name: str) -> Any:
-            for source in (memory, process):
+            for source in sources:
                 if source is not None and getattr(source, name) is not None:
                     return getattr(source, name)
             newest_with = newest.get(name)  # a field its probe's usual partner left empty
@@ -693,13 +668,13 @@ class SpanSums:
             samples_per_s=self.samples / t.span_s if self.samples_seen and t.span_s > 0 else None,
             loader_wait_s=t.loader_s / self.timed if (self.timed and tracked) else None,
             loader_wait_frac=loader_wait_share(t.loader_s, t.step_s, tracked=tracked),
-            forward_s=_scaled(ddp.forward_s, scale),
-            backward_s=_scaled(ddp.backward_s, scale),
+            forward_s=_scaled(ddp.means["forward_s"], scale),
+            backward_s=_scaled(ddp.means["backward_s"], scale),
             micro_batches=micro,
-            comm_s=ddp.comm_s,
-            overlap_s=ddp.overlap_s,
-            exposed_comm_s=ddp.exposed_comm_s,
-            exposed_comm_frac=share_of_step(ddp.exposed_comm_s, mean_step),
+            comm_s=ddp.means["comm_s"],
+            overlap_s=ddp.means["overlap_s"],
+            exposed_comm_s=ddp.means["exposed_comm_s"],
+            exposed_comm_frac=share_of_step(ddp.means["exposed_comm_s"], mean_step),
             mem_allocated_bytes=last("mem_allocated_bytes"),
             mem_reserved_bytes=last("mem_reserved_bytes"),
             mem_peak_bytes=None if peak is None else int(peak),

@@ -351,7 +351,8 @@ class GputopApp(App[int]):
         if view and any(r.slowest for r in view.rank_rows):
             title += " · ▲ slowest"
         # The phase bars' legend rides on the title, where the eye starts reading the table.
-        set_border_title(self.ranks_box, Content.assemble(title, "  ", phase_legend(Palette.from_app(self))))
+        shown = {phase for row in view.rank_rows for phase, _ in row.phases} if view else set()
+        set_border_title(self.ranks_box, Content.assemble(title, "  ", phase_legend(Palette.from_app(self), shown)))
         self.call_after_refresh(self._fit_middle)  # rows shown, folded or opened: the table's height follows
 
     def _show_chart(self) -> None:

@@ -6,10 +6,17 @@ theme recolours the table on the next redraw instead of leaving near-white text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from textual.app import App
+
+from gputop.combine import PHASES
+
+# A phase's colour without a theme, by the theme variable it is drawn in; a phase with none is grey,
+# readable on light and dark themes alike.
+GREY = "#8a8a8a"
+_PLAIN = {"error": "red", "primary": "blue", "secondary": "magenta", "accent": "cyan", "warning": "yellow"}
 
 
 @dataclass(frozen=True)
@@ -21,12 +28,8 @@ class Palette:
     bad: str = "red"
     accent: str = "cyan"
     muted: str = "dim"
-    # The phase colours of the detail screen's bar (PHASE_STYLES), for the table's bars.
-    loader: str = "red"
-    forward: str = "blue"
-    backward: str = "magenta"
-    exposed_comm: str = "yellow"
-    other: str = "#8a8a8a"
+    # Each phase's colour (gputop.combine.PHASES names its theme variable), for the table's bars.
+    phases: dict[str, str] = field(default_factory=lambda: {p.name: _PLAIN.get(p.theme, GREY) for p in PHASES})
 
     @classmethod
     def from_app(cls, app: App[Any]) -> Palette:
@@ -38,16 +41,12 @@ class Palette:
             bad=variables.get("error", cls.bad),
             accent=variables.get("accent", cls.accent),
             muted="dim",
-            loader=variables.get("error", cls.loader),
-            forward=variables.get("primary", cls.forward),
-            backward=variables.get("secondary", cls.backward),
-            exposed_comm=variables.get("warning", cls.exposed_comm),
-            other=cls.other,
+            phases={p.name: variables.get(p.theme, _PLAIN.get(p.theme, GREY)) for p in PHASES},
         )
 
     def phase(self, name: str) -> str:
-        """The colour of one phase of a step (loader, forward, backward, exposed_comm, other)."""
-        return str(getattr(self, name, self.muted))
+        """The colour of one phase of a step (gputop.combine.PHASES)."""
+        return self.phases.get(name, self.muted)
 
     def level(self, frac: float | None, warn_at: float, bad_at: float) -> str:
         """A colour for a share that is worse the higher it is ("" when fine or N/A)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from statistics import median
 
+from gputop.combine import phase_seconds
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import (
     PHASES,
@@ -27,7 +28,6 @@ from gputop.model.figures import (
     RankSeries,
     RunFigures,
     WindowFiguresMemo,
-    phase_seconds,
     rank_series,
 )
 from gputop.model.jobs import job_text
@@ -317,7 +317,13 @@ def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
                 loader_wait_frac=_mean_of([r.stats.loader_wait_frac for r in ranks]),
                 exposed_comm_frac=_mean_of([r.stats.exposed_comm_frac for r in ranks]),
                 cpu_pct=_mean_of([r.stats.cpu_pct for r in ranks]),
-                phases=tuple((phase, _mean_of([p[phase] for p in per_rank])) for phase in PHASES),
+                # A phase some ranks do not measure (the optimizer's, from older reporters) is their mean
+                # where measured; one none measures is left out, as on each rank's own bar.
+                phases=tuple(
+                    (phase, _mean_of([p[phase] for p in per_rank if phase in p]))
+                    for phase in PHASES
+                    if any(phase in p for p in per_rank)
+                ),
                 live=sum(1 for r in ranks if r.status == LIVE),
             )
         )

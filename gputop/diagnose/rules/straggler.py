@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
+from gputop.combine import OWN_PHASES
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_band, measured
 from gputop.diagnose.rules.data_loading import loader_suggestion
@@ -32,22 +32,30 @@ from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import FrameShare, RankFrames, span_frames
 from gputop.model.stats import leave_one_out_medians, median
 
-# The phases of a rank's own time, and how each reads in a title.
-# The phases a slow rank can lose time in; "own" is its own time as a whole, when no phase is measured.
-SlowPhaseName = Literal["loader", "forward", "backward", "other", "own"]
+# The phases a slow rank can lose time in (gputop.combine.OWN_PHASES, and "other", the rest of its step);
+# "own" is its own time as a whole, when no one phase holds the excess.
+SlowPhaseName = str
+
+
+def _reads(seconds: str) -> Callable[[RankFigures], float | None]:
+    return lambda rank: getattr(rank.stats, seconds)
+
+
 PHASES: dict[SlowPhaseName, Callable[[RankFigures], float | None]] = {
-    "loader": lambda r: r.stats.loader_wait_s,
-    "forward": lambda r: r.stats.forward_s,
-    "backward": lambda r: r.stats.backward_s,
+    **{p.name: _reads(p.seconds) for p in OWN_PHASES},
     "other": lambda r: r.stats.other_s,
 }
 PHASE_TEXT: dict[SlowPhaseName, str] = {
-    "loader": "its loader waits {share:.0f}% of each step",
-    "forward": "its forward pass takes {share:.0f}% of each step",
-    "backward": "its backward pass takes {share:.0f}% of each step",
-    "other": "{share:.0f}% of its step is outside loader, forward, backward and comm",
+    **{p.name: f"its {p.label} {{share:.0f}}% of each step" for p in OWN_PHASES},
+    "other": "{share:.0f}% of its step is outside {phases} and comm",
     "own": "its own work takes {share:.0f}% of each step, the excess in no one measured phase",
 }
+
+
+def phase_text(rank: RankFigures, phase: SlowPhase) -> str:
+    """The slow phase in a title; "outside" lists the phases the rank measures (an unmeasured optimizer's is in it)."""
+    measured = [p.name for p in OWN_PHASES if not p.optional or getattr(rank.stats, p.seconds) is not None]
+    return PHASE_TEXT[phase.name].format(share=pct(phase.share), phases=", ".join(measured))
 
 
 # A sampled place is named when it holds at least this part of the slow rank's time outside the phases.
@@ -109,7 +117,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         if len(slow_ids) > 1
         else f"{who} is slow: "
     )
-    title += PHASE_TEXT[phase.name].format(share=pct(phase.share))
+    title += phase_text(worst, phase)
     frames = span_frames(worst)
     place = None if frames is None else straggler_place(frames, phase)
     # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
@@ -195,9 +203,8 @@ def masked_outside_work(ranks: list[RankFigures]) -> tuple[RankFigures, float] |
 
 def masking_text(slow: RankFigures, others: list[RankFigures]) -> str:
     """', less than that work: their own backward pass takes 14 ms more' — why the others wait less than it works."""
-    phases: list[SlowPhaseName] = ["loader", "forward", "backward"]
     surplus: dict[SlowPhaseName, float] = {}
-    for name in phases:
+    for name in (p.name for p in OWN_PHASES):
         mine = PHASES[name](slow)
         typical = median([v for v in (PHASES[name](r) for r in others) if v is not None])
         if mine is not None and typical is not None:
@@ -205,7 +212,7 @@ def masking_text(slow: RankFigures, others: list[RankFigures]) -> str:
     if not surplus or max(surplus.values()) <= 0:
         return ", less than that work: their own work takes longer too"
     name = max(surplus, key=lambda n: surplus[n])
-    what = {"loader": "loader waits", "forward": "forward pass takes", "backward": "backward pass takes"}[name]
+    what = next(p.label for p in OWN_PHASES if p.name == name)
     return (
         f", less than that work: their {what} {surplus[name] * 1e3:.0f} ms more than its, which hides it "
         "(it will cost more once they are faster)"

@@ -13,7 +13,8 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from gputop.model.figures import SPAN_S, phase_seconds
+from gputop.combine import phase_seconds
+from gputop.model.figures import SPAN_S
 from gputop.model.frames import rank_frames
 from gputop.model.snapshot import RankView
 from gputop.model.stats import RankStats

@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from textual.app import RenderResult
 from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gputop.combine import PHASES as PHASE_LIST
 from gputop.model.figures import PHASES, Phase
 from gputop.tui.format import NA, fmt_s
-from gputop.tui.palette import Palette
+from gputop.tui.palette import GREY, Palette
 
-# Theme variables, so the phases stay distinguishable on light and dark themes.
-PHASE_STYLES: dict[Phase, str] = {
-    "loader": "$error",
-    "forward": "$primary",
-    "backward": "$secondary",
-    "exposed_comm": "$warning",
-    "other": "#8a8a8a",  # a mid grey: readable on light and dark themes alike
-}
-PHASE_LABELS: dict[Phase, str] = {"exposed_comm": "exposed comm"}
+# Theme variables (gputop.combine.PHASES), so the phases stay distinguishable on light and dark themes.
+PHASE_STYLES: dict[Phase, str] = {p.name: f"${p.theme}" if p.theme else GREY for p in PHASE_LIST}
+PHASE_LABELS: dict[Phase, str] = {p.name: p.name.replace("_", " ") for p in PHASE_LIST}
+LEGEND_LABELS: dict[Phase, str] = {p.name: p.short for p in PHASE_LIST}
+OPTIONAL = frozenset(p.name for p in PHASE_LIST if p.optional)
 
 
-LEGEND_LABELS: dict[Phase, str] = {"loader": "load", "forward": "fwd", "backward": "bwd", "exposed_comm": "comm"}
+def phase_legend(palette: Palette, shown: Collection[Phase] = ()) -> Content:
+    """The colours of the table's phase bars, in their order: "■load ■fwd ■bwd ■comm ■other".
 
-
-def phase_legend(palette: Palette) -> Content:
-    """The colours of the table's phase bars, in their order: "■load ■fwd ■bwd ■comm ■other"."""
+    ``shown``: the phases some bar holds; an optional phase no rank measures (the optimizer's,
+    from older reporters) is left out, so the legend names only colours on screen.
+    """
     parts: list[tuple[str, str] | str] = []
     for phase in PHASES:
+        if phase in OPTIONAL and phase not in shown:
+            continue
         parts += [("■", palette.phase(phase)), f"{LEGEND_LABELS.get(phase, phase)} "]
     return Content.assemble(*parts).rstrip()
 

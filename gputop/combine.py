@@ -1,0 +1,283 @@
+"""How each figure of a ``Window`` combines over windows, and the phases a step is made of: declared once.
+
+A window is what one rank did in half a second.  Longer spans combine windows
+field by field: a recording merges old windows into long ones
+(``merge_windows``), the dashboard sums a 10-s span per rank
+(``gputop.model.stats``), a rank logs its last 10 s to its trainer's logger
+(``gputop.reporter.trainer_figures``).  Each field has one rule, in
+``COMBINE``, and all three follow it:
+
+- **total**: counts, and seconds summed over the window's steps, add up;
+- **step mean**: a figure of the window's own steps (a quantile) is a mean
+  weighted by the steps each window holds;
+- **DDP mean**: DDP's per-iteration timings are a mean weighted by the
+  iterations each window averaged (``ddp_steps``);
+- **time mean**: a rate over the window (CPU %) is a mean weighted by duration;
+- **newest**: a reading or a running count is the newest window's that has one;
+- **peak**: the largest.
+
+``PHASES`` is the one list of what a step is made of, in the order the phase
+bar draws them; the model, the table, the detail screen, the report, the
+exporter, the trainer loggers and the straggler rule all read it.  Pure: the
+reporter, the node sampler and the model all import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gputop.protocol import SLOW_STEPS_KEPT, Window
+
+
+class How(enum.Enum):
+    TOTAL = "total"
+    STEP_MEAN = "step mean"
+    DDP_MEAN = "DDP mean"
+    TIME_MEAN = "time mean"
+    NEWEST = "newest"
+    PEAK = "peak"
+
+
+TOTAL, STEP_MEAN, DDP_MEAN, TIME_MEAN, NEWEST, PEAK = How
+
+COMBINE: dict[str, How] = {
+    "steps": TOTAL,
+    "step_total": NEWEST,
+    "step_time_sum_s": TOTAL,
+    "step_time_p50_s": STEP_MEAN,
+    "step_time_p95_s": STEP_MEAN,
+    "step_time_max_s": PEAK,
+    "gpu_step_time_p50_s": STEP_MEAN,
+    "loader_wait_s": TOTAL,
+    "loader_batches": TOTAL,
+    "samples": TOTAL,
+    "forward_s": DDP_MEAN,
+    "backward_s": DDP_MEAN,
+    "comm_s": DDP_MEAN,
+    "overlap_s": DDP_MEAN,
+    "forwards": TOTAL,
+    "ddp_iteration": NEWEST,
+    "mem_allocated_bytes": NEWEST,
+    "mem_reserved_bytes": NEWEST,
+    "mem_peak_bytes": PEAK,
+    "mem_total_bytes": NEWEST,
+    "alloc_retries": NEWEST,  # running counts
+    "ooms": NEWEST,
+    "cpu_pct": TIME_MEAN,
+    "rss_bytes": NEWEST,
+    "threads": NEWEST,
+    "workers": NEWEST,
+    "workers_cpu_pct": TIME_MEAN,
+    "main_cpu_wait_s": TOTAL,
+    "cpu_wait_s": TOTAL,
+    "cpu_run_s": TOTAL,
+    "workers_cpu_wait_s": TOTAL,
+    "dropped": NEWEST,  # a running count
+    "reporter_cpu_s": TOTAL,
+    "hook_s": TOTAL,
+    "sent_bytes": TOTAL,
+}
+
+# Fields with a rule of their own, in ``merge_windows``: who and when, the sketches (added bucket by
+# bucket), the slowest steps (the slowest of all, with their numbers), and the counts of what the
+# totals and the DDP means cover.
+OWN_RULE = frozenset(
+    {
+        "v",
+        "run_id",
+        "rank",
+        "seq",
+        "t0",
+        "t1",
+        "timed_steps",
+        "step_sketch",
+        "step_hist",
+        "slow_steps",
+        "slow_step_numbers",
+        "ddp_steps",
+    }
+)
+
+# Newest-rule fields a probe fills together: a span reads the group's fields from the newest window
+# that probe filled, so memory figures are never mixed from two readings.
+NEWEST_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("mem_allocated_bytes", "mem_reserved_bytes", "mem_total_bytes", "alloc_retries", "ooms"),
+    ("rss_bytes", "threads", "workers"),
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One part of a step: where its seconds a step come from, and how it is named and drawn."""
+
+    name: str  # the model's, the exporter's label and the straggler's name for it
+    seconds: str  # the RankStats figure: seconds a step
+    label: str  # in a sentence: "its {label} takes 12% of each step"
+    short: str  # in a legend
+    theme: str  # the Textual theme variable it is drawn in ("" for a neutral grey)
+    # Measured only by some reporters (newer ones, with an optimizer hook): when a rank does not
+    # measure it, the bar leaves it out and its time stays in "other", as before it was measured.
+    optional: bool = False
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("loader", "loader_wait_s", "loader waits", "load", "error"),
+    Phase("forward", "forward_s", "forward pass takes", "fwd", "primary"),
+    Phase("backward", "backward_s", "backward pass takes", "bwd", "secondary"),
+    Phase("exposed_comm", "exposed_comm_s", "exposed communication takes", "comm", "warning"),
+    Phase("other", "other_s", "time outside the phases takes", "other", ""),
+)
+PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
+# The phases a rank's own work divides into, for comparing ranks: not the exchange, not the rest.
+OWN_PHASES: tuple[Phase, ...] = tuple(p for p in PHASES if p.name not in ("exposed_comm", "other"))
+EXPOSED_COMM = next(p for p in PHASES if p.name == "exposed_comm")
+
+
+def phase_seconds(figures: Any) -> dict[str, float | None]:
+    """A step split into its phases, seconds a step (None: not measured); an unmeasured optional phase is left out.
+
+    ``figures``: anything with the phases' ``seconds`` attributes (``RankStats``).
+    """
+    out: dict[str, float | None] = {}
+    for phase in PHASES:
+        value = getattr(figures, phase.seconds)
+        if value is not None or not phase.optional:
+            out[phase.name] = value
+    return out
+
+
+def other_seconds(step_s: float | None, parts: dict[str, float | None]) -> float | None:
+    """Step time not in any measured phase (``parts`` without "other"); None when a required phase is unmeasured."""
+    if step_s is None or any(value is None for value in parts.values()):
+        return None
+    return max(step_s - sum(value for value in parts.values() if value is not None), 0.0)
+
+
+def window_phase_seconds(w: Window) -> dict[str, float | None]:
+    """A window's own phases (``OWN_PHASES``) and exposed comm, seconds a step: a total over its timed
+    steps is divided by them, DDP's per-iteration means are read as they are."""
+    out: dict[str, float | None] = {}
+    for phase in (*OWN_PHASES, EXPOSED_COMM):
+        value = getattr(w, phase.seconds)
+        if value is not None and COMBINE.get(phase.seconds) is TOTAL:
+            value = value / w.timed if w.timed else None
+        if phase.name == "loader" and not w.loader_batches:
+            value = None  # no tracked loader
+        out[phase.name] = value
+    return out
+
+
+# -- per-window shares -------------------------------------------------------------------
+
+
+def loader_wait_share(loader_wait_s: float, step_time_s: float, *, tracked: bool) -> float | None:
+    """Time blocked in the tracked loader over wall step time, both summed over the same steps."""
+    return loader_wait_s / step_time_s if (tracked and step_time_s > 0) else None
+
+
+def share_of_step(per_step_s: float | None, step_time_mean_s: float | None) -> float | None:
+    """A per-step duration as a share of the mean wall step."""
+    return per_step_s / step_time_mean_s if (per_step_s is not None and step_time_mean_s) else None
+
+
+def window_loader_wait_frac(w: Window) -> float | None:
+    return loader_wait_share(w.loader_wait_s, w.step_time_sum_s, tracked=w.loader_batches > 0)
+
+
+def window_exposed_comm_frac(w: Window) -> float | None:
+    return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
+
+
+# -- combining windows ---------------------------------------------------------------------
+
+
+def _weighted(ws: Sequence[Window], name: str, weight: Callable[[Window], float]) -> float | None:
+    total = mass = 0.0
+    for w in ws:
+        value = getattr(w, name)
+        if value is not None:
+            total += value * weight(w)
+            mass += weight(w)
+    return total / mass if mass else None
+
+
+def _known(ws: Sequence[Window], name: str) -> list[Any]:
+    return [value for w in ws if (value := getattr(w, name)) is not None]
+
+
+def has_ddp_figures(w: Window) -> bool:
+    """The window carries DDP's timings (a sampled iteration), which the DDP means weigh."""
+    return w.ddp_iteration is not None or w.forward_s is not None or w.comm_s is not None
+
+
+def _by_steps(w: Window) -> float:
+    return float(w.steps)
+
+
+def _by_iterations(w: Window) -> float:
+    return float(w.ddp_steps or 1)
+
+
+def _by_duration(w: Window) -> float:
+    return w.duration_s
+
+
+def combined(ws: Sequence[Window], name: str) -> Any:
+    """Field ``name`` over ``ws`` (one rank's, oldest first), by its rule in ``COMBINE``."""
+    how = COMBINE[name]
+    if how is TOTAL:
+        known = _known(ws, name)
+        return sum(known) if known else None
+    if how is STEP_MEAN:
+        return _weighted(ws, name, _by_steps)
+    if how is DDP_MEAN:
+        return _weighted([w for w in ws if has_ddp_figures(w)], name, _by_iterations)
+    if how is TIME_MEAN:
+        return _weighted(ws, name, _by_duration)
+    if how is NEWEST:
+        return next((value for w in reversed(ws) if (value := getattr(w, name)) is not None), None)
+    known = _known(ws, name)  # PEAK
+    return max(known) if known else None
+
+
+def merge_windows(ws: Sequence[Window]) -> Window:
+    """One window covering ``ws`` (one rank's, oldest first, at least one): what a reporter would have sent
+    had its window been that long.  A recording keeps its size this way.
+
+    The windows' own p50/p95 become step-weighted means of theirs; the sketch keeps
+    the exact shape for the quantiles computed from it.
+    """
+    if len(ws) == 1:
+        return ws[0]
+    first, last = ws[0], ws[-1]
+    hist: Counter[int] = Counter()
+    sketch: Counter[int] = Counter()
+    for w in ws:
+        hist.update(w.step_hist)
+        sketch.update(w.step_sketch)
+    # Each slow step with its number (0 where an older reporter sent none), the slowest kept.
+    numbered = all(len(w.slow_step_numbers) == len(w.slow_steps) for w in ws)
+    pairs = [(step, w.slow_step_numbers[i] if numbered else 0) for w in ws for i, step in enumerate(w.slow_steps)]
+    slowest = sorted(pairs, key=lambda pair: pair[0], reverse=True)[:SLOW_STEPS_KEPT]
+    timed = sum(w.timed for w in ws)
+    steps = sum(w.steps for w in ws)
+    ddp = [w for w in ws if has_ddp_figures(w)]
+    figures = {name: combined(ws, name) for name in COMBINE}
+    return Window(
+        run_id=last.run_id,
+        rank=last.rank,
+        seq=last.seq,
+        t0=first.t0,
+        t1=last.t1,
+        timed_steps=timed if timed != steps else None,
+        step_sketch=dict(sketch),
+        slow_steps=tuple(step for step, _ in slowest),
+        slow_step_numbers=tuple(number for _, number in slowest) if numbered else (),
+        step_hist=dict(hist),
+        ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,
+        **figures,
+    )
