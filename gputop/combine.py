@@ -122,6 +122,9 @@ class Phase:
     # Measured only by some reporters (newer ones, with an optimizer hook): when a rank does not
     # measure it, the bar leaves it out and its time stays in "other", as before it was measured.
     optional: bool = False
+    # What to look at when one rank's time in this phase stands out (the straggler's fix), where the
+    # phase has no more specific one of its own; "{who}" is that rank.
+    slow_fix: str = ""
 
 
 PHASES: tuple[Phase, ...] = (

@@ -341,4 +341,7 @@ def straggler_suggestion(rank: RankFigures, phase: SlowPhase, ranks_on_host: int
             f"{who} does extra work each step outside the model (logging, metrics, checkpointing or evaluation "
             "on one rank only): move it off the step or spread it across ranks."
         )
+    declared = next((p.slow_fix for p in OWN_PHASES if p.name == phase.name and p.slow_fix), None)
+    if declared is not None:
+        return declared.format(who=who)
     return f"Compare {who}'s host and device with the others': it takes longer for the same work."
