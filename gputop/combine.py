@@ -54,6 +54,7 @@ COMBINE: dict[str, How] = {
     "gpu_step_time_p50_s": STEP_MEAN,
     "loader_wait_s": TOTAL,
     "loader_batches": TOTAL,
+    "optimizer_s": TOTAL,
     "samples": TOTAL,
     "forward_s": DDP_MEAN,
     "backward_s": DDP_MEAN,
@@ -131,6 +132,17 @@ PHASES: tuple[Phase, ...] = (
     Phase("loader", "loader_wait_s", "loader waits", "load", "error"),
     Phase("forward", "forward_s", "forward pass takes", "fwd", "primary"),
     Phase("backward", "backward_s", "backward pass takes", "bwd", "secondary"),
+    Phase(
+        "optimizer",
+        "optimizer_s",
+        "optimizer step takes",
+        "opt",
+        "accent",
+        optional=True,
+        slow_fix="{who}'s optimizer step takes longer than the others': look for work inside it on that rank only "
+        "(a gradient-norm log, an EMA or a clipping pass done on one rank, a hook on its optimizer), or optimizer "
+        "state kept on the CPU there.",
+    ),
     Phase("exposed_comm", "exposed_comm_s", "exposed communication takes", "comm", "warning"),
     Phase("other", "other_s", "time outside the phases takes", "other", ""),
 )

@@ -64,6 +64,7 @@ def test_trainer_ddp_ranks_report_like_torchrun_and_log_next_to_the_loss(collect
     assert all(0 < value <= 100 for _, value in loader)
     assert {step for step, _ in loader} <= {step for step, _ in logged["train/loss"]}  # logged at the loss's steps
     assert "train/gputop/rank0/exposed_comm_ms" in logged
+    assert "train/gputop/rank0/optimizer_ms" in logged  # the optimizer's own hooks time its step
 
 
 @needs_torch

@@ -69,6 +69,7 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     overlap_s: float | None
     exposed_comm_s: float | None
     exposed_comm_frac: float | None  # of wall step time
+    optimizer_s: float | None  # per step, in the optimizer's step (None: no optimizer hook timed it)
     mem_allocated_bytes: int | None
     mem_reserved_bytes: int | None
     mem_peak_bytes: int | None
@@ -402,6 +403,7 @@ class _Parts(NamedTuple):
 
     step_s: float  # wall step time, over the windows with timed steps
     loader_s: float  # loader wait, over the same
+    optimizer_s: float  # in the optimizer's step, over the windows with timed steps that time it
     span_s: float  # the windows' durations
     cpu_pct: float
     workers_cpu_pct: float
@@ -437,6 +439,7 @@ def _parts(w: Window) -> tuple[float, ...]:
         _Parts(
             step_s=w.step_time_sum_s if timed else 0.0,
             loader_s=w.loader_wait_s if timed else 0.0,
+            optimizer_s=w.optimizer_s or 0.0 if timed else 0.0,
             span_s=dt,
             cpu_pct=w.cpu_pct or 0.0,
             workers_cpu_pct=w.workers_cpu_pct or 0.0,
@@ -501,6 +504,7 @@ class SpanSums:
         self.steps = 0
         self.timed = 0  # steps the time totals cover
         self.tracked = 0  # windows with loader batches
+        self.optimized = 0  # timed steps in the windows that time the optimizer's step
         self.with_steps = 0  # windows with timed steps
         self.sketch: dict[int, int] = {}
         self.samples = self.samples_seen = 0
@@ -597,6 +601,8 @@ class SpanSums:
         if (timed := w.timed) > 0:
             self.with_steps += sign
             self.timed += timed * sign
+            if w.optimizer_s is not None:
+                self.optimized += timed * sign
             sketch = self.sketch
             for bucket, count in (w.step_sketch or legacy_hist_to_sketch(w.step_hist)).items():
                 if total := sketch.get(bucket, 0) + count * sign:
@@ -675,6 +681,7 @@ class SpanSums:
             overlap_s=ddp.means["overlap_s"],
             exposed_comm_s=ddp.means["exposed_comm_s"],
             exposed_comm_frac=share_of_step(ddp.means["exposed_comm_s"], mean_step),
+            optimizer_s=t.optimizer_s / self.optimized if self.optimized else None,
             mem_allocated_bytes=last("mem_allocated_bytes"),
             mem_reserved_bytes=last("mem_reserved_bytes"),
             mem_peak_bytes=None if peak is None else int(peak),

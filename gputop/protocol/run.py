@@ -125,6 +125,9 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
     loader_wait_s: Seconds = 0.0
     loader_batches: Count = 0
+    # In the optimizer's step (its pre- to post-hook), summed over the same steps as step_time_sum_s;
+    # None: no optimizer hook timed one (an older reporter, or no torch.optim optimizer).
+    optimizer_s: Seconds | None = None
     samples: Count | None = None  # steps × batch size, when the batch size is known
     forward_s: float | None = None
     backward_s: float | None = None  # backward compute

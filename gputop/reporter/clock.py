@@ -27,6 +27,7 @@ class StepMark(NamedTuple):
     duration_s: float | None  # since the previous mark; None for the first step
     loader_wait_s: float  # blocked in the tracked loader during this step
     batches: int  # batches fetched from the tracked loader during this step
+    optimizer_s: float | None = None  # in optimizer steps during this step; None: no pre-hook times them
 
 
 class StepClock:
@@ -44,6 +45,10 @@ class StepClock:
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
+        # The optimizer's step, timed from its pre-hook to its post-hook (all optimizers, summed a step):
+        self.times_optimizer = False  # set once the reporter's pre-hook is installed
+        self._optimizer_s = 0.0
+        self._optimizer_t0: float | None = None
 
     @property
     def batches_since_mark(self) -> int:
@@ -64,6 +69,16 @@ class StepClock:
         self._loader_wait_s += seconds
         self._batches += 1
 
+    def optimizer_started(self) -> None:
+        """An optimizer's step begins (its pre-hook)."""
+        self._optimizer_t0 = time.perf_counter()
+
+    def optimizer_done(self) -> None:
+        """The optimizer's step ended (its post-hook): its time counts towards the current step."""
+        t0, self._optimizer_t0 = self._optimizer_t0, None
+        if t0 is not None:
+            self._optimizer_s += time.perf_counter() - t0
+
     def mark_step(self) -> None:
         """Close the current step.  Called from the optimizer post-hook or ``gputop.step()``."""
         now = time.perf_counter()
@@ -76,9 +91,11 @@ class StepClock:
                 self.gpu_steps = None  # keep timing steps without GPU events
         last, self._last_mark_s = self._last_mark_s, now
         # A plain tuple: a NamedTuple's __new__ is Python code; the reporter thread names the fields.
-        self.marks.append((now, None if last is None else now - last, self._loader_wait_s, self._batches))
+        optimizer_s = self._optimizer_s if self.times_optimizer else None
+        self.marks.append((now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s))
         self._loader_wait_s = 0.0
         self._batches = 0
+        self._optimizer_s = 0.0
         self.forwards_at_mark = self.forwards
 
     def drain(self) -> list[StepMark]:

@@ -249,11 +249,24 @@ class Reporter:
             self._hook_handles.append(optim.register_optimizer_step_post_hook(self._on_optimizer_step))
         except Exception:
             self._failed_probes.add("optimizer_hook")
+            return
+        try:  # the optimizer's step as a phase of its own, from its pre-hook to the post-hook
+            self._hook_handles.append(optim.register_optimizer_step_pre_hook(self._on_optimizer_start))
+            self.clock.times_optimizer = True
+        except Exception:
+            self._failed_probes.add("optimizer_pre_hook")
+
+    def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if os.getpid() == self.pid:
+            self.clock.optimizer_started()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each
         # of them: the first optimizer seen stands for the training step.
-        if self.manual_steps or os.getpid() != self.pid:
+        if os.getpid() != self.pid:
+            return
+        self.clock.optimizer_done()
+        if self.manual_steps:
             return
         if self._primary_optimizer is None:
             self._primary_optimizer = id(optimizer)

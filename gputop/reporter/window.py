@@ -42,6 +42,9 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
         "loader_wait_s": sum(m.loader_wait_s for m in timed),
         "loader_batches": batches,
     }
+    optimizer = [m.optimizer_s for m in timed if m.optimizer_s is not None]
+    if optimizer:
+        fields["optimizer_s"] = sum(optimizer)
     if timed:
         # The window's slowest steps with their loader wait: where a stall spent its time.
         numbered = [(m, first_step + i) for i, m in enumerate(marks) if m.duration_s is not None]

@@ -47,6 +47,19 @@ def compute_metrics(seconds: float) -> float:
     return total
 
 
+class ClippingSGD(torch.optim.SGD):
+    """SGD whose step also does per-parameter bookkeeping in Python (``extra_s`` of it): an optimizer that is slow."""
+
+    def __init__(self, params: object, lr: float, extra_s: float = 0.0) -> None:
+        super().__init__(params, lr=lr)  # type: ignore[arg-type]
+        self.extra_s = extra_s
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        if self.extra_s:
+            compute_metrics(self.extra_s)
+        super().step()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -65,6 +78,7 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     parser.add_argument("--metric-ms", type=float, default=0.0, help="a Python metric this long after each step")
     parser.add_argument("--metric-rank", type=int, default=1, help="the rank that computes it")
+    parser.add_argument("--optimizer-ms", type=float, default=0.0, help="rank 1's optimizer step takes this longer")
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
     )
@@ -83,7 +97,8 @@ def main() -> None:
             # local rank claims one as its device, as torch.cuda would tell a rank on a real GPU.
             reporter._facts["device_uuid"] = fake_uuids.split(",")[int(os.environ.get("LOCAL_RANK", "0"))]
             reporter._facts_changed.set()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    slow_optimizer_s = args.optimizer_ms / 1000.0 if dist.get_rank() == 1 else 0.0
+    optimizer = ClippingSGD(model.parameters(), lr=0.01, extra_s=slow_optimizer_s)
     loader = DataLoader(
         SleepyData(args.delay_ms / 1000.0, args.batch_size, args.transform_ms / 1000.0),
         batch_size=args.batch_size,
