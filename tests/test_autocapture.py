@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import msgspec
 import pytest
 
 from gputop import report
+from gputop.cli.parser import build_parser
 from gputop.diagnose import Diagnoser, Evidence, Finding
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import (
@@ -25,7 +29,9 @@ from gputop.diagnose.autocapture import (
 from gputop.diagnose.live import LivePipeline, LiveUpdate
 from gputop.model.figures import summarize
 from gputop.model.snapshot import RankView, Snapshot
+from gputop.model.source import FixedSource
 from gputop.protocol import CaptureRequest, CaptureResult, OpTime, SampledFrame, StackFrame, Stacks
+from gputop.tui import settings
 from tests.diagnose_fixtures import RankSpec, make_snapshot
 
 # Rank 1 waits 40% of each step for data; rank 0 waits for it in the all-reduce: a warn straggler on rank 1.
@@ -135,6 +141,17 @@ class TestWhenAndHowOften:
         bare = LivePipeline(diagnoser=Diagnoser(), auto_capture=AutoCapture())
         assert asked(run(bare, SLOW_LOADER, [10.0 + k for k in range(8)])) == []
 
+    def test_the_commands_that_diagnose_live_take_the_off_switch(self, tmp_path) -> None:
+        parser = build_parser()
+        for argv in (["attach"], ["demo"], ["record", "--seconds", "1", "-o", "x.jsonl"]):
+            assert parser.parse_args(argv).auto_capture is True
+            assert parser.parse_args([*argv, "--no-auto-capture"]).auto_capture is False
+        path = tmp_path / "config.toml"
+        path.write_text("auto_capture = false\n")
+        assert settings.load(path).auto_capture is False
+        settings.save(dataclasses.replace(settings.load(path), theme="textual-light"), path)  # a theme change keeps it
+        assert settings.load(path) == settings.Settings(theme="textual-light", auto_capture=False)
+
 
 def finding(cause: str, *, ranks: tuple[int, ...], evidence_rank: int | None = None, **extra: object) -> Finding:
     evidence = (Evidence("x_pct", 50.0, 10.0, "%", rank=evidence_rank),)
@@ -227,3 +244,43 @@ class TestAttached:
         else:
             assert "profile of rank 1, 5 steps: aten::addmm 4.00 ms/step, c10d::allreduce_ 2.00 ms/step" in out
             assert "trace /traces/r1.pt.trace.json" in out
+
+
+class FakeRanks(FixedSource):
+    """A live source's way to the ranks, without ranks: it notes each request and refuses it."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__(snapshot)
+        self.requests: list[CaptureRequest] = []
+
+    def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:
+        self.requests.append(request)
+        refused: concurrent.futures.Future[CaptureResult] = concurrent.futures.Future()
+        refused.set_result(answer(request, 0.0, ok=False))
+        return refused
+
+    def notify_findings(self, run_id: str, findings: tuple[object, ...]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_the_dashboard_asks_its_source_once_and_says_why_a_capture_failed(on: bool) -> None:
+    from gputop.tui.app import GputopApp
+    from tests.test_tui import FAST_S, FakeDiagnoser, shown
+
+    source = FakeRanks(make_snapshot(SLOW_LOADER))
+    straggler = finding("straggler", ranks=(1,), evidence_rank=1)
+    app = GputopApp(source, refresh_s=FAST_S, diagnoser_factory=lambda: FakeDiagnoser([straggler]),
+                    alerts=AlertTracker(hold_s=0.0), auto_capture=on)  # fmt: skip
+    async with app.run_test(size=(120, 40)) as pilot:
+        await shown(pilot)
+        for _ in range(10):
+            await pilot.pause(FAST_S)
+        notes = [n.title for n in app._notifications]
+    assert [r.rank for r in source.requests] == ([1] if on else [])
+    assert ("automatic profile failed" in notes) is on
+
+
+def test_the_flag_is_in_the_help_of_record() -> None:
+    out = subprocess.run([sys.executable, "-m", "gputop", "record", "--help"], capture_output=True, text=True)
+    assert "--no-auto-capture" in out.stdout
