@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -32,6 +36,7 @@ from gputop.model.snapshot import RankView, Snapshot
 from gputop.model.source import FixedSource
 from gputop.protocol import CaptureRequest, CaptureResult, OpTime, SampledFrame, StackFrame, Stacks
 from gputop.tui import settings
+from tests.conftest import JOBS, free_port, needs_torch, wait_for
 from tests.diagnose_fixtures import RankSpec, make_snapshot
 
 # Rank 1 waits 40% of each step for data; rank 0 waits for it in the all-reduce: a warn straggler on rank 1.
@@ -284,3 +289,103 @@ async def test_the_dashboard_asks_its_source_once_and_says_why_a_capture_failed(
 def test_the_flag_is_in_the_help_of_record() -> None:
     out = subprocess.run([sys.executable, "-m", "gputop", "record", "--help"], capture_output=True, text=True)
     assert "--no-auto-capture" in out.stdout
+
+
+def _rank_pids(recording: Path) -> list[int]:
+    """The ranks' pids, from the hellos in the recording (torchrun starts each rank in a session of its own)."""
+    pids = []
+    with contextlib.suppress(OSError):
+        for line in recording.read_text().splitlines():
+            if '"type":"hello"' in line.replace(" ", ""):
+                with contextlib.suppress(ValueError, KeyError):
+                    pids.append(int(json.loads(line)["pid"]))
+    return pids
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int, timeout_s: float) -> None:
+    """Signal the process's group, then kill it if it has not gone in ``timeout_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(nothing)"
+
+
+@needs_torch
+@pytest.mark.slow
+def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_job(tmp_path: Path) -> None:
+    """A real 2-rank gloo job whose rank 1 computes a 30-ms Python metric after each step (the others wait for it
+    ~70% of each step, far past the 30% line), recorded with ``--on-finding``: once the straggler has held, rank 1
+    profiles a few steps; the --on-finding command hears of it, and the report of the recording carries it."""
+    port = free_port()
+    recording, alerts, traces = tmp_path / "run.jsonl", tmp_path / "alerts.jsonl", tmp_path / "traces"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ncat >> {alerts}\n")
+    hook.chmod(0o755)
+    record_err, job_out = tmp_path / "record.err", tmp_path / "job.out"
+    env = {**os.environ, "GPUTOP_PORT": str(port), "GPUTOP_TRACE_DIR": str(traces), "PYTHONUNBUFFERED": "1"}
+    env.pop("GPUTOP_SOCKET", None)
+    record_cmd = [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "900",
+                  "-o", str(recording), "--on-finding", str(hook), "--alert-after", "2"]  # fmt: skip
+    job_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(JOBS / "ddp_job.py"), "--steps", "1000000", "--batch-size", "256", "--hidden", "1024",
+               "--metric-ms", "30", "--stop-file", str(tmp_path / "stop")]  # fmt: skip
+    # Files, not pipes: nothing can block on a full pipe, and no child left behind holds one open.
+    with record_err.open("wb") as err, job_out.open("wb") as out:
+        record = subprocess.Popen(record_cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        job: subprocess.Popen[bytes] | None = None
+        try:
+            assert wait_for(lambda: b"gputop: recording" in record_err.read_bytes(), timeout_s=60), _tail(record_err)
+            job = subprocess.Popen(job_cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+            def captured() -> bool:
+                return alerts.exists() and b'"captured"' in alerts.read_bytes()
+
+            # Seconds to start torch, the finding's show time and its 2-s hold, then 5 steps: minutes are far off.
+            ok = wait_for(lambda: captured() or job.poll() is not None, timeout_s=300, interval_s=0.5)
+            assert ok and captured(), (
+                f"no capture came back (job {'running' if job.poll() is None else f'exited {job.returncode}'}).\n"
+                f"recorder said:\n{_tail(record_err)}\njob said:\n{_tail(job_out)}"
+            )
+            # The run ends as runs do (its ranks say bye): the report judges the ranks that finished, not lost ones.
+            (tmp_path / "stop").touch()
+            job.wait(timeout=120)
+            assert job.returncode == 0, f"the job exited {job.returncode}:\n{_tail(job_out)}"
+        finally:
+            if job is not None and job.poll() is None:
+                _stop(job, signal.SIGTERM, 30)
+            for pid in _rank_pids(recording):  # ranks torchrun left behind, in sessions of their own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            _stop(record, signal.SIGINT, 60)  # the recorder closes the recording whole on SIGINT
+    said = _tail(record_err)
+    assert record.returncode == 0, said
+
+    events = [json.loads(line) for line in alerts.read_text().splitlines()]
+    (news,) = [e for e in events if e["event"] == "captured"]
+    assert news["finding"]["cause"] == "straggler" and news["finding"]["ranks"] == [1], news
+    profile = news["finding"]["capture"]
+    assert profile["rank"] == 1 and profile["ok"] and profile["steps"] == CAPTURE_STEPS, profile
+    assert profile["top_ops"] and Path(profile["trace_path"]).exists(), profile
+
+    # The rank's answer is in the recording, and the report puts it on the whole run's straggler finding.
+    result = subprocess.run([sys.executable, "-m", "gputop", "report", str(recording), "--format", "json"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    findings = json.loads(result.stdout)["findings"]
+    seen = "; ".join(f"[{f['severity']}] {f['cause']} {f['ranks']}: {f['title']}" for f in findings)
+    straggler = [f for f in findings if f["cause"] == "straggler"]
+    assert straggler and straggler[0]["ranks"] == [1] and straggler[0]["capture"], f"report found: {seen}\n{said}"
+    recorded = straggler[0]["capture"]
+    assert recorded["id"] == profile["id"] and recorded["rank"] == 1 and recorded["trace_path"] == profile["trace_path"]
+    assert [op["name"] for op in recorded["top_ops"]] == [op["name"] for op in profile["top_ops"]]
+    text = subprocess.run([sys.executable, "-m", "gputop", "report", str(recording)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert f"profile of rank 1, {CAPTURE_STEPS} steps: " in text.stdout, text.stdout[-3000:]
