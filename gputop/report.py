@@ -14,6 +14,7 @@ from typing import Any
 
 from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding, diagnose
+from gputop.diagnose.autocapture import captures_in, with_captures
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.frames import span_frames
@@ -174,7 +175,8 @@ def undecided_notes(figures: Figures) -> list[str]:
 def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = (), price_per_hour: float | None = None) -> str:
     """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
     figures = summarize(snapshot, span_s=None)
-    findings = diagnose(figures)
+    # A profile the recorder had taken of a finding's culprit rank is in the recording: it goes on the finding.
+    findings = with_captures(diagnose(figures), captures_in(figures))
     gpus = summarize_gpus(list(snapshot.gpu_samples()), snapshot)
     data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)], price_per_hour=price_per_hour)
     if fmt == "json":
@@ -244,6 +246,8 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"    fix: {f['suggestion']}")
         if f.get("worth"):
             lines.append(f"    {f['worth']}")
+        if f.get("capture"):
+            lines.append(f"    {f['capture']['text']}")
     return lines
 
 
@@ -312,6 +316,8 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         out.append(f"  - fix: {f['suggestion']}")
         if f.get("worth"):
             out.append(f"  - {f['worth']}")
+        if f.get("capture"):
+            out.append(f"  - {f['capture']['text']}")
     for note in report["notes"]:
         out.append(f"\n> note: {note}")
     return "\n".join(out) + "\n"

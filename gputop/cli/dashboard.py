@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from typing import Any
 
@@ -23,14 +24,14 @@ def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = No
     saved = settings.load()
     theme = getattr(args, "theme", None)  # checked by the parser
     if saved.theme not in BUILTIN_THEMES:
-        saved = settings.Settings(refresh_s=saved.refresh_s)
-    chosen = settings.Settings(refresh_s=args.refresh or saved.refresh_s, theme=theme or saved.theme)
+        saved = dataclasses.replace(saved, theme=None)
+    chosen = dataclasses.replace(saved, refresh_s=args.refresh or saved.refresh_s, theme=theme or saved.theme)
     if chosen != saved:
         settings.save(chosen)
 
     def remember_theme(name: str) -> None:
         if name != (chosen.theme or settings.DEFAULT_THEME):
-            settings.save(settings.Settings(refresh_s=chosen.refresh_s, theme=name))
+            settings.save(dataclasses.replace(chosen, theme=name))
 
     # The UI shows rejected connections itself; log lines would corrupt the screen.
     logging.getLogger("gputop").addHandler(logging.NullHandler())
@@ -48,6 +49,8 @@ def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = No
         alerts=alerts,
         notice=notice,
         price_per_hour=getattr(args, "gpu_hour_price", None),
+        # Off with --no-auto-capture, or `auto_capture = false` in the settings file.
+        auto_capture=getattr(args, "auto_capture", True) and chosen.auto_capture is not False,
     )
 
 

@@ -77,6 +77,7 @@ def add_prometheus(parser: argparse.ArgumentParser) -> None:
 
 def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     add_alert_after(parser)
+    add_auto_capture(parser)
     add_price(parser)
     parser.add_argument(
         "--refresh", type=positive, default=None, metavar="S", help="redraw every S seconds (default 0.5; remembered)"
@@ -106,3 +107,13 @@ def add_alert_after(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"a warn/critical finding alerts once it has held S seconds (default {HOLD_S:g})",
     )
+
+
+def add_auto_capture(parser: argparse.ArgumentParser, *, when: str = "") -> None:
+    from gputop.diagnose.autocapture import MIN_INTERVAL_S
+
+    parser.add_argument(
+        "--no-auto-capture", dest="auto_capture", action="store_false",
+        help="do not profile a straggler's or stall's culprit rank once the finding has held --alert-after "
+        f"seconds (at most one short torch.profiler capture per run every {MIN_INTERVAL_S / 60:g} minutes){when}",
+    )  # fmt: skip

@@ -9,6 +9,7 @@ from gputop import __version__
 from gputop.cli.options import (
     add_address,
     add_alert_after,
+    add_auto_capture,
     add_dashboard_options,
     add_price,
     add_prometheus,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--alert-after seconds, again when it worsens or clears",
     )
     add_alert_after(record)
+    add_auto_capture(record, when="; with --on-finding, which diagnoses")
     add_price(record)
     add_prometheus(record)
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputop.cli.common import listen_address, log_to_stderr, open_recorder, start_prometheus
+
+if TYPE_CHECKING:
+    from gputop.protocol import CaptureRequest, CaptureResult
 
 ALERT_CHECK_S = 1.0  # how often `record --on-finding` diagnoses: the dashboard refreshes twice as often
 
@@ -52,7 +56,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             # Said once SIGTERM stops it cleanly: a script may wait for this line, then signal.
             print(f"gputop: recording {address} to {args.output} for {args.seconds:g} s{metrics}", file=sys.stderr)
             if args.on_finding:
-                record_with_alerts(source, args.seconds, args.on_finding, args.alert_after, args.gpu_hour_price)
+                record_with_alerts(source, args.seconds, args.on_finding, args.alert_after, args.gpu_hour_price,
+                                   auto_capture=args.auto_capture)  # fmt: skip
             else:
                 time.sleep(args.seconds)
     finally:
@@ -77,16 +82,32 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def record_with_alerts(
-    source: Any, seconds: float, command: str, hold_s: float, price_per_hour: float | None = None
+    source: Any,
+    seconds: float,
+    command: str,
+    hold_s: float,
+    price_per_hour: float | None = None,
+    *,
+    auto_capture: bool = True,
 ) -> None:
-    """Diagnose once a second while recording and run ``command`` for each alert."""
+    """Diagnose once a second while recording and run ``command`` for each alert.
+
+    ``auto_capture``: profile a straggler's or stall's culprit rank once the finding has held (the rank's
+    result is recorded like any message; ``gputop report`` puts it on the finding).
+    """
     from gputop.alert_command import AlertCommand
     from gputop.diagnose import Diagnoser
     from gputop.diagnose.alerts import AlertTracker
+    from gputop.diagnose.autocapture import AutoCapture
     from gputop.diagnose.live import LivePipeline
 
-    pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=hold_s))
+    pipeline = LivePipeline(
+        diagnoser=Diagnoser(),
+        alerts=AlertTracker(hold_s=hold_s),
+        auto_capture=AutoCapture() if auto_capture else None,
+    )
     runner = AlertCommand(command, price_per_hour=price_per_hour)
+    asked: list[tuple[CaptureRequest, concurrent.futures.Future[CaptureResult]]] = []
     end_s = time.monotonic() + seconds
     said = "ok"
     try:
@@ -99,8 +120,28 @@ def record_with_alerts(
             for run_id, briefs in update.to_ranks.items():
                 source.notify_findings(run_id, briefs)  # the ranks log them beside their loss
             for alert in update.alerts:
-                print(f"gputop: {alert.kind}: {alert.finding.title}", file=sys.stderr)
+                capture = alert.finding.capture
+                said_what = capture.text() if alert.kind == "captured" and capture is not None else alert.finding.title
+                print(f"gputop: {alert.kind}: {said_what}", file=sys.stderr)
                 runner.run(alert)
+            for request in update.captures:  # answered in a later snapshot; the future only says why not
+                print(f"gputop: profiling rank {request.rank} of {request.run_id} ({request.id})", file=sys.stderr)
+                asked.append((request, source.request_capture(request)))
+            asked = [(request, future) for request, future in asked if not _finished(request, future)]
             runner.reap()
     finally:
         runner.wait()
+
+
+def _finished(request: CaptureRequest, future: concurrent.futures.Future[CaptureResult]) -> bool:
+    """Whether the request was answered (never waits); a capture that did not happen is said on stderr."""
+    if not future.done():
+        return False
+    try:
+        result = future.result()
+    except Exception as exc:  # the relay broke: the recording goes on
+        print(f"gputop: no profile of rank {request.rank} ({request.id}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return True
+    if not result.ok:
+        print(f"gputop: no profile of rank {request.rank} ({request.id}): {result.error}", file=sys.stderr)
+    return True

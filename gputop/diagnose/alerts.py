@@ -4,7 +4,9 @@ A warn or critical finding that has held for ``hold_s`` is raised once; it is
 raised again when it worsens (warn to critical) and once more when it clears.
 The same finding is never alerted twice within ``min_interval_s`` unless it
 clears, so a cause flapping at its threshold pages someone once, not every
-minute.  Info findings never alert.  Pure, like the rest of the diagnosis:
+minute.  Info findings never alert.  A straggler or stall finding that
+alerted is told about once more when its culprit rank's profile is attached
+(``captured``, ``gputop.diagnose.autocapture``).  Pure, like the rest of the diagnosis:
 the findings and the time come in, the alerts go out; the dashboard rings its
 bell and ``gputop record --on-finding`` runs the user's command.
 
@@ -25,7 +27,8 @@ HOLD_S = 30.0  # a finding must hold half a minute before it rings: the panel al
 MIN_INTERVAL_S = 300.0  # at most one raise or worsening per finding every 5 minutes
 ALERT_SEVERITIES = ("warn", "critical")
 
-AlertKind = Literal["raised", "worsened", "cleared"]
+# "captured": the culprit rank's profile came back and is on the finding (gputop.diagnose.autocapture).
+AlertKind = Literal["raised", "worsened", "cleared", "captured"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class AlertTracker:
             self._last_alert_t[key] = t
             alerts.append(Alert(kind, finding, t, t - state.since_t))
         return alerts
+
+    def held(self, t: float) -> list[tuple[Finding, float]]:
+        """The shown warn/critical findings that have held for ``hold_s`` at time ``t``, with how long."""
+        return [(s.finding, t - s.since_t) for s in self._states.values() if t - s.since_t >= self.hold_s]
 
 
 def briefs(findings: Sequence[Finding]) -> dict[str, tuple[FindingBrief, ...]]:

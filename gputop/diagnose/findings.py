@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
+    from gputop.diagnose.autocapture import FindingCapture
     from gputop.diagnose.waste import Waste
 
 Cause = Literal[
@@ -70,6 +71,8 @@ class Finding:
     step_s: float | None = None
     # What that share of the run's GPUs (cores on a CPU run) comes to in device-hours (gputop.diagnose.waste).
     waste: Waste | None = None
+    # The culprit rank's profile, taken when the finding had held for its alert time (gputop.diagnose.autocapture).
+    capture: FindingCapture | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -127,4 +130,6 @@ class Finding:
             "waste": None if self.waste is None else self.waste.to_dict(price_per_hour),
             # Where the named ranks' training threads were (their stack samples), by rank: function, file, line.
             "frames": {str(rank): frames for rank, frames in self.extra.get("frames", {}).items()},
+            # The culprit rank's profile (top operators, trace, its stack samples meanwhile); None: not taken.
+            "capture": None if self.capture is None else self.capture.to_dict(),
         }

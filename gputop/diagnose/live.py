@@ -4,14 +4,16 @@ The dashboard, ``gputop record --on-finding`` and the Prometheus exporter read
 a live source again and again, and each turned a snapshot into figures
 (``summarize``, sliding each rank's span along), findings (the persistent
 ``Diagnoser``), the briefs each run's ranks are told (``FindingsToRanks``)
-and alerts (``AlertTracker``).  Written three times, the three had drifted
+and alerts (``AlertTracker``).  With an ``AutoCapture`` it also says which
+culprit ranks to profile now and puts their profiles on the findings.  Written three times, the three had drifted
 (only the dashboard ordered the findings, only it survived a rule's bug);
 each now holds a ``LivePipeline`` and does with its output what is its own:
 the dashboard draws and rings, the recorder runs the user's command, the
 exporter serves families.
 
 Pure like the rest of the diagnosis: no source, no clock, no I/O.  The caller
-hands the snapshot in and carries the briefs to its source.
+hands the snapshot in and carries the briefs and the capture requests to its
+source (never waiting for a capture: its result comes back in a later snapshot).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gputop.diagnose.alerts import Alert, AlertTracker, FindingsToRanks
+from gputop.diagnose.autocapture import AutoCapture
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.persistence import Diagnoser
 from gputop.model.figures import SPAN_S, Figures, summarize
 from gputop.model.snapshot import Snapshot
 from gputop.model.span import SpanFigures
-from gputop.protocol import FindingBrief
+from gputop.protocol import CaptureRequest, FindingBrief
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class LiveUpdate:
     diagnosis: str  # "ok"; "off" without a diagnoser; "failed: ..." when a rule raised (no findings then)
     to_ranks: dict[str, tuple[FindingBrief, ...]] = field(default_factory=dict)  # run id -> its changed briefs
     alerts: list[Alert] = field(default_factory=list)
+    captures: list[CaptureRequest] = field(default_factory=list)  # culprit ranks to profile now
 
 
 class LivePipeline:
@@ -47,11 +51,19 @@ class LivePipeline:
     """
 
     def __init__(
-        self, *, diagnoser: Diagnoser | None = None, alerts: AlertTracker | None = None, span_s: float = SPAN_S
+        self,
+        *,
+        diagnoser: Diagnoser | None = None,
+        alerts: AlertTracker | None = None,
+        auto_capture: AutoCapture | None = None,
+        span_s: float = SPAN_S,
     ) -> None:
-        """``diagnoser``: None diagnoses nothing ("off"); ``alerts``: None raises no alert."""
+        """``diagnoser``: None diagnoses nothing ("off"); ``alerts``: None raises no alert; ``auto_capture``:
+        None profiles no rank by itself (it needs ``alerts``: a finding is profiled once it has held as long
+        as an alert waits)."""
         self.diagnoser = diagnoser
         self.alerts = alerts
+        self.auto_capture = auto_capture
         self._spans = SpanFigures(span_s)
         self._to_ranks = FindingsToRanks()
 
@@ -67,5 +79,17 @@ class LivePipeline:
         except Exception as exc:  # a rule's bug must not take the dashboard, the recorder or the exporter down
             return LiveUpdate(figures, [], f"failed: {type(exc).__name__}: {exc}")
         findings.sort(key=lambda f: -f.severity_rank)  # stable: the diagnoser's order within a severity
-        alerts = [] if self.alerts is None else self.alerts.update(findings, figures.t)
-        return LiveUpdate(figures, findings, "ok", self._to_ranks.changed(findings), alerts)
+        captured: list[Finding] = []
+        if self.auto_capture is not None:
+            findings, captured = self.auto_capture.attach(findings, figures)
+        if self.alerts is None:
+            return LiveUpdate(figures, findings, "ok", self._to_ranks.changed(findings))
+        alerts = self.alerts.update(findings, figures.t)
+        requests: list[CaptureRequest] = []
+        if self.auto_capture is not None:
+            held = self.alerts.held(figures.t)
+            requests = self.auto_capture.due(held, figures, figures.t)
+            held_s = {f.key: s for f, s in held}
+            # Only a finding that alerts (warn, critical) is paged again with its profile.
+            alerts += [Alert("captured", f, figures.t, held_s[f.key]) for f in captured if f.key in held_s]
+        return LiveUpdate(figures, findings, "ok", self._to_ranks.changed(findings), alerts, requests)

@@ -3,7 +3,9 @@
 Data flow: the figures thread (``FiguresWorker``) turns a snapshot into a
 ``DashboardView`` every ``refresh_s`` and the app posts it to itself as a
 ``SnapshotReady`` message; the UI thread only copies the view into widgets,
-rings the alerts and tells the ranks what the worker decided.  Time travel's
+rings the alerts, tells the ranks what the worker decided and asks culprit
+ranks for the profiles it decided on (never waiting: the answer comes back in a
+later snapshot, a refusal through the future's callback).  Time travel's
 views are ``Past``'s.  So the UI never waits on the collector's lock, and
 redraws at most once per ``refresh_s`` however fast data arrives.
 """
@@ -11,6 +13,7 @@ redraws at most once per ``refresh_s`` however fast data arrives.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import gc
 import signal
@@ -31,9 +34,10 @@ from textual.widgets import Footer
 
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import Alert, AlertTracker
+from gputop.diagnose.autocapture import AutoCapture
 from gputop.diagnose.live import LivePipeline
 from gputop.model.source import SnapshotSource, TalksToRanks
-from gputop.protocol import FindingBrief
+from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
 from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
 from gputop.tui.palette import Palette
@@ -109,6 +113,7 @@ class GputopApp(App[int]):
         alerts: AlertTracker | None = None,
         notice: str | None = None,
         price_per_hour: float | None = None,
+        auto_capture: bool = False,
     ) -> None:
         """Build the app.
 
@@ -120,6 +125,8 @@ class GputopApp(App[int]):
             alerts: Decides which findings ring the bell; None rings nothing.
             notice: Said once at start, as a notification (the demo says what it runs where).
             price_per_hour: A GPU-hour's price: the findings' waste is shown in money too.
+            auto_capture: Profile a straggler's or stall's culprit rank once its finding has held as long
+                as an alert waits (a live source with ``alerts`` only).
         """
         super().__init__()
         if theme is not None:
@@ -129,7 +136,12 @@ class GputopApp(App[int]):
         self.notice = notice
         self.price_per_hour = price_per_hour
         # Snapshot to figures, findings, briefs for the ranks and alerts, on the figures thread.
-        pipeline = LivePipeline(diagnoser=diagnoser_factory() if diagnoser_factory is not None else None, alerts=alerts)
+        profiles = auto_capture and alerts is not None and isinstance(source, TalksToRanks)
+        pipeline = LivePipeline(
+            diagnoser=diagnoser_factory() if diagnoser_factory is not None else None,
+            alerts=alerts,
+            auto_capture=AutoCapture() if profiles else None,
+        )
         self.worker = FiguresWorker(source, pipeline, refresh_s, self._post_refresh)
         self.view: DashboardView | None = None  # what is on screen
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
@@ -226,6 +238,7 @@ class GputopApp(App[int]):
         alerts, briefs = self.worker.take_pending()
         self._ring_alerts(alerts)
         self._tell_ranks(briefs)
+        self._ask_for_profiles(self.worker.take_captures())
         self.header.finished = message.finished
         slow = self.figures_every_s > 1.5 * self.refresh_s
         # Rounded as shown, so that a change too small to read does not repaint the header.
@@ -247,6 +260,10 @@ class GputopApp(App[int]):
             if alert.kind == "cleared":
                 self.notify(finding.title, title=f"cleared: {finding.cause}", timeout=8)
                 continue
+            if alert.kind == "captured":  # news about a finding that already rang: no bell
+                text = finding.capture.text() if finding.capture is not None else finding.title
+                self.notify(text, title=f"profiled: {finding.cause}", timeout=15)
+                continue
             self.bell()
             severity: SeverityLevel = "error" if finding.severity == "critical" else "warning"
             title = f"{finding.severity}: {finding.cause}" + (" (worse)" if alert.kind == "worsened" else "")
@@ -257,6 +274,17 @@ class GputopApp(App[int]):
         if isinstance(self.source, TalksToRanks):
             for run_id, briefs in changed.items():
                 self.source.notify_findings(run_id, briefs)
+
+    def _ask_for_profiles(self, requests: list[CaptureRequest]) -> None:
+        """The culprit ranks the pipeline wants profiled: asked without waiting; a refusal is a notification.
+
+        The result itself comes back in a later snapshot, where the pipeline puts it on its finding.
+        """
+        if not isinstance(self.source, TalksToRanks):
+            return
+        for request in requests:
+            future = self.source.request_capture(request)
+            future.add_done_callback(functools.partial(_on_profile_answered, self, request))
 
     def on_source_failed(self, message: SourceFailed) -> None:
         if message.reason != self._last_failure:
@@ -491,6 +519,27 @@ class GputopApp(App[int]):
             self.push_screen(HelpScreen())
 
 
+def _on_profile_answered(
+    app: GputopApp, request: CaptureRequest, done: concurrent.futures.Future[CaptureResult]
+) -> None:
+    """On the collector's thread (or at once): say on the UI thread why an automatic capture did not happen."""
+    try:
+        result = done.result()
+    except Exception as exc:  # the relay broke: the dashboard goes on
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        if result.ok:
+            return  # the pipeline shows it on its finding, with a notification of its own
+        why = result.error
+    if app.is_running:
+        say = functools.partial(app.notify, f"rank {request.rank}: {why}", title="automatic profile failed",
+                                severity="warning", timeout=10)  # fmt: skip
+        try:
+            app.call_from_thread(say)
+        except RuntimeError:  # already on the app's thread (an answer that was ready at once)
+            say()
+
+
 def run_dashboard(
     source: SnapshotSource,
     *,
@@ -501,6 +550,7 @@ def run_dashboard(
     alerts: AlertTracker | None = None,
     notice: str | None = None,
     price_per_hour: float | None = None,
+    auto_capture: bool = False,
 ) -> int:
     """Show the dashboard over a started ``source`` until the user quits; returns the exit code.
 
@@ -516,6 +566,7 @@ def run_dashboard(
         alerts=alerts,
         notice=notice,
         price_per_hour=price_per_hour,
+        auto_capture=auto_capture,
     )
     # The UI thread waits for the interpreter at most this long when the figures worker or the
     # collector holds it (Python's default is 5 ms, several times per frame).

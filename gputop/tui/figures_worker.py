@@ -26,7 +26,7 @@ from gputop.diagnose.live import LivePipeline
 from gputop.model.figures import WindowFiguresMemo
 from gputop.model.source import SnapshotSource
 from gputop.procfs import name_this_thread
-from gputop.protocol import FindingBrief
+from gputop.protocol import CaptureRequest, FindingBrief
 from gputop.tui.view import DashboardView, build_view
 
 # The worker spends at most this share of a core on figures and diagnosis: when
@@ -81,6 +81,7 @@ class FiguresWorker:
         self._pending_lock = threading.Lock()
         self._pending_alerts: list[Alert] = []
         self._pending_briefs: dict[str, tuple[FindingBrief, ...]] = {}
+        self._pending_captures: list[CaptureRequest] = []
 
     @property
     def native_id(self) -> int | None:
@@ -102,6 +103,12 @@ class FiguresWorker:
             briefs, self._pending_briefs = self._pending_briefs, {}
         return alerts, briefs
 
+    def take_captures(self) -> list[CaptureRequest]:
+        """The culprit ranks to profile decided since the last call (the UI thread asks the source)."""
+        with self._pending_lock:
+            captures, self._pending_captures = self._pending_captures, []
+        return captures
+
     def refresh(self) -> Refreshed:
         """One refresh: take a snapshot and build the view (on the worker's thread, or a test's)."""
         selected = self.selected
@@ -110,6 +117,7 @@ class FiguresWorker:
         with self._pending_lock:
             self._pending_alerts += update.alerts
             self._pending_briefs.update(update.to_ranks)
+            self._pending_captures += update.captures
         self._wait_for_quiet()
         view = build_view(update.figures, update.findings, update.diagnosis)
         if selected is not None:

@@ -1,13 +1,15 @@
-"""The dashboard's remembered preferences: refresh period and theme, in an XDG config file.
+"""The dashboard's remembered preferences: refresh period, theme, automatic profiles; in an XDG config file.
 
 ``$XDG_CONFIG_HOME/gputop/config.toml`` (else ``~/.config/gputop/config.toml``)::
 
     refresh_s = 1.0
     theme = "textual-light"
+    auto_capture = false    # never profile a finding's culprit rank by itself (written by hand only)
 
 Read at start as the defaults that command-line options override; written when
 ``--refresh`` or ``--theme`` is given, and when the theme is changed in the app
-(Textual's command palette), so the next start looks the same.  A broken file
+(Textual's command palette), so the next start looks the same; ``auto_capture``
+is only read (``--no-auto-capture`` turns it off for one start).  A broken file
 is ignored with a one-line warning: preferences never stop the dashboard.
 """
 
@@ -30,6 +32,7 @@ class Settings:
 
     refresh_s: float | None = None
     theme: str | None = None
+    auto_capture: bool | None = None  # False: off, as with --no-auto-capture (set in the file by hand)
 
 
 def config_path() -> Path:
@@ -49,9 +52,11 @@ def load(path: Path | None = None) -> Settings:
         return Settings()
     refresh = data.get("refresh_s")
     theme = data.get("theme")
+    auto_capture = data.get("auto_capture")
     return Settings(
         refresh_s=float(refresh) if isinstance(refresh, int | float) and refresh > 0 else None,
         theme=theme if isinstance(theme, str) and theme else None,
+        auto_capture=auto_capture if isinstance(auto_capture, bool) else None,
     )
 
 
@@ -63,6 +68,8 @@ def save(settings: Settings, path: Path | None = None) -> None:
         lines.append(f"refresh_s = {settings.refresh_s!r}")
     if settings.theme is not None:
         lines.append(f'theme = "{settings.theme}"')
+    if settings.auto_capture is not None:
+        lines.append(f"auto_capture = {str(settings.auto_capture).lower()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")

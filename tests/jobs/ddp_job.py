@@ -82,6 +82,9 @@ def main() -> None:
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
     )
+    parser.add_argument(
+        "--stop-file", help="every 20 steps the ranks agree (one all-reduce) whether this file exists; then stop"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -130,6 +133,11 @@ def main() -> None:
             stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce
         if steps == args.steps:
             break
+        if args.stop_file and steps % 20 == 0:  # together: a rank that left alone would hang the other
+            stop = torch.tensor([float(os.path.exists(args.stop_file))])
+            dist.all_reduce(stop)
+            if stop.item() > 0:
+                break
     print(f"rank {dist.get_rank()} steps {steps}", flush=True)
     ddp = model._get_ddp_logging_data()  # DDP's own running average, for the test to check gputop's against
     print(f"rank {dist.get_rank()} ddp {ddp.get('iteration')} {ddp.get('avg_forward_compute_time')}", flush=True)

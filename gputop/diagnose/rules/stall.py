@@ -128,6 +128,7 @@ def stall_findings(run: RunFigures) -> list[Finding]:
                 "phase": "loader" if loader else "other",
                 "waiting_ranks": [r.rank for r in waiting],
                 "frames": {} if frames is None else {main.rank: frames.to_dict()},
+                "period_steps": stats.stall_period_steps,  # an automatic capture spans one period
             },
         )
     ]

@@ -141,4 +141,7 @@ class FindingsPanel(Widget):
                 lines.append(self._hanging([("  → ", "")], f.suggestion, "$text-muted", 4, width))
             if not self.brief and (worth := f.worth(self.price_per_hour)):
                 lines.append(self._hanging([("  ≈ ", "")], worth, "$success", 4, width))
+            if not self.brief and f.capture is not None:  # the culprit rank's profile, taken when it held
+                style = "$text-muted" if f.capture.ok else "$error"
+                lines.append(self._hanging([("  ⊙ ", "")], f.capture.text(), style, 4, width))
         return Content("\n").join(lines)

@@ -1,0 +1,238 @@
+"""A profile taken when a finding fires: which rank to ask and when, and the capture put on its finding.
+
+When a straggler or stall finding has held for its alert time (the
+``AlertTracker``'s notion of held), its culprit rank is asked for one short
+``torch.profiler`` capture over the existing channel (``CaptureRequest``: a
+few steps, its result bounded by the protocol).  At most once while a finding
+holds, and at most one capture per run every ``MIN_INTERVAL_S``.  A hang is
+not asked: its rank takes no step, so a capture would never start (the
+reporter gives up after 2 minutes without a step); the hang finding already
+names where each stuck rank is from its stack samples.
+
+The capture comes back like any capture (the store keeps it, recordings write
+it); its id says what it was for (``auto-<cause>-r<rank>-<time>``), so the
+live pipeline and ``gputop report`` attach it to the finding of that cause and
+rank the same way: its top operators, its trace and the stack samples over the
+seconds it spans (the profiler sees operators, not plain Python: the samples
+name the user's code the operators miss).
+
+Pure like the rest of the diagnosis: findings, figures and times in; requests
+and findings out.  The caller carries the requests to its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gputop.diagnose.findings import Cause, Finding, FindingKey
+from gputop.model.captures import compare
+from gputop.model.figures import Figures
+from gputop.model.frames import RankFrames, rank_frames
+from gputop.model.snapshot import LIVE, RankView
+from gputop.protocol import CaptureRequest, CaptureResult, OpTime
+
+# The causes whose culprit is one rank that still steps.  A hang's rank does not step: see the module's docstring.
+AUTO_CAUSES: tuple[Cause, ...] = ("straggler", "stall")
+# A few steps, as the dashboard's `c` asks: enough for the operators' shares, a trace small enough to open.
+CAPTURE_STEPS = 5
+# A stall stops one step in N: a capture of N+1 steps holds one stop, up to this many; a rarer stall's
+# profile would grow with its steps, and its place is already named by the stack samples.
+STALL_CAPTURE_MAX_STEPS = 25
+# One capture per run at most every 10 minutes: the captured steps run about twice as slow under the
+# profiler and each leaves a trace file on the rank's host, so a finding that flaps, or a straggler that
+# rotates and so names new ranks each time, costs one profile per 10 minutes, not one per episode.
+MIN_INTERVAL_S = 600.0
+# How long the asker waits for the result: the reporter itself gives up after 2 minutes without a step.
+CAPTURE_TIMEOUT_S = 120.0
+# Live, a capture is attached once the rank's stack samples cover its end (they come once a second), or
+# after this long without them.
+FRAMES_WAIT_S = 3.0
+# The result is made on the reporter thread at most a tick (0.25 s) after the last captured step, plus the
+# trace's writing: the samples over the capture start this much before ``t - wall_s``.
+RESULT_LAG_S = 1.0
+TOP_OPS_SHOWN = 3  # operators a finding's one line names
+
+_ID = re.compile(r"^auto-(?P<cause>[a-z_]+)-r(?P<rank>\d+)-\d+$")
+
+
+def capture_id(cause: str, rank: int, t: float) -> str:
+    """The request's id: what the capture is for, so a recording's reader can attach it to its finding."""
+    return f"auto-{cause}-r{rank}-{int(t)}"
+
+
+def captured_for(result: CaptureResult) -> tuple[str, int] | None:
+    """The cause and rank an automatic capture was taken for; None for one asked by hand."""
+    match = _ID.match(result.id)
+    return None if match is None else (match["cause"], int(match["rank"]))
+
+
+@dataclass(frozen=True)
+class FindingCapture:
+    """A capture as its finding carries it: the rank's top operators, its trace, where its thread was."""
+
+    rank: int
+    id: str
+    t: float  # when the rank answered (unix time)
+    ok: bool
+    steps: int = 0
+    wall_s: float = 0.0
+    trace_path: str = ""
+    top_ops: tuple[OpTime, ...] = ()
+    error: str = ""  # why there is no capture (the rank's answer)
+    frames: RankFrames | None = None  # its stack samples over the seconds the capture spans
+
+    def ops_text(self, n: int = TOP_OPS_SHOWN) -> str:
+        """ "aten::addmm 4.1 ms/step, c10d::allreduce_ 2.0 ms/step" (self time, CPU plus device)."""
+        result = CaptureResult(run_id="-", rank=self.rank, id=self.id, t=self.t, ok=self.ok, steps=self.steps,
+                               top_ops=self.top_ops)  # fmt: skip
+        _, rows = compare([result], n)
+        parts = []
+        for row in rows:
+            cells = [c for c in row[1:] if c != "N/A"]
+            parts.append(f"{row[0]} {' + '.join(cells)} ms/step")
+        return ", ".join(parts)
+
+    def text(self) -> str:
+        """One line: what the capture found, or why there is none."""
+        if not self.ok:
+            return f"profile of rank {self.rank} failed: {self.error}"
+        ops = self.ops_text() or "no operators"
+        places = [] if self.frames is None else [place.text() for place in self.frames.top[:2]]
+        where = f"; its thread {', '.join(places)}" if places else ""
+        return f"profile of rank {self.rank}, {self.steps} steps: {ops}{where}; trace {self.trace_path}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "id": self.id,
+            "t": self.t,
+            "ok": self.ok,
+            "steps": self.steps,
+            "wall_s": round(self.wall_s, 4),
+            "trace_path": self.trace_path,
+            "top_ops": [
+                {"name": op.name, "calls": op.calls, "self_cpu_s": op.self_cpu_s, "self_device_s": op.self_device_s}
+                for op in self.top_ops
+            ],
+            "error": self.error,
+            "frames": None if self.frames is None else self.frames.to_dict(),
+            "text": self.text(),
+        }
+
+
+def culprit(finding: Finding) -> int | None:
+    """The rank to profile: the one the evidence names among the finding's ranks (the slowest, the stopper)."""
+    for evidence in finding.evidence:
+        if evidence.rank is not None and evidence.rank in finding.ranks:
+            return evidence.rank
+    return finding.ranks[0] if finding.ranks else None
+
+
+def capture_steps(finding: Finding) -> int:
+    """A few steps; for a stall that comes every N steps, N+1 of them (one stop falls inside), up to a bound."""
+    period = finding.extra.get("period_steps") if finding.cause == "stall" else None
+    if isinstance(period, int) and period > 0:
+        return max(CAPTURE_STEPS, min(period + 1, STALL_CAPTURE_MAX_STEPS))
+    return CAPTURE_STEPS
+
+
+def finding_capture(view: RankView, result: CaptureResult) -> FindingCapture:
+    """The capture with the rank's stack samples over the seconds it spans (those that overlap them)."""
+    start_t = result.t - result.wall_s - RESULT_LAG_S
+    covering = tuple(s for s in view.stacks if s.t > start_t and s.t - s.period_s <= result.t)
+    frames = rank_frames(dataclasses.replace(view, stacks=covering)) if result.ok and covering else None
+    return FindingCapture(rank=result.rank, id=result.id, t=result.t, ok=result.ok, steps=result.steps,
+                          wall_s=result.wall_s, trace_path=result.trace_path, top_ops=result.top_ops,
+                          error=result.error, frames=frames)  # fmt: skip
+
+
+def _covered(view: RankView, result: CaptureResult, now_t: float) -> bool:
+    """Whether the samples over the capture are all in (or will not come): then it can be attached for good."""
+    if not result.ok or not view.stacks or now_t - result.t >= FRAMES_WAIT_S:
+        return True
+    return view.stacks[-1].t >= result.t
+
+
+def captures_in(
+    figures: Figures, now_t: float | None = None, known: dict[str, tuple[str, FindingCapture]] | None = None
+) -> dict[str, tuple[str, FindingCapture]]:
+    """Every automatic capture the ranks answered, by id, with its run (None ``now_t``: a recording, all are in).
+
+    ``known`` holds those already made (live, the samples they read leave the store after 30 s): they are kept.
+    """
+    found: dict[str, tuple[str, FindingCapture]] = {}
+    for rank in figures.all_ranks():
+        for result in rank.view.captures:
+            if captured_for(result) is None:
+                continue
+            if known is not None and result.id in known:
+                found[result.id] = known[result.id]
+            elif now_t is None or _covered(rank.view, result, now_t):
+                found[result.id] = (rank.run_id, finding_capture(rank.view, result))
+    return found
+
+
+def with_captures(findings: Iterable[Finding], captures: dict[str, tuple[str, FindingCapture]]) -> list[Finding]:
+    """Each straggler or stall finding with the newest automatic capture taken for its cause on one of its ranks."""
+    by_finding: dict[tuple[str, str, int], FindingCapture] = {}
+    for capture_key, (run_id, capture) in captures.items():
+        what = _ID.match(capture_key)
+        assert what is not None  # captures_in keeps only ids it could read
+        key = (run_id, what["cause"], capture.rank)
+        if key not in by_finding or by_finding[key].t < capture.t:
+            by_finding[key] = capture
+    out = []
+    for f in findings:
+        mine = [by_finding[k] for r in f.ranks if (k := (f.run_id or "", f.cause, r)) in by_finding]
+        out.append(dataclasses.replace(f, capture=max(mine, key=lambda c: c.t)) if mine else f)
+    return out
+
+
+class AutoCapture:
+    """The policy's state between refreshes: which findings were asked about, each run's last capture."""
+
+    def __init__(self, *, min_interval_s: float = MIN_INTERVAL_S) -> None:
+        if min_interval_s < 0:
+            raise ValueError("min_interval_s must not be negative")
+        self.min_interval_s = min_interval_s
+        self._asked: set[FindingKey] = set()  # findings asked about while they hold
+        self._last_t: dict[str, float] = {}  # run id -> when its last capture was asked for
+        self._made: dict[str, tuple[str, FindingCapture]] = {}  # capture id -> its run and the capture, once made
+        self._announced: set[str] = set()  # capture ids already handed out as news
+
+    def due(self, held: Sequence[tuple[Finding, float]], figures: Figures, t: float) -> list[CaptureRequest]:
+        """The captures to ask for now, given the findings that have held for their alert time."""
+        holding = {f.key for f, _ in held}
+        self._asked &= holding  # a finding that cleared may be asked about again when it holds again
+        requests = []
+        for finding, _ in held:
+            run_id = finding.run_id
+            if finding.cause not in AUTO_CAUSES or run_id is None or finding.key in self._asked:
+                continue
+            if t - self._last_t.get(run_id, float("-inf")) < self.min_interval_s:
+                continue
+            rank = culprit(finding)
+            view = None if rank is None else figures.rank(f"{run_id}:{rank}")
+            if rank is None or view is None or view.status != LIVE:
+                continue  # not on the line now: asked when it is, rather than spend the run's turn on a refusal
+            self._asked.add(finding.key)
+            self._last_t[run_id] = t
+            request_id = capture_id(finding.cause, rank, t)
+            steps = capture_steps(finding)
+            requests.append(
+                CaptureRequest(run_id=run_id, rank=rank, id=request_id, steps=steps, timeout_s=CAPTURE_TIMEOUT_S)
+            )
+        return requests
+
+    def attach(self, findings: Sequence[Finding], figures: Figures) -> tuple[list[Finding], list[Finding]]:
+        """The findings with their captures, and those whose capture is new since the last call."""
+        self._made = captures_in(figures, figures.t, self._made)  # the ids the store no longer keeps go
+        out = with_captures(findings, self._made)
+        new = [f for f in out if f.capture is not None and f.capture.id not in self._announced]
+        self._announced.update(f.capture.id for f in new if f.capture is not None)
+        self._announced &= self._made.keys()
+        return out, new
