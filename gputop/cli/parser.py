@@ -10,6 +10,7 @@ from gputop.cli.options import (
     add_address,
     add_alert_after,
     add_dashboard_options,
+    add_live_collector,
     add_price,
     add_prometheus,
     capture_steps,
@@ -28,8 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     attach = commands.add_parser("attach", help="open the dashboard (the default command)")
-    add_address(attach)
-    add_prometheus(attach)
+    add_live_collector(attach)
     add_dashboard_options(attach)
 
     record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
