@@ -165,6 +165,15 @@ def test_without_the_sdk_it_says_how_to_install_it_in_one_line() -> None:
     assert result.stdout == ""
 
 
+def test_a_client_that_closes_stdin_ends_the_server_which_wrote_nothing_but_to_stderr() -> None:
+    """stdout is the protocol's: with no request there is nothing on it; the collector's line goes to stderr."""
+    cmd = [sys.executable, "-m", "gputop", "mcp", "--port", str(free_port())]
+    result = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "gputop: answering MCP on stdio; ranks report to tcp://127.0.0.1:" in result.stderr
+
+
 def test_the_mcp_server_never_imports_torch() -> None:
     code = "import gputop.mcp.server, gputop.cli.mcp, sys; print(sorted({m.split('.')[0] for m in sys.modules}))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

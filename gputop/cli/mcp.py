@@ -26,7 +26,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     log_to_stderr()  # stdout is the protocol's
     # The SDK logs through the root logger to stderr as well: each of gputop's lines once is enough.
     logging.getLogger("gputop").propagate = False
-    with live_collector(args) as source, contextlib.suppress(KeyboardInterrupt), sigterm_interrupts():
+    with contextlib.ExitStack() as stack:
+        # Until the SDK takes stdout over (it points fd 1 at stderr while it serves), a stray print from the
+        # collector's start would be a line of garbage in the protocol: it goes to the log instead.
+        with contextlib.redirect_stdout(sys.stderr):
+            source = stack.enter_context(live_collector(args))
+        stack.enter_context(contextlib.suppress(KeyboardInterrupt))
+        stack.enter_context(sigterm_interrupts())
         print(f"gputop: answering MCP on stdio; ranks report to {source.address}", file=sys.stderr)
         serve(source, lambda path: report_of(path, args.gpu_hour_price), price_per_hour=args.gpu_hour_price)
     return 0
