@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@# Before it was gputop-train this project installed as "gputop"; that install (or the
 	@# unrelated PyPI gputop) owns bin/gputop too, so it goes first, before ours writes it.
 	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e '.[test,dev,mcp]'
 	@$(BIN)/python -c 'import torch' 2>/dev/null || \
 	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@# Lightning only after torch: installed first, it would pull the newest (CUDA) torch.
@@ -41,10 +41,11 @@ test: system-deps $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # ruff (lint + format), mypy, and the import contracts in pyproject.toml ([tool.importlinter]).
-# They read the source: no torch, Lightning or Transformers needed, so this is seconds on a fresh clone.
+# They read the source: no torch, Lightning or Transformers needed, so this is seconds on a fresh clone
+# (the MCP SDK is, so that mypy checks gputop.mcp against its types).
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,mcp]'
 	@touch $@
 
 check: $(VENV)/.dev-installed

@@ -176,6 +176,16 @@ class ReadStats:
     merge_s: float | None = None  # the header's: windows were merged to this length (late in the run)
 
     @property
+    def note(self) -> str | None:
+        """What a reader of the recording should be told about damaged lines skipped; None when none were."""
+        if not self.skipped:
+            return None
+        return (
+            f"skipped {self.skipped} damaged line(s) of {self.lines} (first at {self.first_skipped}); "
+            "a recorder killed mid-write leaves one"
+        )
+
+    @property
     def lost_after_s(self) -> float:
         """Silence that means a rank is lost, in this recording: longer where windows were merged."""
         return max(LOST_AFTER_S, 2 * self.merge_s) if self.merge_s else LOST_AFTER_S

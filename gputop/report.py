@@ -172,16 +172,21 @@ def undecided_notes(figures: Figures) -> list[str]:
     return notes
 
 
-def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = (), price_per_hour: float | None = None) -> str:
-    """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
+def of_snapshot(snapshot: Snapshot, notes: Sequence[str] = (), price_per_hour: float | None = None) -> dict[str, Any]:
+    """The whole report of a snapshot's runs, over each rank's whole history, as plain data (``--format json``)."""
     figures = summarize(snapshot, span_s=None)
     # A profile the recorder had taken of a finding's culprit rank is in the recording: it goes on the finding.
     findings = with_captures(diagnose(figures), captures_in(figures))
     gpus = summarize_gpus(list(snapshot.gpu_samples()), snapshot)
-    data = build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)], price_per_hour=price_per_hour)
+    return build(figures, findings, gpus=gpus, notes=[*notes, *undecided_notes(figures)], price_per_hour=price_per_hour)
+
+
+def render(snapshot: Snapshot, fmt: str, notes: Sequence[str] = (), price_per_hour: float | None = None) -> str:
+    """The whole report of a snapshot's runs, over each rank's whole history, as text, markdown or json."""
+    data = of_snapshot(snapshot, notes, price_per_hour)
     if fmt == "json":
         return to_json(data) + "\n"
-    gpu_lines = format_gpu_summary_text(gpus)
+    gpu_lines = format_gpu_summary_text(data["gpus"])
     if fmt == "markdown":
         return to_markdown(data, gpu_lines)
     return to_text(data, gpu_lines)

@@ -1,4 +1,4 @@
-"""The ``gputop`` command: attach (default), record, report, replay, capture, agent, demo, doctor.
+"""The ``gputop`` command: attach (default), mcp, record, report, replay, capture, agent, demo, doctor.
 
 A module per command; ``parser`` declares them all, ``options`` the options
 several share, ``common`` the errors, the listening address, the recorder and
@@ -18,6 +18,7 @@ from gputop.cli.capture import cmd_capture
 from gputop.cli.common import EXIT_ERROR, EXIT_USAGE, UsageError, UserError
 from gputop.cli.dashboard import cmd_attach
 from gputop.cli.demo import cmd_demo
+from gputop.cli.mcp import cmd_mcp
 from gputop.cli.parser import build_parser
 from gputop.cli.record import cmd_record
 from gputop.cli.replay import cmd_replay
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "attach"
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
-    handler = {"attach": cmd_attach, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
+    handler = {"attach": cmd_attach, "mcp": cmd_mcp, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
                "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor,
                "demo": cmd_demo}[command]  # fmt: skip
     try:

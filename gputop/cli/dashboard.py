@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from gputop.cli.common import listen_address, start_prometheus
+
+if TYPE_CHECKING:
+    from gputop.collect.live import LiveSource
 
 
 def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = None) -> int:
@@ -54,7 +59,10 @@ def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = No
     )
 
 
-def cmd_attach(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def live_collector(args: argparse.Namespace) -> Iterator[LiveSource]:
+    """``gputop attach``'s collector, started: listening where ``args`` say (the token rules checked), sampling,
+    serving Prometheus if asked; stopped on the way out.  ``gputop mcp`` collects through this too."""
     from gputop.collect.live import LiveSource
     from gputop.yielding import yield_to_training
 
@@ -66,8 +74,13 @@ def cmd_attach(args: argparse.Namespace) -> int:
     exporter = None
     try:
         exporter = start_prometheus(args, source)
-        return run_dashboard(source, args)
+        yield source
     finally:
         if exporter is not None:
             exporter.stop()
         source.stop()
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    with live_collector(args) as source:
+        return run_dashboard(source, args)

@@ -75,6 +75,12 @@ def add_prometheus(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_live_collector(parser: argparse.ArgumentParser) -> None:
+    """What a live collector is started with (``gputop attach``, ``gputop mcp``): where, and what else it serves."""
+    add_address(parser)
+    add_prometheus(parser)
+
+
 def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     add_alert_after(parser)
     add_auto_capture(parser)
@@ -85,6 +91,10 @@ def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--theme", type=theme_name, default=None, help="a Textual theme, e.g. textual-light (remembered)"
     )
+    add_sample_interval(parser)
+
+
+def add_sample_interval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=positive, default=1.0, metavar="S", help="sample GPUs and host every S seconds (default 1)"
     )

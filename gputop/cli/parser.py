@@ -1,4 +1,4 @@
-"""The command line: ``gputop [attach] | record | capture | agent | report | replay | demo | doctor``."""
+"""The command line: ``gputop [attach] | mcp | record | capture | agent | report | replay | demo | doctor``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from gputop.cli.options import (
     add_alert_after,
     add_auto_capture,
     add_dashboard_options,
+    add_live_collector,
     add_price,
     add_prometheus,
+    add_sample_interval,
     capture_steps,
     positive,
     rank_list,
@@ -29,9 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     attach = commands.add_parser("attach", help="open the dashboard (the default command)")
-    add_address(attach)
-    add_prometheus(attach)
+    add_live_collector(attach)
     add_dashboard_options(attach)
+
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve the live runs' findings to a coding agent over the Model Context Protocol (stdio)",
+        description="Collect like `gputop attach` (the same --port/--socket/--listen and token rules) and answer "
+        "an MCP client on stdin/stdout: the runs, their findings with evidence, cost and fix, a rank's figures, "
+        "a recording's report, and a bounded profiler capture. Logs go to stderr. Needs the SDK: "
+        "pip install 'gputop-train[mcp]'. See docs/mcp.md.",
+    )
+    add_live_collector(mcp)
+    add_price(mcp)
+    add_sample_interval(mcp)
 
     record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
     add_address(record)

@@ -5,38 +5,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gputop.cli.common import listen_address, log_to_stderr, open_recorder, start_prometheus
+from gputop.cli.common import listen_address, log_to_stderr, open_recorder, sigterm_interrupts, start_prometheus
 
 if TYPE_CHECKING:
     from gputop.protocol import CaptureRequest, CaptureResult
 
 ALERT_CHECK_S = 1.0  # how often `record --on-finding` diagnoses: the dashboard refreshes twice as often
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Within: SIGTERM stops like Ctrl-C, so the recording is closed whole.
-
-    What a scheduler, ``kill`` or a container's stop sends is SIGTERM, and Python
-    dies of it on the spot: the merged windows not yet written and, in a ``.gz``
-    recording, the last seconds and the stream's end were lost, and the summary
-    never said what was written. (A shell's background job also ignores SIGINT.)
-    """
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -34,13 +34,7 @@ def load(path: Path) -> tuple[Any, float, list[str]]:
         store, last_t = recording.load(path, stats)
     except recording.RecordingError as exc:
         raise UserError(str(exc)) from None
-    notes = []
-    if stats.skipped:
-        notes.append(
-            f"skipped {stats.skipped} damaged line(s) of {stats.lines} (first at {stats.first_skipped}); "
-            "a recorder killed mid-write leaves one"
-        )
-    return store, last_t, notes
+    return store, last_t, [stats.note] if stats.note else []
 
 
 def compare(before: Path, after: Path, fmt: str) -> int:

@@ -23,10 +23,15 @@ class SnapshotSource(Protocol):
     """What the dashboard reads."""
 
     kind: str  # "live" or "replay"
-    description: str  # "listening on /run/user/1000/gputop/gputop.sock", "replay of run.jsonl at 4x"
     # Rank keys whose whole history a snapshot carries (the UI's selected rank);
     # every other rank carries only its figures' span.
     focus: frozenset[str]
+
+    @property
+    def description(self) -> str:
+        """ "listening on /run/user/1000/gputop/gputop.sock", "replay of run.jsonl at 4x" (read-only: a live
+        source says where its collector listens)."""
+        ...
 
     def start(self) -> None: ...
 
