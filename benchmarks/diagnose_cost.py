@@ -13,7 +13,7 @@ import time
 from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.model.figures import summarize
-from gputop.model.stats import rank_stats
+from gputop.model.sums import rank_stats
 from gputop.protocol import Hello, Window
 from gputop.sketch import sketch_bucket
 

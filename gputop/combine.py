@@ -3,7 +3,7 @@
 A window is what one rank did in half a second.  Longer spans combine windows
 field by field: a recording merges old windows into long ones
 (``merge_windows``), the dashboard sums a 10-s span per rank
-(``gputop.model.stats``), a rank logs its last 10 s to its trainer's logger
+(``gputop.model.sums``), a rank logs its last 10 s to its trainer's logger
 (``gputop.reporter.trainer_figures``).  Each field has one rule, in
 ``COMBINE``, and all three follow it:
 
@@ -205,6 +205,23 @@ def window_loader_wait_frac(w: Window) -> float | None:
 
 def window_exposed_comm_frac(w: Window) -> float | None:
     return share_of_step(w.exposed_comm_s, w.step_time_mean_s)
+
+
+def count_steps(windows: Sequence[Window]) -> int:
+    """Steps made across the windows, robust to windows lost in between.
+
+    Uses the cumulative ``step_total``: last total minus the total before the
+    first window.  Equals the sum of ``steps`` when no window went missing.
+    """
+    if not windows:
+        return 0
+    first, last = windows[0], windows[-1]
+    return max(last.step_total - (first.step_total - first.steps), 0)
+
+
+def window_step_s(w: Window) -> float | None:
+    """One window's step time: its exact p50, else its mean."""
+    return w.step_time_p50_s if w.step_time_p50_s is not None else w.step_time_mean_s
 
 
 # -- combining windows ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding
 from gputop.model.figures import Figures, RankFigures, RunFigures
-from gputop.model.stats import t95
+from gputop.model.statistics import t95
 
 SHOWN = ("warn", "critical")  # the severities a finding counts as "there" at
 

@@ -13,7 +13,7 @@ before the stream's end (a kill loses at most the last couple of seconds), and
 ``read`` takes either kind of file.
 
 Old windows merge: from ``merge_after_s`` into the recording on, each rank's
-windows are merged (``gputop.model.merge``) into one per ``merge_s`` before they
+windows are merged (``gputop.combine.merge_windows``) into one per ``merge_s`` before they
 are written, so a day-long run keeps its first minutes at full resolution and
 the rest at a twentieth of the lines.  The header says so, and readers widen the
 "lost after silence" limit to match.  Stack samples (``stacks``, one a second)

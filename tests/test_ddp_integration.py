@@ -16,7 +16,7 @@ from gputop.address import Address
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import DONE
-from gputop.model.stats import rank_stats
+from gputop.model.sums import rank_stats
 from tests.conftest import finish, needs_torch, snapshot_of, torchrun, wait_for
 
 pytestmark = [pytest.mark.slow, needs_torch]

@@ -155,7 +155,7 @@ def test_the_reason_reaches_the_dashboard_once(collector) -> None:
 def test_the_dashboard_says_why_ddp_and_gpu_step_figures_are_na() -> None:
     """The reporter's ``not_measured`` events are the N/A reasons one keypress away in the rank detail."""
     from gputop.collect.store import Store
-    from gputop.model.stats import rank_stats
+    from gputop.model.sums import rank_stats
     from gputop.protocol import Event, Hello
     from gputop.tui.view import na_reasons
 

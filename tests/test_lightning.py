@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gputop.model.stats import rank_stats
+from gputop.model.sums import rank_stats
 from tests.conftest import JOBS, finish, snapshot_of, wait_for
 
 pytestmark = [

@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from gputop import recording
-from gputop.model.stats import rank_stats
+from gputop.model.sums import rank_stats
 from tests.conftest import JOBS, finish, needs_torch, wait_for
 from tests.netns import Cluster
 from tests.nvml_standin import Gpu, Process, Scenario, env_for

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputop.model.span import SpanFigures
-from gputop.model.stats import RankStats, rank_stats, recent
+from gputop.model.stats import RankStats, recent
+from gputop.model.sums import rank_stats
 from gputop.protocol import Window
 from gputop.sketch import sketch_bucket
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from gputop.model.stats import rank_stats, stall_period
+from gputop.model.stalls import stall_period
+from gputop.model.sums import rank_stats
 from gputop.protocol import Window
 from gputop.reporter.clock import StepMark
 from gputop.reporter.window import step_fields

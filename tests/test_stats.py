@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputop.model.stats import count_steps, leave_one_out_medians, median, rank_stats, recent
+from gputop.combine import count_steps
+from gputop.model.statistics import leave_one_out_medians, median
+from gputop.model.stats import recent
+from gputop.model.sums import rank_stats
 from gputop.protocol import Window
 from gputop.reporter.clock import StepMark
 from gputop.reporter.window import step_fields

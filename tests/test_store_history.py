@@ -7,7 +7,7 @@ import pytest
 
 from gputop.collect.store import WINDOW_BUDGET, Store
 from gputop.model.snapshot import CHART_SECONDS
-from gputop.model.stats import rank_stats
+from gputop.model.sums import rank_stats
 from gputop.protocol import Window, decode, encode
 from tests import tui_fixtures as fx
 

@@ -62,7 +62,7 @@ STRAGGLER_WARMUP_S = 20.0
 
 # --- stall ---------------------------------------------------------------------
 
-# A stall is a step of at least STALL_FACTOR (3) x the median (gputop.model.stats).
+# A stall is a step of at least STALL_FACTOR (3) x the median (gputop.model.stalls).
 # gputop: time lost to stalls is graded like loader wait, which it resembles
 # (the device idles while one thing finishes): torch-tb-profiler's 5% line and
 # gputop's 20%.

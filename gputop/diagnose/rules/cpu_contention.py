@@ -31,7 +31,7 @@ from gputop.diagnose.thresholds import (
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import Figures, RankFigures
 from gputop.model.samples import BusyProcess, HostSample
-from gputop.model.stats import median
+from gputop.model.statistics import median
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from gputop.diagnose.thresholds import (
 )
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
-from gputop.model.stats import median
+from gputop.model.statistics import median
 
 
 def waits_are_low(rank: RankFigures) -> bool:

@@ -35,7 +35,7 @@ from gputop.diagnose.thresholds import (
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import OUTSIDE_PHASES, FrameShare, RankFrames, span_frames
-from gputop.model.stats import STALL_FACTOR
+from gputop.model.stalls import STALL_FACTOR
 
 # Each symptom's own warn line: what is left of it without the stall must stay under it.
 # A sampled place names a stall when it holds at least this part of the stall's share of the time.

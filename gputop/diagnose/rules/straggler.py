@@ -30,7 +30,7 @@ from gputop.diagnose.thresholds import (
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import FrameShare, RankFrames, span_frames
-from gputop.model.stats import leave_one_out_medians, median
+from gputop.model.statistics import leave_one_out_medians, median
 
 # The phases a slow rank can lose time in (gputop.combine.OWN_PHASES, and "other", the rest of its step);
 # "own" is its own time as a whole, when no one phase holds the excess.

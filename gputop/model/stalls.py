@@ -1,0 +1,131 @@
+"""Stalls: the steps of a rank that take several times its median, how many, where their time went, how often.
+
+Read from per-step data, never from means: the span's step-time sketch counts
+them (every step, 1% accurate), each window's slowest steps say whether their
+time was spent waiting for a batch or in the all-reduce, and their step numbers
+tell a period ("every 10 steps") from irregular stops, and stops from a new level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gputop.protocol import Window
+from gputop.sketch import sketch_value_s
+
+# A stall is a step that takes at least this many times the median step: a
+# checkpoint save, an evaluation pass, a GC pause or a slow batch among ordinary
+# steps.  Three times, so the tail of a noisy but steady run (p95 ~ 1.5x p50 on
+# 2 shared cores) is never one.
+STALL_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """The stall figures of a rank over its windows (see ``stalls``)."""
+
+    steps: int
+    mean_s: float | None
+    frac: float
+    loader_frac: float | None
+    in_comm_frac: float | None
+    # From the stall steps' numbers: "every N steps" (period), or irregular (period None, regular False);
+    # both None when too few stalls carry a number to tell.
+    period_steps: int | None = None
+    regular: bool | None = None
+    # Every window since the first stall has a typical step past the line: the steps turned slow and stayed
+    # so (a loader gone cold), a new level rather than stops now and then.
+    level_shift: bool = False
+
+
+def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step_sum_s: float) -> Stalls:
+    """Steps of at least STALL_FACTOR x the median: how many, how long, what share of the run, and where.
+
+    Counts and durations come from the merged sketch (every step, 1% accurate);
+    where the time went from each window's slowest steps: their loader wait,
+    and, in the windows that hold a stall, this rank's exposed comm.  A rank
+    that waits in the all-reduce while another stops shows the same long steps
+    as the one that stopped, but its stall time is comm: that tells them apart.
+    """
+    line_s = STALL_FACTOR * p50_s
+    count, total_s, excess_s = 0, 0.0, 0.0
+    for bucket in sorted(sketch):  # in bucket order: the sums do not depend on the order steps came in
+        n = sketch[bucket]
+        value = sketch_value_s(bucket)
+        if value >= line_s:
+            count += n
+            total_s += n * value
+            excess_s += n * (value - p50_s)
+    named_s = named_loader_s = window_excess_s = window_comm_s = 0.0
+    numbers: set[int] = set()
+    since_first: list[Window] = []  # the windows with steps from the first that holds a stall on
+    for w in windows:
+        stalled = [(d, loader) for d, loader in w.slow_steps if d >= line_s]
+        if w.steps and (stalled or since_first):
+            since_first.append(w)
+        if not stalled:
+            continue
+        if len(w.slow_step_numbers) == len(w.slow_steps):
+            numbers.update(n for (d, _), n in zip(w.slow_steps, w.slow_step_numbers, strict=True) if d >= line_s and n)
+        named_s += sum(d for d, _ in stalled)
+        named_loader_s += sum(loader for _, loader in stalled)
+        if w.exposed_comm_s is not None:
+            window_excess_s += sum(d - p50_s for d, _ in stalled)
+            window_comm_s += w.exposed_comm_s * (w.ddp_steps or w.timed or 1)
+    period, regular = stall_period(sorted(numbers))
+    return Stalls(
+        steps=count,
+        mean_s=total_s / count if count else None,
+        frac=excess_s / step_sum_s if step_sum_s > 0 else 0.0,
+        loader_frac=named_loader_s / named_s if named_s > 0 else None,
+        in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 else None,
+        period_steps=period,
+        regular=regular,
+        level_shift=len(since_first) >= LEVEL_SHIFT_WINDOWS
+        and all(w.step_time_p50_s is not None and w.step_time_p50_s >= line_s for w in since_first),
+    )
+
+
+# Windows with steps, all slow since the first stall, that make a new level: two, so that one long stop
+# alone in the newest window (a checkpoint's step, 1.5 s in a 0.5-s window) is not one.
+LEVEL_SHIFT_WINDOWS = 2
+
+
+# Stalls whose numbers tell a period: at least this many, and this share of them on its progression.
+PERIOD_MIN_STALLS = 3
+PERIOD_SHARE = 0.6
+PERIOD_FILL = 0.75
+PERIOD_MAX_STALLS = 40
+
+
+def stall_period(numbers: Sequence[int]) -> tuple[int | None, bool | None]:
+    """(N, True) when stalls fall every N steps, (None, False) when they do not; (None, None): too few to say.
+
+    Each candidate N (a difference of two stall steps) is judged by its best
+    progression: how many stalls lie on it (at least ``PERIOD_SHARE`` of them,
+    so a few stray ones, a rank descheduled on a busy machine or DDP's first
+    iteration, do not hide a checkpoint every 20 steps) and how full it is
+    between its first and last stall (at least ``PERIOD_FILL``, so 10 does not
+    pass for 20 by catching noise in the gaps).  The N holding the most stalls
+    wins, the longer on a tie.  From 10 steps on, one step late still counts:
+    a waiting rank's long step can be the one after the stopping rank's.
+    """
+    numbers = numbers[-PERIOD_MAX_STALLS:]  # the newest: a long run's period is its recent one
+    if len(numbers) < PERIOD_MIN_STALLS:
+        return None, None
+    needed = max(PERIOD_MIN_STALLS, math.ceil(PERIOD_SHARE * len(numbers)))
+    # A period is the gap between a stall and one of the next three (a stray stall in between),
+    # give or take the one step a waiting rank's stall can lag.
+    gaps = {numbers[i + k] - numbers[i] for k in (1, 2, 3) for i in range(len(numbers) - k)}
+    candidates = gaps | {g + d for g in gaps if g >= 10 for d in (-1, 1)}
+    best: tuple[int, int] | None = None  # (stalls on it, period)
+    for period in (c for c in candidates if c >= 3):
+        slack = 1 if period >= 10 else 0
+        for start in numbers:
+            on = [n for n in numbers if n >= start and (n - start) % period <= slack]
+            full = len({(n - start) // period for n in on}) >= PERIOD_FILL * ((on[-1] - start) // period + 1)
+            if len(on) >= needed and full and (best is None or (len(on), period) > best):
+                best = (len(on), period)
+    return (best[1], True) if best is not None else (None, False)

@@ -1,0 +1,371 @@
+"""A rank's figures over a span of windows, summed as windows enter (newest) and leave (oldest).
+
+``rank_stats`` adds a span's windows and reads the figures; the dashboard keeps
+one ``SpanSums`` per rank and slides it (``gputop.model.span``), so a refresh
+costs the windows that arrived and left, not the whole span.  What each figure
+means is ``RankStats``'s (``gputop.model.stats``); how each window field
+combines, ``gputop.combine``'s; the stalls', ``gputop.model.stalls``; DDP's
+sampled timings, ``gputop.model.ddp_samples``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from gputop.combine import (
+    COMBINE,
+    NEWEST_GROUPS,
+    OWN_PHASES,
+    TOTAL,
+    count_steps,
+    loader_wait_share,
+    share_of_step,
+    window_loader_wait_frac,
+)
+from gputop.model.ddp_samples import DdpMeans, DdpSample, ddp_key, ddp_sample
+from gputop.model.stalls import STALL_FACTOR, stalls
+from gputop.model.statistics import SlidingMax, median, standard_error
+from gputop.model.stats import RankStats
+from gputop.protocol import Window
+from gputop.sketch import legacy_hist_to_sketch, sketch_quantiles_s
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    """DDP times one micro-batch per step: the step's k micro-batches take about k times as long."""
+    return None if value is None else value * factor
+
+
+def _at_most(value: float | None, limit: float | None) -> float | None:
+    return value if value is None or limit is None else min(value, limit)
+
+
+def starved_share(wait_s: float, cpu_s: float) -> float | None:
+    """Of the time threads were ready to run, the share they waited for a CPU (0: never, 1: always)."""
+    return wait_s / (wait_s + cpu_s) if wait_s + cpu_s > 0 else None
+
+
+class _Parts(NamedTuple):
+    """A window's part of each float total: 0.0 where it does not count towards one.
+
+    Floats are summed afresh from these when the figures are read, in window
+    order, never by taking away what left: a value that entered and left would
+    leave its rounding behind, and a total that should be 0 ("no CPU used")
+    would not be.
+    """
+
+    step_s: float  # wall step time, over the windows with timed steps
+    loader_s: float  # loader wait, over the same
+    span_s: float  # the windows' durations
+    cpu_pct: float
+    workers_cpu_pct: float
+    # gputop's self-accounting, over the windows that carry it:
+    own_span_s: float
+    reporter_cpu_s: float
+    hook_s: float
+    rank_cpu_s: float  # the rank process's CPU where the window has both figures
+    gputop_cpu_s: float  # gputop's part of it
+    # Run-queue wait and CPU time, over the windows that measure both:
+    main_wait_s: float
+    main_span_s: float
+    wait_span_s: float
+    wait_s: float
+    run_s: float
+    workers_wait_s: float
+    workers_run_s: float
+
+
+# The step's phases a window sums over its timed steps, but the loader's (its own figures, in _Parts):
+# read generically, so a phase declared in gputop.combine needs only its RankStats field.
+TIMED_PHASES = tuple(p.seconds for p in OWN_PHASES if COMBINE[p.seconds] is TOTAL and p.name != "loader")
+
+_NO_PARTS = _Parts(*[0.0] * len(_Parts._fields))
+
+
+def _parts(w: Window) -> tuple[float, ...]:
+    """The window's ``_Parts``, kept as a plain tuple (see ``DdpSample``: a span holds one a window)."""
+    dt = w.t1 - w.t0
+    timed = w.timed > 0
+    own = w.reporter_cpu_s is not None and w.hook_s is not None
+    # The compute threads' own CPU time where the reporter measures it, else the process's.
+    run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
+    waited = w.cpu_wait_s is not None and run_s is not None
+    workers = waited and w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None
+    return tuple(
+        _Parts(
+            step_s=w.step_time_sum_s if timed else 0.0,
+            loader_s=w.loader_wait_s if timed else 0.0,
+            span_s=dt,
+            cpu_pct=w.cpu_pct or 0.0,
+            workers_cpu_pct=w.workers_cpu_pct or 0.0,
+            own_span_s=dt if own else 0.0,
+            reporter_cpu_s=w.reporter_cpu_s or 0.0 if own else 0.0,
+            hook_s=w.hook_s or 0.0 if own else 0.0,
+            rank_cpu_s=w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
+            gputop_cpu_s=(w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
+            main_wait_s=w.main_cpu_wait_s or 0.0,
+            main_span_s=dt if w.main_cpu_wait_s is not None else 0.0,
+            wait_span_s=dt if waited else 0.0,
+            wait_s=w.cpu_wait_s or 0.0 if waited else 0.0,
+            run_s=run_s or 0.0 if waited else 0.0,
+            workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
+            workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
+        )
+    )
+
+
+# Fields a probe fills together (gputop.combine.NEWEST_GROUPS): a figure reads the newest window that has it.
+_NEWEST_FIELDS = tuple(name for group in NEWEST_GROUPS for name in group)
+
+
+class SpanSums:
+    """A rank's figures over a span of windows, kept as windows enter (newest) and leave (oldest).
+
+    ``rank_stats`` adds a span's windows and reads ``stats``; the dashboard keeps one
+    per rank and slides it (``gputop.model.span``), so a refresh costs the windows
+    that arrived and left, not the whole span.  Every figure's definition is here:
+    counts kept as windows come and go, float totals summed from each window's
+    ``_Parts``, monotonic queues for the maxima, the newest window that has a
+    field for the gauges, and the distinct DDP samples.  Windows leave in the
+    order they entered.
+    """
+
+    def __init__(self) -> None:
+        self.parts: deque[tuple[float, ...]] = deque()  # each window's ``_Parts``
+        self.steps = 0
+        self.timed = 0  # steps the time totals cover
+        self.tracked = 0  # windows with loader batches
+        # The step's phases a window sums over its timed steps (TIMED_PHASES): each window's totals, and the
+        # timed steps of the windows that measure each.
+        self.phase_parts: deque[tuple[float, ...]] = deque()
+        self.phase_steps = [0] * len(TIMED_PHASES)
+        self.with_steps = 0  # windows with timed steps
+        self.sketch: dict[int, int] = {}
+        self.samples = self.samples_seen = 0
+        self.cpu_n = self.workers_cpu_n = 0
+        self.forwards = self.forward_steps = 0  # over the windows that count both
+        self.own_steps = self.own_sent_bytes = 0  # over the windows with self-accounting
+        self.main_waited = self.waited = self.workers_waited = 0  # windows that measure each wait
+        self.loader_fracs: deque[float] = deque()  # each window's loader wait share, for the error band
+        self.gpu_p50s: list[float] = []  # sorted
+        self.max_step: SlidingMax[Window] = SlidingMax()
+        self.peak: SlidingMax[Window] = SlidingMax()
+        self.dropped: SlidingMax[Window] = SlidingMax()
+        self.slowest: SlidingMax[Window] = SlidingMax()  # the windows' slowest named steps, to skip the stall scan
+        self.newest: dict[str, Window] = {}  # field (or "timed") -> the newest window that has it
+        # DDP times every Nth iteration and a sample repeats in the windows until the next: each counts once.
+        # By sample key: the newest window with it, how many windows have it, its sample once read.
+        # Three dicts, not a list per key: a dict of windows and ints is not tracked by the GC (see DdpSample).
+        self.ddp: dict[int, Window] = {}
+        self.ddp_windows: dict[int, int] = {}
+        self.ddp_read: dict[int, DdpSample] = {}
+
+    @classmethod
+    def of(cls, windows: Iterable[Window]) -> SpanSums:
+        """The sums of ``windows``, oldest first."""
+        sums = cls()
+        for w in windows:
+            sums.add(w)
+        return sums
+
+    def add(self, w: Window) -> None:
+        """``w`` enters the span as its newest window."""
+        self.parts.append(_parts(w))
+        self.phase_parts.append(tuple(getattr(w, name) or 0.0 if w.timed > 0 else 0.0 for name in TIMED_PHASES))
+        self._count(w, 1)
+        if w.timed > 0:
+            if (loader_frac := window_loader_wait_frac(w)) is not None:
+                self.loader_fracs.append(loader_frac)
+            if w.step_time_max_s is not None:
+                self.max_step.push(w.step_time_max_s, w)
+            self.newest["timed"] = w
+        if w.gpu_step_time_p50_s is not None:
+            bisect.insort(self.gpu_p50s, w.gpu_step_time_p50_s)
+        if w.mem_peak_bytes is not None:
+            self.peak.push(w.mem_peak_bytes, w)
+        self.dropped.push(w.dropped, w)
+        if w.slow_steps:
+            self.slowest.push(max(w.slow_steps)[0], w)
+        for name in _NEWEST_FIELDS:
+            if getattr(w, name) is not None:
+                self.newest[name] = w
+        if w.comm_s is not None:
+            key = ddp_key(w)
+            self.ddp[key] = w
+            self.ddp_windows[key] = self.ddp_windows.get(key, 0) + 1
+            self.ddp_read.pop(key, None)  # read again from the newest window
+
+    def remove(self, w: Window) -> None:
+        """``w``, the span's oldest window, leaves it."""
+        self.parts.popleft()
+        self.phase_parts.popleft()
+        self._count(w, -1)
+        if w.timed > 0 and window_loader_wait_frac(w) is not None:
+            self.loader_fracs.popleft()
+        if w.gpu_step_time_p50_s is not None:
+            del self.gpu_p50s[bisect.bisect_left(self.gpu_p50s, w.gpu_step_time_p50_s)]
+        for queue in (self.max_step, self.peak, self.dropped, self.slowest):
+            queue.pop(w)
+        newest = self.newest
+        for name in (*_NEWEST_FIELDS, "timed"):
+            if newest.get(name) is w:  # the newest with the field is the oldest: none other has it
+                del newest[name]
+        if w.comm_s is not None:
+            key = ddp_key(w)
+            if (n := self.ddp_windows[key]) > 1:  # newer windows repeat the sample: the newest stays
+                self.ddp_windows[key] = n - 1
+            else:
+                del self.ddp[key], self.ddp_windows[key]
+                self.ddp_read.pop(key, None)
+
+    def ddp_samples(self) -> list[DdpSample]:
+        """The distinct samples in iteration order, however they came; each built once, when first read."""
+        samples = []
+        read = self.ddp_read
+        for key, w in sorted(self.ddp.items()):  # keys are distinct: the windows are never compared
+            sample = read.get(key)
+            if sample is None:
+                sample = read[key] = ddp_sample(w)
+            samples.append(sample)
+        return samples
+
+    def _count(self, w: Window, sign: int) -> None:
+        """The counts: the same arithmetic entering (+1) and leaving (-1), exact for integers."""
+        if w.loader_batches:
+            self.tracked += sign
+        self.steps += w.steps * sign
+        if (timed := w.timed) > 0:
+            self.with_steps += sign
+            self.timed += timed * sign
+            for i, name in enumerate(TIMED_PHASES):
+                if getattr(w, name) is not None:
+                    self.phase_steps[i] += timed * sign
+            sketch = self.sketch
+            for bucket, count in (w.step_sketch or legacy_hist_to_sketch(w.step_hist)).items():
+                if total := sketch.get(bucket, 0) + count * sign:
+                    sketch[bucket] = total
+                else:
+                    del sketch[bucket]
+        if w.samples is not None:
+            self.samples += w.samples * sign
+            self.samples_seen += sign
+        if w.cpu_pct is not None:
+            self.cpu_n += sign
+        if w.workers_cpu_pct is not None:
+            self.workers_cpu_n += sign
+        if w.forwards is not None and w.steps:
+            self.forwards += w.forwards * sign
+            self.forward_steps += w.steps * sign
+        if w.reporter_cpu_s is not None and w.hook_s is not None:
+            self.own_steps += w.steps * sign
+            self.own_sent_bytes += (w.sent_bytes or 0) * sign
+        if w.main_cpu_wait_s is not None:
+            self.main_waited += sign
+        if w.cpu_wait_s is not None and (w.cpu_run_s is not None or w.cpu_pct is not None):
+            self.waited += sign
+            if w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None:
+                self.workers_waited += sign
+
+    def stats(self, windows: Sequence[Window]) -> RankStats:
+        """The figures of ``windows``, the span this holds (oldest first)."""
+        t = _Parts(*map(sum, zip(*self.parts, strict=True))) if self.parts else _NO_PARTS
+        phase_totals = [sum(column) for column in zip(*self.phase_parts, strict=True)] or [0.0] * len(TIMED_PHASES)
+        max_step = self.max_step.value
+        mean_step = t.step_s / self.timed if self.timed else None
+        if self.with_steps == 1:  # one window: its exact figures beat the histogram
+            only = self.newest["timed"]
+            p50, p95 = only.step_time_p50_s, only.step_time_p95_s
+        else:
+            # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
+            p50, p95 = (_at_most(q, max_step) for q in sketch_quantiles_s(self.sketch, (0.5, 0.95)))
+        stall = None
+        if p50 is not None and self.sketch:
+            slowest = self.slowest.value
+            named = windows if slowest is not None and slowest >= STALL_FACTOR * p50 else ()
+            stall = stalls(named, self.sketch, p50, t.step_s)
+        ddp = DdpMeans.of(self.ddp_samples())
+        micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
+        scale = micro if micro is not None and micro > 1.0 else 1.0
+        tracked = self.tracked > 0
+        newest = self.newest
+        # Fields a probe fills together come from the newest window that probe filled.
+        sources = [newest.get(group[0]) for group in NEWEST_GROUPS]
+
+        def last(name: str) -> Any:
+            for source in sources:
+                if source is not None and getattr(source, name) is not None:
+                    return getattr(source, name)
+            newest_with = newest.get(name)  # a field its probe's usual partner left empty
+            return None if newest_with is None else getattr(newest_with, name)
+
+        peak = self.peak.value
+        starved = self.waited > 0
+        return RankStats(
+            windows=len(windows),
+            steps=count_steps(windows),
+            steps_per_s=self.steps / t.span_s if t.span_s > 0 else None,
+            step_time_mean_s=mean_step,
+            step_time_p50_s=p50,
+            step_time_p95_s=p95,
+            step_time_max_s=max_step,
+            gpu_step_time_p50_s=median(self.gpu_p50s),
+            samples_per_s=self.samples / t.span_s if self.samples_seen and t.span_s > 0 else None,
+            loader_wait_s=t.loader_s / self.timed if (self.timed and tracked) else None,
+            loader_wait_frac=loader_wait_share(t.loader_s, t.step_s, tracked=tracked),
+            forward_s=_scaled(ddp.means["forward_s"], scale),
+            backward_s=_scaled(ddp.means["backward_s"], scale),
+            micro_batches=micro,
+            comm_s=ddp.means["comm_s"],
+            overlap_s=ddp.means["overlap_s"],
+            exposed_comm_s=ddp.means["exposed_comm_s"],
+            exposed_comm_frac=share_of_step(ddp.means["exposed_comm_s"], mean_step),
+            **{
+                name: total / steps if steps else None
+                for name, total, steps in zip(TIMED_PHASES, phase_totals, self.phase_steps, strict=True)
+            },
+            mem_allocated_bytes=last("mem_allocated_bytes"),
+            mem_reserved_bytes=last("mem_reserved_bytes"),
+            mem_peak_bytes=None if peak is None else int(peak),
+            mem_total_bytes=last("mem_total_bytes"),
+            alloc_retries=last("alloc_retries"),
+            ooms=last("ooms"),
+            cpu_pct=t.cpu_pct / self.cpu_n if self.cpu_n else None,
+            rss_bytes=last("rss_bytes"),
+            threads=last("threads"),
+            workers=last("workers"),
+            workers_cpu_pct=t.workers_cpu_pct / self.workers_cpu_n if self.workers_cpu_n else None,
+            dropped=int(self.dropped.value or 0),
+            # CPU contention, from the run-queue wait:
+            main_cpu_wait_frac=t.main_wait_s / t.main_span_s if self.main_waited and t.main_span_s > 0 else None,
+            cpu_starved_frac=starved_share(t.wait_s + t.workers_wait_s, t.run_s + t.workers_run_s) if starved else None,
+            workers_cpu_starved_frac=(
+                starved_share(t.workers_wait_s, t.workers_run_s) if self.workers_waited else None
+            ),
+            cpu_demand_cores=(
+                (t.wait_s + t.run_s + t.workers_wait_s + t.workers_run_s) / t.wait_span_s
+                if starved and t.wait_span_s > 0
+                else None
+            ),
+            loader_wait_frac_se=standard_error(self.loader_fracs),
+            exposed_comm_frac_se=standard_error(ddp.exposed_comm_fracs),
+            stall_steps=None if stall is None else stall.steps,
+            stall_mean_s=None if stall is None else stall.mean_s,
+            stall_frac=None if stall is None else stall.frac,
+            stall_loader_frac=None if stall is None else stall.loader_frac,
+            stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
+            stall_period_steps=None if stall is None else stall.period_steps,
+            stall_regular=None if stall is None else stall.regular,
+            stall_level_shift=None if stall is None else stall.level_shift,
+            # What gputop itself cost the rank:
+            reporter_cpu_pct=100.0 * t.reporter_cpu_s / t.own_span_s if t.own_span_s > 0 else None,
+            hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,
+            gputop_cpu_frac=t.gputop_cpu_s / t.rank_cpu_s if t.rank_cpu_s > 0 else None,
+            sent_bytes_per_s=self.own_sent_bytes / t.own_span_s if t.own_span_s > 0 else None,
+        )
+
+
+def rank_stats(windows: Sequence[Window]) -> RankStats:
+    """Summarise a rank's windows (oldest first): every figure as ``SpanSums`` defines it."""
+    return SpanSums.of(windows).stats(windows)
