@@ -16,6 +16,7 @@ from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.autocapture import captures_in, with_captures
 from gputop.diagnose.thresholds import MIN_STEPS
+from gputop.diagnose.waste import idle_gpus
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.frames import span_frames
 from gputop.model.gpu_summary import summarize_gpus
@@ -119,6 +120,7 @@ def build(
                 "duration_s": None if t0 is None or t1 is None else round(t1 - t0, 2),
                 "ranks": [rank_entry(r) for r in run.ranks],
                 "gputop_cost": cost_entry(run.gputop_cost),
+                "idle_gpus": idle_entry(idle_gpus(run, figures.gpu_util_pct), price_per_hour),
                 "job": job_ids(run.view.ranks[0].hello) if run.view.ranks else {},
                 "job_text": job_text(run.view.ranks[0].hello) if run.view.ranks else "",
             }
@@ -130,6 +132,28 @@ def build(
         "notes": list(notes),
         "gputop_process_cpu_pct": _round(figures.dashboard_cpu_pct, 2),
     }
+
+
+def idle_entry(idle: tuple[float, int] | None, price_per_hour: float | None) -> dict[str, Any] | None:
+    """The run's idle GPU-hours every hour (``gputop.diagnose.waste.idle_gpus``), in money at a price."""
+    if idle is None:
+        return None
+    hours, gpus = idle
+    out: dict[str, Any] = {"gpu_hours_per_hour": round(hours, 3), "gpus": gpus}
+    if price_per_hour is not None:
+        out["money_per_hour"] = round(hours * price_per_hour, 2)
+    return out
+
+
+def idle_text(idle: dict[str, Any] | None) -> str | None:
+    """ "its 4 GPUs sit idle 1.3 GPU-hours every hour (3.25 an hour at the price given)"."""
+    if idle is None:
+        return None
+    gpus = f"{idle['gpus']} GPU{'s' if idle['gpus'] != 1 else ''}"
+    text = f"its {gpus} sit idle {idle['gpu_hours_per_hour']:.2g} GPU-hours every hour"
+    if "money_per_hour" in idle:
+        text += f" ({idle['money_per_hour']:,.2f} an hour at the price given)"
+    return text
 
 
 def cost_entry(cost: GputopCost) -> dict[str, Any]:
@@ -269,6 +293,8 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         cost = cost_text(run["gputop_cost"], report["gputop_process_cpu_pct"])
         if cost:
             out.append(f"  {cost}")
+        if idle := idle_text(run.get("idle_gpus")):
+            out.append(f"  {idle}")
         header, rows = _rank_rows(run)
         widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
         out.append("  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=False)))
@@ -296,6 +322,8 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         cost = cost_text(run["gputop_cost"], report["gputop_process_cpu_pct"])
         if cost:
             out += [cost, ""]
+        if idle := idle_text(run.get("idle_gpus")):
+            out += [idle[0].upper() + idle[1:] + ".", ""]
         header, rows = _rank_rows(run)
         out.append("| " + " | ".join(header) + " |")
         out.append("|" + "---:|" * len(header))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gputop import report
 from gputop.cli import main
 from gputop.diagnose.alerts import Alert
 from gputop.export.metrics import families
@@ -14,7 +15,8 @@ from gputop.model.figures import SPAN_S, summarize
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
 from gputop.tui.widgets.findings import FindingsPanel
-from tests.diagnose_fixtures import RankSpec, cuda_hello, findings_of, make_snapshot, two_ranks
+from gputop.tui.widgets.header import HeaderBar
+from tests.diagnose_fixtures import RankSpec, cuda_hello, findings_of, gpu_reading, make_snapshot, two_ranks
 from tests.test_compare import record
 from tests.test_tui import FAST_S, FakeDiagnoser, shown
 
@@ -73,3 +75,38 @@ async def test_the_dashboard_shows_the_waste_with_its_price() -> None:
         await shown(pilot)
         text = str(app.query_one(FindingsPanel).render())
         assert "GPU-hours an hour" in text and "per GPU-hour" in text, text
+
+
+# The straggler's two GPUs, busy 60% and 80% of the span: 0.4 + 0.2 GPU-hours idle every hour.
+BUSY_GPUS = [gpu_reading(0, util_pct=60.0), gpu_reading(1, util_pct=80.0)]
+
+
+async def test_a_runs_idle_gpu_hours_show_in_the_header_the_report_and_the_exporter() -> None:
+    snapshot = make_snapshot(CUDA_STRAGGLER, seconds=20.0, gpus=BUSY_GPUS)
+    figures = summarize(snapshot, span_s=SPAN_S)
+    (run,) = report.build(figures, price_per_hour=3.0)["runs"]
+    assert run["idle_gpus"] == {"gpu_hours_per_hour": pytest.approx(0.6), "gpus": 2, "money_per_hour": 1.8}
+    assert "its 2 GPUs sit idle 0.6 GPU-hours every hour (1.80 an hour" in report.render(snapshot, "text", (), 3.0)
+    family = {f.spec.name: f for f in families(figures, [], gpu_hostname="node0")}["gputop_run_idle_gpu_hours_per_hour"]
+    assert family.samples == ((("run",), pytest.approx(0.6)),)
+    app = GputopApp(FixedSource(snapshot), refresh_s=FAST_S, diagnoser_factory=lambda: FakeDiagnoser())
+    async with app.run_test(size=(160, 50)) as pilot:
+        await shown(pilot)
+        assert "2 GPUs · idle 0.6 GPU-h/h" in app.query_one(HeaderBar).text
+
+
+def test_a_cpu_run_has_no_idle_gpu_hours() -> None:
+    snapshot = make_snapshot(two_ranks(loader_frac=0.4, cpu_pct=90.0))
+    (run,) = report.build(summarize(snapshot, span_s=SPAN_S))["runs"]
+    assert run["idle_gpus"] is None and "sit idle" not in report.render(snapshot, "text")
+
+
+def test_the_price_in_the_config_file_is_every_commands_default(tmp_path: Path, capsys, monkeypatch) -> None:
+    path = record(tmp_path / "run.jsonl", CUDA_STRAGGLER)
+    (tmp_path / "gputop").mkdir()
+    (tmp_path / "gputop" / "config.toml").write_text("gpu_hour_price = 4\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert main(["report", str(path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"][0]["waste"]["price_per_hour"] == 4.0
+    assert main(["report", str(path), "--format", "json", "--gpu-hour-price", "2"]) == 0  # the option wins
+    assert json.loads(capsys.readouterr().out)["findings"][0]["waste"]["price_per_hour"] == 2.0

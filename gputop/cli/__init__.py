@@ -37,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "attach"
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
+    if getattr(args, "gpu_hour_price", False) is None:  # not given: the price in the config file, if any
+        from gputop.tui import settings
+
+        args.gpu_hour_price = settings.load().gpu_hour_price
     handler = {"attach": cmd_attach, "mcp": cmd_mcp, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
                "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor,
                "demo": cmd_demo}[command]  # fmt: skip

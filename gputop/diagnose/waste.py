@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import Figures, RunFigures
+from gputop.model.join import normalize_uuid
 
 Unit = Literal["GPU", "core"]
 
@@ -89,6 +90,25 @@ def held(run: RunFigures) -> Held | None:
     if not busy:
         return None
     return Held("core", sum(busy) / 100.0, hours)
+
+
+def idle_gpus(run: RunFigures, gpu_util_pct: dict[str, float]) -> tuple[float, int] | None:
+    """(GPU-hours a run's GPUs sit idle every hour, the GPUs): each GPU's idle share over the span, summed.
+
+    ``gpu_util_pct``: each GPU's mean utilization over the span, by UUID (``Figures.gpu_util_pct``).
+    A GPU is the run's when a live or finished rank names it as its device (an ``nn.DataParallel``
+    rank names all of its). None when no GPU of the run has a utilization reading: a CPU run, or
+    no NVML; its busy cores are priced per finding, not as idle time.
+    """
+    uuids: set[str] = set()
+    for r in run.ranks:
+        if r.windows:
+            uuids.update(normalize_uuid(u) for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u)
+    by_uuid = {normalize_uuid(u): util for u, util in gpu_util_pct.items()}
+    utils = [by_uuid[u] for u in uuids if u in by_uuid]
+    if not utils:
+        return None
+    return sum(max(1.0 - util / 100.0, 0.0) for util in utils), len(utils)
 
 
 def with_waste(findings: list[Finding], machine: Figures) -> list[Finding]:

@@ -23,6 +23,7 @@ from typing import Literal
 
 from gputop.combine import phase_seconds
 from gputop.diagnose.findings import Finding
+from gputop.diagnose.waste import idle_gpus
 from gputop.model.figures import Figures, RankFigures
 from gputop.model.frames import span_frames
 from gputop.model.snapshot import LOST
@@ -104,6 +105,12 @@ METRICS: tuple[Spec, ...] = (
         "Device-hours an hour a finding's cause idles (unit GPU, or core on a CPU run): the run's devices x the "
         "step share fixing it would recover",
         (*FINDING_LABELS, "unit"),
+    ),
+    Spec(
+        "gputop_run_idle_gpu_hours_per_hour",
+        "gauge",
+        "GPU-hours a run's GPUs sit idle every hour: each of its GPUs' idle share over the span, summed",
+        ("run_id",),
     ),
     Spec("gputop_collector_ranks", "gauge", "Ranks the collector knows, by status (live, lost, done)", ("status",)),
     Spec("gputop_collector_hosts", "gauge", "Hosts with at least one reporting rank", ()),
@@ -211,6 +218,9 @@ def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str
             waste_series[labels] = waste_series.get(labels, 0.0) + f.waste.per_hour
     out["gputop_finding"] = list(finding_series.items())
     out["gputop_finding_waste_per_hour"] = list(waste_series.items())
+    for run in figures.runs:
+        if (idle := idle_gpus(run, figures.gpu_util_pct)) is not None:
+            out["gputop_run_idle_gpu_hours_per_hour"].append(((run.run_id,), idle[0]))
     statuses = [r.status for r in ranks]
     out["gputop_collector_ranks"] = [((status,), float(statuses.count(status))) for status in sorted(set(statuses))]
     out["gputop_collector_hosts"] = [((), float(len({r.hello.hostname for r in ranks if r.status != LOST})))]

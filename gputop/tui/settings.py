@@ -5,11 +5,13 @@
     refresh_s = 1.0
     theme = "textual-light"
     auto_capture = false    # never profile a finding's culprit rank by itself (written by hand only)
+    gpu_hour_price = 2.5    # what a GPU-hour costs you, for every command (written by hand only)
 
 Read at start as the defaults that command-line options override; written when
 ``--refresh`` or ``--theme`` is given, and when the theme is changed in the app
 (Textual's command palette), so the next start looks the same; ``auto_capture``
-is only read (``--no-auto-capture`` turns it off for one start).  A broken file
+and ``gpu_hour_price`` are only read (``--no-auto-capture`` and ``--gpu-hour-price``
+override them for one start; the price is every command's default, the report's too).  A broken file
 is ignored with a one-line warning: preferences never stop the dashboard.
 """
 
@@ -33,6 +35,7 @@ class Settings:
     refresh_s: float | None = None
     theme: str | None = None
     auto_capture: bool | None = None  # False: off, as with --no-auto-capture (set in the file by hand)
+    gpu_hour_price: float | None = None  # --gpu-hour-price's default (set in the file by hand)
 
 
 def config_path() -> Path:
@@ -53,10 +56,14 @@ def load(path: Path | None = None) -> Settings:
     refresh = data.get("refresh_s")
     theme = data.get("theme")
     auto_capture = data.get("auto_capture")
+    price = data.get("gpu_hour_price")
     return Settings(
         refresh_s=float(refresh) if isinstance(refresh, int | float) and refresh > 0 else None,
         theme=theme if isinstance(theme, str) and theme else None,
         auto_capture=auto_capture if isinstance(auto_capture, bool) else None,
+        gpu_hour_price=float(price)
+        if isinstance(price, int | float) and not isinstance(price, bool) and price > 0
+        else None,
     )
 
 
@@ -70,6 +77,8 @@ def save(settings: Settings, path: Path | None = None) -> None:
         lines.append(f'theme = "{settings.theme}"')
     if settings.auto_capture is not None:
         lines.append(f"auto_capture = {str(settings.auto_capture).lower()}")
+    if settings.gpu_hour_price is not None:
+        lines.append(f"gpu_hour_price = {settings.gpu_hour_price!r}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")

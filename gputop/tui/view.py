@@ -18,6 +18,7 @@ from statistics import median
 
 from gputop.combine import phase_seconds
 from gputop.diagnose.findings import Finding
+from gputop.diagnose.waste import idle_gpus
 from gputop.model.figures import (
     PHASES,
     SPAN_S,
@@ -109,6 +110,8 @@ class RunSummary:
     steps_per_s: float | None
     gputop_cost: GputopCost  # what gputop costs its ranks
     job: str = ""  # the scheduler's names for it (Slurm job, pod, torchrun id), "" outside one
+    # GPU-hours its GPUs sit idle every hour, and of how many (gputop.diagnose.waste.idle_gpus); None: no GPU readings.
+    idle_gpus: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -275,7 +278,7 @@ def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
     ]
 
 
-def _run_summary(run: RunFigures, t: float) -> RunSummary:
+def _run_summary(run: RunFigures, t: float, gpu_util_pct: dict[str, float]) -> RunSummary:
     rates = [r.stats.steps_per_s for r in run.ranks if r.status == LIVE and r.stats.steps_per_s is not None]
     return RunSummary(
         run_id=run.run_id,
@@ -287,6 +290,7 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
         steps_per_s=median(rates) if rates else None,
         gputop_cost=run.gputop_cost,
         job=job_text(run.view.ranks[0].hello, short=True) if run.view.ranks else "",
+        idle_gpus=idle_gpus(run, gpu_util_pct),
     )
 
 
@@ -384,7 +388,7 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
     rank_rows = tuple(row for run in figures.runs for row in _rank_rows(run, slowest))
     return DashboardView(
         figures=figures,
-        runs=tuple(_run_summary(run, snapshot.t) for run in figures.runs),
+        runs=tuple(_run_summary(run, snapshot.t, figures.gpu_util_pct) for run in figures.runs),
         rank_rows=rank_rows,
         gpu_rows=gpu_rows,
         gpu_unavailable=snapshot.gpu.unavailable if snapshot.gpu is not None else None,

@@ -16,7 +16,7 @@ Piece = tuple[int, tuple[Part, ...]]
 
 # On a narrow screen whole pieces give way, these first, rather than the line being cut
 # mid-word at its end, where the paused marker is (at 80 columns a run's line is ~80 cells).
-SOURCE, DASHBOARD_CPU, JOB, COST, UPTIME, GPUS, HOSTS = 7, 6, 5, 4, 3, 2, 1
+IDLE, SOURCE, DASHBOARD_CPU, JOB, COST, UPTIME, GPUS, HOSTS = 8, 7, 6, 5, 4, 3, 2, 1
 KEEP = 0
 
 
@@ -84,6 +84,15 @@ class HeaderBar(Widget):
         return [(COST, parts)]
 
     @staticmethod
+    def _idle(runs: list[tuple[float, int] | None]) -> list[Piece]:
+        """The runs' idle GPU-hours every hour: what their GPUs hold and do not use, the waste in the units paid."""
+        known = [idle for idle in runs if idle is not None]
+        if not known:
+            return []
+        hours = sum(h for h, _ in known)
+        return [(IDLE, ((" · idle ", "$text-muted"), f"{hours:.2g}", (" GPU-h/h", "$text-muted")))]
+
+    @staticmethod
     def _hosts(view: DashboardView) -> list[Piece]:
         return [(HOSTS, (f"  {view.hosts} hosts",))] if view.hosts > 1 else []
 
@@ -119,6 +128,7 @@ class HeaderBar(Widget):
             ]
         if view is not None and not view.empty and (gpus := len(view.gpu_rows)):
             pieces.append((GPUS, (f"  {gpus} GPU{'s' if gpus != 1 else ''}",)))
+            pieces += cls._idle([r.idle_gpus for r in view.runs])
         if view is not None and view.figures.dashboard_cpu_pct is not None:
             pieces.append(
                 (DASHBOARD_CPU, ((f" · dashboard {fmt_pct(view.figures.dashboard_cpu_pct)} CPU", "$text-muted"),))
