@@ -137,7 +137,7 @@ PHASES: tuple[Phase, ...] = (
         "optimizer_s",
         "optimizer step takes",
         "opt",
-        "accent",
+        "success",  # green: in the built-in themes accent is often warning's colour, exposed comm's
         optional=True,
         slow_fix="{who}'s optimizer step takes longer than the others': look for work inside it on that rank only "
         "(a gradient-norm log, an EMA or a clipping pass done on one rank, a hook on its optimizer), or optimizer "

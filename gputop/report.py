@@ -16,7 +16,7 @@ from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.autocapture import captures_in, with_captures
 from gputop.diagnose.thresholds import MIN_STEPS
-from gputop.diagnose.waste import idle_gpus
+from gputop.diagnose.waste import hours_text, idle_gpus, run_gpu_util_pct
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.frames import span_frames
 from gputop.model.gpu_summary import summarize_gpus
@@ -120,7 +120,7 @@ def build(
                 "duration_s": None if t0 is None or t1 is None else round(t1 - t0, 2),
                 "ranks": [rank_entry(r) for r in run.ranks],
                 "gputop_cost": cost_entry(run.gputop_cost),
-                "idle_gpus": idle_entry(idle_gpus(run, figures.gpu_util_pct), price_per_hour),
+                "idle_gpus": idle_entry(idle_gpus([run], run_gpu_util_pct(figures, run)), price_per_hour),
                 "job": job_ids(run.view.ranks[0].hello) if run.view.ranks else {},
                 "job_text": job_text(run.view.ranks[0].hello) if run.view.ranks else "",
             }
@@ -150,7 +150,7 @@ def idle_text(idle: dict[str, Any] | None) -> str | None:
     if idle is None:
         return None
     gpus = f"{idle['gpus']} GPU{'s' if idle['gpus'] != 1 else ''}"
-    text = f"its {gpus} sit idle {idle['gpu_hours_per_hour']:.2g} GPU-hours every hour"
+    text = f"its {gpus} sit idle {hours_text(idle['gpu_hours_per_hour'])} GPU-hours every hour"
     if "money_per_hour" in idle:
         text += f" ({idle['money_per_hour']:,.2f} an hour at the price given)"
     return text

@@ -50,6 +50,40 @@ def test_a_failing_cuda_event_is_swallowed_and_events_are_dropped() -> None:
     assert len(clock.drain()) == 2  # both steps counted, without GPU events
 
 
+def test_an_optimizer_stepping_another_is_timed_from_the_outer_hooks() -> None:
+    """A wrapper (ZeroRedundancyOptimizer, a Lookahead) does its own work, then steps its inner optimizer: the
+    optimizer phase holds both, not only the inner step (whose hooks fire inside the outer one's)."""
+    torch = pytest.importorskip("torch")
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    clock = StepClock()
+    clock.times_optimizer = True
+    weight = torch.nn.Parameter(torch.zeros(4))
+    inner = torch.optim.SGD([weight], lr=0.1)
+
+    class Wrapper(torch.optim.Optimizer):
+        def __init__(self) -> None:
+            super().__init__([weight], {})
+
+        def step(self, closure: object = None) -> None:  # type: ignore[override]
+            time.sleep(0.03)  # its own work: a broadcast, a slow-weights update
+            inner.step()
+
+    handles = [
+        register_optimizer_step_pre_hook(lambda *_: clock.optimizer_started()),
+        register_optimizer_step_post_hook(lambda *_: clock.optimizer_done()),
+    ]
+    try:
+        weight.grad = torch.ones(4)
+        Wrapper().step()
+        clock.mark_step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    (mark,) = clock.drain()
+    assert mark.optimizer_s is not None and mark.optimizer_s >= 0.03, mark
+
+
 def test_loader_facts_read_what_a_dataloader_has() -> None:
     class Loader:
         batch_size = 32

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from textual.theme import BUILTIN_THEMES
 
 from gputop import report
 from gputop.cli import main
+from gputop.combine import PHASES
 from gputop.diagnose.alerts import Alert
+from gputop.diagnose.waste import hours_text
 from gputop.export.metrics import families
 from gputop.model.figures import SPAN_S, summarize
+from gputop.model.samples import GpuSample
 from gputop.model.source import FixedSource
 from gputop.tui.app import GputopApp
+from gputop.tui.palette import GREY
+from gputop.tui.view import build_view
 from gputop.tui.widgets.findings import FindingsPanel
 from gputop.tui.widgets.header import HeaderBar
 from tests.diagnose_fixtures import RankSpec, cuda_hello, findings_of, gpu_reading, make_snapshot, two_ranks
@@ -35,6 +42,7 @@ def test_a_straggler_on_two_gpus_idles_its_share_of_both() -> None:
     assert straggler.waste.per_hour == pytest.approx(2 * share)
     assert straggler.waste.so_far == pytest.approx(2 * share * 1.0, rel=0.01)  # seen for an hour
     assert f"wastes about {2 * share:.2g} GPU-hours an hour" in straggler.worth_text
+    assert hours_text(0.0049) == "0.0049" and hours_text(2.345) == "2.3" and hours_text(125.0) == "125"
     priced = straggler.to_dict(price_per_hour=2.5)["waste"]
     assert priced["money_per_hour"] == pytest.approx(2.5 * 2 * share, abs=0.01)
     assert f"{2.5 * 2 * share:,.2f} an hour at 2.50 per GPU-hour" in straggler.worth(2.5)
@@ -110,3 +118,35 @@ def test_the_price_in_the_config_file_is_every_commands_default(tmp_path: Path, 
     assert json.loads(capsys.readouterr().out)["findings"][0]["waste"]["price_per_hour"] == 4.0
     assert main(["report", str(path), "--format", "json", "--gpu-hour-price", "2"]) == 0  # the option wins
     assert json.loads(capsys.readouterr().out)["findings"][0]["waste"]["price_per_hour"] == 2.0
+
+
+def test_a_recordings_idle_gpu_hours_are_the_runs_own_not_the_idle_minutes_around_it() -> None:
+    """A recorder started 100 s before torchrun sees the GPUs idle: that is not the run's waste."""
+    snapshot = make_snapshot(CUDA_STRAGGLER, seconds=20.0, gpus=BUSY_GPUS)
+    before = tuple(
+        GpuSample(
+            t=snapshot.gpu_history[0].t - 100 + k, gpus=(gpu_reading(0, util_pct=0.0), gpu_reading(1, util_pct=0.0))
+        )
+        for k in range(90)
+    )
+    recording = dataclasses.replace(snapshot, gpu_history=before + snapshot.gpu_history)
+    (run,) = report.build(summarize(recording, span_s=None))["runs"]
+    assert run["idle_gpus"]["gpu_hours_per_hour"] == pytest.approx(0.6), run["idle_gpus"]
+
+
+def test_two_runs_on_the_same_gpus_count_their_idle_time_once() -> None:
+    specs = [RankSpec(rank=0, hello=cuda_hello(0)), RankSpec(rank=1, hello=cuda_hello(1))]
+    snapshot = make_snapshot(specs, more_runs={"other": specs}, seconds=20.0, gpus=BUSY_GPUS)
+    view = build_view(summarize(snapshot, span_s=SPAN_S))
+    assert len(view.runs) == 2 and view.idle_gpus == (pytest.approx(0.6), 2)
+
+
+def test_the_phase_colours_differ_in_the_default_themes() -> None:
+    """Side by side in every bar: two phases in one colour read as one (optimizer and exposed comm were both
+    #ffa62b, accent and warning alike in textual-dark)."""
+    for name in ("textual-dark", "textual-light"):
+        theme = BUILTIN_THEMES[name]
+        variables = {"error": theme.error, "primary": theme.primary, "secondary": theme.secondary,
+                     "success": theme.success, "warning": theme.warning}  # fmt: skip
+        colours = [variables[p.theme] if p.theme else GREY for p in PHASES]
+        assert len(set(colours)) == len(colours), (name, colours)

@@ -16,11 +16,12 @@ the rest of the step is assumed unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gputop.diagnose.findings import Finding
-from gputop.model.figures import Figures, RunFigures
+from gputop.model.figures import Figures, RunFigures, mean_gpu_util_pct
 from gputop.model.join import normalize_uuid
 
 Unit = Literal["GPU", "core"]
@@ -42,7 +43,7 @@ class Waste:
         """
         price_per_hour = price_per_hour if self.unit == "GPU" else None
         unit = f"{self.unit}-hours"
-        out = f"wastes about {self.per_hour:.2g} {unit} an hour ({self.so_far:.2g} so far"
+        out = f"wastes about {hours_text(self.per_hour)} {unit} an hour ({hours_text(self.so_far)} so far"
         if price_per_hour is not None:
             out += f"; {price_per_hour * self.per_hour:,.2f} an hour at {price_per_hour:,.2f} per {self.unit}-hour"
         return out + ")"
@@ -92,23 +93,40 @@ def held(run: RunFigures) -> Held | None:
     return Held("core", sum(busy) / 100.0, hours)
 
 
-def idle_gpus(run: RunFigures, gpu_util_pct: dict[str, float]) -> tuple[float, int] | None:
-    """(GPU-hours a run's GPUs sit idle every hour, the GPUs): each GPU's idle share over the span, summed.
+def idle_gpus(runs: Sequence[RunFigures], gpu_util_pct: dict[str, float]) -> tuple[float, int] | None:
+    """(GPU-hours the runs' GPUs sit idle every hour, how many GPUs): each GPU's idle share, summed once.
 
-    ``gpu_util_pct``: each GPU's mean utilization over the span, by UUID (``Figures.gpu_util_pct``).
-    A GPU is the run's when a live or finished rank names it as its device (an ``nn.DataParallel``
-    rank names all of its). None when no GPU of the run has a utilization reading: a CPU run, or
-    no NVML; its busy cores are priced per finding, not as idle time.
+    A GPU is a run's when a rank with windows in the figures names it as its device (an
+    ``nn.DataParallel`` rank names all of its); GPUs two runs share count once.
+    ``gpu_util_pct``: each GPU's mean utilization by UUID over the runs' own time (the live
+    span's ``Figures.gpu_util_pct``; ``run_gpu_util_pct`` for a whole recording). None when no
+    GPU of the runs has a reading: a CPU run, or no NVML; a CPU run's busy cores are priced per
+    finding, not as idle time.
     """
     uuids: set[str] = set()
-    for r in run.ranks:
-        if r.windows:
-            uuids.update(normalize_uuid(u) for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u)
+    for run in runs:
+        for r in run.ranks:
+            if r.windows:
+                uuids.update(normalize_uuid(u) for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u)
     by_uuid = {normalize_uuid(u): util for u, util in gpu_util_pct.items()}
     utils = [by_uuid[u] for u in uuids if u in by_uuid]
     if not utils:
         return None
     return sum(max(1.0 - util / 100.0, 0.0) for util in utils), len(utils)
+
+
+def run_gpu_util_pct(figures: Figures, run: RunFigures) -> dict[str, float]:
+    """Each GPU's mean utilization over the run's own time (its ranks' first to last window), not the recording's."""
+    spans = [(r.windows[0].t0, r.windows[-1].t1) for r in run.ranks if r.windows]
+    if not spans:
+        return {}
+    since, until = min(t0 for t0, _ in spans), max(t1 for _, t1 in spans)
+    return mean_gpu_util_pct(figures.snapshot.gpu_samples(), since_t=since, until_t=until)
+
+
+def hours_text(hours: float) -> str:
+    """Device-hours in two figures, never in exponent form: 0.49, 2.3, 120."""
+    return f"{hours:.2g}" if hours < 100 else f"{hours:,.0f}"
 
 
 def with_waste(findings: list[Finding], machine: Figures) -> list[Finding]:

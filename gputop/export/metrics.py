@@ -219,7 +219,7 @@ def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str
     out["gputop_finding"] = list(finding_series.items())
     out["gputop_finding_waste_per_hour"] = list(waste_series.items())
     for run in figures.runs:
-        if (idle := idle_gpus(run, figures.gpu_util_pct)) is not None:
+        if (idle := idle_gpus([run], figures.gpu_util_pct)) is not None:
             out["gputop_run_idle_gpu_hours_per_hour"].append(((run.run_id,), idle[0]))
     statuses = [r.status for r in ranks]
     out["gputop_collector_ranks"] = [((status,), float(statuses.count(status))) for status in sorted(set(statuses))]

@@ -250,11 +250,13 @@ def summarize(
     )
 
 
-def mean_gpu_util_pct(history: Iterable[GpuSample], *, since_t: float | None) -> dict[str, float]:
-    """Each GPU's mean NVML utilization over the samples since ``since_t``; N/A readings skipped."""
+def mean_gpu_util_pct(
+    history: Iterable[GpuSample], *, since_t: float | None, until_t: float | None = None
+) -> dict[str, float]:
+    """Each GPU's mean NVML utilization over the samples from ``since_t`` to ``until_t``; N/A readings skipped."""
     sums: dict[str, list[float]] = {}
     for sample in history:
-        if since_t is not None and sample.t < since_t:
+        if (since_t is not None and sample.t < since_t) or (until_t is not None and sample.t > until_t):
             continue
         for gpu in sample.gpus:
             if gpu.util_pct is not None:

@@ -48,7 +48,10 @@ class StepClock:
         # The optimizer's step, timed from its pre-hook to its post-hook (all optimizers, summed a step):
         self.times_optimizer = False  # set once the reporter's pre-hook is installed
         self._optimizer_s = 0.0
-        self._optimizer_t0: float | None = None
+        self._optimizer_t0 = 0.0
+        # Optimizers stepping inside each other (a wrapper such as ZeroRedundancyOptimizer steps its
+        # inner one): the clock runs from the outermost pre-hook to the outermost post-hook.
+        self._optimizer_depth = 0
 
     @property
     def batches_since_mark(self) -> int:
@@ -71,13 +74,17 @@ class StepClock:
 
     def optimizer_started(self) -> None:
         """An optimizer's step begins (its pre-hook)."""
-        self._optimizer_t0 = time.perf_counter()
+        self._optimizer_depth += 1
+        if self._optimizer_depth == 1:
+            self._optimizer_t0 = time.perf_counter()
 
     def optimizer_done(self) -> None:
-        """The optimizer's step ended (its post-hook): its time counts towards the current step."""
-        t0, self._optimizer_t0 = self._optimizer_t0, None
-        if t0 is not None:
-            self._optimizer_s += time.perf_counter() - t0
+        """An optimizer's step ended (its post-hook): the outermost one's time counts towards the current step."""
+        if self._optimizer_depth == 0:  # a step whose pre-hook came before gputop watched
+            return
+        self._optimizer_depth -= 1
+        if self._optimizer_depth == 0:
+            self._optimizer_s += time.perf_counter() - self._optimizer_t0
 
     def mark_step(self) -> None:
         """Close the current step.  Called from the optimizer post-hook or ``gputop.step()``."""
@@ -144,7 +151,7 @@ class TrackedLoader(Generic[T]):
 
 
 def calibrate(repeats: int = 3, calls: int = 1000) -> tuple[float, float]:
-    """What one step mark and one tracked batch cost the training thread here: (seconds, seconds).
+    """What a step mark (the optimizer step timed too) and a tracked batch cost the training thread: (s, s).
 
     Measured on a private clock, best of ``repeats`` runs of ``calls`` calls,
     as ``timeit`` does: the code's own cost on this CPU in this interpreter.
@@ -157,7 +164,9 @@ def calibrate(repeats: int = 3, calls: int = 1000) -> tuple[float, float]:
     mark = batch = float("inf")
     for _ in range(repeats):
         start = perf()
-        for _ in items:
+        for _ in items:  # a step as the optimizer's hooks mark it: its step timed, then the mark
+            clock.optimizer_started()
+            clock.optimizer_done()
             clock.mark_step()
         mark = min(mark, (perf() - start) / calls)
         clock.drain()

@@ -16,7 +16,7 @@ from gputop.combine import PHASES
 # A phase's colour without a theme, by the theme variable it is drawn in; a phase with none is grey,
 # readable on light and dark themes alike.
 GREY = "#8a8a8a"
-_PLAIN = {"error": "red", "primary": "blue", "secondary": "magenta", "accent": "cyan", "warning": "yellow"}
+_PLAIN = {"error": "red", "primary": "blue", "secondary": "magenta", "success": "green", "warning": "yellow"}
 
 
 @dataclass(frozen=True)

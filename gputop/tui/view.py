@@ -110,8 +110,6 @@ class RunSummary:
     steps_per_s: float | None
     gputop_cost: GputopCost  # what gputop costs its ranks
     job: str = ""  # the scheduler's names for it (Slurm job, pod, torchrun id), "" outside one
-    # GPU-hours its GPUs sit idle every hour, and of how many (gputop.diagnose.waste.idle_gpus); None: no GPU readings.
-    idle_gpus: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,6 +125,11 @@ class DashboardView:
     diagnosis: str  # "off" (no rules), "ok", or "failed: <reason>"
     host_rows: tuple[HostRow, ...] = ()  # per run and host, in the order the hosts' first ranks appear
     cpu_sharing: str | None = None  # who else uses this host's CPUs, when they take a real part
+
+    @cached_property
+    def idle_gpus(self) -> tuple[float, int] | None:
+        """GPU-hours the runs' GPUs sit idle every hour, and how many GPUs (gputop.diagnose.waste.idle_gpus)."""
+        return idle_gpus(self.figures.runs, self.figures.gpu_util_pct)
 
     @property
     def hosts(self) -> int:
@@ -278,7 +281,7 @@ def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
     ]
 
 
-def _run_summary(run: RunFigures, t: float, gpu_util_pct: dict[str, float]) -> RunSummary:
+def _run_summary(run: RunFigures, t: float) -> RunSummary:
     rates = [r.stats.steps_per_s for r in run.ranks if r.status == LIVE and r.stats.steps_per_s is not None]
     return RunSummary(
         run_id=run.run_id,
@@ -290,7 +293,6 @@ def _run_summary(run: RunFigures, t: float, gpu_util_pct: dict[str, float]) -> R
         steps_per_s=median(rates) if rates else None,
         gputop_cost=run.gputop_cost,
         job=job_text(run.view.ranks[0].hello, short=True) if run.view.ranks else "",
-        idle_gpus=idle_gpus(run, gpu_util_pct),
     )
 
 
@@ -388,7 +390,7 @@ def build_view(figures: Figures, findings: Sequence[Finding] = (), diagnosis: st
     rank_rows = tuple(row for run in figures.runs for row in _rank_rows(run, slowest))
     return DashboardView(
         figures=figures,
-        runs=tuple(_run_summary(run, snapshot.t, figures.gpu_util_pct) for run in figures.runs),
+        runs=tuple(_run_summary(run, snapshot.t) for run in figures.runs),
         rank_rows=rank_rows,
         gpu_rows=gpu_rows,
         gpu_unavailable=snapshot.gpu.unavailable if snapshot.gpu is not None else None,

@@ -7,6 +7,7 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
+from gputop.diagnose.waste import hours_text
 from gputop.tui.format import fmt_pct, fmt_rate, fmt_small_frac, fmt_uptime, fmt_us
 from gputop.tui.strips import Part, PartStyles, cells, draw
 from gputop.tui.view import DashboardView
@@ -84,13 +85,11 @@ class HeaderBar(Widget):
         return [(COST, parts)]
 
     @staticmethod
-    def _idle(runs: list[tuple[float, int] | None]) -> list[Piece]:
+    def _idle(idle: tuple[float, int] | None) -> list[Piece]:
         """The runs' idle GPU-hours every hour: what their GPUs hold and do not use, the waste in the units paid."""
-        known = [idle for idle in runs if idle is not None]
-        if not known:
+        if idle is None:
             return []
-        hours = sum(h for h, _ in known)
-        return [(IDLE, ((" · idle ", "$text-muted"), f"{hours:.2g}", (" GPU-h/h", "$text-muted")))]
+        return [(IDLE, ((" · idle ", "$text-muted"), hours_text(idle[0]), (" GPU-h/h", "$text-muted")))]
 
     @staticmethod
     def _hosts(view: DashboardView) -> list[Piece]:
@@ -128,7 +127,7 @@ class HeaderBar(Widget):
             ]
         if view is not None and not view.empty and (gpus := len(view.gpu_rows)):
             pieces.append((GPUS, (f"  {gpus} GPU{'s' if gpus != 1 else ''}",)))
-            pieces += cls._idle([r.idle_gpus for r in view.runs])
+            pieces += cls._idle(view.idle_gpus)
         if view is not None and view.figures.dashboard_cpu_pct is not None:
             pieces.append(
                 (DASHBOARD_CPU, ((f" · dashboard {fmt_pct(view.figures.dashboard_cpu_pct)} CPU", "$text-muted"),))
