@@ -57,7 +57,7 @@ def step_time(run: RunFigures) -> StepTime | None:
     return StepTime(mean, t95(k - 1) * math.sqrt(variance), k)
 
 
-OPTIONAL = frozenset(p.name for p in OWN_PHASES if p.optional)
+OPTIONAL = {p.name: p.seconds for p in OWN_PHASES if p.optional}
 
 # The phases compared, as the table shows them: a share of the step, or milliseconds a step.
 Reader = Callable[[RankFigures], float | None]
@@ -112,6 +112,23 @@ def compare_runs(
             "band_pct": round(100 * relative, 1),
             "beyond_noise": abs(ratio - 1.0) > relative,
         }
+    # A phase one recording times and the other does not (the optimizer's, from an older reporter) would
+    # seem to leave "outside the phases" in the one that times it: both read it inside the rest instead.
+    folded = [
+        seconds
+        for name, seconds in OPTIONAL.items()
+        if any(getattr(r.stats, seconds) is None for r in (*before.ranks, *after.ranks))
+    ]
+
+    def outside(rank: RankFigures) -> float | None:
+        other = rank.stats.other_s
+        return None if other is None else other + sum(getattr(rank.stats, s) or 0.0 for s in folded)
+
+    compared = [
+        (name, unit, outside if name == "outside the phases" else read)
+        for name, unit, read in PHASES
+        if OPTIONAL.get(name) not in folded
+    ]
     phases = [
         {
             "phase": name,
@@ -119,9 +136,7 @@ def compare_runs(
             "before": _shown(_mean([read(r) for r in before.ranks]), unit),
             "after": _shown(_mean([read(r) for r in after.ranks]), unit),
         }
-        for name, unit, read in PHASES
-        if any(read(r) is not None for r in (*before.ranks, *after.ranks))  # an optimizer neither run timed
-        or name not in OPTIONAL
+        for name, unit, read in compared
     ]
     after_by_rank = {r.rank: r for r in after.ranks}
     ranks = [

@@ -389,3 +389,9 @@ def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_
     text = subprocess.run([sys.executable, "-m", "gputop", "report", str(recording)], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert f"profile of rank 1, {CAPTURE_STEPS} steps: " in text.stdout, text.stdout[-3000:]
+
+
+def test_two_runs_capturing_the_same_rank_in_the_same_second_ask_under_different_ids() -> None:
+    """The relay keys its waiting captures by id: two jobs' rank 1 straggling at once must not collide."""
+    a, b = capture_id("straggler", 1, 1000.0, "job-a"), capture_id("straggler", 1, 1000.0, "job-b")
+    assert a != b and a.startswith("auto-straggler-r1-1000-") and b.startswith("auto-straggler-r1-1000-")

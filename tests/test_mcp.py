@@ -176,6 +176,33 @@ def test_a_client_that_closes_stdin_ends_the_server_which_wrote_nothing_but_to_s
     assert "gputop: answering MCP on stdio; ranks report to tcp://127.0.0.1:" in result.stderr
 
 
+def test_sigterm_ends_the_server_while_its_client_still_holds_stdin() -> None:
+    """A supervisor's `kill` while the agent keeps the pipe open: the server leaves, it does not wait on stdin."""
+    cmd = [sys.executable, "-m", "gputop", "mcp", "--port", str(free_port())]
+    env = {**os.environ, "GPUTOP_NICE": "0"}
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        said = b""
+        while b"answering MCP on stdio" not in said and time.monotonic() < deadline:
+            said += proc.stderr.readline()
+        assert b"answering MCP on stdio" in said, said
+        assert proc.stdin is not None and proc.stdout is not None
+        client = {"name": "t", "version": "1"}
+        params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+        proc.stdin.write((json.dumps(hello) + "\n").encode())
+        proc.stdin.flush()
+        assert b'"id":1' in proc.stdout.readline()  # a session under way: the SDK's reader waits on stdin
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0  # it stayed alive until the client closed stdin
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_the_mcp_server_never_imports_torch() -> None:
     code = "import gputop.mcp.server, gputop.cli.mcp, sys; print(sorted({m.split('.')[0] for m in sys.modules}))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "attach"
     if args.command is None:  # `gputop` alone: attach with the defaults
         args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
-    if getattr(args, "gpu_hour_price", False) is None:  # not given: the price in the config file, if any
+    if hasattr(args, "gpu_hour_price") and args.gpu_hour_price is None:  # not given: the config file's, if any
         from gputop.tui import settings
 
         args.gpu_hour_price = settings.load().gpu_hour_price

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         stack.enter_context(sigterm_interrupts())
         print(f"gputop: answering MCP on stdio; ranks report to {source.address}", file=sys.stderr)
         serve(source, lambda path: report_of(path, args.gpu_hour_price), price_per_hour=args.gpu_hour_price)
-    return 0
+    # Ended by a signal, the SDK's stdin reader (a worker thread, not a daemon) is still blocked reading a
+    # pipe the client holds open, and the interpreter would wait for it at exit: the collector is stopped
+    # and its socket gone, so leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def report_of(path: Path, price_per_hour: float | None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ reporter gives up after 2 minutes without a step); the hang finding already
 names where each stuck rank is from its stack samples.
 
 The capture comes back like any capture (the store keeps it, recordings write
-it); its id says what it was for (``auto-<cause>-r<rank>-<time>``), so the
+it); its id says what it was for (``auto-<cause>-r<rank>-<time>-<run hash>``), so the
 live pipeline and ``gputop report`` attach it to the finding of that cause and
 rank the same way: its top operators, its trace and the stack samples over the
 seconds it spans (the profiler sees operators, not plain Python: the samples
@@ -23,6 +23,7 @@ and findings out.  The caller carries the requests to its source.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -56,12 +57,15 @@ FRAMES_WAIT_S = 3.0
 RESULT_LAG_S = 1.0
 TOP_OPS_SHOWN = 3  # operators a finding's one line names
 
-_ID = re.compile(r"^auto-(?P<cause>[a-z_]+)-r(?P<rank>\d+)-\d+$")
+# The run's part (a short hash of its id) keeps two runs' captures apart: the relay and the recording's
+# reader key captures by id, and two jobs' rank 1 can straggle in the same second.
+_ID = re.compile(r"^auto-(?P<cause>[a-z_]+)-r(?P<rank>\d+)-\d+(-[0-9a-f]{8})?$")
 
 
-def capture_id(cause: str, rank: int, t: float) -> str:
+def capture_id(cause: str, rank: int, t: float, run_id: str = "") -> str:
     """The request's id: what the capture is for, so a recording's reader can attach it to its finding."""
-    return f"auto-{cause}-r{rank}-{int(t)}"
+    run = hashlib.sha1(run_id.encode()).hexdigest()[:8]
+    return f"auto-{cause}-r{rank}-{int(t)}-{run}"
 
 
 def captured_for(result: CaptureResult) -> tuple[str, int] | None:
@@ -221,7 +225,7 @@ class AutoCapture:
                 continue  # not on the line now: asked when it is, rather than spend the run's turn on a refusal
             self._asked.add(finding.key)
             self._last_t[run_id] = t
-            request_id = capture_id(finding.cause, rank, t)
+            request_id = capture_id(finding.cause, rank, t, run_id)
             steps = capture_steps(finding)
             requests.append(
                 CaptureRequest(run_id=run_id, rank=rank, id=request_id, steps=steps, timeout_s=CAPTURE_TIMEOUT_S)
