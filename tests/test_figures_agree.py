@@ -25,7 +25,7 @@ from gputop.model.snapshot import Snapshot
 from gputop.tui.format import fmt_frac
 from gputop.tui.palette import Palette
 from gputop.tui.view import DashboardView, build_view
-from gputop.tui.widgets.ranks_table import row_cells
+from gputop.tui.widgets.rank_cells import row_cells
 from tests.diagnose_fixtures import RankSpec, make_snapshot
 
 

@@ -1,8 +1,9 @@
 """GPU sampling over NVML: one ``GpuSample`` per call, and a thread that feeds the store.
 
 Per GPU: utilization, memory, power, temperature, clocks, PCIe throughput,
-clock-throttle reasons, ECC errors, GPM SM/tensor activity on Hopper and newer,
-and each process's memory and SM utilization.  MIG instances get rows of
+clock-throttle reasons and ECC errors, read here; GPM SM/tensor activity on
+Hopper and newer (``gpm``) and each process's memory and SM utilization
+(``gpu_processes``), read by their own parts.  MIG instances get rows of
 their own.  Whatever cannot be read is None with a reason in ``na``; with no
 NVML at all the sample says why in ``unavailable``.  Nothing here raises.
 
@@ -22,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.collect.nvml import GPU_LOST, NOT_FOUND, Nvml, text
+from gputop.collect.gpm import GpmReader
+from gputop.collect.gpu_processes import ProcessReader, pid_here, process_name
+from gputop.collect.nvml import DeviceReads, Nvml, text
 from gputop.collect.nvml_counters import ThroughputCounters
-from gputop.collect.nvml_processes import VERSIONS, ProcessEntry, list_processes
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
@@ -50,15 +52,8 @@ _CONSTANTS = {
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
     "NVML_VOLATILE_ECC": 0,
     "NVML_DEVICE_MIG_ENABLE": 1,
-    "NVML_GPM_METRIC_SM_UTIL": 2,
-    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5,
-    "NVML_GPM_METRICS_GET_VERSION": 1,
-    "NVML_SUCCESS": 0,
 }
 
-GPM_NOT_SUPPORTED = "GPM not supported on this GPU (Hopper and newer only)"
-UTIL_PIDS_ELSEWHERE = "NVML's utilization samples name PIDs from another namespace"
-GPM_WARMING_UP = "GPM needs two samples"
 PER_PHYSICAL_GPU = "read on the parent GPU's row"
 LISTED_PER_MIG = "listed per MIG instance"
 
@@ -79,34 +74,6 @@ def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def pid_here(pid: int) -> tuple[bool, int | None]:
-    """Whether ``pid`` is in this PID namespace, and its PID in its own innermost namespace if other.
-
-    NVML reports the host's PIDs.  Inside a container they are not in /proc
-    (False); on the host, a containerised rank is, and its status's ``NSpid``
-    line ends with the PID the rank knows itself by.
-    """
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    pids = line.split()[1:]
-                    return True, int(pids[-1]) if len(pids) > 1 else None
-    except (OSError, ValueError):
-        return False, None
-    return True, None
-
-
-def process_name(pid: int) -> str | None:
-    """A process's name for the UI, or None when it is gone or hidden from us."""
-    try:
-        import psutil
-
-        return str(psutil.Process(pid).name())
-    except Exception:  # vanished between NVML listing it and now, or another PID namespace
-        return None
-
-
 @dataclass
 class _Static:
     """What does not change while NVML stays initialised, cached per NVML index."""
@@ -114,45 +81,6 @@ class _Static:
     handle: Any
     uuid: str
     name: str
-
-
-class _Reads:
-    """The reads of one device in one sample: collects N/A reasons, stops early on a lost GPU."""
-
-    def __init__(self, nvml: Nvml, device: str, handle: Any) -> None:
-        self.nvml = nvml
-        self.device = device
-        self.handle = handle
-        self.na: dict[str, str] = {}
-        self.lost = False
-
-    def get(self, field: str, fn_name: str, *args: Any, record: bool = True) -> Any:
-        """The bindings' ``fn_name`` on this device; a failure's reason goes in ``na[field]``."""
-        return self.get_with(field, fn_name, None, *args, record=record)
-
-    def get_with(self, field: str, name: str, fn: Callable[..., Any] | None, *args: Any, record: bool = True) -> Any:
-        """``get`` for gputop's own function over the bindings (None: the bindings' ``name`` itself)."""
-        if self.lost:
-            if record:
-                self.na[field] = GPU_LOST
-            return None
-        value, why = self.nvml.call_with(name, fn, self.handle, *args, device=self.device, field=field)
-        if why is not None:
-            if why == GPU_LOST:
-                self.lost = True  # every further read would fail the same way, some slowly
-            if record:
-                self.na[field] = why
-        return value
-
-    def first(self, field: str, fn_names: tuple[str, ...], *args: Any) -> Any:
-        """The first of several equivalent functions this driver has (newer name first)."""
-        for fn_name in fn_names:
-            value = self.get(field, fn_name, *args)
-            if value is not None or not self.nvml.is_missing(fn_name) or self.lost:
-                return value
-            self.na.pop(field, None)
-        self.na[field] = "not in this driver or pynvml"
-        return None
 
 
 class GpuSampler:
@@ -168,16 +96,13 @@ class GpuSampler:
     ) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
         self._clock = clock
-        self._name_of_pid = name_of_pid
-        self._pid_here = pid_here
+        self._processes = ProcessReader(self.nvml, name_of_pid=name_of_pid, pid_here=pid_here)
+        self._gpm = GpmReader(self.nvml)
         self._counters = ThroughputCounters()
         self._lock = threading.Lock()
         self._static: dict[int, _Static] = {}
         self._known: dict[int, tuple[str, str]] = {}  # index -> (uuid, name), kept after a GPU is lost
         self._generation = -1
-        self._util_seen_us: dict[str, int] = {}  # device -> newest process-utilization timestamp read
-        self._gpm_supported: dict[str, bool] = {}
-        self._gpm_prev: dict[str, Any] = {}  # device -> the previous GPM sample buffer
 
     def sample(self) -> GpuSample:
         """Every GPU now, or ``GpuSample(unavailable=...)``; never raises."""
@@ -191,9 +116,7 @@ class GpuSampler:
     def close(self) -> None:
         """Free GPM buffers and shut NVML down."""
         with self._lock:
-            for buffer in self._gpm_prev.values():
-                self.nvml.call("nvmlGpmSampleFree", buffer)
-            self._gpm_prev.clear()
+            self._gpm.close()
             self.nvml.shutdown()
 
     def _sample(self, t: float) -> GpuSample:
@@ -203,7 +126,7 @@ class GpuSampler:
         if self.nvml.generation != self._generation:
             # A new NVML session: old handles and GPM buffers belong to the last one.
             self._static.clear()
-            self._gpm_prev.clear()
+            self._gpm.drop_buffers()
             self._counters = ThroughputCounters()
             self._generation = self.nvml.generation
         driver, _ = self.nvml.call("nvmlSystemGetDriverVersion")
@@ -240,7 +163,7 @@ class GpuSampler:
             # A GPU seen before keeps its UUID, so the UI and the join can say which rank lost it.
             uuid, name = self._known.get(index, ("", ""))
             return [GpuReading(index=index, uuid=uuid, name=name, na={"gpu": static})]
-        reads = _Reads(self.nvml, static.uuid, static.handle)
+        reads = DeviceReads(self.nvml, static.uuid, static.handle)
         mig_mode = reads.get("mig_mode", "nvmlDeviceGetMigMode", record=False)
         mig_on = bool(mig_mode) and mig_mode[0] == self._c("NVML_DEVICE_MIG_ENABLE")
         fields = self._read_device_fields(reads)
@@ -249,23 +172,20 @@ class GpuSampler:
             processes: tuple[GpuProcess, ...] = ()
             reads.na["processes"] = LISTED_PER_MIG
         else:
-            processes = self._read_processes(reads)
-            fields.update(self._read_gpm(reads))
+            processes = self._processes.read(reads)
+            fields.update(self._gpm.read(reads))
         if reads.lost:
             # Forget handles and answers: after a reset the GPU may come back different.
             self._static.pop(index, None)
             self.nvml.forget_device(static.uuid)
             self._counters.forget(static.uuid)
-            self._gpm_supported.pop(static.uuid, None)
-            stale = self._gpm_prev.pop(static.uuid, None)
-            if stale is not None:
-                self.nvml.call("nvmlGpmSampleFree", stale)
+            self._gpm.forget(static.uuid)
         rows = [GpuReading(index=index, uuid=static.uuid, name=static.name, processes=processes, na=reads.na, **fields)]
         if mig_on and not reads.lost:
             rows.extend(self._read_mig_instances(index, static))
         return rows
 
-    def _read_device_fields(self, reads: _Reads) -> dict[str, Any]:
+    def _read_device_fields(self, reads: DeviceReads) -> dict[str, Any]:
         """What a full GPU and a MIG instance both answer (or both refuse)."""
         out: dict[str, Any] = {}
         util = reads.get("util_pct", "nvmlDeviceGetUtilizationRates")
@@ -277,7 +197,7 @@ class GpuSampler:
         out.update(self._read_memory(reads))
         return out
 
-    def _read_memory(self, reads: _Reads) -> dict[str, Any]:
+    def _read_memory(self, reads: DeviceReads) -> dict[str, Any]:
         """Used memory as nvidia-smi shows it: ``_v2``, which leaves the driver's reserved memory out.
 
         Since R510 the v1 call counts that reservation as used (an idle A100:
@@ -307,7 +227,7 @@ class GpuSampler:
         out["mem_total_bytes"] = int(memory.total)
         return out
 
-    def _read_physical_fields(self, reads: _Reads) -> dict[str, Any]:
+    def _read_physical_fields(self, reads: DeviceReads) -> dict[str, Any]:
         """What only the physical GPU has: power, heat, clocks, PCIe, ECC."""
         out: dict[str, Any] = {}
         power_mw = reads.get("power_w", "nvmlDeviceGetPowerUsage")
@@ -346,7 +266,7 @@ class GpuSampler:
             out["ecc_errors"] = int(ecc)
         return out
 
-    def _read_throughput(self, reads: _Reads) -> dict[str, Any]:
+    def _read_throughput(self, reads: DeviceReads) -> dict[str, Any]:
         """PCIe and NVLink rates from the driver's byte counters, in one non-blocking call."""
         if reads.lost:
             return {}
@@ -364,160 +284,6 @@ class GpuSampler:
                 reads.na[name] = failed or na.get(name, "not read")
         return dict(rates)
 
-    def _read_processes(self, reads: _Reads) -> tuple[GpuProcess, ...]:
-        used: dict[int, int | None] = {}
-        for kind, field in (("Compute", "processes"), ("Graphics", "graphics_processes")):
-            for entry in self._list_processes(reads, kind, field) or ():
-                used.setdefault(entry.pid, entry.used_bytes)
-        if not used:
-            return ()
-        sm_util, mem_util = self._read_process_utilization(reads, set(used))
-        processes = []
-        for pid, used_bytes in sorted(used.items()):
-            visible, ns_pid = self._pid_here(pid)
-            processes.append(
-                GpuProcess(
-                    pid=pid,
-                    used_bytes=used_bytes,
-                    sm_util_pct=sm_util.get(pid),
-                    mem_util_pct=mem_util.get(pid),
-                    name=self._name_of_pid(pid) if visible else None,
-                    visible=visible,
-                    ns_pid=ns_pid,
-                )
-            )
-        return tuple(processes)
-
-    def _list_processes(self, reads: _Reads, kind: str, field: str) -> list[ProcessEntry] | None:
-        """``nvmlDevice...RunningProcesses`` through the newest version this driver has (v3, v2, v1)."""
-        lib = self.nvml.lib
-        for suffix, sizes in VERSIONS:
-            c_name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
-            if self.nvml.is_missing(c_name):
-                continue
-            listed = reads.get_with(
-                field, c_name, lambda h, c_name=c_name, sizes=sizes: list_processes(lib, h, c_name, sizes),
-                record=field == "processes",
-            )  # fmt: skip
-            if listed is not None or not self.nvml.is_missing(c_name) or reads.lost:
-                return listed
-            reads.na.pop(field, None)
-        if field == "processes":
-            reads.na[field] = "no process-listing call in this driver"
-        return None
-
-    def _read_process_utilization(self, reads: _Reads, pids: set[int]) -> tuple[dict[int, float], dict[int, float]]:
-        """Mean SM and memory utilization per process since the previous sample.
-
-        NVML keeps a short buffer of per-process samples; passing the newest
-        timestamp already read returns exactly the ones not seen yet, where a
-        fixed "now - 1 s" would drop or double-count samples whenever this
-        thread runs late.
-        """
-        since_us = self._util_seen_us.get(reads.device, 0)
-        value, why = self.nvml.call(
-            "nvmlDeviceGetProcessUtilization",
-            reads.handle,
-            since_us,
-            device=reads.device,
-            field="process_sm_util_pct",
-        )
-        if value is None:
-            if why == GPU_LOST:
-                reads.lost = True
-            # NOT_FOUND: no new samples since last time, which is news, not a failure.
-            if why not in (None, NOT_FOUND):
-                reads.na["process_sm_util_pct"] = why
-            return {}, {}
-        sums: dict[int, list[float]] = {}
-        newest = since_us
-        for s in value:
-            newest = max(newest, int(s.timeStamp))
-            pid = int(s.pid)
-            if pid in pids:  # samples of processes that exited since are dropped
-                acc = sums.setdefault(pid, [0.0, 0.0, 0.0])
-                acc[0] += float(s.smUtil)
-                acc[1] += float(s.memUtil)
-                acc[2] += 1
-        self._util_seen_us[reads.device] = newest
-        if not sums and value and len(pids) == 1:
-            # Drivers from 560.35 translate the listed PIDs into this container's namespace but not
-            # the utilization samples' (HAMi-core #112): with one process on the GPU, the samples are its.
-            only = next(iter(pids))
-            samples = list(value)
-            sums[only] = [
-                sum(float(s.smUtil) for s in samples),
-                sum(float(s.memUtil) for s in samples),
-                float(len(samples)),
-            ]
-        elif not sums and value:
-            reads.na["process_sm_util_pct"] = UTIL_PIDS_ELSEWHERE
-        return (
-            {pid: acc[0] / acc[2] for pid, acc in sums.items()},
-            {pid: acc[1] / acc[2] for pid, acc in sums.items()},
-        )
-
-    def _read_gpm(self, reads: _Reads) -> dict[str, Any]:
-        """SM and tensor activity from GPM (Hopper+), between the previous sample and this one."""
-        device = reads.device
-        supported = self._gpm_supported.get(device)
-        missing = None
-        if supported is None and not reads.lost:
-            support = reads.get("gpm", "nvmlGpmQueryDeviceSupport", record=False)
-            supported = bool(support is not None and getattr(support, "isSupportedDevice", 0))
-            if support is None and self.nvml.is_missing("nvmlGpmQueryDeviceSupport"):
-                missing = "GPM: not in this driver (R520 and newer)"
-            else:
-                self._gpm_supported[device] = supported
-        if not supported or reads.lost:
-            reason = GPU_LOST if reads.lost else missing or GPM_NOT_SUPPORTED
-            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = reason
-            return {}
-        current, why = self.nvml.call("nvmlGpmSampleAlloc")
-        if current is None:
-            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = f"GPM: {why}"
-            return {}
-        _, why = self.nvml.call("nvmlGpmSampleGet", reads.handle, current)
-        if why is not None:
-            self.nvml.call("nvmlGpmSampleFree", current)
-            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = f"GPM: {why}"
-            return {}
-        previous = self._gpm_prev.pop(device, None)
-        self._gpm_prev[device] = current
-        if previous is None:
-            reads.na["sm_active_pct"] = reads.na["tensor_active_pct"] = GPM_WARMING_UP
-            return {}
-        out: dict[str, Any] = {}
-        try:
-            out = self._gpm_metrics(reads, previous, current)
-        finally:
-            self.nvml.call("nvmlGpmSampleFree", previous)
-        return out
-
-    def _gpm_metrics(self, reads: _Reads, previous: Any, current: Any) -> dict[str, Any]:
-        lib = self.nvml.lib
-        wanted = (
-            ("sm_active_pct", self._c("NVML_GPM_METRIC_SM_UTIL")),
-            ("tensor_active_pct", self._c("NVML_GPM_METRIC_ANY_TENSOR_UTIL")),
-        )
-        request = lib.c_nvmlGpmMetricsGet_t()
-        request.version = self._c("NVML_GPM_METRICS_GET_VERSION")
-        request.numMetrics = len(wanted)
-        request.sample1 = previous
-        request.sample2 = current
-        for i, (_, metric_id) in enumerate(wanted):
-            request.metrics[i].metricId = metric_id
-        result, why = self.nvml.call("nvmlGpmMetricsGet", request)
-        out: dict[str, Any] = {}
-        for i, (field, _) in enumerate(wanted):
-            if result is None:
-                reads.na[field] = f"GPM: {why}"
-            elif result.metrics[i].nvmlReturn != self._c("NVML_SUCCESS"):
-                reads.na[field] = f"GPM: NVML error {result.metrics[i].nvmlReturn}"
-            else:
-                out[field] = float(result.metrics[i].value)
-        return out
-
     def _read_mig_instances(self, index: int, parent: _Static) -> list[GpuReading]:
         count, _ = self.nvml.call("nvmlDeviceGetMaxMigDeviceCount", parent.handle)
         rows: list[GpuReading] = []
@@ -529,9 +295,9 @@ class GpuSampler:
             if uuid is None:
                 continue
             name, _ = self.nvml.call("nvmlDeviceGetName", handle)
-            reads = _Reads(self.nvml, text(uuid), handle)
+            reads = DeviceReads(self.nvml, text(uuid), handle)
             fields = self._read_device_fields(reads)
-            processes = self._read_processes(reads)
+            processes = self._processes.read(reads)
             for shared in ("power_w", "temp_c", "sm_clock_mhz", "mem_clock_mhz"):
                 reads.na[shared] = PER_PHYSICAL_GPU
             rows.append(

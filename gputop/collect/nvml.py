@@ -4,7 +4,9 @@ NVML fails in many ordinary ways: no driver on a laptop, a field a consumer
 GPU does not report, a container without permission, a GPU that fell off the
 bus mid-run.  Each of those becomes an N/A value here (``value`` None and a
 short ``na`` reason the UI can show), so the sampler is a plain sequence of
-reads with no error handling of its own.
+reads with no error handling of its own.  ``DeviceReads`` is one device's reads
+in one sample: it gathers those reasons per field and stops asking a GPU that
+fell off the bus.
 
 A field found unsupported (or forbidden) on a device is remembered and not
 asked again: some of these calls cost milliseconds, and the answer does not
@@ -199,6 +201,45 @@ class Nvml:
         except Exception:  # pynvml's __str__ calls into NVML and can fail itself
             text = ""
         return f"NVML error: {text or type(exc).__name__}"
+
+
+class DeviceReads:
+    """The reads of one device in one sample: collects N/A reasons, stops early on a lost GPU."""
+
+    def __init__(self, nvml: Nvml, device: str, handle: Any) -> None:
+        self.nvml = nvml
+        self.device = device
+        self.handle = handle
+        self.na: dict[str, str] = {}
+        self.lost = False
+
+    def get(self, field: str, fn_name: str, *args: Any, record: bool = True) -> Any:
+        """The bindings' ``fn_name`` on this device; a failure's reason goes in ``na[field]``."""
+        return self.get_with(field, fn_name, None, *args, record=record)
+
+    def get_with(self, field: str, name: str, fn: Callable[..., Any] | None, *args: Any, record: bool = True) -> Any:
+        """``get`` for gputop's own function over the bindings (None: the bindings' ``name`` itself)."""
+        if self.lost:
+            if record:
+                self.na[field] = GPU_LOST
+            return None
+        value, why = self.nvml.call_with(name, fn, self.handle, *args, device=self.device, field=field)
+        if why is not None:
+            if why == GPU_LOST:
+                self.lost = True  # every further read would fail the same way, some slowly
+            if record:
+                self.na[field] = why
+        return value
+
+    def first(self, field: str, fn_names: tuple[str, ...], *args: Any) -> Any:
+        """The first of several equivalent functions this driver has (newer name first)."""
+        for fn_name in fn_names:
+            value = self.get(field, fn_name, *args)
+            if value is not None or not self.nvml.is_missing(fn_name) or self.lost:
+                return value
+            self.na.pop(field, None)
+        self.na[field] = "not in this driver or pynvml"
+        return None
 
 
 _REASONS = {

@@ -148,34 +148,3 @@ class TrackedLoader(Generic[T]):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
-
-
-def calibrate(repeats: int = 3, calls: int = 1000) -> tuple[float, float]:
-    """What a step mark (the optimizer step timed too) and a tracked batch cost the training thread: (s, s).
-
-    Measured on a private clock, best of ``repeats`` runs of ``calls`` calls,
-    as ``timeit`` does: the code's own cost on this CPU in this interpreter.
-    Timing each real call instead would cost a clock read per step and count
-    whatever ran while the training thread waited for the GIL inside it.
-    """
-    perf = time.perf_counter
-    clock = StepClock()
-    items = list(range(calls))
-    mark = batch = float("inf")
-    for _ in range(repeats):
-        start = perf()
-        for _ in items:  # a step as the optimizer's hooks mark it: its step timed, then the mark
-            clock.optimizer_started()
-            clock.optimizer_done()
-            clock.mark_step()
-        mark = min(mark, (perf() - start) / calls)
-        clock.drain()
-        start = perf()
-        for _ in items:
-            pass
-        plain = perf() - start
-        start = perf()
-        for _ in TrackedLoader(items, clock):
-            pass
-        batch = min(batch, max(perf() - start - plain, 0.0) / calls)
-    return mark, batch

@@ -2,7 +2,9 @@
 
 Ranks on several hosts fold under one summary row per host (folded by default
 past ``FOLD_ABOVE`` ranks), so a 1,024-rank job is 128 rows until a host is
-opened.
+opened.  Which rows, in what order, with which columns and cells is the
+layout's (``ranks_layout.RanksLayout``, plain data); this widget draws it,
+moves the cursor over it and answers keys and clicks.
 
 A Line-API widget (Textual's ``ScrollView`` with ``render_line``) rather than a
 ``DataTable``, whose cell cache is keyed on an update counter: one changed cell
@@ -32,34 +34,11 @@ from textual.strip import Strip
 from gputop.tui.messages import RowHighlighted, RowSelected, SortChanged
 from gputop.tui.palette import Palette
 from gputop.tui.view import HostRow, RankRow
-from gputop.tui.widgets.rank_cells import (
-    COLUMNS,
-    FOLD_ABOVE,
-    GROUPED_RANK_WIDTH,
-    NARROW_BELOW,
-    NO_HIGHLIGHT,
-    SORT_KEYS,
-    Entry,
-    Highlight,
-    SortKey,
-    highlighted,
-    host_cells,
-    ordered_entries,
-    row_cells,
-)
+from gputop.tui.widgets.rank_cells import NARROW_BELOW, NO_HIGHLIGHT, SORT_KEYS, Highlight, SortKey
+from gputop.tui.widgets.ranks_layout import CELL_PADDING, RanksLayout, text_key
 
-# Re-exported: the figures test reads a rank's cells from here.
-__all__ = ["NARROW_BELOW", "SORT_KEYS", "RanksTable", "host_cells", "row_cells"]
-
-CELL_PADDING = 1  # blank cells each side of a column, as a DataTable draws them
-CellsKey = tuple[Hashable, ...]
 # Rendered lines kept: every row on a tall screen in its three looks (even, odd, cursor), with room.
 LINE_CACHE_MAX = 1024
-
-
-def _text_key(text: Text) -> Hashable:
-    """What a cell shows, as a hashable value: two cells with equal keys draw the same."""
-    return (text.plain, str(text.style), tuple(text.spans), text.justify)
 
 
 class RanksTable(ScrollView, can_focus=True):
@@ -96,23 +75,9 @@ class RanksTable(ScrollView, can_focus=True):
             classes: Space-separated CSS classes.
         """
         super().__init__(name=name, id=id, classes=classes)
-        self._rows: list[RankRow] = []
-        self._hosts: list[HostRow] = []
-        self._entries: list[Entry] = []  # the rows in order, folded ranks left out
-        self._order: list[str] = []  # their keys
-        self._index: dict[str, int] = {}  # key -> position in _order
-        self._columns: tuple[str, ...] = ()
-        self._widths: tuple[int, ...] = ()  # each column's width with its padding
-        self._header: tuple[Text, ...] = ()
-        self._palette = Palette()
-        self._highlight = NO_HIGHLIGHT
-        self._unfolded: set[str] = set()  # host keys opened by the user
-        self._folded: set[str] = set()  # host keys closed by the user
-        self.fold_by_default = False
+        self._layout = RanksLayout()
         self._cursor = 0
         self._highlighted: str | None = None  # the key last announced with RowHighlighted
-        # Per row key: the entry its cells were built from (by identity), its fold, the cells, their key.
-        self._cells: dict[str, tuple[Entry, bool, Palette, Highlight, dict[str, Text], CellsKey]] = {}
         self._segments: dict[tuple[Hashable, tuple[int, ...]], list[Segment]] = {}  # a row's cells, unstyled
         self._lines: dict[Hashable, Strip] = {}  # finished lines, by content, look, width and scroll
         self._drawn: dict[int, Hashable] = {}  # screen line -> what render_line drew there
@@ -130,58 +95,39 @@ class RanksTable(ScrollView, can_focus=True):
 
     @property
     def row_count(self) -> int:
-        return len(self._entries)
+        return len(self._layout.entries)
 
     @property
     def selected_key(self) -> str | None:
         """The row key under the cursor (a rank's "run:rank", or a host's "host:run:name")."""
-        if not 0 <= self._cursor < len(self._order):
+        order = self._layout.order
+        if not 0 <= self._cursor < len(order):
             return None
-        return self._order[self._cursor]
-
-    @property
-    def grouped(self) -> bool:
-        return len(self._hosts) > len({h.run_id for h in self._hosts})
+        return order[self._cursor]
 
     @property
     def all_folded(self) -> bool:
-        return all(self.is_folded(h.key) for h in self._hosts)
+        return self._layout.all_folded
 
     def get_column_index(self, column: str) -> int:
         """Where a column (by key: "mem", "step", ...) is among the columns shown."""
-        return self._columns.index(column)
+        return self._layout.columns.index(column)
 
     def get_row_at(self, index: int) -> list[Text]:
         """The cells of one row, in the columns shown."""
-        cells = self._cells_of(index)[0]
-        return [cells[c] for c in self._columns]
+        cells = self._layout.cells_of(index)[0]
+        return [cells[c] for c in self._layout.columns]
 
     # -- folding and sorting -----------------------------------------------------
 
-    def is_folded(self, host_key: str) -> bool:
-        if host_key in self._unfolded:
-            return False
-        return host_key in self._folded or self.fold_by_default
-
     def toggle_fold(self, host_key: str) -> None:
         """Open a folded host or fold an open one."""
-        if self.is_folded(host_key):
-            self._folded.discard(host_key)
-            self._unfolded.add(host_key)
-        else:
-            self._unfolded.discard(host_key)
-            self._folded.add(host_key)
+        self._layout.toggle_fold(host_key)
         self._apply()
 
     def set_all_folded(self, folded: bool) -> None:
         """Fold or open every host."""
-        keys = {h.key for h in self._hosts}
-        if folded:
-            self._folded |= keys
-            self._unfolded -= keys
-        else:
-            self._unfolded |= keys
-            self._folded -= keys
+        self._layout.set_all_folded(folded)
         self._apply()
 
     def action_cycle_sort(self) -> None:
@@ -211,98 +157,33 @@ class RanksTable(ScrollView, can_focus=True):
 
         ``highlight``: the ranks and columns the top finding's evidence reads, underlined.
         """
-        self._rows = list(rows)
-        self._hosts = list(hosts)
-        self.fold_by_default = len(rows) > FOLD_ABOVE
-        self._palette = palette
-        self._highlight = highlight
+        self._layout.set_rows(rows, hosts, palette, highlight)
         self._apply()
-
-    def _wanted_columns(self) -> tuple[str, ...]:
-        several_runs = len({r.run_id for r in self._rows}) > 1
-        # Grouped by host, the rank column names the hosts (and carries the fold marks): no host
-        # column; narrow, samples/s gives way (the run chart shows the throughput).
-        hidden = {"host", "samples"} if (self.grouped and self.narrow) else {"host"} if self.grouped else set()
-        return tuple(
-            c.key
-            for c in COLUMNS
-            if (c.narrow if self.narrow else c.wide) and (c.key != "run" or several_runs) and c.key not in hidden
-        )
 
     def _apply(self) -> None:
         """Lay out the rows again; redraw the screen lines that now show something else."""
         keep = self.selected_key
-        self._set_columns()
-        self._entries = ordered_entries(self._rows, self._hosts, self.sort_key, self.grouped, self.is_folded)
-        self._order = [e.key for e in self._entries]
-        self._index = {key: i for i, key in enumerate(self._order)}
-        if len(self._cells) > 2 * len(self._order) + 256:  # rows that left: forget their cells
-            self._cells = {k: v for k, v in self._cells.items() if k in self._index}
-        self._cursor = self._cursor_after(keep)
-        self.virtual_size = Size(sum(self._widths), len(self._entries) + 1)  # + the header line
+        layout = self._layout
+        layout.arrange(self.sort_key, self.narrow)
+        self._cursor = layout.cursor_after(keep, self._cursor)
+        self.virtual_size = Size(sum(layout.widths), len(layout.entries) + 1)  # + the header line
         self._scroll_to_cursor()
         self._refresh_changed_lines()
         self._announce_cursor()
-
-    def _set_columns(self) -> None:
-        columns = self._wanted_columns()
-        sort_column = self.sort_key.column
-        arrow = "↑" if not self.sort_key.descending else "↓"
-        header, widths = [], []
-        for column in COLUMNS:
-            if column.key in columns:
-                label = Text(f"{column.label}{arrow}" if column.key == sort_column else column.label)
-                if column.key in self._highlight.columns:
-                    label.stylize(f"underline {self._highlight.style}")
-                header.append(label)
-                width = GROUPED_RANK_WIDTH if (column.key == "rank" and self.grouped) else column.width
-                widths.append(width + 2 * CELL_PADDING)
-        self._columns, self._header, self._widths = columns, tuple(header), tuple(widths)
-
-    def _cursor_after(self, keep: str | None) -> int:
-        """The cursor stays on its row when rows move; on a folded rank, it goes to the rank's host."""
-        if keep in self._index:
-            return self._index[keep]
-        if keep is not None and not keep.startswith("host:"):
-            host = next((h.key for h in self._hosts if any(r.key == keep for r in h.ranks)), None)
-            if host in self._index:
-                return self._index[host]
-        return max(min(self._cursor, len(self._order) - 1), 0)
-
-    def _cells_of(self, index: int) -> tuple[dict[str, Text], CellsKey]:
-        """The cells of the row at ``index`` and their content key, built once per row and refresh."""
-        entry = self._entries[index]
-        folded = isinstance(entry, HostRow) and self.is_folded(entry.key)
-        cached = self._cells.get(entry.key)
-        highlight = self._highlight
-        if cached is not None and cached[0] is entry and cached[1:4] == (folded, self._palette, highlight):
-            return cached[4], cached[5]
-        if isinstance(entry, HostRow):
-            cells = host_cells(entry, folded, self._palette)
-            marked = any(r.key in highlight.rank_keys for r in entry.ranks)
-        else:
-            cells = row_cells(entry, self._palette)
-            if self.grouped:  # indented under its host's row
-                cells["rank"] = Text("  ") + cells["rank"]
-            marked = entry.key in highlight.rank_keys
-        if marked:
-            cells = highlighted(cells, highlight)
-        key = tuple(_text_key(t) for t in cells.values())
-        self._cells[entry.key] = (entry, folded, self._palette, highlight, cells, key)
-        return cells, key
 
     # -- drawing ---------------------------------------------------------------
 
     def _line_key(self, y: int) -> Hashable:
         """What screen line ``y`` should show: the header, or a row's content in its look."""
+        layout = self._layout
         if y == 0:
-            return ("header", tuple(_text_key(t) for t in self._header), self._widths)
+            return ("header", tuple(text_key(t) for t in layout.header), layout.widths)
         index = y - 1 + self.scroll_offset.y
-        if index >= len(self._entries):
+        if index >= len(layout.entries):
             return ("blank",)
-        content = self._cells_of(index)[1]
+        content = layout.cells_of(index)[1]
         look = "cursor" if index == self._cursor else ("even" if index % 2 == 0 else "odd")
-        return (content, self._columns, self._widths, look)
+        return (content, layout.columns, layout.widths, look)
 
     def _refresh_changed_lines(self) -> None:
         if not self._drawn:  # nothing drawn yet: the first paint draws everything
@@ -315,7 +196,8 @@ class RanksTable(ScrollView, can_focus=True):
 
     def _row_segments(self, cells: Sequence[Text], content: Hashable) -> list[Segment]:
         """One row's cells rendered side by side, padded to their columns, unstyled by row or cursor."""
-        key = (content, self._widths)
+        widths = self._layout.widths
+        key = (content, widths)
         segments = self._segments.get(key)
         if segments is None:
             if len(self._segments) > LINE_CACHE_MAX:
@@ -323,7 +205,7 @@ class RanksTable(ScrollView, can_focus=True):
             console = self.app.console
             options = self.app.console_options.update(no_wrap=True)
             segments = []
-            for cell, width in zip(cells, self._widths, strict=True):
+            for cell, width in zip(cells, widths, strict=True):
                 # A header with its sort arrow may be a cell wider than its column: the arrow takes the right padding.
                 right = CELL_PADDING if cell.cell_len <= width - 2 * CELL_PADDING else 0
                 rendered = console.render_lines(
@@ -358,26 +240,27 @@ class RanksTable(ScrollView, can_focus=True):
         base = looks["base"]
         if line_key == ("blank",):
             return Strip.blank(width, base)
+        layout = self._layout
         if y == 0:
             row_style, cursor, post = looks["header"], Style(), Style()
-            cells, content = list(self._header), line_key
+            cells, content = list(layout.header), line_key
         else:
             index = y - 1 + self.scroll_offset.y
-            row_cells_, content = self._cells_of(index)
-            cells = [row_cells_[c] for c in self._columns]
+            row_cells, content = layout.cells_of(index)
+            cells = [row_cells[c] for c in layout.columns]
             row_style = looks["even" if index % 2 == 0 else "odd"]
             at_cursor = index == self._cursor
             cursor = looks["cursor"] if at_cursor else Style()
             post = Style.from_color(color=cursor.color) if at_cursor else Style()  # the cursor's text colour wins
         scroll_x = self.scroll_offset.x
-        cache_key = (content, self._widths, row_style, cursor, post, base, width, scroll_x)
+        cache_key = (content, layout.widths, row_style, cursor, post, base, width, scroll_x)
         strip = self._lines.get(cache_key)
         if strip is None:
             if len(self._lines) > LINE_CACHE_MAX:
                 self._lines.clear()
             pre = row_style + cursor
             segments = list(Segment.apply_style(self._row_segments(cells, content), pre, post))
-            table_width = sum(self._widths)
+            table_width = sum(layout.widths)
             segments.append(Segment(" " * max(0, width - table_width), pre))  # the row's look to the edge
             strip = Strip(segments).crop(scroll_x, scroll_x + width).adjust_cell_length(width, base).simplify()
             self._lines[cache_key] = strip
@@ -396,9 +279,10 @@ class RanksTable(ScrollView, can_focus=True):
 
     def move_cursor(self, row: int) -> None:
         """Put the cursor on row ``row`` (clamped), scrolled into view."""
-        if not self._order:
+        rows = len(self._layout.order)
+        if not rows:
             return
-        row = max(0, min(row, len(self._order) - 1))
+        row = max(0, min(row, rows - 1))
         if row == self._cursor:
             return
         self._cursor = row
@@ -436,7 +320,7 @@ class RanksTable(ScrollView, can_focus=True):
         self.move_cursor(0)
 
     def action_last(self) -> None:
-        self.move_cursor(len(self._order) - 1)
+        self.move_cursor(len(self._layout.order) - 1)
 
     def action_select_cursor(self) -> None:
         key = self.selected_key
@@ -452,14 +336,14 @@ class RanksTable(ScrollView, can_focus=True):
         event.stop()
         if offset.y == 0:
             x = offset.x + self.scroll_offset.x
-            for column, width in zip(self._columns, self._widths, strict=True):
+            for column, width in zip(self._layout.columns, self._layout.widths, strict=True):
                 if x < width:
                     self._sort_by(column)
                     return
                 x -= width
             return
         index = offset.y - 1 + self.scroll_offset.y
-        if index < len(self._order):
+        if index < len(self._layout.order):
             if index == self._cursor:
                 self.action_select_cursor()
             self.move_cursor(index)

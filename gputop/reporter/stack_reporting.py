@@ -1,0 +1,116 @@
+"""Where the training thread is, sent to a collector that reads it: the reporter thread's side of ``stacks``.
+
+The stack sampler (``stacks.StackSampler``, ``GPUTOP_STACKS``/``GPUTOP_STACKS_HZ``)
+runs only while the collector connected now has said it accepts ``stacks``
+messages, so with no dashboard, or an older one, it costs nothing.  The
+reporter thread wakes for each sample; once every ``STACKS_EVERY_S`` it sends
+what was sampled since, with torch's Flight Recorder's last entered collective
+when the user turned the recorder on and no step has finished for a while
+(``flight_recorder``).  A sampler or a recorder that fails is dropped and named
+once; reporting goes on without it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from gputop.protocol import Accepts, Collective, Hello, encode
+from gputop.reporter import flight_recorder, stacks
+from gputop.reporter.clock import StepClock
+from gputop.reporter.sender import Sender
+
+# Where the training thread was goes up once a second (stacks.SEND_EVERY_S): a 10-s span holds ten, a hang's
+# newest place is at most a second old, and a collector of 1,024 ranks reads 1,024 more frames a second, not 2,048.
+STACKS_EVERY_S = stacks.SEND_EVERY_S
+
+
+class StackReporting:
+    """The stack sampler and the Flight Recorder's reader of one reporter; every method runs on the reporter thread."""
+
+    def __init__(
+        self,
+        sender: Sender,
+        clock: StepClock,
+        train_ident: int,
+        *,
+        hello: Callable[[], Hello],
+        report_error: Callable[[str, BaseException], None],
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        """``hello``: the rank's current hello; ``report_error``: names a failure once, as an event."""
+        self._sender = sender
+        self._clock = clock
+        self._hello = hello
+        self._report_error = report_error
+        hz, self._complaint = stacks.configured_hz(environ)
+        self.sampler = None if hz is None else stacks.StackSampler(train_ident, hz=hz, clock=clock)
+        self._connection = 0  # the sender's connection count when its collector accepted stacks
+        # torch's Flight Recorder, where the user turned it on: read only while the training thread is stuck.
+        dump = flight_recorder.dump_function() if flight_recorder.enabled(environ) else None
+        self._flight = None if dump is None else flight_recorder.FlightRecorderReader(dump)
+        self._next_send_s = 0.0
+        self.forward_codes: tuple[Any, ...] = ()  # the watched model's forward code (training thread writes)
+
+    def accepted(self) -> bool:
+        """The collector connected now said it reads stacks messages."""
+        return self._sender.connected and self._connection == self._sender.connects
+
+    def wait_s(self, wait_s: float) -> float:
+        """``wait_s``, or less when the next stack sample is sooner."""
+        if self.sampler is not None and self.accepted():
+            wait_s = min(wait_s, self.sampler.next_s - time.monotonic())
+        return wait_s
+
+    def sample(self, now_s: float, cpu_before_wake_s: float) -> None:
+        """Take a sample when one is due (the thread woke for it, or for a tick)."""
+        sampler = self.sampler
+        if sampler is None or not self.accepted():
+            return
+        try:
+            if self.forward_codes:
+                sampler.watch_forwards(self.forward_codes)
+            sampler.sample_when_due(now_s, cpu_before_wake_s)
+        except Exception as exc:  # the sampler goes; reporting goes on without it
+            self.sampler = None
+            self._report_error("stacks", exc)
+
+    def send(self, now_s: float) -> None:
+        """Every STACKS_EVERY_S, where the training thread was since the last time, to a collector that reads it."""
+        sampler = self.sampler
+        if sampler is None or now_s < self._next_send_s or not self.accepted():
+            return
+        self._next_send_s = now_s + STACKS_EVERY_S
+        cpu_s = time.thread_time()
+        hello = self._hello()
+        message = sampler.take(hello.run_id, hello.rank, time.time())
+        collective = self._last_collective(now_s)
+        if collective is not None:
+            message = msgspec.structs.replace(message, collective=collective)
+        self._sender.enqueue(encode(message), this_connection_only=True)
+        sampler.send_cost_s = time.thread_time() - cpu_s  # out of the sampler's budget, from the next second on
+
+    def on_accepts(self, command: Accepts, now_s: float) -> None:
+        """The collector named the optional types it reads: start sampling if stacks is one (once per connection)."""
+        if "stacks" not in command.types or self.sampler is None or self.accepted():
+            return
+        self._connection = self._sender.connects
+        self.sampler.restart(now_s)
+        self._next_send_s = now_s + STACKS_EVERY_S
+        if self._complaint:
+            self._report_error("stacks_hz", ValueError(self._complaint))
+
+    def _last_collective(self, now_s: float) -> Collective | None:
+        """The Flight Recorder's last entered collective while no step finishes; None otherwise, or on failure."""
+        if self._flight is None:
+            return None
+        try:
+            return self._flight.read_if_stuck(now_s, self._clock.since_mark_s())
+        except Exception as exc:  # a torch without the dump, a malformed one: read no more
+            self._flight = None
+            self._report_error("flight_recorder", exc)
+            return None
