@@ -8,7 +8,7 @@ terminal bell, a notification, each thing said once) and what a live source
 passes down to its ranks (briefs for the trainer's logger, capture requests
 asked without waiting: the profile itself comes back in a later snapshot, a
 refusal through the request's future).  It reaches Textual only through the
-app's ``notify``, ``bell`` and ``call_from_thread``, so a test can hand it a stand-in.
+app's ``notify``, ``bell`` and ``call_later``, so a test can hand it a stand-in.
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def _on_profile_answered(
             return  # the pipeline shows it on its finding, with a notification of its own
         why = result.error
     if app.is_running:
-        say = functools.partial(app.notify, f"rank {request.rank}: {why}", title="automatic profile failed",
-                                severity="warning", timeout=10)  # fmt: skip
-        try:
-            app.call_from_thread(say)
-        except RuntimeError:  # already on the app's thread (an answer that was ready at once)
-            say()
+        # call_later posts to the app's queue from any thread and returns at once; call_from_thread would
+        # hold the collector's loop (and every rank's ingest) until the UI thread got round to it, and for
+        # good if the app stopped meanwhile.
+        app.call_later(
+            app.notify, f"rank {request.rank}: {why}", title="automatic profile failed", severity="warning", timeout=10
+        )

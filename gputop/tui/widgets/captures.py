@@ -45,11 +45,8 @@ def request_captures(app: App[int], run_id: str, ranks: Sequence[int], steps: in
 
 def _on_thread_answered(app: App[int], rank: int, done: concurrent.futures.Future[CaptureResult]) -> None:
     # Runs on the collector's thread (or at once, for an answer that was ready).
-    if app.is_running:
-        try:
-            app.call_from_thread(_answered, app, rank, done)
-        except RuntimeError:  # already on the app's thread
-            _answered(app, rank, done)
+    if app.is_running:  # posted to the app's queue from any thread, without waiting (see news._on_profile_answered)
+        app.call_later(_answered, app, rank, done)
 
 
 def _answered(app: App[int], rank: int, done: concurrent.futures.Future[CaptureResult]) -> None:
