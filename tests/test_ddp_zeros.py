@@ -157,7 +157,7 @@ def test_the_dashboard_says_why_ddp_and_gpu_step_figures_are_na() -> None:
     from gputop.collect.store import Store
     from gputop.model.sums import rank_stats
     from gputop.protocol import Event, Hello
-    from gputop.tui.view import na_reasons
+    from gputop.tui.na import na_reasons
 
     store = Store()
     store.ingest(Hello(run_id="job", rank=0, pid=1, device="cuda:0", ddp=True), now=0.0)

@@ -1,0 +1,50 @@
+"""Why a rank's figure is N/A, in words a user can act on: the reason one keypress away, never a made-up number."""
+
+from __future__ import annotations
+
+from gputop.model.figures import SPAN_S
+from gputop.model.snapshot import RankView
+from gputop.model.stats import RankStats
+
+
+def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
+    """Why each N/A column of a rank is N/A, in words a user can act on."""
+    hello = rank.hello
+    on_cpu = (hello.device or "").startswith("cpu")
+    reasons: dict[str, str] = {}
+    if stats.step_time_p50_s is None:
+        reasons["step"] = f"step time: no optimizer step in the last {SPAN_S:.0f} s"
+    if stats.loader_wait_frac is None:
+        reasons["loader"] = "loader wait: loader not tracked (iterate it with gputop.track(loader))"
+    if stats.samples_per_s is None:
+        reasons["samples"] = "samples/s: batch size unknown (gputop.track(loader) reports it)"
+    said = not_measured(rank)
+    if stats.gpu_step_time_p50_s is None and not on_cpu and "gpu_step_times" in said:
+        reasons["gpu_step"] = f"GPU step time: {said['gpu_step_times']}"
+    if stats.forward_s is None:
+        if "ddp_stats" in said:
+            why = said["ddp_stats"]
+        elif hello.ddp is False:
+            why = "not a DDP model"
+        elif hello.ddp is None:
+            why = "model not watched yet (gputop.watch(model))"
+        else:
+            why = "DDP has not logged a sampled iteration yet"
+        reasons["ddp"] = f"DDP stats unavailable: {why}"
+    if stats.mem_allocated_bytes is None:
+        reasons["mem"] = "memory: CPU run (only CUDA memory is measured)" if on_cpu else "memory: not reported"
+    if stats.cpu_pct is None:
+        reasons["cpu"] = "CPU%: not reported by the rank's reporter"
+    if hello.device_uuid is None:
+        reasons["gpu"] = "GPU: CPU run" if on_cpu else "GPU: the rank did not report a device UUID"
+    return reasons
+
+
+def not_measured(rank: RankView) -> dict[str, str]:
+    """Each probe's latest word on why its figures are N/A (``not_measured`` events: "<probe>: <why>")."""
+    said: dict[str, str] = {}
+    for event in rank.events:
+        if event.kind == "not_measured":
+            probe, _, why = event.message.partition(": ")
+            said[probe] = why
+    return said
