@@ -150,3 +150,18 @@ def test_the_phase_colours_differ_in_the_default_themes() -> None:
                      "success": theme.success, "warning": theme.warning}  # fmt: skip
         colours = [variables[p.theme] if p.theme else GREY for p in PHASES]
         assert len(set(colours)) == len(colours), (name, colours)
+
+
+def test_a_gpu_findings_waste_comes_with_the_energy_its_share_of_the_gpus_draws() -> None:
+    """Two GPUs drawing 300 W and 200 W: the straggler's share of their 0.5 kW, in kWh every hour and so far."""
+    powered = [dataclasses.replace(gpu_reading(0), power_w=300.0), dataclasses.replace(gpu_reading(1), power_w=200.0)]
+    (straggler, *_) = findings_of(make_snapshot(CUDA_STRAGGLER, seconds=20.0, age_s=3600.0, gpus=powered))
+    assert straggler.cause == "straggler" and straggler.waste is not None
+    share = straggler.cost_s / straggler.step_s
+    assert straggler.waste.kwh_per_hour == pytest.approx(0.5 * share)
+    assert straggler.waste.kwh_so_far == pytest.approx(0.5 * share * 1.0, rel=0.01)  # seen for an hour
+    assert f"{0.5 * share:.2g} kWh an hour" in straggler.worth_text
+    assert straggler.to_dict()["waste"]["kwh_per_hour"] == pytest.approx(0.5 * share, abs=0.001)
+    (unpowered, *_) = findings_of(make_snapshot(CUDA_STRAGGLER, seconds=20.0, gpus=BUSY_GPUS))
+    assert unpowered.waste is not None and unpowered.waste.kwh_per_hour is None  # no power reading: no energy
+    assert "kWh" not in unpowered.worth_text

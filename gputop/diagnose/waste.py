@@ -35,6 +35,10 @@ class Waste:
     devices: float  # what the run holds: GPUs, or busy cores
     per_hour: float  # device-hours per hour
     so_far: float  # device-hours over the run so far
+    # The energy that share of the run's GPUs draws, from NVML's power readings: kWh every hour; None
+    # on a CPU run or where no GPU of the run reports its power.
+    kwh_per_hour: float | None = None
+    kwh_so_far: float | None = None
 
     def text(self, price_per_hour: float | None = None) -> str:
         """ "wastes about 0.74 GPU-hours an hour (1.9 so far; 1.85 an hour at 2.50 per GPU-hour)".
@@ -46,6 +50,8 @@ class Waste:
         out = f"wastes about {hours_text(self.per_hour)} {unit} an hour ({hours_text(self.so_far)} so far"
         if price_per_hour is not None:
             out += f"; {price_per_hour * self.per_hour:,.2f} an hour at {price_per_hour:,.2f} per {self.unit}-hour"
+        if self.kwh_per_hour is not None:
+            out += f"; {hours_text(self.kwh_per_hour)} kWh an hour"
         return out + ")"
 
     def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
@@ -56,6 +62,9 @@ class Waste:
             "per_hour": round(self.per_hour, 3),
             "so_far": round(self.so_far, 3),
         }
+        if self.kwh_per_hour is not None and self.kwh_so_far is not None:
+            out["kwh_per_hour"] = round(self.kwh_per_hour, 3)
+            out["kwh_so_far"] = round(self.kwh_so_far, 4)
         if price_per_hour is not None:
             out["price_per_hour"] = price_per_hour
             out["money_per_hour"] = round(price_per_hour * self.per_hour, 2)
@@ -124,6 +133,24 @@ def run_gpu_util_pct(figures: Figures, run: RunFigures) -> dict[str, float]:
     return mean_gpu_util_pct(figures.snapshot.gpu_samples(), since_t=since, until_t=until)
 
 
+def run_gpu_power_w(figures: Figures, run: RunFigures) -> float | None:
+    """What the run's GPUs draw together, watts: each GPU's mean NVML power reading over the run's windows."""
+    uuids = {
+        normalize_uuid(u) for r in run.ranks if r.windows for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u
+    }
+    spans = [(r.windows[0].t0, r.windows[-1].t1) for r in run.ranks if r.windows]
+    if not uuids or not spans:
+        return None
+    since, until = min(t0 for t0, _ in spans), max(t1 for _, t1 in spans)
+    readings: dict[str, list[float]] = {}
+    for sample in figures.snapshot.gpu_samples():
+        if since <= sample.t <= until:
+            for gpu in sample.gpus:
+                if gpu.power_w is not None and (uuid := normalize_uuid(gpu.uuid)) in uuids:
+                    readings.setdefault(uuid, []).append(gpu.power_w)
+    return sum(sum(w) / len(w) for w in readings.values()) if readings else None
+
+
 def hours_text(hours: float) -> str:
     """Device-hours in two figures, never in exponent form: 0.49, 2.3, 120."""
     return f"{hours:.2g}" if hours < 100 else f"{hours:,.0f}"
@@ -141,5 +168,10 @@ def with_waste(findings: list[Finding], machine: Figures) -> list[Finding]:
             continue
         share = min(f.cost_s / f.step_s, 1.0)
         per_hour = what.devices * share
-        out.append(replace(f, waste=Waste(what.unit, what.devices, per_hour, per_hour * what.hours)))
+        watts = run_gpu_power_w(machine, runs[f.run_id or ""]) if what.unit == "GPU" else None
+        kwh = None if watts is None else watts * share / 1000.0
+        waste = Waste(what.unit, what.devices, per_hour, per_hour * what.hours)
+        if kwh is not None:
+            waste = replace(waste, kwh_per_hour=kwh, kwh_so_far=kwh * what.hours)
+        out.append(replace(f, waste=waste))
     return out
