@@ -1,0 +1,48 @@
+"""Driving the dashboard through the pilot: waiting until it shows a snapshot, reading its table, a fake diagnosis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual.pilot import Pilot
+
+from gputop.diagnose.findings import Finding
+from gputop.model.figures import Figures
+from gputop.model.snapshot import Snapshot
+from gputop.tui.app import GputopApp
+from gputop.tui.widgets.ranks_table import RanksTable
+
+FAST_S = 0.05  # tests poll faster than a user would, to stay quick
+
+
+async def shown(pilot: Pilot[int], snapshot: Snapshot | None = None, *, max_pauses: int = 100) -> GputopApp:
+    """Wait until the app shows ``snapshot`` (or any snapshot), and return the app."""
+    app = pilot.app
+    assert isinstance(app, GputopApp)
+    for _ in range(max_pauses):
+        view = app.view
+        if view is not None and (snapshot is None or view.snapshot is snapshot):
+            await pilot.pause()
+            return app
+        await pilot.pause(FAST_S / 2)
+    raise AssertionError("the dashboard never showed the snapshot")
+
+
+def table_text(app: GputopApp) -> list[list[str]]:
+    table = app.query_one(RanksTable)
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+class FakeDiagnoser:
+    """Returns what it is told to, and counts its calls."""
+
+    def __init__(self, findings: Sequence[Finding] = (), fail: bool = False) -> None:
+        self.findings = list(findings)
+        self.fail = fail
+        self.calls = 0
+
+    def update(self, figures: Figures) -> list[Finding]:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("rule exploded")
+        return self.findings
