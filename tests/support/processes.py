@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -15,10 +16,8 @@ from typing import IO
 import pytest
 
 JOBS = Path(__file__).parent / "jobs"
-needs_torch = pytest.mark.skipif(
-    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
-    reason="torch is not installed",
-)
+# Found, not imported: importing torch costs seconds, and the tests that need it run it in their jobs.
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
 
 def gputop(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import torch
 
 from gputop.reporter.rank_cuda import RankCuda, model_cuda_index
 from gputop.reporter.reporter import Reporter
 from tests.support.collectors import snapshot_of, wait_for
+
+torch = pytest.importorskip("torch")  # the reporter watches a real module; only its CUDA is faked
 
 GPU_LAG_S = 0.03  # how long after it is recorded the fake GPU reaches an event
 
