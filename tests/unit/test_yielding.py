@@ -32,7 +32,14 @@ def test_a_dashboard_in_a_terminal_of_its_own_lowers_itself_and_its_session() ->
 
 def test_a_session_that_holds_other_processes_keeps_its_group_priority() -> None:
     """`torchrun ... & gputop` in one shell: lowering the session's group would lower the job too."""
-    _, said = run({}, new_session=False)  # this test run's session holds pytest and more
+    # The "job": a process in this session that is not the dashboard's ancestor.  Without it the
+    # session may hold only the dashboard's ancestors (make, pytest), and then lowering it is right.
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _, said = run({}, new_session=False)
+    finally:
+        job.kill()
+        job.wait()
     assert "session group" not in said
 
 
