@@ -1,4 +1,4 @@
-"""`gputop demo` from the command line: a real 2-rank job reported headless, and never outliving gputop."""
+"""The CLI run for seconds as a user runs it: `gputop record` to the end or to SIGTERM, `gputop demo`'s real job."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.support.collectors import wait_for
-from tests.support.processes import gputop, needs_torch
+from tests.support.processes import free_port, gputop, needs_torch
 
 
 @needs_torch
@@ -91,3 +91,41 @@ def test_demo_ranks_leave_with_their_demo_even_when_torchrun_does_not_stop_them(
         for proc in (demo, job):
             proc.kill()
             proc.wait()
+
+
+def test_record_without_a_gpu_keeps_host_samples_and_says_why_no_gpu(tmp_path) -> None:
+    out = tmp_path / "r.jsonl"
+    port = free_port()
+    result = gputop("record", "--port", str(port), "--seconds", "2.5", "--interval", "0.5", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["type"] == "recording"
+    hosts = [x for x in lines if x["type"] == "host"]
+    gpus = [x for x in lines if x["type"] == "gpu"]
+    assert len(hosts) >= 2 and hosts[-1]["cpu_pct"] is not None and hosts[-1]["mem_total_bytes"] > 0
+    assert gpus and all(g["unavailable"] or g["gpus"] for g in gpus)
+    report = gputop("report", str(out))
+    assert report.returncode == 0 and "No run reported" in report.stdout
+
+
+def test_record_stopped_by_sigterm_closes_its_recording_whole(tmp_path) -> None:
+    """What a scheduler or `kill` sends: the summary line, exit 0, and a .gz stream with its end."""
+    import gzip
+
+    out = tmp_path / "r.jsonl.gz"
+    port = free_port()
+    cmd = [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "60", "--interval", "0.2"]
+    proc = subprocess.Popen([*cmd, "-o", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "recording" in proc.stderr.readline()  # listening, and SIGTERM now stops it
+        time.sleep(1.0)  # a few host samples
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "wrote" in err, err
+    with gzip.open(out, "rt") as stream:  # EOFError if the stream has no end
+        lines = [json.loads(line) for line in stream]
+    assert lines[0]["type"] == "recording" and any(x["type"] == "host" for x in lines)

@@ -73,7 +73,7 @@ def make_venv(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
-    assert importlib.util.find_spec("build"), "the `build` package is missing: pip install -e '.[test]'"
+    assert importlib.util.find_spec("build"), "the `build` package is missing: pip install -e . --group test"
     out = tmp_path_factory.mktemp("dist")
     proc = run(sys.executable, "-m", "build", "--outdir", out, ROOT, cwd=out)
     (wheel,) = out.glob("*.whl")

@@ -1,4 +1,9 @@
-"""The stack sampler in a real reporter process and a real gloo barrier: what a collector receives, or never does."""
+"""The stack sampler where torch and real processes are: torch's own frames, a gloo barrier, a reporter's collector.
+
+The threads sampled here block in torch's optimizer, autograd, a watched
+model's forward, a DataLoader and a gloo barrier; the rest of the sampler
+(plain threads, tallies, sending) is in tests/unit/test_stack_sampler.py.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,24 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 from gputop.collect.server import Collector
 from gputop.protocol import StackFrame, decode
+from gputop.reporter import stacks
 from tests.support.collectors import snapshot_of, wait_for
 from tests.support.processes import free_port, needs_torch
+from tests.support.sampling import blocked, sampled
+
+THIS_FILE = "tests/integration/test_stack_sampler.py"  # as the sampler shows it: relative to the working folder
+
+
+def line_of(text: str) -> int:
+    """The line of this file holding ``text`` (where a thread below blocks)."""
+    return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
+
 
 BLOCKED_JOB = """
 import sys, threading, gputop
@@ -85,6 +102,94 @@ class TestWithACollector:
 
 @needs_torch
 class TestTorchPhases:
+    """The markers on torch's own frames: optimizer, backward, the watched model's forward, the DataLoader."""
+
+    def test_a_hook_inside_optimizer_step_is_the_optimizer(self) -> None:
+        import torch
+
+        def loop(release: threading.Event) -> None:
+            param = torch.nn.Parameter(torch.ones(2))
+            optimizer = torch.optim.SGD([param], lr=0.1)
+
+            def hook(*_: Any) -> None:
+                release.wait()  # blocked inside Optimizer.step
+
+            optimizer.register_step_pre_hook(hook)
+            param.grad = torch.ones(2)
+            optimizer.step()
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now is not None and now.where == "optimizer" and now.file == THIS_FILE, now
+
+    def test_a_custom_backward_is_the_backward(self) -> None:
+        import torch
+
+        class Blocking(torch.autograd.Function):
+            release: threading.Event
+
+            @staticmethod
+            def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+                return x * 2
+
+            @staticmethod
+            def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+                Blocking.release.wait()  # inside loss.backward()
+                return grad * 2
+
+        def loop(release: threading.Event) -> None:
+            Blocking.release = release
+            Blocking.apply(torch.ones(2, requires_grad=True)).sum().backward()
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now == StackFrame("backward", THIS_FILE, line_of("# inside loss.backward()"), "Blocking.backward")
+
+    def test_the_watched_models_forward_is_the_forward(self) -> None:
+        import torch
+
+        class Net(torch.nn.Module):
+            release: threading.Event
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                self.release.wait()  # inside the model's forward
+                return x
+
+        model = torch.nn.parallel.DataParallel(Net())  # a wrapper, as DDP is: the inner forward counts too
+        model.module.release = threading.Event()
+
+        def loop(release: threading.Event) -> None:
+            model.module.release = release
+            model(torch.ones(1))
+
+        with blocked(loop) as thread:
+            now = sampled(thread, forwards=stacks.forward_codes(model)).now
+            without = sampled(thread).now
+        assert now == StackFrame("forward", THIS_FILE, line_of("# inside the model's forward"), "Net.forward")
+        assert without is not None and without.where == "outside"  # not the watched model's: no marker
+
+    def test_a_dataloader_fetch_is_the_loader_with_the_users_dataset(self) -> None:
+        import torch
+
+        class Slow(torch.utils.data.Dataset[int]):
+            def __init__(self, release: threading.Event) -> None:
+                self.release = release
+
+            def __len__(self) -> int:
+                return 4
+
+            def __getitem__(self, index: int) -> int:
+                self.release.wait()  # reading a sample
+                return index
+
+        def loop(release: threading.Event) -> None:
+            for _ in torch.utils.data.DataLoader(Slow(release), batch_size=2):
+                pass
+
+        with blocked(loop) as thread:
+            now = sampled(thread).now
+        assert now == StackFrame("loader", THIS_FILE, line_of("# reading a sample"), "Slow.__getitem__")
+
     def test_a_rank_waiting_in_a_gloo_barrier_is_in_a_collective(self, tmp_path: Path) -> None:
         """Two real processes: rank 1 joins the barrier 3 s late; rank 0's thread waits in it meanwhile."""
         script = tmp_path / "barrier_job.py"

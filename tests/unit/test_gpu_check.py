@@ -1,47 +1,20 @@
 """`make gpu-check` on a machine without a GPU, and the pure pieces its checks stand on.
 
 The checks themselves need a GPU (docs/gpu.md has the table from a real run
-when one was lent); here: the one-line refusal and exit 2, the check list, the
+when one was lent); here: the check list, the
 parsing of nvidia-smi's CSV, the tolerance test, the table, and a broken check
-becoming a row instead of ending the run.
+becoming a row instead of ending the run.  The one-line refusal and exit 2 of the
+real script, which imports torch, is in tests/integration/test_gpu_check.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-_spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-gpu_check = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up by name
-_spec.loader.exec_module(gpu_check)
-
-
-def _cuda_visible() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    probe = [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"]
-    return subprocess.run(probe, capture_output=True).returncode == 0
-
-
-def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path: Path) -> None:
-    if _cuda_visible():  # asked here, not at collection: the probe imports torch, seconds on a busy machine
-        pytest.skip("this machine has a GPU: make gpu-check would run for real")
-    result = subprocess.run([sys.executable, str(SCRIPT), "--output", str(tmp_path / "t.md")],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert result.returncode == gpu_check.EXIT_NO_GPU == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("gpu-check: no GPU to check on: ")
-    assert "torch" in lines[0] or "nvidia-smi" in lines[0] or "NVML" in lines[0]
-    assert not (tmp_path / "t.md").exists()  # nothing measured, nothing written
+from tests.support.gpu_check import ROOT, SCRIPT, gpu_check
 
 
 def test_make_gpu_check_runs_the_script() -> None:

@@ -1,30 +1,29 @@
 """The stack sampler on real threads: what each sample finds, how it tallies, what it costs and when it sends.
 
 Every thread here is a real one blocked in a real place (a lock in this file,
-torch's optimizer and autograd, a DataLoader, a gloo barrier); the sampler
-reads it from another thread with ``sys._current_frames()``, as the reporter
-thread does.
+a tracked loader); the sampler reads it from another thread with
+``sys._current_frames()``, as the reporter thread does.  Threads blocked in
+torch (its optimizer, autograd, a DataLoader, a gloo barrier) and a reporter
+sending to a collector are in tests/integration/test_stack_sampler.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gputop.address import Address
-from gputop.protocol import StackFrame, Stacks
+from gputop.protocol import StackFrame
 from gputop.reporter import stacks
 from gputop.reporter.clock import StepClock, TrackedLoader
 from gputop.reporter.sender import Sender
 from gputop.reporter.stacks import StackSampler
-from tests.support.processes import needs_torch
+from tests.support.sampling import blocked, sampled
 
 THIS_FILE = "tests/unit/test_stack_sampler.py"  # as the sampler shows it: relative to the working folder (the repo)
 
@@ -32,29 +31,6 @@ THIS_FILE = "tests/unit/test_stack_sampler.py"  # as the sampler shows it: relat
 def line_of(text: str) -> int:
     """The line of this file holding ``text`` (where a thread below blocks)."""
     return next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1) if text in line)
-
-
-@contextlib.contextmanager
-def blocked(target: Callable[[threading.Event], Any]) -> Iterator[threading.Thread]:
-    """A thread running ``target(release)`` until the block ends; it is sampled meanwhile."""
-    release = threading.Event()
-    thread = threading.Thread(target=target, args=(release,), daemon=True)
-    thread.start()
-    time.sleep(0.2)  # into the blocking call
-    try:
-        yield thread
-    finally:
-        release.set()
-        thread.join(10)
-
-
-def sampled(thread: threading.Thread, *, samples: int = 5, clock: StepClock | None = None,
-            forwards: tuple[Any, ...] = ()) -> Stacks:  # fmt: skip
-    sampler = StackSampler(thread.ident or 0, clock=clock)
-    sampler.watch_forwards(forwards)
-    for _ in range(samples):
-        sampler.sample()
-    return sampler.take("run", 0, time.time())
 
 
 def wait_for_lock(release: threading.Event) -> None:
@@ -128,97 +104,6 @@ class TestWhatASampleFinds:
         thread.join()
         message = sampled(thread)
         assert message.now is None and message.samples == 0 and message.top == ()
-
-
-@needs_torch
-class TestTorchPhases:
-    """The markers on torch's own frames: optimizer, backward, the watched model's forward, the DataLoader."""
-
-    def test_a_hook_inside_optimizer_step_is_the_optimizer(self) -> None:
-        import torch
-
-        def loop(release: threading.Event) -> None:
-            param = torch.nn.Parameter(torch.ones(2))
-            optimizer = torch.optim.SGD([param], lr=0.1)
-
-            def hook(*_: Any) -> None:
-                release.wait()  # blocked inside Optimizer.step
-
-            optimizer.register_step_pre_hook(hook)
-            param.grad = torch.ones(2)
-            optimizer.step()
-
-        with blocked(loop) as thread:
-            now = sampled(thread).now
-        assert now is not None and now.where == "optimizer" and now.file == THIS_FILE, now
-
-    def test_a_custom_backward_is_the_backward(self) -> None:
-        import torch
-
-        class Blocking(torch.autograd.Function):
-            release: threading.Event
-
-            @staticmethod
-            def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-                return x * 2
-
-            @staticmethod
-            def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-                Blocking.release.wait()  # inside loss.backward()
-                return grad * 2
-
-        def loop(release: threading.Event) -> None:
-            Blocking.release = release
-            Blocking.apply(torch.ones(2, requires_grad=True)).sum().backward()
-
-        with blocked(loop) as thread:
-            now = sampled(thread).now
-        assert now == StackFrame("backward", THIS_FILE, line_of("# inside loss.backward()"), "Blocking.backward")
-
-    def test_the_watched_models_forward_is_the_forward(self) -> None:
-        import torch
-
-        class Net(torch.nn.Module):
-            release: threading.Event
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                self.release.wait()  # inside the model's forward
-                return x
-
-        model = torch.nn.parallel.DataParallel(Net())  # a wrapper, as DDP is: the inner forward counts too
-        model.module.release = threading.Event()
-
-        def loop(release: threading.Event) -> None:
-            model.module.release = release
-            model(torch.ones(1))
-
-        with blocked(loop) as thread:
-            now = sampled(thread, forwards=stacks.forward_codes(model)).now
-            without = sampled(thread).now
-        assert now == StackFrame("forward", THIS_FILE, line_of("# inside the model's forward"), "Net.forward")
-        assert without is not None and without.where == "outside"  # not the watched model's: no marker
-
-    def test_a_dataloader_fetch_is_the_loader_with_the_users_dataset(self) -> None:
-        import torch
-
-        class Slow(torch.utils.data.Dataset[int]):
-            def __init__(self, release: threading.Event) -> None:
-                self.release = release
-
-            def __len__(self) -> int:
-                return 4
-
-            def __getitem__(self, index: int) -> int:
-                self.release.wait()  # reading a sample
-                return index
-
-        def loop(release: threading.Event) -> None:
-            for _ in torch.utils.data.DataLoader(Slow(release), batch_size=2):
-                pass
-
-        with blocked(loop) as thread:
-            now = sampled(thread).now
-        assert now == StackFrame("loader", THIS_FILE, line_of("# reading a sample"), "Slow.__getitem__")
 
 
 class TestTallies:
