@@ -121,6 +121,7 @@ class Reporter:
         # torch's Flight Recorder, where the user turned it on: read only while the training thread is stuck.
         dump = flight_recorder.dump_function() if flight_recorder.enabled(os.environ) else None
         self._flight = None if dump is None else flight_recorder.FlightRecorderReader(dump)
+        self._flight_missing = dump is None and flight_recorder.enabled(os.environ)
         self._next_stacks_s = 0.0
         self._forward_codes: tuple[Any, ...] = ()  # the watched model's forward code (training thread writes)
 
@@ -555,12 +556,14 @@ class Reporter:
 
     def _say_why_not_measured(self, probe: Probe) -> None:
         """A probe's reason for N/A fields, sent once per reason as a ``not_measured`` event: "<probe>: <why>"."""
-        reason = probe.not_measured
-        if not reason or (probe.name, reason) in self._reasons_said:
+        self._say_not_measured(probe.name, probe.not_measured)
+
+    def _say_not_measured(self, name: str, reason: str | None) -> None:
+        if not reason or (name, reason) in self._reasons_said:
             return
-        self._reasons_said.add((probe.name, reason))
+        self._reasons_said.add((name, reason))
         hello = self._hello_or_new()
-        message = f"{probe.name}: {reason}"[:500]
+        message = f"{name}: {reason}"[:500]
         self.sender.enqueue(
             encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind="not_measured", message=message))
         )
@@ -581,6 +584,8 @@ class Reporter:
             except Exception as exc:
                 self._report_error(probe.name, exc)
             self._say_why_not_measured(probe)
+        if self._flight_missing:
+            self._say_not_measured("flight_recorder", flight_recorder.NO_DUMP)
         self._learn_ddp_settings()
         if self._grad_enabled is not None:
             forwards, self._train_forwards_sent = self._train_forwards - self._train_forwards_sent, self._train_forwards

@@ -12,7 +12,18 @@ from typing import Any
 
 import pytest
 
-from gputop.reporter.probes.ddp import CPU_DDP_SAMPLE_RATE, DEFAULT_DDP_SAMPLE_RATE, DdpProbe, ddp_settings
+from gputop.collect.store import Store
+from gputop.model.stats import rank_stats
+from gputop.protocol import Event, Hello
+from gputop.reporter.probes.ddp import (
+    CPU_DDP_SAMPLE_RATE,
+    DEFAULT_DDP_SAMPLE_RATE,
+    NO_LOGGING_DATA,
+    UNREADABLE,
+    DdpProbe,
+    ddp_settings,
+)
+from gputop.tui.view import na_reasons
 
 MS = 1e6  # DDP logs nanoseconds
 
@@ -132,6 +143,49 @@ def test_a_refused_sample_rate_still_reads_ddps_own_samples() -> None:
     assert isinstance(probe.rate_error, RuntimeError) and not probe.averaging
     ddp.step(10, 20, 8, 6)
     assert probe.read([])["comm_s"] == pytest.approx(0.008)
+
+
+class TestATorchWithoutThePrivateApi:
+    """``_get_ddp_logging_data`` is private: where it is gone or changed, the DDP figures are N/A and say why."""
+
+    def test_no_logging_data_method(self) -> None:
+        class Gone:
+            def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+                pass
+
+        probe = DdpProbe(Gone(), on_cpu=True)
+        assert isinstance(probe.rate_error, AttributeError)  # __init__ asked it for the first iteration
+        assert probe.read([]) == {}
+        assert probe.not_measured == NO_LOGGING_DATA
+
+    @pytest.mark.parametrize("data", [None, ["iteration", 3], {"iter": 3}, {"iteration": "3"}])
+    def test_logging_data_of_another_shape(self, data: object) -> None:
+        class Changed(LoggingData):
+            def _get_ddp_logging_data(self) -> Any:
+                return data
+
+        probe = DdpProbe(Changed(), on_cpu=True)
+        assert probe.read([]) == {}
+        assert probe.not_measured == UNREADABLE
+
+    def test_the_table_says_why(self) -> None:
+        """The reporter sends a probe's ``not_measured`` as an event; the rank's N/A DDP cells quote it."""
+        store = Store()
+        store.ingest(Hello(run_id="job", rank=0, pid=1, device="cpu", ddp=True), now=0.0)
+        store.ingest(Event(run_id="job", rank=0, t=0.5, kind="not_measured", message=f"ddp_stats: {NO_LOGGING_DATA}"),
+                     now=0.5)  # fmt: skip
+        (view,) = store.snapshot(1.0).runs[0].ranks
+        assert na_reasons(view, rank_stats(()))["ddp"] == f"DDP stats unavailable: {NO_LOGGING_DATA}"
+
+    def test_no_sample_rate_setting_still_reads_ddps_own_samples(self) -> None:
+        class Older(LoggingData):
+            _set_ddp_runtime_logging_sample_rate = None  # type: ignore[assignment]
+
+        ddp = Older()
+        probe = DdpProbe(ddp, on_cpu=True)
+        assert probe.rate_error is not None and not probe.averaging
+        ddp.step(10, 20, 8, 6)
+        assert probe.read([])["comm_s"] == pytest.approx(0.008) and probe.not_measured is None
 
 
 def test_ddp_settings_count_the_rebuilt_buckets_that_run() -> None:

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+import types
 
 import msgspec
 import pytest
 
+from gputop.address import Address
+from gputop.collect.server import Collector
 from gputop.diagnose import diagnose
 from gputop.diagnose.rules.hang import flight_recorder_text
 from gputop.model.figures import SPAN_S, summarize
 from gputop.protocol import Collective, StackFrame, Stacks, decode, encode
 from gputop.reporter import flight_recorder
 from gputop.reporter.flight_recorder import FlightRecorderReader, last_entered
+from gputop.reporter.reporter import Reporter
+from tests.support.collectors import snapshot_of, wait_for
 from tests.support.frames import T0, hung_run, stacks, with_stacks
 
 # What torch 2.13's _dump_fr_trace_json() gives on gloo (fields trimmed to those read, plus a few).
@@ -70,6 +77,70 @@ class TestReading:
         assert decode(encode(message)) == message
         older = Stacks(run_id="r", rank=1, t=T0, samples=0)
         assert decode(encode(older)).collective is None
+
+
+def fake_torch(monkeypatch: pytest.MonkeyPatch, **c10d: object) -> None:
+    """``torch._C._distributed_c10d`` with only these names, in place of whatever torch is (or is not) installed."""
+    torch, torch_c = types.ModuleType("torch"), types.ModuleType("torch._C")
+    torch._C = torch_c  # type: ignore[attr-defined]
+    torch_c._distributed_c10d = types.SimpleNamespace(**c10d)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch._C", torch_c)
+    monkeypatch.delitem(sys.modules, "torch._C._distributed_c10d", raising=False)  # a real one, imported earlier
+
+
+class TestATorchWithoutTheDump:
+    """The dump is private (torch._C._distributed_c10d): missing, the recorder is not read, and that is said."""
+
+    def test_the_generic_dump_first_then_nccls_then_none(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        calls: list[tuple[str, dict[str, object]]] = []
+
+        def named(name: str) -> object:
+            return lambda **kw: calls.append((name, kw)) or b"{}"
+
+        fake_torch(monkeypatch, _dump_fr_trace_json=named("fr"), _dump_nccl_trace_json=named("nccl"))
+        dump = flight_recorder.dump_function()
+        assert dump is not None and dump() == b"{}"
+        fake_torch(monkeypatch, _dump_nccl_trace_json=named("nccl"))  # NCCL's, torch 2.5-2.7
+        dump = flight_recorder.dump_function()
+        assert dump is not None and dump() == b"{}"
+        assert calls == [(n, {"includeCollectives": True, "onlyActive": False}) for n in ("fr", "nccl")]
+        fake_torch(monkeypatch)  # neither: torch before 2.5, or a CPU build before 2.8
+        assert flight_recorder.dump_function() is None
+
+    def test_no_torch_no_dump(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in ("torch", "torch._C", "torch._C._distributed_c10d"):  # None: a module that cannot be imported
+            monkeypatch.setitem(sys.modules, name, None)
+        assert flight_recorder.dump_function() is None
+
+    def test_the_rank_says_why_once_when_the_user_turned_it_on(
+        self, monkeypatch: pytest.MonkeyPatch, collector: Collector
+    ) -> None:
+        fake_torch(monkeypatch)
+        monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+        reporter = Reporter(collector.address)  # not started: the test closes its windows by hand
+        reporter._facts.update({"run_id": "fr", "rank": 0, "world_size": 1})
+        for _ in range(3):
+            reporter._close_window(time.time())
+
+        def delivered() -> bool:
+            reporter.sender.pump()
+            ranks = snapshot_of(collector).all_ranks()
+            return bool(ranks) and len(ranks[0].windows) == 3
+
+        assert wait_for(delivered)
+        (rank,) = snapshot_of(collector).all_ranks()
+        said = [(e.kind, e.message) for e in rank.events]
+        assert said == [("not_measured", f"flight_recorder: {flight_recorder.NO_DUMP}")]
+        reporter.sender.close()
+
+    def test_nothing_is_said_where_the_user_did_not_turn_it_on(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_torch(monkeypatch)
+        monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+        monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+        reporter = Reporter(Address(port=1))
+        assert not reporter._flight_missing and reporter._flight is None
+        reporter.sender.close()
 
 
 def test_a_hang_names_the_rank_that_never_joined_the_newest_collective() -> None:
