@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
-.PHONY: demo test check fmt clean gpu-check system-deps
+.PHONY: demo test test-fast check fmt clean gpu-check system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@# Before it was gputop-train this project installed as "gputop"; that install (or the
 	@# unrelated PyPI gputop) owns bin/gputop too, so it goes first, before ours writes it.
 	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
-	$(BIN)/pip install -q -e '.[test,dev,mcp]'
+	@# test and dev are PEP 735 dependency groups, not extras: pip installs them from 25.1 on.
+	@$(BIN)/python -m pip install -q 'pip>=25.1'
+	$(BIN)/pip install -q -e '.[mcp]' --group test --group dev
 	@$(BIN)/python -c 'import torch' 2>/dev/null || \
 	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@# Lightning only after torch: installed first, it would pull the newest (CUDA) torch.
@@ -37,15 +39,23 @@ demo: $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps
 
+# Everything: tests/unit, tests/tui and tests/integration (torchrun, Prometheus, namespaces, installs).
 test: system-deps $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit and dashboard tiers: no training job, no Prometheus, no namespaces; under a minute on
+# two cores (docs/performance.md).  Only a C compiler from the system, for the NVML stand-in.
+test-fast: $(VENV)/.installed
+	@bash scripts/system-deps cc
+	$(BIN)/python -m pytest tests/unit tests/tui $(PYTEST_ARGS)
 
 # ruff (lint + format), mypy, and the import contracts in pyproject.toml ([tool.importlinter]).
 # They read the source: no torch, Lightning or Transformers needed, so this is seconds on a fresh clone
 # (the MCP SDK is, so that mypy checks gputop.mcp against its types).
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
-	$(BIN)/pip install -q -e '.[dev,mcp]'
+	@$(BIN)/python -m pip install -q 'pip>=25.1'
+	$(BIN)/pip install -q -e '.[mcp]' --group dev
 	@touch $@
 
 check: $(VENV)/.dev-installed
@@ -63,4 +73,4 @@ fmt: $(VENV)/.installed
 	$(BIN)/ruff check --fix gputop tests demos benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -26,7 +26,7 @@ from gputop.collect.store import Store
 from gputop.protocol import CaptureRequest
 
 ROUNDS, STEPS, SPAN_S = 5, 20, 4.0
-JOB = Path(__file__).resolve().parent.parent / "tests" / "jobs" / "ddp_job.py"
+JOB = Path(__file__).resolve().parent.parent / "tests" / "support" / "jobs" / "ddp_job.py"
 
 
 def mean_step_s(collector: Collector, since_t: float, until_t: float) -> float:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from gputop.collect.gpu import GpuSampler  # noqa: E402
 from gputop.collect.nvml import Nvml  # noqa: E402
-from tests.nvml_standin import ENV_VAR, Process, build_driver, calls, h100_node, library  # noqa: E402
+from tests.support.nvml_standin import ENV_VAR, Process, build_driver, calls, h100_node, library  # noqa: E402
 
 
 def main() -> int:

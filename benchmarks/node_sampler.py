@@ -48,7 +48,7 @@ PORT = 32400
 def fake_env(gpus: int) -> dict[str, str]:
     """The stand-in libnvidia-ml with ``gpus`` H100s, two processes each, for the real nvidia-ml-py."""
     sys.path.insert(0, str(REPO))
-    from tests.nvml_standin import Process, env_for, h100_node
+    from tests.support.nvml_standin import Process, env_for, h100_node
 
     node = h100_node(gpus)
     for i, gpu in enumerate(node.gpus):

@@ -38,6 +38,13 @@ def enabled(environ: Mapping[str, str]) -> bool:
     return False
 
 
+# Said once, as a not_measured event, where the user turned the recorder on and this torch cannot dump it.
+NO_DUMP = (
+    "the Flight Recorder is on but this torch cannot dump it (_dump_fr_trace_json, torch 2.8+; "
+    "_dump_nccl_trace_json, 2.5+ with NCCL): a hang is named without the collective each rank entered"
+)
+
+
 def dump_function() -> Callable[[], bytes] | None:
     """torch's JSON dump of the recorder (named for NCCL in older torch), or None where this torch has none."""
     try:

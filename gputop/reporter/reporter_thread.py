@@ -39,7 +39,7 @@ from gputop.protocol import (
     decode_command,
     encode,
 )
-from gputop.reporter import facts, node_sampler
+from gputop.reporter import facts, flight_recorder, node_sampler
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock
 from gputop.reporter.probes import Probe
@@ -160,6 +160,8 @@ class ReporterThread:
             except Exception as exc:
                 self._report_error(probe.name, exc)
             self._say_why_not_measured(probe)
+        if self._stacks.flight_missing:
+            self._say_not_measured("flight_recorder", flight_recorder.NO_DUMP)
         self._learn_ddp_settings()
         if self._grad_enabled is not None:
             forwards, self._train_forwards_sent = self._train_forwards - self._train_forwards_sent, self._train_forwards
@@ -237,12 +239,14 @@ class ReporterThread:
 
     def _say_why_not_measured(self, probe: Probe) -> None:
         """A probe's reason for N/A fields, sent once per reason as a ``not_measured`` event: "<probe>: <why>"."""
-        reason = probe.not_measured
-        if not reason or (probe.name, reason) in self._reasons_said:
+        self._say_not_measured(probe.name, probe.not_measured)
+
+    def _say_not_measured(self, name: str, reason: str | None) -> None:
+        if not reason or (name, reason) in self._reasons_said:
             return
-        self._reasons_said.add((probe.name, reason))
+        self._reasons_said.add((name, reason))
         hello = self._hello_or_new()
-        message = f"{probe.name}: {reason}"[:500]
+        message = f"{name}: {reason}"[:500]
         self.sender.enqueue(
             encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind="not_measured", message=message))
         )

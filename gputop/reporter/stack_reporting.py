@@ -53,6 +53,8 @@ class StackReporting:
         # torch's Flight Recorder, where the user turned it on: read only while the training thread is stuck.
         dump = flight_recorder.dump_function() if flight_recorder.enabled(environ) else None
         self._flight = None if dump is None else flight_recorder.FlightRecorderReader(dump)
+        # Asked for, yet this torch has no dump to read: the rank says so once, as a not-measured reason.
+        self.flight_missing = dump is None and flight_recorder.enabled(environ)
         self._next_send_s = 0.0
         self.forward_codes: tuple[Any, ...] = ()  # the watched model's forward code (training thread writes)
 

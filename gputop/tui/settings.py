@@ -22,7 +22,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli before it joined the standard library
+    import tomli as tomllib
 
 DEFAULT_REFRESH_S = 0.5
 DEFAULT_THEME = "textual-dark"

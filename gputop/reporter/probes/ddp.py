@@ -42,6 +42,8 @@ SETTLED_ITERATIONS = 2
 # Why the DDP figures are N/A although DDP runs, as the not_measured event says it.
 MULTI_DEVICE = "DDP does not time a module spread over several devices (it logs zeros)"
 ALL_ZERO = "DDP logged all-zero times: it had no usable timing events for its sampled iterations"
+NO_LOGGING_DATA = "this torch's DDP has no _get_ddp_logging_data(), the private API its timings are read from"
+UNREADABLE = "DDP's _get_ddp_logging_data() is not the dict of counters this gputop reads (a private API that changed)"
 
 
 def ddp_settings(data: dict[str, Any]) -> dict[str, Any]:
@@ -105,8 +107,13 @@ class DdpProbe:
         return self._totals_from is not None
 
     def read(self, marks: list[StepMark]) -> dict[str, Any]:
-        data = self.model._get_ddp_logging_data()
-        if not isinstance(data, dict) or "iteration" not in data:
+        logging_data = getattr(self.model, "_get_ddp_logging_data", None)
+        if logging_data is None:
+            self.not_measured = NO_LOGGING_DATA
+            return {}
+        data = logging_data()
+        if not isinstance(data, dict) or not isinstance(data.get("iteration"), int):
+            self.not_measured = UNREADABLE
             return {}
         iteration = int(data["iteration"])
         if self.settings is None and iteration >= SETTLED_ITERATIONS:

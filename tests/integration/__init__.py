@@ -1,0 +1,1 @@
+"""Real jobs and real systems: torchrun, DDP, Prometheus, network namespaces, installs; seconds per test."""

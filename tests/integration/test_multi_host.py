@@ -1,0 +1,193 @@
+"""Two hosts, one collector: a real 2-node torchrun job across network namespaces, reporting with a token.
+
+A real Prometheus in the head namespace scrapes the recorder's endpoint while the
+job trains, and a PromQL query returns the 4 ranks' step times under their hosts.
+
+The test makes three namespaces (``tests/netns.py``): a head where `gputop record
+--listen` runs, and two nodes, each running 2 ranks of one 4-rank gloo job under a
+host name of its own.  Every rank proves GPUTOP_TOKEN to the recorder across the
+bridge; a rank with a wrong token is refused, counted, and says so once.
+
+Each node has two GPUs of its own, indices 0 and 1 on both, that only the stand-in
+libnvidia-ml in its namespace lists (``tests/nvml_standin``, loaded by the real
+nvidia-ml-py); each rank claims one by UUID.
+Local rank 0 on each node starts its host's node sampler, which sends those GPUs
+to the recorder, and the report joins every rank to its GPU under its host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from gputop import recording
+from gputop.model.sums import rank_stats
+from tests.support.collectors import wait_for
+from tests.support.netns import Cluster
+from tests.support.nvml_standin import Gpu, Process, Scenario, env_for
+from tests.support.processes import JOBS, finish, needs_torch
+from tests.support.prometheus_server import Prometheus
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+TOKEN = "g12-shared-secret"
+COLLECTOR_PORT = 32100
+MASTER_PORT = 32110
+STEPS = 300  # long enough for Prometheus to scrape the ranks mid-run (1 s scrapes)
+EXPORTER_PORT = 32101
+PROMETHEUS_PORT = 32102
+REPO = Path(__file__).resolve().parents[2]
+FOREIGN_PID = 3_999_999  # another job's process on node-a's GPU 1 (no such pid here: its name stays unknown)
+
+
+def gpu_uuid(host: str, index: int) -> str:
+    return f"GPU-{host}-{index}-0000-0000-000000000000"
+
+
+def host_gpus(host: str) -> Scenario:
+    """Two GPUs per host, as the stand-in libnvidia-ml in that host's namespace answers."""
+    gpus = [Gpu(uuid=gpu_uuid(host, i), util_pct=60 + 10 * i) for i in range(2)]
+    if host == "node-a":
+        gpus[1].processes = [Process(pid=FOREIGN_PID)]
+    return Scenario(gpus)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    made = Cluster(["head", "node-a", "node-b"], prefix=f"g12-{os.getpid()}")
+    made.create()
+    try:
+        yield made
+    finally:
+        made.destroy()
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTOP_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_four_ranks_on_two_hosts_report_to_one_recorder_and_a_wrong_token_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    head, node_a, node_b = cluster.hosts
+    out = tmp_path / "cluster.jsonl"
+    recorder = subprocess.Popen(
+        head.command(sys.executable, "-m", "gputop", "record", "--listen", f"{head.address}:{COLLECTOR_PORT}",
+                     "--seconds", "600", "-o", str(out), "--prometheus", f"{head.address}:{EXPORTER_PORT}"),
+        env=_env(GPUTOP_TOKEN=TOKEN), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reporting = {"GPUTOP_ADDR": f"{head.address}:{COLLECTOR_PORT}", "GLOO_SOCKET_IFNAME": "eth0"}
+    nodes = []
+    for node_rank, host in enumerate((node_a, node_b)):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+                    "--nproc_per_node=2", f"--master_addr={node_a.address}", f"--master_port={MASTER_PORT}",
+                    str(JOBS / "ddp_job.py"), "--steps", str(STEPS), "--delay-ms", "10"]  # fmt: skip
+        scenario = host_gpus(host.hostname).write(tmp_path / f"nvml-{host.hostname}")
+        gpus = {  # this host's GPUs, seen only by the real nvidia-ml-py over the stand-in NVML in its namespace
+            "PYTHONPATH": str(REPO),
+            **env_for(scenario),
+            "TEST_FAKE_DEVICE_UUIDS": ",".join(gpu_uuid(host.hostname, i) for i in range(2)),
+        }
+        nodes.append(
+            subprocess.Popen(
+                host.command(*torchrun),
+                env=_env(GPUTOP_TOKEN=TOKEN, **reporting, **gpus),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    intruder = subprocess.Popen(
+        node_b.command(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                       str(JOBS / "ddp_job.py"), "--steps", "20", "--delay-ms", "100"),  # ~2 s: time to be refused
+        env=_env(GPUTOP_TOKEN="not-the-token", **reporting),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    prometheus = Prometheus([f"{head.address}:{EXPORTER_PORT}"], tmp_path, PROMETHEUS_PORT, netns=head.netns)
+    try:
+        prometheus.wait_ready()
+        scraped: list[dict[str, Any]] = []
+        on_gpus: list[dict[str, Any]] = []
+        while (len(scraped) < 4 or len(on_gpus) < 4) and nodes[0].poll() is None:  # while they train
+            time.sleep(1)
+            scraped = prometheus.query("gputop_step_time_mean_seconds")
+            on_gpus = prometheus.query("gputop_gpu_rank_info")
+        outputs = [finish(node, timeout_s=180) for node in nodes]
+        intruder_out = finish(intruder, timeout_s=180)
+        assert wait_for(lambda: out.exists() and out.read_text().count('"type":"bye"') == 4, timeout_s=30), (
+            f"the recording has {out.read_text().count(chr(10)) if out.exists() else 0} lines and "
+            f"{out.read_text().count('bye') if out.exists() else 0} byes"
+        )
+    finally:
+        prometheus.stop()
+        recorder.send_signal(signal.SIGINT)
+        try:
+            _, recorder_err = recorder.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            recorder.kill()
+            _, recorder_err = recorder.communicate()
+    for rank in range(4):
+        assert f"rank {rank} steps {STEPS}" in "".join(outputs)
+    assert "not reporting" not in "".join(outputs), "a rank with the right token was refused"
+
+    store, last_t = recording.load(out)
+    snapshot = store.snapshot(last_t, history=None)
+    (run,) = snapshot.runs  # one run id on both nodes, though each node has its own torchrun agent
+    assert run.world_size == 4
+    assert Counter(v.hello.hostname for v in run.ranks) == {"node-a": 2, "node-b": 2}
+    assert {v.hello.hostname for v in run.ranks if v.hello.local_rank == 0} == {"node-a", "node-b"}
+    for view in run.ranks:
+        assert rank_stats(view.windows).steps == STEPS, f"rank {view.rank} on {view.hello.hostname}"
+
+    by_host = Counter(r["metric"]["Hostname"] for r in scraped)
+    assert by_host == {"node-a": 2, "node-b": 2}, f"PromQL over the head's Prometheus returned {scraped}"
+    assert all(0.001 < float(r["value"][1]) < 10 for r in scraped), scraped
+
+    # Every rank on its GPU, under its own host: indices 0 and 1 exist on both, UUIDs tell them apart.
+    report = subprocess.run([sys.executable, "-m", "gputop", "report", str(out), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    gpus = {(g["hostname"], g["index"]): g for g in json.loads(report.stdout)["gpus"]["gpus"]}
+    assert set(gpus) == {(h, i) for h in ("node-a", "node-b") for i in (0, 1)}, report.stdout[-3000:]
+    local_rank = {(v.hello.hostname, v.rank): v.hello.local_rank for v in run.ranks}
+    for (host, index), g in gpus.items():
+        assert g["uuid"] == gpu_uuid(host, index)
+        assert [(r["hostname"], local_rank[(r["hostname"], r["rank"])]) for r in g["ranks"]] == [(host, index)], g
+        assert [p["pid"] for p in g["unobserved"]] == ([FOREIGN_PID] if (host, index) == ("node-a", 1) else []), g
+    rank_info = Counter((r["metric"]["Hostname"], r["metric"]["UUID"]) for r in on_gpus)
+    assert rank_info == {(h, gpu_uuid(h, i)): 1 for h in ("node-a", "node-b") for i in (0, 1)}, on_gpus
+
+    # One node sampler per host, started by local rank 0, gone with its rank.
+    notes = [json.loads(line) for line in out.read_text().splitlines() if '"kind":"node_sampler"' in line]
+    started = {v.hello.hostname for v in run.ranks for n in notes if n["rank"] == v.rank and v.hello.local_rank == 0}
+    assert len(notes) == 2 and started == {"node-a", "node-b"}, notes
+    for note in notes:
+        pid = int(re.search(r"pid (\d+)", note["message"]).group(1))  # type: ignore[union-attr]
+        assert wait_for(lambda pid=pid: _ended(pid)), f"node sampler {pid} outlived its rank"
+        print(f"node sampler start on the reporter thread: {note['message']}")
+
+    refusals = [line for line in intruder_out.splitlines() if "gputop: not reporting" in line]
+    assert len(refusals) == 1 and "wrong token" in refusals[0], intruder_out[-2000:]
+    assert "rank 0 steps 20" in intruder_out  # refused, and it trained on
+    assert "from 4 rank(s) on 2 host(s)" in recorder_err, recorder_err
+    assert "GPUs of 2 other host(s): node-a, node-b" in recorder_err, recorder_err
+    assert "for a wrong or missing token" in recorder_err and "wrong token" in recorder_err, recorder_err

@@ -1,0 +1,100 @@
+"""The exporter against the real Prometheus tools: promtool checks what is shipped, a real server scrapes a real job."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import needs_torch, torchrun
+from tests.support.prometheus_server import Prometheus
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "prometheus.md"
+PROMETHEUS_PORT = 32090
+EXPORTER_PORT = 32091
+
+
+def stop_job(job: subprocess.Popen[str]) -> None:
+    """SIGTERM torchrun, which stops its ranks (a SIGKILL would orphan them on our pipe)."""
+    job.terminate()
+    try:
+        job.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.communicate(timeout=30)
+
+
+def test_the_shipped_scrape_config_alert_rules_and_grafana_queries_are_valid(tmp_path: Path) -> None:
+    """promtool (from Debian's prometheus package) parses the config, the rules and every panel's PromQL."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: apt-get install prometheus (.ci/run installs it)")
+    folder = DOCS.parent / "prometheus"
+    for args in (["check", "config", "prometheus.yml"], ["check", "rules", "gputop-alerts.yml"]):
+        done = subprocess.run([promtool, *args], cwd=folder, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    dashboard = json.loads((DOCS.parent / "grafana" / "gputop-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = tmp_path / "panels.yml"
+    rules.write_text(
+        "groups:\n  - name: panels\n    rules:\n"
+        + "".join(
+            f"      - record: panel_{i}\n        expr: {json.dumps(e.replace('$', ''))}\n" for i, e in enumerate(exprs)
+        )
+    )
+    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(
+        name in " ".join(exprs) for name in ("gputop_finding", "gputop_step_time_seconds", "DCGM_FI_DEV_GPU_UTIL")
+    )
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> None:
+    """`gputop record --prometheus`, a 2-rank job: PromQL over Prometheus's HTTP API returns both step times."""
+    port = 32092
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "120",
+         "-o", str(tmp_path / "run.jsonl"), "--prometheus", f"127.0.0.1:{EXPORTER_PORT}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    prometheus = Prometheus([f"127.0.0.1:{EXPORTER_PORT}"], tmp_path, PROMETHEUS_PORT)
+    job = None
+    try:
+        prometheus.wait_ready()
+        job = torchrun("ddp_job.py", "--steps", "100000", "--delay-ms", "10", port=port)  # stopped below
+        deadline = time.monotonic() + 90
+        result: list[dict[str, object]] = []
+        while time.monotonic() < deadline and len(result) < 2:
+            time.sleep(1)
+            result = prometheus.query('gputop_step_time_mean_seconds{job="gputop"}')
+        assert len(result) == 2, f"PromQL returned {result}; prometheus log: {prometheus.log.read_text()[-1500:]}"
+        ranks = sorted(r["metric"]["rank"] for r in result)  # type: ignore[index]
+        assert ranks == ["0", "1"]
+        for r in result:
+            value = float(r["value"][1])  # type: ignore[index]
+            assert 0.005 < value < 5, f"rank {r['metric']} step time {value} s"  # type: ignore[index]
+            assert r["metric"]["Hostname"]  # type: ignore[index]
+        rate: list[dict[str, object]] = []
+        # rate() needs two scrapes that saw the counter move (the exporter refreshes every 2 s).
+        while time.monotonic() < deadline and (len(rate) < 2 or any(float(r["value"][1]) == 0 for r in rate)):  # type: ignore[index]
+            time.sleep(1)
+            rate = prometheus.query("rate(gputop_steps_total[30s])")
+        assert rate and all(float(r["value"][1]) > 0 for r in rate), rate  # type: ignore[index]
+        with urllib.request.urlopen(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=5) as response:
+            exposition = response.read().decode()
+        assert "# TYPE gputop_steps_total counter" in exposition
+    finally:
+        if job is not None:
+            stop_job(job)
+        prometheus.stop()
+        recorder.terminate()
+        out, _ = recorder.communicate(timeout=30)
+    assert "Prometheus metrics on :32091/metrics" in out, out

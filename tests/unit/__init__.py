@@ -1,0 +1,1 @@
+"""Fast and pure: the model, diagnosis, protocol, recording, collectors on loopback, the CLI's quick paths."""

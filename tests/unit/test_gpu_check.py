@@ -1,0 +1,62 @@
+"""`make gpu-check` on a machine without a GPU, and the pure pieces its checks stand on.
+
+The checks themselves need a GPU (docs/gpu.md has the table from a real run
+when one was lent); here: the check list, the
+parsing of nvidia-smi's CSV, the tolerance test, the table, and a broken check
+becoming a row instead of ending the run.  The one-line refusal and exit 2 of the
+real script, which imports torch, is in tests/integration/test_gpu_check.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.gpu_check import ROOT, SCRIPT, gpu_check
+
+
+def test_make_gpu_check_runs_the_script() -> None:
+    dry = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert "benchmarks/gpu_check.py" in dry.stdout
+
+
+def test_the_checks_are_listed() -> None:
+    result = subprocess.run([sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert [line.split()[0] for line in result.stdout.splitlines()] == list(gpu_check.CHECKS)
+
+
+def test_nvidia_smi_csv_with_unsupported_fields() -> None:
+    text = (
+        "GPU-11111111-2222-3333-4444-555555555555, 0, 97, 40536, 612.34, 61\n"
+        "GPU-66666666-7777-8888-9999-000000000000, 1, [N/A], 3, [Not Supported], 38\n"
+    )
+    first, second = gpu_check.parse_smi_csv(text)
+    assert first.uuid.startswith("GPU-1111") and first.index == 0 and first.util_pct == 97.0
+    assert first.mem_used_bytes == 40536 * 2**20 and first.power_w == pytest.approx(612.34)
+    assert second.util_pct is None and second.power_w is None and second.temp_c == 38.0
+
+
+def test_tolerances() -> None:
+    assert gpu_check.within(102.0, 100.0, rel=0.02)
+    assert not gpu_check.within(103.0, 100.0, rel=0.02)
+    assert gpu_check.within(105.0, 100.0, abs_=5.0)
+    assert not gpu_check.within(None, 100.0, abs_=1e9)  # a missing reading never agrees
+
+
+def test_the_table_survives_odd_messages() -> None:
+    rows = [gpu_check.Row("a|b", "x", "line one\nline two", "error: KeyError: '|'")]
+    table = gpu_check.markdown_table(rows).splitlines()
+    assert table[2] == "| a\\|b | x | line one line two | error: KeyError: '\\|' |"
+
+
+def test_a_check_that_breaks_is_a_row_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> list[gpu_check.Row]:
+        raise RuntimeError("no nvidia-smi in this container")
+
+    monkeypatch.setitem(gpu_check.CHECKS, "nvml", broken)
+    (row,) = gpu_check.run_check("nvml")
+    assert row.result == "error: RuntimeError: no nvidia-smi in this container" and not row.passed

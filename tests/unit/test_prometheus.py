@@ -1,0 +1,64 @@
+"""The Prometheus endpoint: names by the conventions, every metric documented, not-measured left out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gputop.diagnose import diagnose
+from gputop.export.metrics import METRICS, families
+from gputop.model.figures import summarize
+from tests.support.diagnose_fixtures import RankSpec, cuda_hello, gpu_reading, make_snapshot
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "prometheus.md"
+UNIT_SUFFIXES = ("_seconds", "_bytes", "_ratio", "_watts", "_celsius", "_total", "_info", "_per_second")
+
+
+def exposed_name(spec_name: str, kind: str) -> str:
+    return spec_name + "_total" if kind == "counter" else spec_name
+
+
+def test_names_follow_prometheus_conventions_and_every_metric_is_documented() -> None:
+    text = DOCS.read_text()
+    for spec in METRICS:
+        name = exposed_name(spec.name, spec.kind)
+        assert re.fullmatch(r"gputop_[a-z0-9_]+", name), name
+        assert not name.endswith("_pct") and "_ms" not in name, f"{name}: base units only"
+        if spec.kind == "counter":
+            assert not spec.name.endswith("_total"), "prometheus-client appends _total itself"
+        assert f"`{name}`" in text, f"{name} is not documented in docs/prometheus.md"
+        # DCGM's spellings, so a PromQL join on UUID/Hostname works without label_replace.
+        assert "uuid" not in spec.labels and "hostname" not in spec.labels and "host" not in spec.labels
+
+
+def test_a_straggler_on_a_cuda_rank_is_exported_with_its_host_rank_and_gpu() -> None:
+    specs = [
+        RankSpec(rank=0, hello=cuda_hello(0), comm_frac=0.5, overlap_frac=0.05),
+        RankSpec(rank=1, hello=cuda_hello(1), step_s=0.1, loader_frac=0.6, comm_frac=0.05, overlap_frac=0.04),
+    ]
+    snapshot = make_snapshot(specs, gpus=[gpu_reading(0), gpu_reading(1)])
+    figures = summarize(snapshot)
+    found = diagnose(figures)
+    by_name = {f.spec.name: f for f in families(figures, found, gpu_hostname="node0")}
+    steps = {dict(zip(f.spec.labels, labels, strict=True))["rank"]: v
+             for f in [by_name["gputop_step_time_mean_seconds"]] for labels, v in f.samples}  # fmt: skip
+    assert steps.keys() == {"0", "1"} and all(v == pytest.approx(0.1, rel=0.05) for v in steps.values())
+    info = by_name["gputop_gpu_rank_info"]
+    uuids = {dict(zip(info.spec.labels, labels, strict=True))["UUID"] for labels, _ in info.samples}
+    assert uuids == {gpu_reading(0).uuid, gpu_reading(1).uuid}
+    finding_labels = [dict(zip(by_name["gputop_finding"].spec.labels, labels, strict=True))
+                      for labels, _ in by_name["gputop_finding"].samples]  # fmt: skip
+    assert found and len(finding_labels) <= len(found)
+    assert {(f.cause, f.severity) for f in found} == {(lbl["cause"], lbl["severity"]) for lbl in finding_labels}
+    single = next(lbl for lbl, f in zip(finding_labels, found, strict=False) if len(f.ranks) == 1)
+    assert single["Hostname"] == "node0" and single["rank"] in {"0", "1"}
+
+
+def test_a_value_not_measured_is_left_out_not_zero() -> None:
+    snapshot = make_snapshot([RankSpec(rank=0, loader_frac=None, forward_frac=None)])
+    by_name = {f.spec.name: f for f in families(summarize(snapshot), [], gpu_hostname="h")}
+    assert by_name["gputop_loader_wait_ratio"].samples == ()
+    assert by_name["gputop_memory_allocated_bytes"].samples == ()
+    assert len(by_name["gputop_step_time_mean_seconds"].samples) == 1

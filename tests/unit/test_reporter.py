@@ -1,0 +1,168 @@
+"""The reporter inside a training process: never raises, never reports from forks, off when disabled."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from gputop.reporter.clock import StepClock, TrackedLoader
+from gputop.reporter.facts import loader_facts, run_id
+from tests.support.collectors import snapshot_of, wait_for, window_count
+from tests.support.processes import run_script
+
+
+def test_tracked_loader_yields_the_same_batches_and_times_each_wait() -> None:
+    clock = StepClock()
+    data = [1, 2, 3]
+    tracked = TrackedLoader(data, clock)
+    assert list(tracked) == [1, 2, 3]
+    assert len(tracked) == 3
+    clock.mark_step()
+    (mark,) = clock.drain()
+    assert mark.batches == 3 and mark.loader_wait_s >= 0 and mark.duration_s is None
+
+
+def test_the_loaders_own_errors_pass_through_unchanged() -> None:
+    def broken():
+        yield 1
+        raise KeyError("bad sample 7")
+
+    with pytest.raises(KeyError, match="bad sample 7"):
+        list(TrackedLoader(broken(), StepClock()))
+
+
+def test_a_failing_cuda_event_is_swallowed_and_events_are_dropped() -> None:
+    clock = StepClock()
+
+    class Failing:
+        def record_step(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+    clock.gpu_steps = Failing()
+    clock.mark_step()  # must not raise into training
+    clock.mark_step()
+    assert clock.errors == 1 and clock.gpu_steps is None
+    assert len(clock.drain()) == 2  # both steps counted, without GPU events
+
+
+def test_an_optimizer_stepping_another_is_timed_from_the_outer_hooks() -> None:
+    """A wrapper (ZeroRedundancyOptimizer, a Lookahead) does its own work, then steps its inner optimizer: the
+    optimizer phase holds both, not only the inner step (whose hooks fire inside the outer one's)."""
+    torch = pytest.importorskip("torch")
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    clock = StepClock()
+    clock.times_optimizer = True
+    weight = torch.nn.Parameter(torch.zeros(4))
+    inner = torch.optim.SGD([weight], lr=0.1)
+
+    class Wrapper(torch.optim.Optimizer):
+        def __init__(self) -> None:
+            super().__init__([weight], {})
+
+        def step(self, closure: object = None) -> None:  # type: ignore[override]
+            time.sleep(0.03)  # its own work: a broadcast, a slow-weights update
+            inner.step()
+
+    handles = [
+        register_optimizer_step_pre_hook(lambda *_: clock.optimizer_started()),
+        register_optimizer_step_post_hook(lambda *_: clock.optimizer_done()),
+    ]
+    try:
+        weight.grad = torch.ones(4)
+        Wrapper().step()
+        clock.mark_step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    (mark,) = clock.drain()
+    assert mark.optimizer_s is not None and mark.optimizer_s >= 0.03, mark
+
+
+def test_loader_facts_read_what_a_dataloader_has() -> None:
+    class Loader:
+        batch_size = 32
+        num_workers = 4
+        pin_memory = True
+        persistent_workers = False
+        prefetch_factor = None
+
+    assert loader_facts(Loader()) == {
+        "loader_batch_size": 32,
+        "loader_num_workers": 4,
+        "loader_pin_memory": True,
+        "loader_persistent_workers": False,
+    }
+    assert loader_facts([1, 2]) == {}
+
+
+def test_run_id_is_shared_by_the_ranks_of_one_launch() -> None:
+    assert run_id({"GPUTOP_RUN_ID": "mine"}) == "mine"
+    env = {"TORCHELASTIC_RUN_ID": "abc", "LOCAL_RANK": "1"}
+    assert run_id(env, 2).endswith("-abc")
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}
+    assert run_id(torchrun, 2) == run_id({**torchrun, "LOCAL_RANK": "1"}, 2)  # same agent pid
+    spawned = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "LOCAL_RANK": "0"}
+    assert run_id(spawned, 2) == run_id({**spawned, "LOCAL_RANK": "1"}, 2)
+    assert run_id(spawned, 2) != run_id({**spawned, "MASTER_PORT": "29501"}, 2)
+
+
+def test_an_unusable_address_turns_gputop_off_with_one_line(tmp_path) -> None:
+    code = """
+        import gputop
+        assert gputop.watch() is None
+        assert gputop.track([1, 2]) == [1, 2]
+        gputop.step()
+        print("trained")
+    """
+    result = run_script(code, None, GPUTOP_PORT="not-a-port")
+    assert result.returncode == 0 and result.stdout.strip() == "trained"
+    assert (
+        result.stderr.strip()
+        == "gputop: GPUTOP_PORT='not-a-port' is not a port number; reporting is off for this process"
+    )
+
+
+def test_a_rank_that_learns_its_name_late_is_not_refused_after_reconnecting(collector) -> None:
+    """track()/step() before init_process_group name the rank by pid; the real name replaces it cleanly."""
+    from gputop.protocol import Window, encode
+    from gputop.reporter.reporter import Reporter
+
+    reporter = Reporter(collector.address)  # not started: the test drives it by hand
+    reporter.sender.close()
+    reporter._facts.update({"run_id": "script-123", "rank": 0, "world_size": 1})
+    reporter._refresh_hello()
+    reporter.sender.address = type(collector.address)(port=1)  # nobody there: frames queue up
+    reporter.sender.enqueue(encode(Window(run_id="script-123", rank=0, seq=1, t0=0, t1=0.5)))
+    reporter._facts.update({"run_id": "job", "rank": 1, "world_size": 2})
+    reporter._refresh_hello()
+    reporter.sender.address = collector.address
+    assert wait_for(lambda: (reporter.sender.pump(time.monotonic() + 60), reporter.sender.idle)[1])
+    reporter.sender.enqueue(encode(Window(run_id="job", rank=1, seq=1, t0=1, t1=1.5, steps=2, step_total=2)))
+    assert wait_for(lambda: (reporter.sender.pump(), window_count(collector) == 1)[1])
+    snap = snapshot_of(collector)
+    assert [(v.run_id, v.rank) for v in snap.all_ranks()] == [("job", 1)]
+    assert snap.rejected == ()
+    reporter.sender.close()
+
+
+def test_the_reporter_will_not_use_a_default_socket_folder_others_can_read(tmp_path, monkeypatch) -> None:
+    from gputop.address import default_socket_path, resolve
+    from gputop.reporter.sender import Sender
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("GPUTOP_PORT", raising=False)
+    monkeypatch.delenv("GPUTOP_SOCKET", raising=False)
+    folder = default_socket_path().parent
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(default_socket_path()))  # someone listens there
+    listener.listen(1)
+    sender = Sender(resolve(), backlog_frames=10)
+    sender.pump()
+    assert not sender.connected
+    assert "readable by other users" in sender.refused
+    listener.close()
