@@ -1,6 +1,6 @@
 """What a profiler capture costs the captured steps, and that the steps around it pay nothing.
 
-A real 2-rank gloo job (tests/jobs/ddp_job.py, no loader delay: compute and
+A real 2-rank gloo job (tests/support/jobs/ddp_job.py, no loader delay: compute and
 all-reduce only) reports to an in-process collector.  For each of ROUNDS
 rounds: the mean step time of both ranks over the 4 s before a capture, then a
 capture of STEPS steps on both ranks at once (its ``wall_s / steps``), then the

@@ -4,7 +4,7 @@
 direction per call: on 8 GPUs that is 320 ms of every sample for the call
 alone.  The sampler reads PCIe and NVLink from the driver's byte counters
 instead (``gputop/collect/nvml_counters.py``).  This runs the real sampler
-through the real nvidia-ml-py over the stand-in libnvidia-ml (tests/nvml_standin)
+through the real nvidia-ml-py over the stand-in libnvidia-ml (tests/support/nvml_standin)
 with that 20-ms call present, and prints:
 
 - the wall time of one ``GpuSampler.sample()`` (median and max over ``--samples``),

@@ -10,7 +10,7 @@ Three figures (docs/performance.md):
    overlapping each start, against the longest in an interval as long 50 ms later
    (nothing starting): what the start takes from the training thread (GIL, fork).
 3. The sampler itself at 1 Hz: ``python -m gputop.node`` reading ``--gpus`` GPUs through the
-   real nvidia-ml-py over the stand-in libnvidia-ml (tests/nvml_standin, two processes each)
+   real nvidia-ml-py over the stand-in libnvidia-ml (tests/support/nvml_standin, two processes each)
    and sending to a real collector over TCP
    with a token: its CPU time over ``--seconds`` (after its start-up), RSS, and the
    bytes it sends a second.  No GPU here: real NVML calls cost more (a PCIe read is

@@ -90,5 +90,5 @@ if __name__ == "__main__":
     main()
     # gloo aborts now and then while the interpreter finalizes ("terminate called without an active
     # exception"), gputop or not: the exit handlers run (gputop's last window among them), then the process
-    # leaves without finalizing, as tests/jobs/ddp_job.py and the demo do (gputop/demos/teardown.py).
+    # leaves without finalizing, as tests/support/jobs/ddp_job.py and the demo do (gputop/demos/teardown.py).
     exit_without_teardown()
