@@ -7,7 +7,7 @@ at 1,024 ranks the reason figures could not follow every refresh.
 ``SpanFigures`` keeps a ``SpanSums`` per rank and slides it: the windows that
 arrived enter, the ones older than the span leave, and the figures are read off
 the sums.  The same sums ``rank_stats`` builds, so there is one definition of
-each figure; tests/test_span.py checks the two agree on any run of windows.
+each figure; tests/unit/test_span.py checks the two agree on any run of windows.
 
 Not thread-safe: each caller (the dashboard's figures thread, the exporter under its
 lock, ``record --alert-command``) keeps its own.

@@ -23,7 +23,7 @@ configured rate, the interval grows until it does not.
 Each interval is drawn at random around the configured one (0.5x to 1.5x).
 A fixed interval can beat against the step: at an interval of exactly 2.5
 steps every sample falls at the step's start or middle, and a part of the
-step elsewhere is never seen (tests/test_stack_sampler.py).  A rank that
+step elsewhere is never seen (tests/unit/test_stack_sampler.py).  A rank that
 computed a metric for 11% of each step showed it in 4% of its samples at a
 fixed 143 ms.  The random spread is wider than any step short enough to beat,
 so the samples see each part of the step in proportion to its time (the

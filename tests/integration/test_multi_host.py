@@ -3,13 +3,13 @@
 A real Prometheus in the head namespace scrapes the recorder's endpoint while the
 job trains, and a PromQL query returns the 4 ranks' step times under their hosts.
 
-The test makes three namespaces (``tests/netns.py``): a head where `gputop record
+The test makes three namespaces (``tests/support/netns.py``): a head where `gputop record
 --listen` runs, and two nodes, each running 2 ranks of one 4-rank gloo job under a
 host name of its own.  Every rank proves GPUTOP_TOKEN to the recorder across the
 bridge; a rank with a wrong token is refused, counted, and says so once.
 
 Each node has two GPUs of its own, indices 0 and 1 on both, that only the stand-in
-libnvidia-ml in its namespace lists (``tests/nvml_standin``, loaded by the real
+libnvidia-ml in its namespace lists (``tests/support/nvml_standin``, loaded by the real
 nvidia-ml-py); each rank claims one by UUID.
 Local rank 0 on each node starts its host's node sampler, which sends those GPUs
 to the recorder, and the report joins every rank to its GPU under its host.

@@ -1,6 +1,6 @@
 """How the dashboard looks, from 80×24 to 200×60, from fixed data (pytest-textual-snapshot).
 
-Regenerate after an intended change with ``pytest tests/test_tui_snapshots.py --snapshot-update``
+Regenerate after an intended change with ``pytest tests/tui/test_tui_snapshots.py --snapshot-update``
 and look at the SVGs before committing them.
 """
 

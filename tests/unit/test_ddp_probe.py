@@ -1,9 +1,9 @@
 """The DDP probe's arithmetic on its own: per-window means from DDP's running averages, and its fallbacks.
 
 The figures DDP really logs are checked against a real 2-rank job in
-test_ddp_integration.py; here a stand-in logging-data source drives every case,
-including the ones a real job rarely shows (an untimed iteration, a model
-watched late).
+tests/integration/test_ddp_integration.py; here a stand-in logging-data source
+drives every case, including the ones a real job rarely shows (an untimed
+iteration, a model watched late, a torch whose private API is gone).
 """
 
 from __future__ import annotations

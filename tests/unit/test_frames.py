@@ -1,6 +1,6 @@
 """Where each rank's training thread is, from the wire to the words: the stacks message, its store, the findings.
 
-The messages are made by hand here (``tests/test_stack_sampler.py`` makes them
+The messages are made by hand here (``tests/unit/test_stack_sampler.py`` makes them
 from real threads); everything after the wire is the real code: the protocol's
 checks, a collector's connection, the store, recordings, the figures, the
 rules, the report and the detail screen.

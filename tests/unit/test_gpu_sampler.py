@@ -1,6 +1,6 @@
 """GpuSampler through the real nvidia-ml-py over the stand-in libnvidia-ml: what a user sees on each kind of machine.
 
-Every test here loads the C stand-in (tests/nvml_standin) into the real
+Every test here loads the C stand-in (tests/support/nvml_standin) into the real
 ``pynvml``: the versioned calls, struct layouts and error classes are the
 bindings' own.  The scenarios follow what real drivers do (docs/gpu.md,
 "What real drivers do").

@@ -1,4 +1,4 @@
-"""The NVML stand-in (tests/nvml_standin) through the real nvidia-ml-py bindings.
+"""The NVML stand-in (tests/support/nvml_standin) through the real nvidia-ml-py bindings.
 
 No gputop code here: these tests pin what the stand-in answers to pynvml, in
 this process (use_in_process) and in a subprocess (env_for), for each driver

@@ -96,7 +96,7 @@ def main() -> None:
         reporter = gputop.watch(model)
         fake_uuids = os.environ.get("TEST_FAKE_DEVICE_UUIDS")
         if reporter is not None and fake_uuids:
-            # No GPU here: the stand-in libnvidia-ml (tests/nvml_standin) lists these UUIDs, and each
+            # No GPU here: the stand-in libnvidia-ml (tests/support/nvml_standin) lists these UUIDs, and each
             # local rank claims one as its device, as torch.cuda would tell a rank on a real GPU.
             reporter._facts["device_uuid"] = fake_uuids.split(",")[int(os.environ.get("LOCAL_RANK", "0"))]
             reporter._facts_changed.set()
