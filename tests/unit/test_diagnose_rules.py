@@ -515,6 +515,19 @@ class TestCpuContention:
         finding = only(findings_of(snapshot), "allocation")
         assert finding.ranks == (0, 1) and "+ 2 others want 4.0 of 2 CPUs" in finding.title, finding.title
 
+    def test_a_squeezed_rank_slower_in_every_phase_a_little_is_a_symptom(self) -> None:
+        # Rank 0 waits for a CPU 60% of its ready time, rank 1 40%: rank 0's loader, forward, backward and the
+        # rest each take a little longer, none most of the excess ("own"), which is what a slower CPU does.
+        squeezed = RankSpec(rank=0, cpu_starved_frac=0.6, loader_frac=0.05, forward_frac=0.3, backward_frac=0.41,
+                            comm_frac=0.02)  # fmt: skip
+        waiting = RankSpec(rank=1, cpu_starved_frac=0.4, loader_frac=0.01, forward_frac=0.25, backward_frac=0.35,
+                           comm_frac=0.25)  # fmt: skip
+        specs = [squeezed, waiting]
+        findings = findings_of(make_snapshot(specs, hello={"cpu_count": 2}))
+        assert only(findings, "allocation").severity in ("warn", "critical")
+        straggler = only(findings, "straggler")
+        assert straggler.extra["phase"] == "own" and straggler.severity == "info", straggler.title
+
     def test_a_rank_doing_extra_work_stays_a_straggler_on_a_starved_host(self) -> None:
         # Both ranks wait 60% for a CPU; rank 1 also computes a metric outside the model (its "other" time):
         # a slower CPU would stretch its forward and backward, not add work after the step.

@@ -298,9 +298,10 @@ def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Seque
         phase = finding.extra.get("phase")
         if phase == "loader":
             return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
-        if phase not in ("forward", "backward"):
+        if phase not in ("forward", "backward", "own"):
             return False  # time outside the model's phases is extra work (a metric, a save), not a slower CPU
         # A CPU rank computing slower because it is the one squeezed: it waits for a CPU more than the others.
+        # "own", an excess spread over its phases with none holding most of it, is what a slower CPU does too.
         others = median([r.stats.cpu_starved_frac or 0.0 for r in everyone or ranks if r.rank not in finding.ranks])
         return all(not r.on_cuda and (r.stats.cpu_starved_frac or 0.0) > (others or 0.0) for r in mine)
     return False
