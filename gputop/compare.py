@@ -24,7 +24,7 @@ from typing import Any
 
 from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding
-from gputop.model.figures import Figures, RankFigures, RunFigures
+from gputop.model.figures import Figures, RankFigures, RunFigures, stat_reader
 from gputop.model.statistics import t95
 
 SHOWN = ("warn", "critical")  # the severities a finding counts as "there" at
@@ -63,13 +63,9 @@ OPTIONAL = {p.name: p.seconds for p in OWN_PHASES if p.optional}
 Reader = Callable[[RankFigures], float | None]
 
 
-def _reads(seconds: str) -> Reader:
-    return lambda rank: getattr(rank.stats, seconds)
-
-
 PHASES: tuple[tuple[str, str, Reader], ...] = (
     ("loader wait", "%", lambda r: r.stats.loader_wait_frac),
-    *((p.name, "ms", _reads(p.seconds)) for p in OWN_PHASES if p.name != "loader"),  # gputop.combine's phases
+    *((p.name, "ms", stat_reader(p.seconds)) for p in OWN_PHASES if p.name != "loader"),  # gputop.combine's phases
     ("exposed comm", "%", lambda r: r.stats.exposed_comm_frac),
     ("outside the phases", "ms", lambda r: r.stats.other_s),
     ("cpu wait", "%", lambda r: r.stats.cpu_starved_frac),

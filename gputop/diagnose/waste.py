@@ -112,11 +112,7 @@ def idle_gpus(runs: Sequence[RunFigures], gpu_util_pct: dict[str, float]) -> tup
     GPU of the runs has a reading: a CPU run, or no NVML; a CPU run's busy cores are priced per
     finding, not as idle time.
     """
-    uuids: set[str] = set()
-    for run in runs:
-        for r in run.ranks:
-            if r.windows:
-                uuids.update(normalize_uuid(u) for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u)
+    uuids = set().union(*(run_gpus(run) for run in runs))
     by_uuid = {normalize_uuid(u): util for u, util in gpu_util_pct.items()}
     utils = [by_uuid[u] for u in uuids if u in by_uuid]
     if not utils:
@@ -124,24 +120,34 @@ def idle_gpus(runs: Sequence[RunFigures], gpu_util_pct: dict[str, float]) -> tup
     return sum(max(1.0 - util / 100.0, 0.0) for util in utils), len(utils)
 
 
+def run_gpus(run: RunFigures) -> set[str]:
+    """The run's GPUs, normalized UUIDs: those its ranks with windows name as their devices."""
+    return {
+        normalize_uuid(u) for r in run.ranks if r.windows for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u
+    }
+
+
+def run_span(run: RunFigures) -> tuple[float, float] | None:
+    """The run's own time in the figures: its ranks' first window's start to their last window's end."""
+    spans = [(r.windows[0].t0, r.windows[-1].t1) for r in run.ranks if r.windows]
+    return (min(t0 for t0, _ in spans), max(t1 for _, t1 in spans)) if spans else None
+
+
 def run_gpu_util_pct(figures: Figures, run: RunFigures) -> dict[str, float]:
     """Each GPU's mean utilization over the run's own time (its ranks' first to last window), not the recording's."""
-    spans = [(r.windows[0].t0, r.windows[-1].t1) for r in run.ranks if r.windows]
-    if not spans:
+    span = run_span(run)
+    if span is None:
         return {}
-    since, until = min(t0 for t0, _ in spans), max(t1 for _, t1 in spans)
+    since, until = span
     return mean_gpu_util_pct(figures.snapshot.gpu_samples(), since_t=since, until_t=until)
 
 
 def run_gpu_power_w(figures: Figures, run: RunFigures) -> float | None:
     """What the run's GPUs draw together, watts: each GPU's mean NVML power reading over the run's windows."""
-    uuids = {
-        normalize_uuid(u) for r in run.ranks if r.windows for u in (r.hello.device_uuids or (r.hello.device_uuid,)) if u
-    }
-    spans = [(r.windows[0].t0, r.windows[-1].t1) for r in run.ranks if r.windows]
-    if not uuids or not spans:
+    uuids, span = run_gpus(run), run_span(run)
+    if not uuids or span is None:
         return None
-    since, until = min(t0 for t0, _ in spans), max(t1 for _, t1 in spans)
+    since, until = span
     readings: dict[str, list[float]] = {}
     for sample in figures.snapshot.gpu_samples():
         if since <= sample.t <= until:

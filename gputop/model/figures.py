@@ -88,6 +88,11 @@ class RankFigures:
         return max(step - exposed, 0.0)
 
 
+def stat_reader(name: str) -> Callable[[RankFigures], float | None]:
+    """A reader of one ``RankStats`` figure by name (a phase's ``seconds`` in gputop.combine.PHASES)."""
+    return lambda rank: getattr(rank.stats, name)
+
+
 @dataclass(frozen=True)
 class GputopCost:
     """What gputop itself costs a run, from the ranks' self-accounting (None: not reported)."""

@@ -28,7 +28,7 @@ from gputop.diagnose.thresholds import (
     STRAGGLER_WARMUP_S,
 )
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
-from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.figures import RankFigures, RunFigures, stat_reader
 from gputop.model.frames import FrameShare, RankFrames, span_frames
 from gputop.model.statistics import leave_one_out_medians, median
 
@@ -37,12 +37,8 @@ from gputop.model.statistics import leave_one_out_medians, median
 SlowPhaseName = str
 
 
-def _reads(seconds: str) -> Callable[[RankFigures], float | None]:
-    return lambda rank: getattr(rank.stats, seconds)
-
-
 PHASES: dict[SlowPhaseName, Callable[[RankFigures], float | None]] = {
-    **{p.name: _reads(p.seconds) for p in OWN_PHASES},
+    **{p.name: stat_reader(p.seconds) for p in OWN_PHASES},
     "other": lambda r: r.stats.other_s,
 }
 PHASE_TEXT: dict[SlowPhaseName, str] = {
