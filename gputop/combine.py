@@ -25,12 +25,13 @@ reporter, the node sampler and the model all import it.
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.protocol import SLOW_STEPS_KEPT, Window
+from gputop.protocol import READY_STEPS_KEPT, SLOW_STEPS_KEPT, Window
 
 
 class How(enum.Enum):
@@ -84,8 +85,8 @@ COMBINE: dict[str, How] = {
 }
 
 # Fields with a rule of their own, in ``merge_windows``: who and when, the sketches (added bucket by
-# bucket), the slowest steps (the slowest of all, with their numbers), and the counts of what the
-# totals and the DDP means cover.
+# bucket), the slowest steps (the slowest of all, with their numbers), the steps' readiness (thinned by
+# step number, ``ready_steps_kept``), and the counts of what the totals and the DDP means cover.
 OWN_RULE = frozenset(
     {
         "v",
@@ -99,6 +100,8 @@ OWN_RULE = frozenset(
         "step_hist",
         "slow_steps",
         "slow_step_numbers",
+        "ready_step_numbers",
+        "ready_s",
         "ddp_steps",
     }
 )
@@ -276,6 +279,21 @@ def combined(ws: Sequence[Window], name: str) -> Any:
     return max(known) if known else None
 
 
+def ready_steps_kept(pairs: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The (step number, ready seconds) pairs a window keeps, in step order: every one up to
+    ``READY_STEPS_KEPT``, else those whose number the smallest power of two that leaves that many divides.
+
+    Chosen by step number alone, so ranks that made the same steps keep the same ones (a rank one
+    step over the count keeps a subset of the other's), and the collector can compare them.
+    """
+    kept = sorted(pairs)
+    while len(kept) > READY_STEPS_KEPT and len({number for number, _ in kept}) > 1:
+        shared = math.gcd(*(number for number, _ in kept))
+        stride = 2 * (shared & -shared)  # twice the power of two every number kept so far is a multiple of
+        kept = [pair for pair in kept if pair[0] % stride == 0]
+    return kept[-READY_STEPS_KEPT:]  # one number many times over (a rank that started over): the last ones
+
+
 def merge_windows(ws: Sequence[Window]) -> Window:
     """One window covering ``ws`` (one rank's, oldest first, at least one): what a reporter would have sent
     had its window been that long.  A recording keeps its size this way.
@@ -295,6 +313,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
     numbered = all(len(w.slow_step_numbers) == len(w.slow_steps) for w in ws)
     pairs = [(step, w.slow_step_numbers[i] if numbered else 0) for w in ws for i, step in enumerate(w.slow_steps)]
     slowest = sorted(pairs, key=lambda pair: pair[0], reverse=True)[:SLOW_STEPS_KEPT]
+    ready = ready_steps_kept([pair for w in ws for pair in zip(w.ready_step_numbers, w.ready_s, strict=True)])
     timed = sum(w.timed for w in ws)
     steps = sum(w.steps for w in ws)
     ddp = [w for w in ws if has_ddp_figures(w)]
@@ -309,6 +328,8 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         step_sketch=dict(sketch),
         slow_steps=tuple(step for step, _ in slowest),
         slow_step_numbers=tuple(number for _, number in slowest) if numbered else (),
+        ready_step_numbers=tuple(number for number, _ in ready),
+        ready_s=tuple(seconds for _, seconds in ready),
         step_hist=dict(hist),
         ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,
         **figures,

@@ -22,6 +22,7 @@ from gputop.diagnose.rules.hosts import with_hosts
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import absorb_config_symptoms, model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
+from gputop.diagnose.rules.rotating import absorb_rotation_symptoms
 from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
 from gputop.diagnose.rules.unobserved import unobserved_findings
@@ -39,7 +40,7 @@ def diagnose(machine: Figures) -> list[Finding]:
         stragglers = straggler_findings(run, ranks_on_host, age_s)
         # A rank already named as a straggler for its own loader is not also a run-wide input problem.
         loader_stragglers = {r for f in stragglers if f.extra.get("phase") == "loader" for r in f.ranks}
-        run_findings = stragglers + communication_findings(run)
+        run_findings = absorb_rotation_symptoms(stragglers + communication_findings(run))
         run_findings += data_loading_findings(run, ranks_on_host, exclude_ranks=loader_stragglers)
         for parallelism in parallelism_findings(run):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)

@@ -20,6 +20,11 @@ MAX_FRAME_BYTES = 64 * 1024
 # and three per half-second window keep every stall that is occasional.
 SLOW_STEPS_KEPT = 3
 
+# The steps each window gives its readiness for (``Window.ready_s``): every step up to this many, else
+# the step numbers divisible by the smallest power of two that leaves at most this many.  Thinned by
+# step number, every rank keeps the same steps, so the collector can compare ranks step by step.
+READY_STEPS_KEPT = 32
+
 # Integers beyond what a double holds exactly are nobody's step count or pid.
 MAX_INT = 2**53
 MAX_STRING_CHARS = 4096
@@ -39,6 +44,8 @@ LegacyBucket = Annotated[int, Meta(ge=0, le=HIST_MAX_BUCKET)]
 # A tuple, not a list: an empty list per window is an object the garbage collector walks.
 SlowSteps = Annotated[tuple[tuple[Seconds, Seconds], ...], Meta(max_length=SLOW_STEPS_KEPT)]
 SlowStepNumbers = Annotated[tuple[Count, ...], Meta(max_length=SLOW_STEPS_KEPT)]
+ReadyStepNumbers = Annotated[tuple[Count, ...], Meta(max_length=READY_STEPS_KEPT)]
+ReadyTimes = Annotated[tuple[Seconds, ...], Meta(max_length=READY_STEPS_KEPT)]
 
 
 # The name of a message type, in a hello's ``sends`` and a collector's ``accepts``.

@@ -12,6 +12,8 @@ from gputop.protocol.limits import (
     Bucket,
     Count,
     LegacyBucket,
+    ReadyStepNumbers,
+    ReadyTimes,
     Seconds,
     SlowStepNumbers,
     SlowSteps,
@@ -123,6 +125,11 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # Recordings of the first protocol only; new reporters send step_sketch.
     step_hist: dict[LegacyBucket, Count] = {}  # noqa: RUF012 - msgspec copies mutable defaults
     gpu_step_time_p50_s: float | None = None  # CUDA events between step marks
+    # For some of the window's steps (by number, as slow_step_numbers): seconds from the step's start to the
+    # end of its last training forward, when the rank was ready to exchange gradients.  Compared step by
+    # step across ranks, they say which rank the others waited for in each step.  () from older reporters.
+    ready_step_numbers: ReadyStepNumbers = ()
+    ready_s: ReadyTimes = ()
     loader_wait_s: Seconds = 0.0
     loader_batches: Count = 0
     # In the optimizer's step (its pre- to post-hook), summed over the same steps as step_time_sum_s;
@@ -159,9 +166,11 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     sent_bytes: Count | None = None  # bytes written to the dashboard's socket
 
     def __post_init__(self) -> None:
-        # The one check no annotation can say: the counts, sizes and durations are typed non-negative.
+        # The checks no annotation can say: the counts, sizes and durations are typed non-negative.
         if self.t1 < self.t0:
             raise ValueError("window times must not run backwards")
+        if len(self.ready_s) != len(self.ready_step_numbers):
+            raise ValueError("ready_s and ready_step_numbers must name the same steps")
 
     @property
     def duration_s(self) -> float:

@@ -28,6 +28,9 @@ class StepMark(NamedTuple):
     loader_wait_s: float  # blocked in the tracked loader during this step
     batches: int  # batches fetched from the tracked loader during this step
     optimizer_s: float | None = None  # in optimizer steps during this step; None: no pre-hook times them
+    # From the previous mark to the end of this step's last training forward: when the rank was ready to
+    # exchange gradients, as far as the training thread can tell.  None: no forward hook saw one.
+    ready_s: float | None = None
 
 
 class StepClock:
@@ -42,6 +45,8 @@ class StepClock:
         # the stack sampler tells "after the optimizer step" from "before it" by whether they differ.
         self.forwards = 0
         self.forwards_at_mark = 0
+        # perf_counter when the watched model's last training forward ended (its post-hook).
+        self.forward_end_s = 0.0
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
@@ -99,7 +104,10 @@ class StepClock:
         last, self._last_mark_s = self._last_mark_s, now
         # A plain tuple: a NamedTuple's __new__ is Python code; the reporter thread names the fields.
         optimizer_s = self._optimizer_s if self.times_optimizer else None
-        self.marks.append((now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s))
+        ready_s = None if last is None or self.forward_end_s <= last else self.forward_end_s - last
+        self.marks.append(
+            (now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s, ready_s)
+        )
         self._loader_wait_s = 0.0
         self._batches = 0
         self._optimizer_s = 0.0

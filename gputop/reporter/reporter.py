@@ -115,6 +115,8 @@ class Reporter(ReporterThread):
             self._grad_enabled = torch.is_grad_enabled
         with contextlib.suppress(Exception):
             self._hook_handles.append(model.register_forward_pre_hook(self._on_forward))
+        with contextlib.suppress(Exception):
+            self._hook_handles.append(model.register_forward_hook(self._on_forward_done))
         self._facts_changed.set()
 
     def _gpu_step_probe(self, model: Any) -> GpuStepProbe | None:
@@ -216,6 +218,12 @@ class Reporter(ReporterThread):
             capture = self._capture
             if capture is not None:
                 capture.on_step()
+
+    def _on_forward_done(self, module: Any, args: Any, output: Any) -> None:
+        # The end of a training forward: the rank is ready for backward, and so for the gradient exchange.
+        grad_enabled = self._grad_enabled
+        if grad_enabled is None or grad_enabled():
+            self.clock.forward_end_s = time.perf_counter()
 
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.

@@ -2,7 +2,8 @@
 
 Exact p50/p95/max of the window's own steps, their sum, the mergeable
 step-time sketch, the slowest steps with their loader wait (for stalls),
-loader wait and batches.  The probes add the rest.
+when the rank was ready to exchange gradients in its steps (to tell which
+rank the others waited for), loader wait and batches.  The probes add the rest.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gputop.combine import ready_steps_kept
 from gputop.protocol import SLOW_STEPS_KEPT
 from gputop.reporter.clock import StepMark
 from gputop.sketch import sketch_bucket
@@ -51,6 +53,10 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
         slowest = sorted(numbered, key=lambda pair: pair[0].duration_s or 0.0)[-SLOW_STEPS_KEPT:][::-1]
         fields["slow_steps"] = tuple((m.duration_s, m.loader_wait_s) for m, _ in slowest)
         fields["slow_step_numbers"] = tuple(number for _, number in slowest)
+    ready = ready_steps_kept([(first_step + i, m.ready_s) for i, m in enumerate(marks) if m.ready_s is not None])
+    if ready:
+        fields["ready_step_numbers"] = tuple(number for number, _ in ready)
+        fields["ready_s"] = tuple(round(seconds, 6) for _, seconds in ready)  # µs: a few bytes each on the wire
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)

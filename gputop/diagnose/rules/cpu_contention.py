@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, is_measured, mean_step_s
+from gputop.diagnose.rules.rotating import ROTATING
 from gputop.diagnose.thresholds import (
     CPU_DEMAND_OVER_CORES,
     CPU_STARVED_CRITICAL_FRAC,
@@ -287,6 +288,9 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
 
 def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Sequence[RankFigures] = ()) -> bool:
     """Whether CPU starvation explains a symptom finding on these (starved) ranks; ``everyone``: the run's ranks."""
+    if finding.cause == "straggler" and finding.extra.get("phase") == ROTATING:
+        # Names no rank: CPU taken by others slows whichever starved rank it lands on, a different one each time.
+        return len(ranks) >= 2
     mine = [r for r in ranks if r.rank in finding.ranks]
     if not mine:
         return False

@@ -9,7 +9,9 @@ into its own work (``RankFigures.own_s``) and waiting.
 When the slow rank's time goes outside the measured phases and its reporter
 samples the training thread's stack, the title names the place in the user's
 code that takes it ("rank 1 spends 38% of each step in `compute_metrics`
-(train.py:57), after the optimizer step").
+(train.py:57), after the optimizer step").  Step by step it says how often
+that rank was the one the others waited for, and when a different rank is the
+slowest from step to step, the finding is the rotation (``rules.rotating``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gputop.combine import OWN_PHASES
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_band, measured
 from gputop.diagnose.rules.data_loading import loader_suggestion
+from gputop.diagnose.rules.rotating import chronic_text, rotating_findings, step_pattern
 from gputop.diagnose.thresholds import (
     STRAGGLER_WAIT_CRITICAL_FRAC,
     STRAGGLER_WAIT_WARN_FRAC,
@@ -73,6 +76,10 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     ``run_age_s``: how long the run has been seen, when the figures are a live
     span; under ``STRAGGLER_WARMUP_S`` a slow rank is at most info, "too early to call".
     """
+    # Step by step, which rank the others waited for: a rotation blames no one rank, whatever the means say.
+    pattern = step_pattern(measured(run)) if run.world_size > 1 else None
+    if pattern is not None and pattern.rotates:
+        return warming_up(rotating_findings(run, pattern), run_age_s)
     ranks = [r for r in measured(run) if r.own_s is not None and r.stats.exposed_comm_frac is not None]
     if len(ranks) < 2:
         return warming_up(loader_only_straggler_findings(run, ranks_on_host), run_age_s)
@@ -124,6 +131,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         who_spends = "it" if len(slow_ids) == 1 else f"rank {worst.rank}"
         title += f"; {who_spends} spends {pct(place.share):.0f}% of each step {place.frame.text()}"
     title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
+    title += chronic_text(pattern, worst.rank, "it" if len(slow_ids) == 1 else f"rank {worst.rank}")
     if masked is not None and severity is None:
         title += masking_text(worst, waiting)
     elif severity is None:
@@ -167,6 +175,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
             "phase": phase.name,
             "waiting_ranks": [r.rank for r in waiting],
             "frames": {} if frames is None else {worst.rank: frames.to_dict()},
+            "slowest": None if pattern is None else pattern.to_dict(),
         },
     )
     return warming_up([finding], run_age_s)

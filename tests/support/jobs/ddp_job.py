@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import threading
 import time
 
@@ -77,7 +78,9 @@ def main() -> None:
     parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
     parser.add_argument("--metric-ms", type=float, default=0.0, help="a Python metric this long after each step")
-    parser.add_argument("--metric-rank", type=int, default=1, help="the rank that computes it")
+    parser.add_argument(
+        "--metric-rank", type=int, default=1, help="the rank that computes it; -1: a rank drawn at random each step"
+    )
     parser.add_argument("--optimizer-ms", type=float, default=0.0, help="rank 1's optimizer step takes this longer")
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
@@ -100,6 +103,7 @@ def main() -> None:
             # local rank claims one as its device, as torch.cuda would tell a rank on a real GPU.
             reporter._facts["device_uuid"] = fake_uuids.split(",")[int(os.environ.get("LOCAL_RANK", "0"))]
             reporter._facts_changed.set()
+    world = dist.get_world_size()
     slow_optimizer_s = args.optimizer_ms / 1000.0 if dist.get_rank() == 1 else 0.0
     optimizer = ClippingSGD(model.parameters(), lr=0.01, extra_s=slow_optimizer_s)
     loader = DataLoader(
@@ -122,8 +126,11 @@ def main() -> None:
         if args.manual == "after":
             gputop.step()
         optimizer.zero_grad()
-        if args.metric_ms and dist.get_rank() == args.metric_rank:
-            compute_metrics(args.metric_ms / 1000.0)  # after the optimizer step, on one rank: the others wait
+        # After the optimizer step, on one rank: the others wait.  Drawn each step (the same draw on every
+        # rank), it is the rank whose batch came out longest, whose shard holds the sample to log, …
+        metric_rank = args.metric_rank if args.metric_rank >= 0 else random.Random(steps).randrange(world)
+        if args.metric_ms and dist.get_rank() == metric_rank:
+            compute_metrics(args.metric_ms / 1000.0)
         steps += 1
         if args.stall_every and steps % args.stall_every == 0 and dist.get_rank() == args.stall_rank:
             time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce

@@ -1,0 +1,130 @@
+"""Chronic or rotating: whether the others wait for the same rank step after step, or for a different one.
+
+The straggler rule compares the ranks' means over the span, which name a rank
+that is slow in most steps and average a rotation away: when a different rank
+is last each step (uneven batches, work done by whichever rank draws it, a
+noisy neighbour that moves), every rank's mean looks alike and what shows is
+that all of them wait, read as communication.  ``gputop.model.slowest`` says
+step by step which rank the others waited for; this module words it: a
+chronic straggler's finding says how often its rank was the slowest, and a
+rotation is a straggler finding of its own that blames no one rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gputop.diagnose.findings import Evidence, Finding
+from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_band
+from gputop.diagnose.thresholds import STRAGGLER_WAIT_CRITICAL_FRAC, STRAGGLER_WAIT_WARN_FRAC
+from gputop.diagnose.wording import pct, too_close_text
+from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.slowest import ONE_RANK_MIN_PART, SlowestRanks, slowest_ranks
+from gputop.model.statistics import median
+
+ROTATING = "rotating"  # the straggler finding's phase when no one rank is the slowest
+# The ranks a rotation's title names by their share; the rest are counted.
+NAMED_RANKS = 3
+
+
+def step_pattern(ranks: Sequence[RankFigures]) -> SlowestRanks | None:
+    """Which rank was the slowest in each step the ranks' windows compare; None without readiness to compare."""
+    step_s = median([r.stats.step_time_p50_s for r in ranks if r.stats.step_time_p50_s])
+    if not step_s or len(ranks) < 2:
+        return None
+    return slowest_ranks([(r.rank, r.windows) for r in ranks], step_s)
+
+
+def chronic_text(pattern: SlowestRanks | None, rank: int, who: str) -> str:
+    """'; it was the slowest in 96% of the last 200 steps' for a straggler that is the slowest whenever one is."""
+    if pattern is None or pattern.one_rank != rank:
+        return ""
+    return f"; {who} was the slowest in {pct(pattern.share(rank)):.0f}% of the last {pattern.steps} steps"
+
+
+def rotating_findings(run: RunFigures, pattern: SlowestRanks | None) -> list[Finding]:
+    """A different rank is the slowest from step to step and the others wait for it: no one rank to blame."""
+    if pattern is None or not pattern.rotates:
+        return []
+    step_s = pattern.step_s
+    wait_frac = pattern.waited_s / step_s
+    se = None if pattern.waited_se_s is None else pattern.waited_se_s / step_s
+    severity, close = grade_band(wait_frac, se, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
+    if severity is None and not close:
+        return []
+    threshold = STRAGGLER_WAIT_CRITICAL_FRAC if severity == "critical" else STRAGGLER_WAIT_WARN_FRAC
+    title = (
+        f"the slowest rank rotates: {shares_text(pattern)} of the last {pattern.steps} steps; "
+        f"the others wait for it {pct(wait_frac):.0f}% of each step"
+    )
+    if severity is None:
+        title += f": {too_close_text(wait_frac, se, threshold, pattern.steps)}"
+    top_part = max(pattern.slowest.values()) / pattern.decided_steps
+    return [
+        Finding(
+            cause="straggler",
+            severity=severity or "info",
+            title=title,
+            suggestion=ROTATING_SUGGESTION,
+            evidence=(
+                Evidence(
+                    "rotating_wait_pct",
+                    pct(wait_frac),
+                    pct(threshold),
+                    "%",
+                    spread=None if se is None else pct(2 * se),
+                ),
+                Evidence("slowest_rank_part_pct", pct(top_part), pct(ONE_RANK_MIN_PART), "%", op="<"),
+            ),
+            ranks=(),  # no one rank: a rank list that changed with the rotation would also restart the finding
+            run_id=run.run_id,
+            doc=doc_anchor("straggler"),
+            magnitude=wait_frac,
+            cost_s=pattern.waited_s,  # what the typical rank waits for the slowest, each step
+            step_s=step_s,
+            extra={"phase": ROTATING, "slowest": pattern.to_dict()},
+        )
+    ]
+
+
+def shares_text(pattern: SlowestRanks) -> str:
+    """'rank 0 in 53%, rank 1 in 46%', the most frequent first; past NAMED_RANKS, '5 more ranks in 12%'."""
+    shares = pattern.by_share()
+    named = [f"rank {rank} in {pct(share):.0f}%" for rank, share in shares[:NAMED_RANKS]]
+    rest = shares[NAMED_RANKS:]
+    if rest:
+        named.append(f"{len(rest)} more ranks in {pct(sum(share for _, share in rest)):.0f}%")
+    return ", ".join(named)
+
+
+ROTATING_SUGGESTION = (
+    "No one rank is slow: in each step a different rank is the last one ready and the others wait for it. Look for "
+    "work that varies from batch to batch or falls on whichever rank draws it: uneven batch sizes or sequence "
+    "lengths (bucket samples by length, pad to fixed shapes, or balance tokens across ranks), data-dependent "
+    "branches in the model, logging, metrics or evaluation done by one rank chosen per step, and garbage "
+    "collection pauses (gc.freeze() after start-up). On a shared machine, other programs moving between the "
+    "ranks' cores do this too."
+)
+
+
+def absorb_rotation_symptoms(findings: list[Finding]) -> list[Finding]:
+    """A rotation makes every rank wait in the exchange in turn: the communication that waiting explains is its symptom.
+
+    Communication is folded in when what remains of it, with the wait for the
+    slowest rank taken out, is under its warn line.
+    """
+    out = list(findings)
+    for index, rotation in enumerate(out):
+        if rotation.cause != "straggler" or rotation.extra.get("phase") != ROTATING:
+            continue
+        absorbed = [
+            f
+            for f in out
+            if f.run_id == rotation.run_id
+            and f.cause == "communication"
+            and f.severity != "info"
+            and f.magnitude - rotation.magnitude <= STRAGGLER_WAIT_WARN_FRAC
+        ]
+        if absorbed:
+            out = fold_symptoms(out, index, absorbed, "mostly waiting for the slowest rank, see straggler")
+    return out

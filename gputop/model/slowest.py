@@ -1,0 +1,172 @@
+"""Which rank the others waited for, step by step: one rank always (chronic), or a different one each time.
+
+DDP ends every step with an all-reduce that no rank leaves before the last one
+enters, so in each step the others wait for the rank that was ready last.  Each
+window says, for its steps (``Window.ready_s``, thinned by step number alike on
+every rank), how long after the step began the rank's last training forward
+ended: when it was ready for backward and so for the exchange.  Joined by step
+number across ranks, the latest of them is the step's slowest rank, when it is
+later than the others' median by more than the noise of ranks doing the same
+work (``SLOWEST_LINE_FRAC`` of a step).
+
+Counted over many steps, that tells a chronic straggler (the same rank in most
+steps: its host, its device, work only it does) from a rotating one (uneven
+batches, a noisy neighbour that moves, work done by whichever rank draws it),
+which per-rank means cannot: they average a rotation away and show only that
+everyone waits.  It sees what happens on the CPU before the exchange (the
+loader, Python work, forward, and the launches of a GPU forward), not a GPU
+whose kernels run slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gputop.model.statistics import median, standard_error
+from gputop.protocol import Window
+
+# gputop: a step has a slowest rank when the rank ready last is later than the others' median by at least
+# this share of the typical step: half the straggler's line, so the others wait for it a twentieth of that
+# step.  Ranks doing the same work on 2 shared cores are ready within ~1-3% of a step of each other
+# (docs/diagnosis.md, "Chronic or rotating"), so a tie is not read as a slowest rank.
+SLOWEST_LINE_FRAC = 0.05
+# gputop: nor when it is within this many times the job's own jitter: the spread of a rank's readiness over
+# the steps in which it was not the latest (its interquartile range).  Three IQRs is about four standard
+# deviations of a normal jitter, which a difference of two such ranks exceeds in under 1% of the steps.
+NOISE_FACTOR = 3.0
+# Fewer steps than this in which a rank was not the latest say nothing of its jitter.
+MIN_NOISE_STEPS = 8
+# gputop: one rank is the slowest, not one of several, when it is so in at least this part of the steps
+# that have a slowest rank; a rotation among n ranks gives each about 1/n.
+ONE_RANK_MIN_PART = 0.75
+# gputop: the slowest rank rotates when at least this share of the compared steps has a slowest rank
+# and no one rank holds ONE_RANK_MIN_PART of them.  Fewer, and most steps are ties: nobody waits much.
+ROTATING_MIN_STEPS_FRAC = 0.25
+# Fewer compared steps than this tell nothing about a pattern (a few seconds of a slow job).
+MIN_COMPARED_STEPS = 20
+# The join costs a dictionary entry per rank and step: at most this many, newest steps first (200 steps
+# of 100 ranks, 20 of 1,000), so the dashboard's refresh stays cheap at any scale.
+MAX_COMPARED_ENTRIES = 20_000
+
+
+@dataclass(frozen=True)
+class SlowestRanks:
+    """Over the steps compared, in how many each rank was the one the others waited for."""
+
+    steps: int  # steps that at least two ranks (and half of them) timed
+    slowest: dict[int, int]  # rank -> steps in which it was ready last by more than the line
+    waited_s: float  # per compared step, how long the typical rank waited for the slowest (0 in ties)
+    waited_se_s: float | None  # its standard error over the steps
+    line_s: float  # how much later than the others a rank had to be ready to count as a step's slowest
+    step_s: float  # the typical step the line and the waits are shares of
+
+    @property
+    def decided_steps(self) -> int:
+        """Steps that had a slowest rank (not a tie within the line)."""
+        return sum(self.slowest.values())
+
+    def share(self, rank: int) -> float:
+        """Of the compared steps, the part in which ``rank`` was the slowest."""
+        return self.slowest.get(rank, 0) / self.steps if self.steps else 0.0
+
+    def by_share(self) -> list[tuple[int, float]]:
+        """(rank, share) of every rank that was ever the slowest, most often first."""
+        return sorted(((r, self.share(r)) for r in self.slowest), key=lambda pair: (-pair[1], pair[0]))
+
+    @property
+    def one_rank(self) -> int | None:
+        """The rank that is the slowest in most steps that have one; None when it rotates or ties."""
+        decided = self.decided_steps
+        if self.steps < MIN_COMPARED_STEPS or not decided:
+            return None
+        rank, count = max(self.slowest.items(), key=lambda item: (item[1], -item[0]))
+        return rank if count >= ONE_RANK_MIN_PART * decided else None
+
+    @property
+    def rotates(self) -> bool:
+        """Most waits are for some rank, and no one rank is the slowest in most of them."""
+        return (
+            self.steps >= MIN_COMPARED_STEPS
+            and self.decided_steps >= ROTATING_MIN_STEPS_FRAC * self.steps
+            and self.one_rank is None
+            and len(self.slowest) >= 2
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "steps": self.steps,
+            "slowest_share": {str(rank): round(share, 4) for rank, share in self.by_share()},
+            "waited_ms": round(1e3 * self.waited_s, 3),
+            "line_ms": round(1e3 * self.line_s, 3),
+            "rotates": self.rotates,
+            "one_rank": self.one_rank,
+        }
+
+
+def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) -> SlowestRanks | None:
+    """Each compared step's slowest rank, from each rank's windows (oldest first) and the typical step time.
+
+    A step has a slowest rank when the latest-ready rank is later than the others'
+    median by the line: ``SLOWEST_LINE_FRAC`` of the step, or the job's own noise
+    when that is larger (``NOISE_FACTOR`` times the ranks' typical spread of
+    readiness over the steps in which they were not the latest).  None when fewer
+    than two ranks say when they were ready (older reporters, one rank).
+    """
+    by_step = _ready_by_step(ranks)
+    if by_step is None or step_s <= 0:
+        return None
+    line_s = max(SLOWEST_LINE_FRAC * step_s, NOISE_FACTOR * _noise_s(by_step))
+    slowest: dict[int, int] = {}
+    waits: list[float] = []
+    for readies in by_step:
+        ready_s, rank = readies[-1]
+        margin_s = ready_s - (median([r for r, _ in readies[:-1]]) or 0.0)
+        if margin_s >= line_s:
+            slowest[rank] = slowest.get(rank, 0) + 1
+        waits.append(margin_s if margin_s >= line_s else 0.0)
+    return SlowestRanks(
+        steps=len(by_step), slowest=slowest, waited_s=sum(waits) / len(waits), waited_se_s=standard_error(waits),
+        line_s=line_s, step_s=step_s,
+    )  # fmt: skip
+
+
+def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[tuple[float, int]]] | None:
+    """Per step that at least two ranks and half of them timed: their (ready seconds, rank), readiest first."""
+    timed = [(rank, windows) for rank, windows in ranks if any(w.ready_s for w in windows)]
+    if len(timed) < 2:
+        return None
+    per_rank = max(MAX_COMPARED_ENTRIES // len(timed), MIN_COMPARED_STEPS)
+    by_step: dict[int, list[tuple[float, int]]] = {}
+    for rank, windows in timed:
+        taken = 0
+        for w in reversed(windows):  # newest first, until this rank's share of the budget is spent
+            for number, ready in zip(w.ready_step_numbers, w.ready_s, strict=True):
+                by_step.setdefault(number, []).append((ready, rank))
+            taken += len(w.ready_s)
+            if taken >= per_rank:
+                break
+    # A step only some ranks timed (one kept a coarser stride, a window was lost) compares too few.
+    enough = max(2, (len(timed) + 1) // 2)
+    steps = [sorted(readies) for readies in by_step.values() if len(readies) >= enough]
+    return steps or None
+
+
+def _noise_s(by_step: Sequence[Sequence[tuple[float, int]]]) -> float:
+    """How much a rank's readiness varies from step to step when no extra work makes it the latest.
+
+    The interquartile range of each rank's ready times over the steps in which
+    another rank was later, the median over ranks: jitter (a descheduled thread,
+    a batch a little slower) without the rank's own slow steps, so a rotation's
+    slow steps stand out from it and a healthy job's jitter does not.
+    """
+    readier: dict[int, list[float]] = {}
+    for readies in by_step:
+        for ready_s, rank in readies[:-1]:
+            readier.setdefault(rank, []).append(ready_s)
+    spreads = []
+    for values in readier.values():
+        if len(values) >= MIN_NOISE_STEPS:
+            values.sort()
+            spreads.append(values[(3 * len(values)) // 4] - values[len(values) // 4])
+    return median(spreads) or 0.0
