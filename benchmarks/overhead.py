@@ -72,16 +72,27 @@ def optimizer_step(n: int = 20_000) -> None:
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
 
+    x = torch.randn(2, 8)
+
     def steps(k: int) -> None:
         for _ in range(k):
             opt.step()
 
+    def forwards(k: int) -> None:  # autograd on: the forward post-hook notes when each one ends
+        for _ in range(k):
+            model(x)
+
     before = min(per_call_ns(steps, n) for _ in range(5))
+    forward_before = min(per_call_ns(forwards, n) for _ in range(5))
     os.environ["GPUTOP_PORT"] = "1"  # nobody listens: the reporter keeps a backlog
     gputop.watch(model)
     after = min(per_call_ns(steps, n) for _ in range(5))
+    forward_after = min(per_call_ns(forwards, n) for _ in range(5))
     print(f"optimizer.step() on Linear(8, 8): {before / 1000:.2f} us without, {after / 1000:.2f} us with gputop "
           f"(+{(after - before) / 1000:.2f} us per step)")  # fmt: skip
+    print(f"a training forward of Linear(8, 8): {forward_before / 1000:.2f} us without, "
+          f"{forward_after / 1000:.2f} us with gputop's forward pre- and post-hooks "
+          f"(+{(forward_after - forward_before) / 1000:.2f} us per forward)")  # fmt: skip
 
 
 def ddp_timing_cost(iterations: int = 3000) -> None:

@@ -130,6 +130,8 @@ class Finding:
             "waste": None if self.waste is None else self.waste.to_dict(price_per_hour),
             # Where the named ranks' training threads were (their stack samples), by rank: function, file, line.
             "frames": {str(rank): frames for rank, frames in self.extra.get("frames", {}).items()},
+            # A straggler's step by step: how often each rank was the one the others waited for (gputop.model.slowest).
+            "slowest": self.extra.get("slowest"),
             # The culprit rank's profile (top operators, trace, its stack samples meanwhile); None: not taken.
             "capture": None if self.capture is None else self.capture.to_dict(),
         }

@@ -38,6 +38,30 @@ def test_a_single_process_without_ddp_reports_steps_and_samples(collector) -> No
 
 
 @needs_torch
+def test_each_step_says_when_its_last_training_forward_ended(collector) -> None:
+    """20 ms of work before the forward is in the step's readiness; an evaluation forward after it is not."""
+    code = """
+        import time, torch, gputop
+        model = torch.nn.Linear(4, 2)
+        gputop.watch(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(12):
+            time.sleep(0.02)  # a metric, a log line: before this step's forward
+            model(torch.randn(2, 4)).sum().backward()
+            time.sleep(0.03)
+            with torch.no_grad():
+                model(torch.randn(2, 4))  # evaluation: the rank was ready 30 ms before it
+            opt.step()
+    """
+    assert run_script(code, collector.address.port).returncode == 0
+    assert wait_for(lambda: any(v.status == "done" for v in snapshot_of(collector).all_ranks()))
+    (view,) = snapshot_of(collector).all_ranks()
+    ready = dict(pair for w in view.windows for pair in zip(w.ready_step_numbers, w.ready_s, strict=True))
+    assert sorted(ready) == list(range(2, 13))  # the first step has no start: its readiness is unknown
+    assert all(0.019 < seconds < 0.045 for seconds in ready.values()), ready
+
+
+@needs_torch
 def test_manual_step_marks_replace_optimizer_steps(collector) -> None:
     code = """
         import torch, gputop

@@ -179,6 +179,28 @@ def test_a_metric_after_the_optimizer_step_on_rank_1_is_a_straggler_outside_the_
     assert re.search(
         r"in `compute_metrics` \((tests/support/jobs/)?ddp_job\.py:\d+\), after the optimizer step", top.title
     ), summary
+    # Chronic: rank 1 is late in every step by the metric's 30 ms, ten times the 5% line of a ~40-ms step.
+    chronic = re.search(r"; it was the slowest in (\d+)% of the last (\d+) steps", top.title)
+    assert chronic and int(chronic[1]) >= 80 and int(chronic[2]) >= 40, summary
+
+
+def test_a_metric_on_a_rank_drawn_each_step_is_a_rotating_straggler_not_communication(collector: Collector) -> None:
+    """The same 30-ms metric, computed each step by a rank drawn at random: every rank waits in turn.
+
+    By the ranks' means it is communication (exposed exchange ~40% on both ranks: "critical
+    communication" before readiness was compared step by step); step by step the rank the other
+    waits for changes, each the slowest in about half the steps, and no one rank is blamed.
+    """
+    findings, summary = run_and_diagnose(
+        collector, "--steps", "80", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30",
+        "--metric-rank", "-1",
+    )  # fmt: skip
+    top = findings[0]
+    assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (), summary
+    assert top.extra["phase"] == "rotating" and top.title.startswith("the slowest rank rotates: rank "), summary
+    shares = {rank: float(share) for rank, share in top.extra["slowest"]["slowest_share"].items()}
+    assert set(shares) == {"0", "1"} and all(0.25 < share < 0.75 for share in shares.values()), summary
+    assert all(f.severity == "info" for f in findings if f.cause == "communication"), summary
 
 
 def test_a_slow_optimizer_step_on_rank_1_is_named_as_the_phase_its_time_goes_to(collector: Collector) -> None:

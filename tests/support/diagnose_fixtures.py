@@ -51,6 +51,10 @@ class RankSpec:
     ooms_per_window: int = 0
     gpu_step_frac: float | None = None  # GPU step time as a share of wall step time
     stall_s: float = 0.0  # > 0: each window also holds one step this long (a GC pause, a descheduled rank)
+    # When the rank was ready for the exchange, as a share of the step (None: an older reporter, not sent),
+    # plus ``ready_extra_frac[n % len]`` in step n: (0.5,) late in every step, (0.5, 0.0) in every other one.
+    ready_frac: float | None = None
+    ready_extra_frac: tuple[float, ...] = (0.0,)
     hello: dict[str, Any] = field(default_factory=dict)  # Hello field overrides
     status: str = "live"  # "lost": the rank stops reporting long before the snapshot
 
@@ -91,6 +95,14 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
     out = []
     for i in range(n):
         t1 = t_end - (n - 1 - i) * WINDOW_S
+        numbers = range(i * (steps + len(stalls)) + 1, (i + 1) * (steps + len(stalls)) + 1)
+        ready: tuple[float, ...] = ()
+        if spec.ready_frac is not None:
+            extra = spec.ready_extra_frac
+            # A jitter of up to ±0.5% of the step, the same in every run of the tests.
+            ready = tuple(
+                step * (spec.ready_frac + extra[k % len(extra)] + ((k * 7919) % 11 - 5) / 1000) for k in numbers
+            )
         peak = None
         if spec.mem_peak_frac is not None:
             peak = int(spec.mem_peak_frac * spec.mem_total_bytes)
@@ -110,6 +122,8 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 step_time_max_s=max(step, spec.stall_s),
                 step_sketch=sketch,
                 slow_steps=stalls,
+                ready_step_numbers=tuple(numbers) if ready else (),
+                ready_s=ready,
                 gpu_step_time_p50_s=spec.gpu_step_frac * step if spec.gpu_step_frac is not None else None,
                 loader_wait_s=(spec.loader_frac or 0.0) * steps * step,
                 loader_batches=steps if spec.loader_frac is not None else 0,

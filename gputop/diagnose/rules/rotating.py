@@ -93,7 +93,8 @@ def shares_text(pattern: SlowestRanks) -> str:
     named = [f"rank {rank} in {pct(share):.0f}%" for rank, share in shares[:NAMED_RANKS]]
     rest = shares[NAMED_RANKS:]
     if rest:
-        named.append(f"{len(rest)} more ranks in {pct(sum(share for _, share in rest)):.0f}%")
+        more = f"{len(rest)} more rank" + ("s" if len(rest) > 1 else "")
+        named.append(f"{more} in {pct(sum(share for _, share in rest)):.0f}%")
     return ", ".join(named)
 
 
@@ -111,12 +112,13 @@ def absorb_rotation_symptoms(findings: list[Finding]) -> list[Finding]:
     """A rotation makes every rank wait in the exchange in turn: the communication that waiting explains is its symptom.
 
     Communication is folded in when what remains of it, with the wait for the
-    slowest rank taken out, is under its warn line.
+    slowest rank taken out, is under its warn line, and the rotation itself is
+    called (not info: too early in a live run, or too close to its line).
     """
     out = list(findings)
     for index, rotation in enumerate(out):
-        if rotation.cause != "straggler" or rotation.extra.get("phase") != ROTATING:
-            continue
+        if rotation.cause != "straggler" or rotation.extra.get("phase") != ROTATING or rotation.severity == "info":
+            continue  # a rotation too early or too close to call leaves the exchange to be judged on its own
         absorbed = [
             f
             for f in out

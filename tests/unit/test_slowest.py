@@ -1,0 +1,123 @@
+"""Which rank the others waited for, step by step: chronic, rotating, or ties within the job's own jitter."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from gputop.combine import merge_windows, ready_steps_kept
+from gputop.model.slowest import SLOWEST_LINE_FRAC, slowest_ranks
+from gputop.protocol import READY_STEPS_KEPT, Window, decode, encode
+from gputop.reporter.clock import StepMark
+from gputop.reporter.window import step_fields
+
+STEP_S = 0.040
+PER_WINDOW = 10
+
+
+def windows(rank: int, ready_s: Sequence[float], *, every: int = 1) -> list[Window]:
+    """A rank's windows of PER_WINDOW steps each, steps numbered from 1, readiness kept for every ``every``th."""
+    out = []
+    for seq, start in enumerate(range(0, len(ready_s), PER_WINDOW)):
+        numbers = [n for n in range(start + 1, min(start + PER_WINDOW, len(ready_s)) + 1) if n % every == 0]
+        out.append(
+            Window(run_id="r", rank=rank, seq=seq, t0=seq * 0.4, t1=seq * 0.4 + 0.4, steps=PER_WINDOW,
+                   step_total=start + PER_WINDOW, ready_step_numbers=tuple(numbers),
+                   ready_s=tuple(ready_s[n - 1] for n in numbers))
+        )  # fmt: skip
+    return out
+
+
+def jitter(seed: int, steps: int, base_s: float = 0.010, spread_s: float = 0.001) -> list[float]:
+    rng = random.Random(seed)
+    return [base_s + rng.uniform(-spread_s, spread_s) for _ in range(steps)]
+
+
+def test_a_rank_that_is_the_last_one_ready_in_every_step_is_the_slowest_in_all_of_them() -> None:
+    """Rank 1 computes a 30-ms metric before each forward: chronic, the slowest in every step."""
+    late = [r + 0.030 for r in jitter(2, 100)]
+    pattern = slowest_ranks([(0, windows(0, jitter(1, 100))), (1, windows(1, late))], STEP_S)
+    assert pattern is not None
+    assert pattern.steps == 100 and pattern.one_rank == 1 and not pattern.rotates
+    assert pattern.share(1) == 1.0 and pattern.share(0) == 0.0
+    assert pattern.waited_s == pytest.approx(0.030, abs=0.002)
+
+
+def test_a_different_rank_last_each_step_is_a_rotation_that_names_no_one_rank() -> None:
+    """Whichever rank draws the metric each step is late: means alike, and yet the others wait every step."""
+    draws = random.Random(3)
+    slow = [draws.randrange(3) for _ in range(120)]
+    ranks = [
+        (r, windows(r, [j + (0.030 if slow[k] == r else 0.0) for k, j in enumerate(jitter(r, 120))])) for r in range(3)
+    ]
+    pattern = slowest_ranks(ranks, STEP_S)
+    assert pattern is not None and pattern.rotates and pattern.one_rank is None
+    assert pattern.decided_steps == 120
+    assert all(0.2 < pattern.share(r) < 0.45 for r in range(3)), pattern.to_dict()
+    assert [r for r, _ in pattern.by_share()] == sorted(range(3), key=lambda r: (-slow.count(r), r))
+
+
+def test_ranks_doing_the_same_work_tie_and_nobody_is_the_slowest() -> None:
+    pattern = slowest_ranks([(r, windows(r, jitter(r, 100))) for r in range(4)], STEP_S)
+    assert pattern is not None
+    assert pattern.decided_steps == 0 and pattern.one_rank is None and not pattern.rotates
+    assert pattern.waited_s == 0.0
+
+
+def test_the_line_follows_the_jobs_own_jitter_when_that_is_wider_than_a_twentieth_of_the_step() -> None:
+    """Ranks whose readiness swings ±6 ms on a 40-ms step (a busy shared machine): the swings are no rotation.
+
+    Against the fixed 2-ms line alone (5% of the step), half the steps would have a slowest rank.
+    """
+    ranks = [(r, windows(r, jitter(10 + r, 200, spread_s=0.006))) for r in range(2)]
+    pattern = slowest_ranks(ranks, STEP_S)
+    assert pattern is not None and pattern.line_s > 2 * SLOWEST_LINE_FRAC * STEP_S
+    assert not pattern.rotates and pattern.decided_steps < 0.05 * pattern.steps, pattern.to_dict()
+
+
+def test_steps_are_compared_only_where_the_ranks_kept_the_same_ones() -> None:
+    """Rank 1 kept every second step (its windows held more steps): the even steps are compared."""
+    late = [r + 0.030 for r in jitter(2, 100)]
+    pattern = slowest_ranks([(0, windows(0, jitter(1, 100))), (1, windows(1, late, every=2))], STEP_S)
+    assert pattern is not None and pattern.steps == 50 and pattern.one_rank == 1
+
+
+def test_without_readiness_from_two_ranks_there_is_nothing_to_compare() -> None:
+    old = [Window(run_id="r", rank=r, seq=1, t0=0.0, t1=0.5, steps=10, step_total=10) for r in range(2)]
+    assert slowest_ranks([(0, old[:1]), (1, old[1:])], STEP_S) is None
+    assert slowest_ranks([(0, windows(0, jitter(1, 50)))], STEP_S) is None
+
+
+def test_a_window_keeps_at_most_its_share_of_steps_and_every_rank_keeps_the_same_ones() -> None:
+    """40 steps in one rank's window and 33 in the other's: both keep multiples of 2, at most 32 each."""
+
+    def kept(first: int, count: int) -> list[int]:
+        marks = [StepMark(end_s=0.0, duration_s=0.01, loader_wait_s=0.0, batches=1, ready_s=0.004)] * count
+        fields = step_fields(marks, None, first_step=first)
+        return list(fields["ready_step_numbers"])
+
+    a, b = kept(101, 40), kept(101, 33)
+    assert len(a) <= READY_STEPS_KEPT and len(b) <= READY_STEPS_KEPT
+    assert set(b) <= set(a) and all(n % 2 == 0 for n in a)
+    assert kept(1, 20) == list(range(1, 21))
+
+
+def test_merged_windows_keep_a_thinned_run_of_the_same_steps() -> None:
+    """A recording merges old windows: their readiness thins by step number, as a longer window's would."""
+    ws = windows(0, jitter(1, 100))
+    merged = merge_windows(ws)
+    assert len(merged.ready_s) <= READY_STEPS_KEPT
+    assert list(merged.ready_step_numbers) == [n for n in range(1, 101) if n % 4 == 0]
+    by_number = dict(zip(merged.ready_step_numbers, merged.ready_s, strict=True))
+    assert by_number[40] == ws[3].ready_s[-1]
+    assert ready_steps_kept([(5, 0.1)] * 40) == [(5, 0.1)] * READY_STEPS_KEPT  # one number many times: no loop
+
+
+def test_readiness_crosses_the_wire_and_a_frame_that_pairs_them_badly_is_refused() -> None:
+    (w,) = windows(0, jitter(1, 10))
+    assert decode(encode(w)) == w
+    frame = encode(w).replace(b'"ready_s":[', b'"ready_s":[0.5,')
+    with pytest.raises(ValueError, match="ready_s"):
+        decode(frame)
