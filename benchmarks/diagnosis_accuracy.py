@@ -113,6 +113,13 @@ CASES: tuple[Case, ...] = (
     Case("healthy_symmetric_accumulation", HEALTHY, "4 micro-batches under no_sync, optimizer marks", unseen=True),
     Case("healthy_mingpt_like", HEALTHY, "minGPT-ddp scaled down: 2 blocks, AdamW, clipping", unseen=True),
     Case("data_loading_tokenize_in_collate", "data_loading", "Python tokenizer in collate_fn, 0 workers", unseen=True),
+    # Added with the step-by-step comparison of readiness (issue #25), scored before any rule was tuned to it.
+    Case(
+        "straggler_rotating_uneven_lengths",
+        "straggler",
+        "text classifier, batches padded to their longest text: the longest batch's rank is last",
+        unseen=True,
+    ),
 )
 
 

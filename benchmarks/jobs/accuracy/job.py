@@ -42,6 +42,7 @@ from unseen_cases import (
     stall_checkpoint_every_10_rank0,
     stall_irregular,
     straggler_metric_after_step_rank1,
+    straggler_rotating_uneven_lengths,
 )
 
 from gputop.demos.teardown import exit_without_teardown
@@ -74,6 +75,7 @@ CASES: dict[str, Callable[[float], None]] = {
         healthy_symmetric_accumulation,
         healthy_mingpt_like,
         data_loading_tokenize_in_collate,
+        straggler_rotating_uneven_lengths,
     )
 }
 

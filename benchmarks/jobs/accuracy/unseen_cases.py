@@ -3,8 +3,9 @@
 pytorch/examples (minGPT-ddp), torchvision's reference scripts and the Hugging
 Face examples were the models: a metric computed after the optimizer step, a
 checkpoint every N steps, gradient accumulation, tokenising in the collate
-function, a rank that blocks for good, a neighbour process that takes a core.
-Their first scores, before any rule changed, are in docs/diagnosis.md.
+function, a rank that blocks for good, a neighbour process that takes a core,
+batches padded to their longest text.  Their first scores, before any rule
+changed, are in docs/diagnosis.md.
 """
 
 from __future__ import annotations
@@ -306,6 +307,56 @@ def data_loading_tokenize_in_collate(seconds: float) -> None:
     for x, y in gputop.track(loader):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+        if deadline.reached(steps):
+            break
+    finish(rank, steps)
+
+
+class VariedTexts(Dataset):
+    """Token ids of texts whose lengths vary as real ones do: most short, a long tail up to the model's 256."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        rng = random.Random(i)
+        length = min(256, max(8, int(rng.lognormvariate(3.8, 0.9))))
+        return torch.randint(1, 1000, (length,), generator=torch.Generator().manual_seed(i)), i % 2
+
+
+def pad_to_longest(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic padding, as Hugging Face's DataCollatorWithPadding does: each batch as long as its longest text."""
+    ids = nn.utils.rnn.pad_sequence([x for x, _ in batch], batch_first=True)
+    return ids, torch.tensor([y for _, y in batch])
+
+
+class TextClassifier(nn.Module):
+    def __init__(self, vocab: int = 1000, width: int = 64) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width, padding_idx=0)
+        block = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(block, 2)
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.tokens(ids), src_key_padding_mask=ids == 0).mean(dim=1))
+
+
+def straggler_rotating_uneven_lengths(seconds: float) -> None:
+    """A text classifier on batches padded to their longest text: whichever rank drew the longest batch is last."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(TextClassifier())
+    gputop.watch(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = VariedTexts()
+    loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data), collate_fn=pad_to_longest)
+    deadline, steps = Deadline(seconds), 0
+    for ids, labels in gputop.track(loader):
+        loss = nn.functional.cross_entropy(model(ids), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
         opt.step()
         steps += 1
         if deadline.reached(steps):
