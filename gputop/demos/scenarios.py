@@ -26,6 +26,8 @@ class Scenario:
     bucket_cap_mb: float = 25.0  # DDP's default; small buckets let all-reduce overlap backward
     needs_gpu: bool = False
     oversubscribe: float = 0.0  # > 0: compute threads over all ranks = this x the cores (at least torch_threads)
+    # > 0: after each step one rank, drawn at random (the same draw on every rank), works this long more
+    rotating_extra_s: float = 0.0
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -46,6 +48,14 @@ SCENARIOS: dict[str, Scenario] = {
         "rank 1's input is slow, so rank 0 waits for it in every all-reduce",
         batch_delay_s=0.06,
         slow_rank=1,
+    ),
+    "rotating": Scenario(
+        "each step a rank drawn at random works 60 ms more (a metric, the longest batch): the others wait "
+        "for a different rank each time",
+        model="cnn",
+        batch_size=64,
+        bucket_cap_mb=0.25,
+        rotating_extra_s=0.06,
     ),
     "comm_bound": Scenario(
         "a wide model with a tiny batch: gradient exchange dwarfs compute",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -63,6 +64,13 @@ class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 def keep_batch(batch: Any) -> Any:
     """The collate function: ``__getitems__`` already returns a batch."""
     return batch
+
+
+def work_for(seconds: float) -> None:
+    """Python work on the training thread (a metric over the epoch's scores), this long."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sorted(range(2000), key=lambda k: (k * 7919) % 2000)
 
 
 IMAGE = (3, 32, 32)  # the convolutional model's input: CIFAR-sized images
@@ -137,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if scenario.rotating_extra_s and random.Random(steps).randrange(dist.get_world_size()) == rank:
+            work_for(scenario.rotating_extra_s)  # this step's drawn rank: the others wait for it
         steps += 1
         # Every rank must stop at the same step, or one hangs in its next all-reduce.
         if steps % 10 == 0:

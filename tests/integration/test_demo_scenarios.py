@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.slow, needs_torch]
 EXPECTED_TOP = {
     "slow_loader": "data_loading",
     "straggler": "straggler",
+    "rotating": "straggler",
     "comm_bound": "communication",
     "small_batch": "parallelism",
     "oversubscribed": "allocation",
@@ -76,6 +77,8 @@ def test_the_top_finding_is_the_scenarios_own_cause(scenario: str, cause: str) -
     assert top["evidence"] and top["suggestion"]
     if scenario == "straggler":  # named, with its own slow phase: only rank 1's input is slow
         assert top["ranks"] == [1] and "loader" in top["title"], seen
+    if scenario == "rotating":  # a different rank each step: no one rank is blamed
+        assert top["ranks"] == [] and top["title"].startswith("the slowest rank rotates"), seen
 
 
 def test_the_healthy_demo_raises_no_warning() -> None:
