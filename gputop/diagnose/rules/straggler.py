@@ -131,11 +131,12 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         who_spends = "it" if len(slow_ids) == 1 else f"rank {worst.rank}"
         title += f"; {who_spends} spends {pct(place.share):.0f}% of each step {place.frame.text()}"
     title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
-    title += chronic_text(pattern, worst.rank, "it" if len(slow_ids) == 1 else f"rank {worst.rank}")
     if masked is not None and severity is None:
         title += masking_text(worst, waiting)
     elif severity is None:
         title += f": {too_close_text(wait_frac, se, threshold, worst.stats.steps)}"
+    # Last: the clauses above qualify "the others wait for it", which this one would come between.
+    title += chronic_text(pattern, worst.rank, "it" if len(slow_ids) == 1 else f"rank {worst.rank}")
     # Masked, its own time stands out by less than the line; what does stand out is the work the others do not do.
     excess_evidence = (
         Evidence("own_time_excess_pct", pct(excess), pct(STRAGGLER_WAIT_WARN_FRAC), "%", rank=worst.rank)
