@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gputop.diagnose.findings import CAUSES, Finding
+from gputop.diagnose.grading import fold_symptoms
 from gputop.diagnose.rules.allocation import allocation_findings
 from gputop.diagnose.rules.communication import communication_findings
 from gputop.diagnose.rules.cpu_contention import absorb_cpu_symptoms
@@ -27,7 +28,7 @@ from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
 from gputop.diagnose.rules.unobserved import unobserved_findings
 from gputop.diagnose.waste import with_waste
-from gputop.model.figures import Figures
+from gputop.model.figures import Figures, RunFigures
 
 
 def diagnose(machine: Figures) -> list[Finding]:
@@ -38,10 +39,8 @@ def diagnose(machine: Figures) -> list[Finding]:
         # A live span is judged as the run goes; a report's whole history takes in the start with the rest.
         age_s = None if machine.span_s is None else machine.t - run.view.first_seen_t
         stragglers = straggler_findings(run, ranks_on_host, age_s)
-        # A rank already named as a straggler for its own loader is not also a run-wide input problem.
-        loader_stragglers = {r for f in stragglers if f.extra.get("phase") == "loader" for r in f.ranks}
         run_findings = absorb_rotation_symptoms(stragglers + communication_findings(run))
-        run_findings += data_loading_findings(run, ranks_on_host, exclude_ranks=loader_stragglers)
+        run_findings = with_input_findings(run_findings, run, ranks_on_host)
         for parallelism in parallelism_findings(run):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
@@ -56,6 +55,31 @@ def diagnose(machine: Figures) -> list[Finding]:
     reported = {(str(f.extra.get("hostname", "")), g) for f in allocation for g in f.gpus}
     findings += unobserved_findings(machine, gpus_already_reported=reported)
     return worst_first(with_waste(findings, machine))
+
+
+def with_input_findings(findings: list[Finding], run: RunFigures, ranks_on_host: dict[str, int]) -> list[Finding]:
+    """The run's data_loading finding beside its stragglers: one slow rank's input, or slow input on every rank.
+
+    A rank already named as a straggler for its own loader is not also a
+    run-wide input problem, so it is left out of the run's loader wait.  But
+    when the ranks that waited for it still wait for their own data past the
+    line (while they waited in the exchange, their loaders had its time to
+    prefetch, and still fell behind), every rank's input is slow: the finding
+    is data_loading over all of them, and the straggler, one rank's input a
+    little slower than the rest, its symptom.
+    """
+    loader_stragglers = {
+        r for f in findings if f.cause == "straggler" and f.extra.get("phase") == "loader" for r in f.ranks
+    }
+    others = data_loading_findings(run, ranks_on_host, exclude_ranks=loader_stragglers)
+    if not loader_stragglers or all(f.severity == "info" for f in others):
+        return findings + others
+    out = findings + data_loading_findings(run, ranks_on_host)
+    symptoms = [f for f in out if f.cause == "straggler" and f.extra.get("phase") == "loader" and f.severity != "info"]
+    index = next((i for i, f in enumerate(out) if f.cause == "data_loading"), None)
+    if index is None or not symptoms:
+        return out
+    return fold_symptoms(out, index, symptoms, "its input is the slowest of slow inputs, see data_loading")
 
 
 def worst_first(findings: Iterable[Finding]) -> list[Finding]:

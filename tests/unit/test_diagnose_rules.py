@@ -183,6 +183,28 @@ class TestStraggler:
         assert by_cause(findings, "communication") == []  # rank 1 itself hardly waits
         assert by_cause(findings, "data_loading") == []  # one slow rank is not a run-wide input problem
 
+    def test_slow_input_on_every_rank_is_data_loading_with_the_slowest_rank_its_symptom(self) -> None:
+        """Measured under a neighbour (issue #22): both ranks' one worker reads 4 ms a sample; rank 1's fell behind.
+
+        Rank 0 waited for rank 1 in the exchange 53% of each step and still for its own data 44%:
+        its loader had that time to prefetch and did not keep up either.  (A real loader straggler's
+        peers wait for data 2-3%: ``test_names_the_slow_rank_and_its_loader``.)
+        """
+        specs = [
+            RankSpec(
+                rank=0, loader_frac=0.44, forward_frac=0.01, backward_frac=0.01, comm_frac=0.54, overlap_frac=0.01
+            ),
+            RankSpec(
+                rank=1, loader_frac=0.96, forward_frac=0.01, backward_frac=0.01, comm_frac=0.02, overlap_frac=0.01
+            ),
+        ]
+        findings = findings_of(make_snapshot(specs))
+        top = findings[0]
+        assert (top.cause, top.ranks, top.severity) == ("data_loading", (0, 1), "critical"), top.title
+        assert top.title.startswith("ranks 0, 1 wait for data 70% of each step") and "straggler" in top.title
+        straggler = only(findings, "straggler")
+        assert straggler.severity == "info" and "slowest of slow inputs" in straggler.title
+
     def test_a_phase_is_named_only_when_its_own_time_holds_the_excess(self) -> None:
         # Rank 1's 30% excess is spread: 10 points each in forward, backward and outside the phases.
         # Naming the forward pass (the largest by a hair) would send the user to the wrong place.
