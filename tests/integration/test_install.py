@@ -147,14 +147,20 @@ def test_the_wheel_without_torch_and_beside_the_other_gputop(dists: Dists, tmp_p
 
 
 def test_the_sdist_with_torch_runs_the_demo(dists: Dists, tmp_path: Path) -> None:
-    """From the sdist with the [torch] extra, `gputop demo` runs a real 2-rank DDP job and reports it."""
+    """From the sdist with the [torch] extra, `gputop demo` runs a real 2-rank DDP job, reports and records it."""
     bin_ = make_venv(tmp_path / "venv")
     requirement = f"gputop-train[torch] @ {dists.sdist.as_uri()}"
     run(bin_ / "pip", "install", "--quiet", requirement, TORCH_SPEC, cwd=tmp_path, timeout_s=300)
 
-    proc = run(bin_ / "gputop", "demo", "--headless", "--seconds", "8", "--format", "json", cwd=tmp_path)
-    report = json.loads(proc.stdout)
-    (demo_run,) = report["runs"]
+    record = tmp_path / "demo.jsonl"
+    demo = ("demo", "--headless", "--seconds", "8", "--format", "json", "--record", record)
+    proc = run(bin_ / "gputop", *demo, cwd=tmp_path)
+    cores = len(os.sched_getaffinity(0))
+    assert f"demo 'healthy': 2 ranks x 1 compute thread on {cores} CPU" in proc.stderr, proc.stderr
+    (demo_run,) = json.loads(proc.stdout)["runs"]
     assert demo_run["world_size"] == 2
     assert [r["rank"] for r in demo_run["ranks"]] == [0, 1]
-    assert all(r["steps"] > 0 for r in demo_run["ranks"])
+    assert all(r["steps"] > 0 and r["status"] == "done" for r in demo_run["ranks"])
+    # The recording of the same run reports the same steps.
+    replayed = json.loads(run(bin_ / "gputop", "report", record, "--format", "json", cwd=tmp_path).stdout)
+    assert [r["steps"] for r in replayed["runs"][0]["ranks"]] == [r["steps"] for r in demo_run["ranks"]]

@@ -102,7 +102,7 @@ def assert_same(running: RankStats, fresh: RankStats, context: str) -> None:
         assert same, f"{field.name}: sliding {a!r}, rank_stats {b!r} ({context})"
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(runs(), st.sampled_from([40, 240, 8]))
 def test_sliding_figures_equal_rank_stats_over_the_span(arrivals: list[tuple[Window, bool]], copied: int) -> None:
     """Whatever arrives, each refresh's figures are rank_stats over ``recent`` of the view's windows."""
