@@ -68,18 +68,21 @@ def with_input_findings(findings: list[Finding], run: RunFigures, ranks_on_host:
     is data_loading over all of them, and the straggler, one rank's input a
     little slower than the rest, its symptom.
     """
-    loader_stragglers = {
-        r for f in findings if f.cause == "straggler" and f.extra.get("phase") == "loader" for r in f.ranks
-    }
+    loader_stragglers = {r for f in findings if is_loader_straggler(f) for r in f.ranks}
     others = data_loading_findings(run, ranks_on_host, exclude_ranks=loader_stragglers)
     if not loader_stragglers or all(f.severity == "info" for f in others):
         return findings + others
     out = findings + data_loading_findings(run, ranks_on_host)
-    symptoms = [f for f in out if f.cause == "straggler" and f.extra.get("phase") == "loader" and f.severity != "info"]
+    symptoms = [f for f in out if is_loader_straggler(f) and f.severity != "info"]
     index = next((i for i, f in enumerate(out) if f.cause == "data_loading"), None)
     if index is None or not symptoms:
         return out
     return fold_symptoms(out, index, symptoms, "its input is the slowest of slow inputs, see data_loading")
+
+
+def is_loader_straggler(finding: Finding) -> bool:
+    """A straggler finding whose slow rank's time goes to waiting for its own data."""
+    return finding.cause == "straggler" and finding.extra.get("phase") == "loader"
 
 
 def worst_first(findings: Iterable[Finding]) -> list[Finding]:

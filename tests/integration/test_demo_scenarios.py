@@ -23,7 +23,7 @@ EXPECTED_TOP = {
 }
 
 
-def run_demo(scenario: str, seconds: float = 8.0) -> dict:
+def run_demo(scenario: str) -> dict:
     result = subprocess.run(
         [
             sys.executable,
@@ -32,7 +32,7 @@ def run_demo(scenario: str, seconds: float = 8.0) -> dict:
             "demo",
             "--headless",
             "--seconds",
-            str(seconds),
+            "8",
             "--format",
             "json",
             "--scenario",
