@@ -91,9 +91,9 @@ class RankFrames:
     # The collective the rank entered last (torch's Flight Recorder), sent while it is stuck; else None.
     collective: Collective | None = None
 
-    def top_outside_phases(self) -> FrameShare | None:
-        """The place in the user's own code, outside the model, the optimizer and the loader, most samples found."""
-        return next((f for f in self.top if f.frame.where in OUTSIDE_PHASES and f.frame.file), None)
+    def outside_phases(self) -> tuple[FrameShare, ...]:
+        """The places in the user's own code outside the model, the optimizer and the loader, most sampled first."""
+        return tuple(f for f in self.top if f.frame.where in OUTSIDE_PHASES and f.frame.file)
 
     def text(self, places: int = 3) -> str:
         """ "now in `wait_for_lock` (train.py:102), ...; most: 38% in `compute_metrics` (train.py:57), ..."."""

@@ -301,6 +301,29 @@ class TestFindingsNameThePlace:
             f for f in live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=(few,))]})) if f.cause == "straggler"
         ]
 
+    def test_hidden_work_split_between_the_functions_it_runs_through_is_named_as_one(self) -> None:
+        # The metric's samples name the innermost function of the user's code: the loop that calls it, the
+        # metric's update and a generator in it, 9 + 6 + 4 of 21 points measured, no one of them half.
+        specs = [
+            RankSpec(rank=0, loader_frac=0.01, forward_frac=0.2, backward_frac=0.45, comm_frac=0.30, overlap_frac=0.05),
+            RankSpec(rank=1, loader_frac=0.01, forward_frac=0.2, backward_frac=0.30, comm_frac=0.24, overlap_frac=0.05),
+        ]
+        snapshot = make_snapshot(specs)
+        split = (
+            SampledFrame("after_step", "train.py", 119, "main", 9),
+            SampledFrame("after_step", "train.py", 96, "<genexpr>", 6),
+            SampledFrame("after_step", "train.py", 93, "Metric.update", 4),
+        )
+        named = only(live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=split)]})), "straggler")
+        assert named.ranks == (1,) and named.extra["phase"] == "other"
+        assert (
+            "it spends 19% of each step after the optimizer step: 9% in `main` (train.py:119), "
+            "6% in `<genexpr>` (train.py:96), 4% in `Metric.update` (train.py:93); the others wait"
+        ) in named.title, named.title
+        # The same places in every rank's samples are the script's own, not work this rank does more of.
+        everyone = {r: [stacks(r, SPEC_T0 + 9, top=split)] for r in (0, 1)}
+        assert not [f for f in live(with_stacks(snapshot, everyone)) if f.cause == "straggler"]
+
 
 class TestWhereItShows:
     def test_the_report_carries_each_ranks_frames(self) -> None:
