@@ -149,9 +149,9 @@ def collective_text(collective: Collective) -> str:
     return f"{collective.name} #{collective.seq}"
 
 
-def span_frames(rank: RankFigures) -> RankFrames | None:
-    """The rank's places over the span its figures cover (the whole run in a report)."""
-    return rank_frames(rank.view, since_t=rank.windows[0].t0 if rank.windows else None)
+def span_frames(rank: RankFigures, top: int = STACKS_TOP) -> RankFrames | None:
+    """The rank's ``top`` places over the span its figures cover (the whole run in a report)."""
+    return rank_frames(rank.view, since_t=rank.windows[0].t0 if rank.windows else None, top=top)
 
 
 def merge_stacks(messages: Sequence[Stacks]) -> Stacks:

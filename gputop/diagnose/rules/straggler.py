@@ -34,6 +34,7 @@ from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures, stat_reader
 from gputop.model.frames import FrameShare, RankFrames, span_frames
 from gputop.model.statistics import leave_one_out_medians, median
+from gputop.protocol import MAX_STACKS_TOP
 
 # The phases a slow rank can lose time in (gputop.combine.OWN_PHASES, and "other", the rest of its step);
 # "own" is its own time as a whole, when no one phase holds the excess.
@@ -129,7 +130,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     )
     title += phase_text(worst, phase)
     frames = span_frames(worst)
-    place = None if frames is None else straggler_place(frames, phase, worst, waiting)
+    place = None if frames is None else straggler_place(phase, worst, waiting)
     # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
     # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
     if masked is not None and (phase.name != "other" or place is None):
@@ -257,7 +258,7 @@ class Place:
         return f"{head} outside the model: " + ", ".join(p.text() for p in named)
 
 
-def straggler_place(frames: RankFrames, phase: SlowPhase, slow: RankFigures, others: list[RankFigures]) -> Place | None:
+def straggler_place(phase: SlowPhase, slow: RankFigures, others: list[RankFigures]) -> Place | None:
     """For time outside the phases: the user's code the samples find it in, when they find enough of it there.
 
     The amount is the measured one (``phase.excess_s``); the samples only say
@@ -266,19 +267,26 @@ def straggler_place(frames: RankFrames, phase: SlowPhase, slow: RankFigures, oth
     ``STRAGGLER_PLACE_MIN_PART`` of that amount.  No one place is asked to
     hold it: a sample names the innermost function of the user's code, so a
     metric's time splits between ``Metric.update``, a generator expression in
-    it and the loop that calls it, each a part of the same work.
+    it and the loop that calls it, each a part of the same work.  So every
+    place the stacks messages named counts, not only the few a screen shows.
     """
     if phase.name not in ("other", "own"):
         return None
-    places = frames.outside_phases()
+    frames = span_frames(slow, top=MAX_STACKS_TOP)
+    places = () if frames is None else frames.outside_phases()
     if not places:
         return None
     share = sum(p.share for p in places)
-    theirs = median([sum(p.share for p in f.outside_phases()) for f in map(span_frames, others) if f is not None])
+    theirs = median([outside_share(span_frames(r, top=MAX_STACKS_TOP)) for r in others])
     amount = phase.excess_s / (slow.stats.step_time_mean_s or 1e-9)
     if share - (theirs or 0.0) < STRAGGLER_PLACE_MIN_PART * amount:
         return None
     return Place(places, share)
+
+
+def outside_share(frames: RankFrames | None) -> float:
+    """The share of a rank's samples in the user's code outside the phases (0 when it sends no stacks)."""
+    return 0.0 if frames is None else sum(p.share for p in frames.outside_phases())
 
 
 def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding]:
