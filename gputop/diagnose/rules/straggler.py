@@ -130,7 +130,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     )
     title += phase_text(worst, phase)
     frames = span_frames(worst)
-    place = None if frames is None else straggler_place(phase, worst, waiting)
+    place = straggler_place(phase, worst, waiting)
     # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
     # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
     if masked is not None and (phase.name != "other" or place is None):
@@ -238,7 +238,6 @@ class Place:
     """Where the samples put a slow rank's time outside the phases: its places in the user's code."""
 
     places: tuple[FrameShare, ...]  # most sampled first
-    share: float  # of the rank's samples, all its places together
 
     def text(self) -> str:
         """ "38% of each step in `compute_metrics` (train.py:57), after the optimizer step", or several places.
@@ -276,12 +275,11 @@ def straggler_place(phase: SlowPhase, slow: RankFigures, others: list[RankFigure
     places = () if frames is None else frames.outside_phases()
     if not places:
         return None
-    share = sum(p.share for p in places)
     theirs = median([outside_share(span_frames(r, top=MAX_STACKS_TOP)) for r in others])
     amount = phase.excess_s / (slow.stats.step_time_mean_s or 1e-9)
-    if share - (theirs or 0.0) < STRAGGLER_PLACE_MIN_PART * amount:
+    if outside_share(frames) - (theirs or 0.0) < STRAGGLER_PLACE_MIN_PART * amount:
         return None
-    return Place(places, share)
+    return Place(places)
 
 
 def outside_share(frames: RankFrames | None) -> float:
