@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
-.PHONY: demo test test-fast check fmt clean gpu-check system-deps
+.PHONY: demo test test-fast check fmt clean gpu-check gpu-bundle system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,9 +68,14 @@ check: $(VENV)/.dev-installed
 gpu-check: $(VENV)/.installed
 	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
+# What the lent GPU machine lacks (gputop's wheel, textual, msgspec…) for Python 3.12 there, in .gpu-bundle/;
+# the device call runs scripts/gpu-device with it (docs/gpu.md).  Needs only python3 and the package index.
+gpu-bundle:
+	bash scripts/gpu-bundle
+
 fmt: $(VENV)/.installed
 	$(BIN)/ruff format gputop tests demos benchmarks
 	$(BIN)/ruff check --fix gputop tests demos benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-* .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-* .gpu-bundle gpu-out .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -6,6 +6,9 @@ and writes it as markdown.  On a machine without one it says why in one line
 and exits 2.  It installs nothing: it uses the torch and gputop that are there.
 
     .venv/bin/python benchmarks/gpu_check.py [--only NAME ...] [--list] [--output gpu-check.md]
+        [--json FILE] [--job-log FILE] [--budget-s SECONDS]
+
+On a lent GPU machine ``scripts/gpu-device`` runs it with a budget (docs/gpu.md).
 
 Exit status: 0 when every check passed, 1 when one failed or broke, 2 when
 there is no GPU to check on.  Each check is independent: one that breaks
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -45,6 +49,32 @@ JOB = ROOT / "benchmarks" / "gpu_jobs" / "gpu_job.py"
 EXIT_NO_GPU = 2
 SMI_FIELDS = ("uuid", "index", "utilization.gpu", "memory.used", "power.draw", "temperature.gpu")
 MIB = 1 << 20
+JOB_TIMEOUT_S = 600.0  # one job's limit when no budget is set
+
+
+# -- the time budget and the job log ------------------------------------------------------------
+#
+# On a lent GPU the whole call has minutes: ``--budget-s`` sets a deadline that every job's timeout
+# is cut to, and a check whose estimate no longer fits is skipped with a row saying so.
+# ``--job-log`` appends every job's output, so a failing row can be read back without a rerun.
+
+_deadline: float | None = None
+_job_log: Path | None = None
+
+
+def job_timeout_s() -> float:
+    """A job's timeout: what is left of the budget (at least 10 s), or JOB_TIMEOUT_S without one."""
+    if _deadline is None:
+        return JOB_TIMEOUT_S
+    return max(10.0, min(JOB_TIMEOUT_S, _deadline - time.monotonic()))
+
+
+def log_job(title: str, output: str) -> None:
+    """One job's output in the job log, under a header naming it."""
+    if _job_log is None:
+        return
+    with _job_log.open("a", encoding="utf-8") as log:
+        log.write(f"\n===== {time.strftime('%H:%M:%S')} {title}\n{output.rstrip()}\n")
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -262,7 +292,8 @@ def run_job(
 ) -> float:
     """A 1-rank torchrun of gpu_job.py; returns its steps/s.  Raises with the job's output if it fails."""
     cmd = job_command(mode, steps, job_args)
-    out = subprocess.run(cmd, env=job_env(port, env, unset), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=job_env(port, env, unset), capture_output=True, text=True, timeout=job_timeout_s())
+    log_job(f"{mode} job, {steps} steps, env {env or {}}: exit {out.returncode}", out.stdout + out.stderr)
     if out.returncode != 0:
         raise RuntimeError(f"{mode} job exited {out.returncode}: {(out.stdout + out.stderr)[-800:]}")
     for line in out.stdout.splitlines():
@@ -296,7 +327,7 @@ def job_contexts(
         job = subprocess.Popen(job_command(mode, steps, job_args), env=job_env(port, env, unset), stdout=output,
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
         pids = {job.pid}
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + job_timeout_s()
         try:
             while job.poll() is None and time.monotonic() < deadline:
                 with contextlib.suppress(psutil.Error):
@@ -311,9 +342,11 @@ def job_contexts(
             if job.poll() is None:
                 job.kill()
             job.wait()
+        output.seek(0)
+        text = output.read()
+        log_job(f"{mode} job watched by nvidia-smi, {steps} steps, args {list(job_args)}: exit {job.returncode}", text)
         if job.returncode != 0:
-            output.seek(0)
-            raise RuntimeError(f"{mode} job exited {job.returncode}: {output.read()[-800:]}")
+            raise RuntimeError(f"{mode} job exited {job.returncode}: {text[-800:]}")
     return seen
 
 
@@ -532,8 +565,9 @@ def check_rules() -> list[Row]:
     demo = subprocess.run(
         gputop_cli("demo", "--scenario", "memory_pressure", "--nproc", "1", "--headless", "--seconds", "20",
                    "--format", "json"),
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=job_timeout_s(),
     )  # fmt: skip
+    log_job(f"memory_pressure demo: exit {demo.returncode}", demo.stderr)
     if demo.returncode != 0:
         rows.append(Row("memory_pressure demo → memory", "a memory finding", demo.stderr.strip()[-300:], "fail"))
     else:
@@ -658,24 +692,44 @@ def check_overhead(rounds: int = 3) -> list[Row]:
     return rows
 
 
-CHECKS: dict[str, Callable[[], list[Row]]] = {
-    "nvml": check_nvml_vs_smi,
-    "nvml_processes": check_nvml_processes_and_links,
-    "join": check_join,
-    "step_time": check_gpu_step_time,
-    "rules": check_rules,
-    "contexts": check_cuda_contexts,
-    "ddp_times": check_ddp_timings,
-    "overhead": check_overhead,
+@dataclass(frozen=True)
+class Check:
+    """A registered check: the function, and how long it is expected to take.
+
+    The estimates are reasoned, not yet measured (a 1-rank torchrun with CUDA and NCCL start-up is
+    taken as ~10 s on a GPU node); ``--json`` records what each check really took, so the first run
+    on a GPU corrects them.  The order is the order they run in: the cheap, independent ones first,
+    the longest and least essential (``overhead``) last, where a short budget drops it.
+    """
+
+    run: Callable[[], list[Row]]
+    estimate_s: float
+
+
+CHECKS: dict[str, Check] = {
+    "nvml": Check(check_nvml_vs_smi, 20),  # 5 s for the load to start, 10 paired readings a second apart
+    "nvml_processes": Check(check_nvml_processes_and_links, 10),
+    "join": Check(check_join, 30),  # two recorded 100-step jobs
+    "ddp_times": Check(check_ddp_timings, 20),  # one recorded 2,000-step job
+    "step_time": Check(check_gpu_step_time, 35),  # a GPU-bound and a launch-bound recorded job
+    "contexts": Check(check_cuda_contexts, 60),  # four jobs watched by nvidia-smi, each held 3 s after
+    "rules": Check(check_rules, 75),  # a 20-s demo and three recorded jobs
+    "overhead": Check(check_overhead, 130),  # 3 rounds of 4 jobs, alternated
 }
 
 
 def run_check(name: str) -> list[Row]:
     """A check's rows; a check that breaks is one row saying why, and the others still run."""
     try:
-        return CHECKS[name]()
+        return CHECKS[name].run()
     except Exception as exc:
         return [Row(name, "(see docs/gpu.md)", "-", f"error: {type(exc).__name__}: {str(exc)[:300]}")]
+
+
+def skipped(name: str, left_s: float) -> Row:
+    """The row of a check the budget had no room for."""
+    return Row(name, "(see docs/gpu.md)", "-", f"skipped: ~{CHECKS[name].estimate_s:.0f} s needed, {left_s:.0f} s of "
+               "the budget left (run it alone with --only)")  # fmt: skip
 
 
 def machine_line() -> str:
@@ -688,26 +742,51 @@ def machine_line() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _deadline, _job_log
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), help="run only these checks")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     parser.add_argument("--output", type=Path, default=Path("gpu-check.md"), help="markdown table (gpu-check.md)")
+    parser.add_argument("--json", type=Path, help="also write the rows, each check's seconds and the machine here")
+    parser.add_argument("--job-log", type=Path, help="append every job's output to this file")
+    parser.add_argument(
+        "--budget-s", type=float, help="stop starting checks that would not finish in this many seconds"
+    )
     args = parser.parse_args(argv)
     if args.list:
-        for name, fn in CHECKS.items():
-            print(f"{name:10} {(fn.__doc__ or '').strip()}")
+        for name, check in CHECKS.items():
+            print(f"{name:15} ~{check.estimate_s:4.0f} s  {(check.run.__doc__ or '').strip()}")
         return 0
     problem = why_no_gpu()
     if problem is not None:
         print(f"gpu-check: no GPU to check on: {problem}", file=sys.stderr)
         return EXIT_NO_GPU
+    start = time.monotonic()
+    _deadline = None if args.budget_s is None else start + args.budget_s
+    _job_log = args.job_log
     rows: list[Row] = []
+    took: dict[str, float | None] = {}
     for name in args.only or list(CHECKS):
+        left_s = None if _deadline is None else _deadline - time.monotonic()
+        if left_s is not None and left_s < CHECKS[name].estimate_s:
+            print(f"gpu-check: {name} skipped ({left_s:.0f} s left)", file=sys.stderr, flush=True)
+            rows.append(skipped(name, left_s))
+            took[name] = None
+            continue
         print(f"gpu-check: {name} …", file=sys.stderr, flush=True)
+        check_start = time.monotonic()
         rows += run_check(name)
+        took[name] = round(time.monotonic() - check_start, 1)
+        print(f"gpu-check: {name} took {took[name]} s", file=sys.stderr, flush=True)
+    machine = machine_line()
     table = markdown_table(rows)
-    header = f"`make gpu-check` on {machine_line()}\n\n"
+    header = f"`make gpu-check` on {machine}\n\n"
     args.output.write_text(header + table, encoding="utf-8")
+    if args.json is not None:
+        record = {"machine": machine, "budget_s": args.budget_s, "seconds": round(time.monotonic() - start, 1),
+                  "checks": {name: {"seconds": s, "estimate_s": CHECKS[name].estimate_s} for name, s in took.items()},
+                  "rows": [dataclasses.asdict(row) for row in rows]}  # fmt: skip
+        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(header + table)
     print(f"gpu-check: {sum(r.passed for r in rows)} of {len(rows)} passed; table written to {args.output}")
     return 0 if all(r.passed for r in rows) else 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,31 @@ def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path: Path) -> No
     assert lines[0].startswith("gpu-check: no GPU to check on: ")
     assert "torch" in lines[0] or "nvidia-smi" in lines[0] or "NVML" in lines[0]
     assert not (tmp_path / "t.md").exists()  # nothing measured, nothing written
+
+
+def test_a_budget_skips_the_checks_that_no_longer_fit_and_the_json_says_what_each_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+
+    def quick() -> list[object]:
+        ran.append("quick")
+        return [gpu_check.Row("quick", "x", "x", "pass")]
+
+    def long() -> list[object]:
+        ran.append("long")
+        return [gpu_check.Row("long", "x", "x", "pass")]
+
+    monkeypatch.setattr(gpu_check, "why_no_gpu", lambda: None)
+    monkeypatch.setattr(gpu_check, "machine_line", lambda: "a test machine")
+    monkeypatch.setattr(gpu_check, "CHECKS", {"quick": gpu_check.Check(quick, 1), "long": gpu_check.Check(long, 600)})
+    status = gpu_check.main(
+        ["--budget-s", "60", "--output", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json")]
+    )
+
+    assert ran == ["quick"]
+    assert status == 1  # a skipped row is not a pass: the run is incomplete
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["checks"]["quick"]["seconds"] is not None and record["checks"]["long"]["seconds"] is None
+    assert [row["result"].split(":")[0] for row in record["rows"]] == ["pass", "skipped"]
+    assert "skipped: ~600 s needed" in (tmp_path / "t.md").read_text()
