@@ -27,11 +27,11 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.protocol import READY_STEPS_KEPT, SLOW_STEPS_KEPT, Window
+from gputop.protocol import COLLECTIVES_KEPT, READY_STEPS_KEPT, SLOW_STEPS_KEPT, CollectiveTimes, Window
 
 
 class How(enum.Enum):
@@ -62,6 +62,11 @@ COMBINE: dict[str, How] = {
     "comm_s": DDP_MEAN,
     "overlap_s": DDP_MEAN,
     "forwards": TOTAL,
+    "phases_from": NEWEST,
+    "compiles": TOTAL,
+    "recompiles": TOTAL,
+    "compile_s": TOTAL,
+    "graph_breaks": NEWEST,  # a running count
     "ddp_iteration": NEWEST,
     "mem_allocated_bytes": NEWEST,
     "mem_reserved_bytes": NEWEST,
@@ -86,7 +91,8 @@ COMBINE: dict[str, How] = {
 
 # Fields with a rule of their own, in ``merge_windows``: who and when, the sketches (added bucket by
 # bucket), the slowest steps (the slowest of all, with their numbers), the steps' readiness (thinned by
-# step number, ``ready_steps_kept``), and the counts of what the totals and the DDP means cover.
+# step number, ``ready_steps_kept``), the collectives (added kind by kind and group by group,
+# ``merge_collectives``), and the counts of what the totals and the DDP means cover.
 OWN_RULE = frozenset(
     {
         "v",
@@ -102,6 +108,7 @@ OWN_RULE = frozenset(
         "slow_step_numbers",
         "ready_step_numbers",
         "ready_s",
+        "collectives",
         "ddp_steps",
     }
 )
@@ -279,6 +286,27 @@ def combined(ws: Sequence[Window], name: str) -> Any:
     return max(known) if known else None
 
 
+def merge_collectives(groups: Iterable[Sequence[CollectiveTimes]]) -> tuple[CollectiveTimes, ...]:
+    """Collectives of several windows (or ranks) added up kind by kind and group by group.
+
+    The busiest ``COLLECTIVES_KEPT`` are kept, in the order of their exposed time, most first:
+    the one that held training up the longest leads.  A time is None only where none was measured.
+    """
+    sums: dict[tuple[str, str], list[Any]] = {}
+    for collectives in groups:
+        for c in collectives:
+            total = sums.setdefault((c.kind, c.group), [0, 0, None, None])
+            total[0] += c.calls
+            total[1] += c.bytes
+            if c.busy_s is not None:
+                total[2] = (total[2] or 0.0) + c.busy_s
+            if c.exposed_s is not None:
+                total[3] = (total[3] or 0.0) + c.exposed_s
+    merged = [CollectiveTimes(kind, group, *t) for (kind, group), t in sums.items()]
+    merged.sort(key=lambda c: (-(c.exposed_s or 0.0), -(c.busy_s or 0.0), c.kind, c.group))
+    return tuple(merged[:COLLECTIVES_KEPT])
+
+
 def ready_steps_kept(pairs: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
     """The (step number, ready seconds) pairs a window keeps, in step order: every one up to
     ``READY_STEPS_KEPT``, else those whose number the smallest power of two that leaves that many divides.
@@ -331,6 +359,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         ready_step_numbers=tuple(number for number, _ in ready),
         ready_s=tuple(seconds for _, seconds in ready),
         step_hist=dict(hist),
+        collectives=merge_collectives(w.collectives for w in ws),
         ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,
         **figures,
     )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import msgspec
 
 from gputop.combine import OWN_PHASES, other_seconds
+from gputop.model.collectives import CollectiveFigures
 from gputop.protocol import Window
 
 
@@ -82,6 +83,11 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     hook_s_per_step: float | None = None  # training-thread time inside gputop per step
     gputop_cpu_frac: float | None = None  # gputop's CPU (thread + hooks) over the rank process's CPU
     sent_bytes_per_s: float | None = None
+    # Each kind of collective on each process group, a step (gputop.model.collectives), most exposed first.
+    collectives: tuple[CollectiveFigures, ...] = ()
+    # Where forward, backward and comm come from: "ddp" (DDP's logger), "hooks" (module hooks and the timed
+    # collectives, any other stack); None when not measured.
+    phases_from: str | None = None
 
     @property
     def other_s(self) -> float | None:

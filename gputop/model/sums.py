@@ -25,6 +25,7 @@ from gputop.combine import (
     share_of_step,
     window_loader_wait_frac,
 )
+from gputop.model.collectives import collective_figures
 from gputop.model.ddp_samples import DdpMeans, DdpSample, ddp_key, ddp_sample
 from gputop.model.stalls import STALL_FACTOR, stalls
 from gputop.model.statistics import SlidingMax, median, standard_error
@@ -191,6 +192,8 @@ class SpanSums:
         for name in _NEWEST_FIELDS:
             if getattr(w, name) is not None:
                 self.newest[name] = w
+        if w.phases_from is not None:
+            self.newest["phases_from"] = w
         if w.comm_s is not None:
             key = ddp_key(w)
             self.ddp[key] = w
@@ -209,7 +212,7 @@ class SpanSums:
         for queue in (self.max_step, self.peak, self.dropped, self.slowest):
             queue.pop(w)
         newest = self.newest
-        for name in (*_NEWEST_FIELDS, "timed"):
+        for name in (*_NEWEST_FIELDS, "timed", "phases_from"):
             if newest.get(name) is w:  # the newest with the field is the oldest: none other has it
                 del newest[name]
         if w.comm_s is not None:
@@ -287,9 +290,11 @@ class SpanSums:
             stall = stalls(named, self.sketch, p50, t.step_s)
         ddp = DdpMeans.of(self.ddp_samples())
         micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
-        scale = micro if micro is not None and micro > 1.0 else 1.0
-        tracked = self.tracked > 0
         newest = self.newest
+        phases_from = newest["phases_from"].phases_from if "phases_from" in newest else None
+        # DDP times one micro-batch of a step; the hooks time every forward and backward of it.
+        scale = micro if micro is not None and micro > 1.0 and phases_from != "hooks" else 1.0
+        tracked = self.tracked > 0
         # Fields a probe fills together come from the newest window that probe filled.
         sources = [newest.get(group[0]) for group in NEWEST_GROUPS]
 
@@ -363,6 +368,8 @@ class SpanSums:
             hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,
             gputop_cpu_frac=t.gputop_cpu_s / t.rank_cpu_s if t.rank_cpu_s > 0 else None,
             sent_bytes_per_s=self.own_sent_bytes / t.own_span_s if t.own_span_s > 0 else None,
+            collectives=collective_figures(windows),
+            phases_from=phases_from or ("ddp" if ddp.means["comm_s"] is not None else None),  # older reporters: DDP
         )
 
 

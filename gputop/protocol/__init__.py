@@ -55,6 +55,7 @@ from gputop.protocol.diagnostics import (
     Where,
 )
 from gputop.protocol.limits import (
+    COLLECTIVES_KEPT,
     MAX_FRAME_BYTES,
     MAX_INT,
     MAX_STRING_CHARS,
@@ -77,12 +78,14 @@ from gputop.protocol.node import (
 )
 from gputop.protocol.run import (
     Bye,
+    CollectiveTimes,
     Event,
     Hello,
     Window,
 )
 
 __all__ = [
+    "COLLECTIVES_KEPT",
     "MAX_CAPTURE_STEPS",
     "MAX_FINDINGS_NOTICED",
     "MAX_FRAME_BYTES",
@@ -103,6 +106,7 @@ __all__ = [
     "CaptureRequest",
     "CaptureResult",
     "Collective",
+    "CollectiveTimes",
     "Command",
     "Count",
     "Event",

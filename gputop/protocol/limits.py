@@ -25,6 +25,10 @@ SLOW_STEPS_KEPT = 3
 # step number, every rank keeps the same steps, so the collector can compare ranks step by step.
 READY_STEPS_KEPT = 32
 
+# The collectives a window names, one entry per (kind, process group): a job with a data-parallel, a
+# tensor-parallel and a pipeline group issues a handful of kinds on each, far below this.
+COLLECTIVES_KEPT = 32
+
 # Integers beyond what a double holds exactly are nobody's step count or pid.
 MAX_INT = 2**53
 MAX_STRING_CHARS = 4096

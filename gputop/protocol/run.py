@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
+import msgspec
 from msgspec import Meta
 
 from gputop.protocol.limits import (
+    COLLECTIVES_KEPT,
     PROTOCOL_VERSION,
     AtLeastOne,
     Bucket,
@@ -87,6 +89,27 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     sends: Annotated[tuple[TypeName, ...], Meta(max_length=16)] = ()
 
 
+class CollectiveTimes(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One kind of collective on one process group, over a window's steps: what the rank's exchange was made of.
+
+    Sent as a short array (``["all_gather", "dp", 12, 786432, 0.0041, 0.0038]``): a window carries a few.
+    ``busy_s`` is from issue to completion as the rank saw it (the wait's end for an asynchronous one), summed
+    over the calls; ``exposed_s`` the part the training thread spent blocked on it (in the call, or in the
+    work's ``wait()``), so ``busy_s - exposed_s`` was hidden behind the rank's other work.
+    """
+
+    kind: Annotated[str, Meta(max_length=32)]  # "all_reduce", "all_gather", "reduce_scatter", "broadcast", …
+    group: Annotated[str, Meta(max_length=64)]  # the DeviceMesh dimension ("dp", "tp"), else "world" or "pg N"
+    calls: Annotated[int, Meta(ge=0, lt=2**53)]
+    bytes: Annotated[int, Meta(ge=0, lt=2**53)]  # what the rank sent in (its input tensors' sizes)
+    # None where the host's clock cannot time them (collectives on CUDA: docs/communication.md)
+    busy_s: Annotated[float, Meta(ge=0.0)] | None
+    exposed_s: Annotated[float, Meta(ge=0.0)] | None
+
+
+Collectives = Annotated[tuple[CollectiveTimes, ...], Meta(max_length=COLLECTIVES_KEPT)]
+
+
 # gc=False: a window holds numbers, strings and flat dicts of numbers, never a cycle, so
 # the garbage collector need not walk it.  A dashboard keeps 150,000 of them, and
 # walking them stalled every thread for 0.3-0.8 s (a keypress waited that long).
@@ -141,6 +164,18 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     comm_s: float | None = None  # gradient all-reduce, start to end
     overlap_s: float | None = None  # part of comm hidden behind backward compute
     forwards: Count | None = None  # forwards of the watched model with autograd on: micro-batches
+    # The window's collectives by kind and group, totals over its steps, from whatever issued them (FSDP2,
+    # DTensor, DeepSpeed, the user's own calls): docs/communication.md.  () when none was timed.  Where DDP's
+    # logger does not time the step (any other stack), forward_s … overlap_s come from the same source.
+    collectives: Collectives = ()
+    # How those phase figures were measured: "ddp" (DDP's logger), "hooks" (module hooks and the timed
+    # collectives); None from older reporters, which only had DDP's.
+    phases_from: Text | None = None
+    # torch.compile, from dynamo's own counters (docs/communication.md#torchcompile): in this window,
+    compiles: Count | None = None  # frames compiled (a first compile or a recompile)
+    recompiles: Count | None = None  # of which recompiles (a guard failed: a new shape, dtype, …)
+    compile_s: Seconds | None = None  # time spent compiling
+    graph_breaks: Count | None = None  # graph breaks seen so far (a running count)
     ddp_iteration: Count | None = None  # DDP's iteration the figures come from (the last one)
     ddp_steps: AtLeastOne | None = None  # iterations the DDP figures average; None: one sampled iteration
     mem_allocated_bytes: Count | None = None

@@ -31,6 +31,13 @@ class StepMark(NamedTuple):
     # From the previous mark to the end of this step's last training forward: when the rank was ready to
     # exchange gradients, as far as the training thread can tell.  None: no forward hook saw one.
     ready_s: float | None = None
+    # The step's phases from the watched model's hooks and the timed collectives (``StepClock.times_phases``),
+    # for stacks whose wrapper does not time them (all but DDP): the training forwards and what followed each
+    # up to the next forward or the optimizer step (backward), each less the collectives' exposed time within
+    # it; and that exposed time over the whole step.  None where not timed.
+    forward_s: float | None = None
+    backward_s: float | None = None
+    exposed_comm_s: float | None = None
 
 
 class StepClock:
@@ -57,6 +64,17 @@ class StepClock:
         # Optimizers stepping inside each other (a wrapper such as ZeroRedundancyOptimizer steps its
         # inner one): the clock runs from the outermost pre-hook to the outermost post-hook.
         self._optimizer_depth = 0
+        # Seconds the training thread was blocked in collectives, a running total the collective tap adds to.
+        self.comm_exposed_s = 0.0
+        # The phases from hooks, for every stack but DDP (whose logger times them): set by the reporter.
+        self.times_phases = False
+        self._forward_s = 0.0  # this step's forwards, less the exposed collectives inside them
+        self._backward_s = 0.0  # this step's backward spans, likewise
+        self._span_t0: float | None = None  # the open span's start: a forward's, or a backward's
+        self._span_comm = 0.0  # comm_exposed_s at that start
+        self._span_loader = 0.0  # and the step's loader wait then (micro-batches fetched between spans)
+        self._in_forward = False
+        self._comm_at_mark = 0.0
 
     @property
     def batches_since_mark(self) -> int:
@@ -81,7 +99,32 @@ class StepClock:
         """An optimizer's step begins (its pre-hook)."""
         self._optimizer_depth += 1
         if self._optimizer_depth == 1:
-            self._optimizer_t0 = time.perf_counter()
+            self._optimizer_t0 = now = time.perf_counter()
+            if self.times_phases and not self._in_forward:
+                self._close_backward(now)
+
+    # -- phases from hooks (training thread) -----------------------------------------
+
+    def forward_started(self, now: float) -> None:
+        """A training forward of the watched model begins: what ran since the last one ended was its backward."""
+        if not self._in_forward:
+            self._close_backward(now)
+            self._in_forward = True
+            self._span_t0, self._span_comm, self._span_loader = now, self.comm_exposed_s, self._loader_wait_s
+
+    def forward_done(self, now: float) -> None:
+        """The training forward ended: its time counts, and the backward span opens."""
+        if self._in_forward and self._span_t0 is not None:
+            comm = self.comm_exposed_s
+            self._forward_s += max(now - self._span_t0 - (comm - self._span_comm), 0.0)
+            self._in_forward = False
+            self._span_t0, self._span_comm, self._span_loader = now, comm, self._loader_wait_s
+
+    def _close_backward(self, now: float) -> None:
+        if self._span_t0 is not None and not self._in_forward:
+            waited = (self.comm_exposed_s - self._span_comm) + (self._loader_wait_s - self._span_loader)
+            self._backward_s += max(now - self._span_t0 - waited, 0.0)
+            self._span_t0 = None
 
     def optimizer_done(self) -> None:
         """An optimizer's step ended (its post-hook): the outermost one's time counts towards the current step."""
@@ -105,9 +148,18 @@ class StepClock:
         # A plain tuple: a NamedTuple's __new__ is Python code; the reporter thread names the fields.
         optimizer_s = self._optimizer_s if self.times_optimizer else None
         ready_s = None if last is None or self.forward_end_s <= last else self.forward_end_s - last
+        if self.times_phases:
+            if not self._in_forward:
+                self._close_backward(now)
+            comm, self._comm_at_mark = self.comm_exposed_s - self._comm_at_mark, self.comm_exposed_s
+            phases: tuple[float | None, ...] = (self._forward_s, self._backward_s, comm)
+            self._forward_s = self._backward_s = 0.0
+        else:
+            phases = (None, None, None)
         self.marks.append(
-            (now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s, ready_s)
-        )
+            (now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s, ready_s,
+             *phases)
+        )  # fmt: skip
         self._loader_wait_s = 0.0
         self._batches = 0
         self._optimizer_s = 0.0

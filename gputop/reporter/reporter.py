@@ -25,7 +25,9 @@ from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
 from gputop.reporter.clock import StepClock
+from gputop.reporter.collectives import CollectiveProbe, CollectiveTap
 from gputop.reporter.probes import Probe
+from gputop.reporter.probes.compile import CompileProbe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
 from gputop.reporter.probes.ddp import DdpProbe
 from gputop.reporter.probes.gpu_steps import GpuStepProbe
@@ -47,8 +49,9 @@ class Reporter(ReporterThread):
         self._facts: dict[str, Any] = {}
         self._facts_changed = threading.Event()
         self._model: Any = None
-        # Read by the reporter thread, replaced whole (never mutated) by the training thread.
-        self._probes: tuple[Probe, ...] = ()
+        # Read by the reporter thread, replaced whole (never mutated) by the training thread.  torch.compile's
+        # from the start: it reads nothing until the script has compiled something, model watched or not.
+        self._probes: tuple[Probe, ...] = (CompileProbe(),)
         self._train_tid = threading.get_native_id()  # the thread that calls gputop: the training thread
         self._train_ident = threading.get_ident()  # the same thread, as sys._current_frames() names it
         self._hook_handles: list[Any] = []
@@ -62,6 +65,8 @@ class Reporter(ReporterThread):
         self._grad_enabled: Any = None  # torch.is_grad_enabled, once a model is watched
         # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
         self._capture: ProfilerCapture | None = None
+        # The collectives torch.distributed's Python API issues, timed once a model is watched in a process group.
+        self.tap = CollectiveTap(self.clock)
         super().__init__(address)  # the reporter thread's half: its sender, windows, stacks, node sampler
 
     # -- training thread ------------------------------------------------------------
@@ -108,6 +113,7 @@ class Reporter(ReporterThread):
         gpu_steps = self._gpu_step_probe(model)
         if gpu_steps is not None:
             probes.append(gpu_steps)
+        probes += self._collective_probe(device)
         self._probes = (*(p for p in self._probes if p.name not in {q.name for q in probes}), *probes)
         with contextlib.suppress(Exception):
             import torch
@@ -141,6 +147,28 @@ class Reporter(ReporterThread):
             return GpuStepProbe(None, not_measured=f"torch.cuda is not usable here ({type(exc).__name__})")
         self.clock.gpu_steps = device
         return GpuStepProbe(device)
+
+    def _collective_probe(self, device: str) -> list[Probe]:
+        """Time the collectives of a distributed job, and the phases from hooks where DDP's logger does not.
+
+        The phases from hooks are CPU time: on CUDA they would time kernel launches, not the GPU's
+        work, so there they stay N/A until CUDA events measure them.
+        """
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return []
+        except Exception:
+            return []
+        try:
+            self.tap.install()
+        except Exception as exc:
+            self.tap.uninstall()
+            self._failed_probes.add("collectives")
+            self._report_error("collectives", exc)
+            return []
+        self.clock.times_phases = not self._facts.get("ddp") and not device.startswith("cuda")
+        return [CollectiveProbe(self.tap)]
 
     def _rank_cuda(self, index: int) -> RankCuda:
         device = self._cuda_devices.get(index)
@@ -223,7 +251,10 @@ class Reporter(ReporterThread):
         # The end of a training forward: the rank is ready for backward, and so for the gradient exchange.
         grad_enabled = self._grad_enabled
         if grad_enabled is None or grad_enabled():
-            self.clock.forward_end_s = time.perf_counter()
+            clock = self.clock
+            clock.forward_end_s = now = time.perf_counter()
+            if clock.times_phases:
+                clock.forward_done(now)
 
     def _on_forward(self, module: Any, args: Any) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
@@ -232,6 +263,8 @@ class Reporter(ReporterThread):
         grad_enabled = self._grad_enabled
         if grad_enabled is not None and grad_enabled():  # evaluation forwards are no micro-batches
             self._train_forwards += 1
+            if clock.times_phases:
+                clock.forward_started(time.perf_counter())
         if clock.forwards % 50 != 1:
             return
         try:

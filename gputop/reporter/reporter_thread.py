@@ -25,6 +25,7 @@ from typing import Any
 
 from gputop import __version__
 from gputop.address import Address
+from gputop.combine import merge_collectives
 from gputop.procfs import name_this_thread
 from gputop.protocol import (
     Accepts,
@@ -42,6 +43,7 @@ from gputop.protocol import (
 from gputop.reporter import facts, flight_recorder, node_sampler
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock
+from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.rank_cuda import RankCuda
@@ -49,7 +51,7 @@ from gputop.reporter.self_cost import SelfCost
 from gputop.reporter.sender import Sender
 from gputop.reporter.stack_reporting import StackReporting
 from gputop.reporter.trainer_figures import TrainerLog
-from gputop.reporter.window import step_fields
+from gputop.reporter.window import hook_phase_fields, step_fields
 
 BACKLOG_S = 600.0  # ten minutes of windows wait for a dashboard that starts late
 TICK_S = 0.25  # how often the thread wakes to connect and flush between windows: twice per window
@@ -75,6 +77,7 @@ class ReporterThread:
     _cuda_devices: dict[int, RankCuda]
     # Set here when the dashboard asks for a profile; the training thread's step marks drive it.
     _capture: ProfilerCapture | None
+    tap: CollectiveTap  # times collectives while a collector listens (``on``, set here)
 
     def __init__(self, address: Address) -> None:
         self.sender = Sender(address, backlog_frames=max(int(BACKLOG_S / self.window_s), 16))
@@ -131,6 +134,7 @@ class ReporterThread:
                     if next_window_s < now:  # the process was suspended; don't burst
                         next_window_s = now + self.window_s
                 self._stacks.send(now)
+                self.tap.on = self.sender.connected  # nothing is timed while no collector listens
                 self.sender.pump(now)
                 self._serve_commands(now)
                 self._tend_node_sampler()
@@ -154,12 +158,21 @@ class ReporterThread:
         fields["step_total"] = self._step_total
         fields["dropped"] = self.sender.dropped
         fields.update(self._self_cost.since_last_window(len(marks), fields["loader_batches"]))
+        collectives = []
         for probe in self._window_probes():
             try:
-                fields.update(probe.read(marks))
+                read = probe.read(marks)
+                collectives.append(read.pop("collectives", ()))
+                fields.update(read)
             except Exception as exc:
                 self._report_error(probe.name, exc)
             self._say_why_not_measured(probe)
+            for kind, note in getattr(probe, "take_notes", list)():  # what a probe saw happen: a recompile
+                self._send_event(kind, note)
+        if any(collectives):
+            fields["collectives"] = merge_collectives(collectives)
+        if self.clock.times_phases and "comm_s" not in fields:
+            fields.update(hook_phase_fields(marks, fields.get("collectives", ())))
         if self._stacks.flight_missing:
             self._say_not_measured("flight_recorder", flight_recorder.NO_DUMP)
         self._learn_ddp_settings()
@@ -235,6 +248,12 @@ class ReporterThread:
         message = f"{probe}: {type(exc).__name__}: {exc}"[:500]
         self.sender.enqueue(
             encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind="error", message=message))
+        )
+
+    def _send_event(self, kind: str, message: str) -> None:
+        hello = self._hello_or_new()
+        self.sender.enqueue(
+            encode(Event(run_id=hello.run_id, rank=hello.rank, t=time.time(), kind=kind, message=message[:500]))
         )
 
     def _say_why_not_measured(self, probe: Probe) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gputop.combine import ready_steps_kept
-from gputop.protocol import SLOW_STEPS_KEPT
+from gputop.protocol import SLOW_STEPS_KEPT, CollectiveTimes
 from gputop.reporter.clock import StepMark
 from gputop.sketch import sketch_bucket
 
@@ -64,3 +64,27 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
     if batch_size and batches:
         fields["samples"] = batches * int(batch_size)
     return fields
+
+
+def hook_phase_fields(marks: Sequence[StepMark], collectives: Sequence[CollectiveTimes]) -> dict[str, Any]:
+    """Forward, backward and communication a step, from the hooks' marks and the timed collectives.
+
+    The same fields DDP's logger fills, with the same meaning, for every other stack: ``comm_s`` is the
+    collectives' time in flight a step (at least the exposed part), ``overlap_s`` what of it was hidden
+    behind the rank's other work.  Means over the steps the hooks timed; {} when they timed none.
+    """
+    phased = [m for m in marks if m.duration_s is not None and m.forward_s is not None]
+    if not phased:
+        return {}
+    steps = len(phased)
+    exposed_s = sum(m.exposed_comm_s or 0.0 for m in phased) / steps
+    times = [c.busy_s for c in collectives if c.busy_s is not None]
+    busy_s = max(sum(times) / steps, exposed_s) if times else exposed_s
+    return {
+        "forward_s": sum(m.forward_s or 0.0 for m in phased) / steps,
+        "backward_s": sum(m.backward_s or 0.0 for m in phased) / steps,
+        "comm_s": busy_s,
+        "overlap_s": busy_s - exposed_s,
+        "ddp_steps": steps,
+        "phases_from": "hooks",
+    }

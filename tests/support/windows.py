@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gputop.protocol import Window
+from gputop.protocol import CollectiveTimes, Window
 
 
 def full_window(seq: int) -> Window:
@@ -16,5 +16,6 @@ def full_window(seq: int) -> Window:
         ddp_steps=5, mem_allocated_bytes=1, mem_reserved_bytes=2, mem_peak_bytes=3, mem_total_bytes=4,
         alloc_retries=0, ooms=0, cpu_pct=90.0, rss_bytes=5, threads=6, workers=2, workers_cpu_pct=80.0,
         main_cpu_wait_s=0.01, cpu_wait_s=0.02, cpu_run_s=0.4, workers_cpu_wait_s=0.03, dropped=0, reporter_cpu_s=0.001,
-        hook_s=0.0001, sent_bytes=900,
+        hook_s=0.0001, sent_bytes=900, phases_from="hooks", compiles=1, recompiles=1, compile_s=0.5, graph_breaks=2,
+        collectives=(CollectiveTimes("all_gather", "dp", 4, 4096, 0.004, 0.001),),
     )  # fmt: skip

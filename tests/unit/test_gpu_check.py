@@ -57,6 +57,6 @@ def test_a_check_that_breaks_is_a_row_and_the_run_goes_on(monkeypatch: pytest.Mo
     def broken() -> list[gpu_check.Row]:
         raise RuntimeError("no nvidia-smi in this container")
 
-    monkeypatch.setitem(gpu_check.CHECKS, "nvml", broken)
+    monkeypatch.setitem(gpu_check.CHECKS, "nvml", gpu_check.Check(broken, 1))
     (row,) = gpu_check.run_check("nvml")
     assert row.result == "error: RuntimeError: no nvidia-smi in this container" and not row.passed

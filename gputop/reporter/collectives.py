@@ -1,0 +1,405 @@
+"""Every collective the training thread issues through torch.distributed's Python API, timed: the tap.
+
+FSDP2, DeepSpeed's ``deepspeed.comm``, Accelerate and user code all reach the process group through
+``torch.distributed.<collective>`` (looked up on the package at call time), and DTensor through the
+functional collectives (``torch.distributed._functional_collectives``).  ``CollectiveTap.install``
+puts a thin wrapper in those places, and around ``Work.wait()`` and the functional ``wait_tensor``,
+where an asynchronous collective is waited for.  Which source serves which stack, and what stays N/A
+where: docs/communication.md.
+
+On the training thread a wrapper does memory work only: two ``perf_counter()`` reads, the first
+tensor's size, a tuple appended to a deque (atomic under the GIL) or kept in a small dict until its
+``wait()``.  Nothing is synchronised, nothing allocated on a device, no collective of gputop's own;
+the user's own exceptions pass through untouched and a failure of gputop's bookkeeping is counted,
+never raised.  While no collector listens (``on`` is False) a wrapper only calls through.  Under
+``torch.compile`` the wrappers stand where the originals stood in dynamo's own table of collectives
+it rewrites, so a compiled graph issues the same functional collectives as without gputop.
+
+What "exposed" means here: on a CPU backend (gloo) a blocking collective, or the ``wait()`` of an
+asynchronous one, holds the training thread for exactly as long as training cannot go on; that is
+the exposed time, and issue-to-completion is the time in flight.  On CUDA both return once the work is
+queued on a stream, so the host's clock measures nothing of the collective: those calls are counted
+with their bytes, and their times are N/A (``not_measured`` says so) until CUDA events on the streams
+measure them.
+
+The reporter thread drains the records once a window (``CollectiveProbe``), names each process group
+by its DeviceMesh dimension where it has one, and adds them up by kind and group.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gputop.combine import merge_collectives
+from gputop.protocol import COLLECTIVES_KEPT, CollectiveTimes
+from gputop.reporter.clock import StepClock
+
+# A record per collective: (kind, group, bytes, in flight s, exposed s); times None where not measured (CUDA).
+Record = tuple[str, Any, int, "float | None", "float | None"]
+
+# torch.distributed's collectives, each with its kind and the argument whose size is what the rank sends.
+# Only the leaves: ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` are aliases in torch 2.13 whose
+# bodies call ``all_gather_single`` / ``reduce_scatter_single``, so wrapping those would count each twice.
+# Each is wrapped on ``torch.distributed`` (FSDP2, user code: ``dist.<name>`` at call time) and on
+# ``torch.distributed.distributed_c10d`` (the aliases' and deepspeed.comm's cached calls end there).
+DIST_COLLECTIVES: dict[str, tuple[str, str | None]] = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "all_reduce_coalesced": ("all_reduce", "tensors"),
+    "all_gather": ("all_gather", "tensor"),
+    "all_gather_single": ("all_gather", "input_tensor"),
+    "all_gather_coalesced": ("all_gather", "input_tensor_list"),
+    "reduce_scatter": ("reduce_scatter", "input_list"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "broadcast": ("broadcast", "tensor"),
+    "all_to_all": ("all_to_all", "input_tensor_list"),
+    "all_to_all_single": ("all_to_all", "input"),
+    "reduce": ("reduce", "tensor"),
+    "gather": ("gather", "tensor"),
+    "scatter": ("scatter", "tensor"),
+    "send": ("send", "tensor"),
+    "recv": ("recv", "tensor"),
+    "isend": ("send", "tensor"),
+    "irecv": ("recv", "tensor"),
+    "barrier": ("barrier", None),
+}
+# The functional collectives DTensor's redistribution calls (``funcol.<name>``, looked up at call time):
+# they return at once, and are waited for in ``wait_tensor`` when the result is first used.
+FUNCTIONAL_COLLECTIVES: dict[str, tuple[str, str]] = {
+    "all_reduce": ("all_reduce", "self"),
+    "all_gather_single": ("all_gather", "self"),
+    "all_gather_tensor": ("all_gather", "self"),
+    "reduce_scatter_single": ("reduce_scatter", "self"),
+    "reduce_scatter_tensor": ("reduce_scatter", "self"),
+    "all_to_all_single": ("all_to_all", "self"),
+    "broadcast": ("broadcast", "self"),
+}
+# Modules that bound a c10d collective at import (``from … import broadcast``): DTensor's mesh helpers.
+IMPORTED_AT: tuple[tuple[str, str], ...] = (
+    ("torch.distributed.tensor._collective_utils", "broadcast"),
+    ("torch.distributed.tensor._collective_utils", "scatter"),
+)
+# Asynchronous collectives issued and not yet waited for: a job that never waits in Python (or waits in
+# C++) must not grow this without bound.  FSDP2 keeps a few in flight; a thousand is far past any.
+MAX_PENDING = 1024
+# Records between two windows: at 64 collectives a step and 1,000 steps a second, a whole window.
+MAX_RECORDS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a wrapped function takes the tensor that is sent and the process group, by position or name."""
+
+    tensor_name: str | None
+    tensor_at: int
+    group_at: int
+
+    @classmethod
+    def of(cls, function: Callable[..., Any], tensor_name: str | None) -> Where:
+        names = list(inspect.signature(function).parameters)
+        tensor_at = names.index(tensor_name) if tensor_name in names else -1
+        return cls(tensor_name, tensor_at, names.index("group") if "group" in names else -1)
+
+    def tensor(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= self.tensor_at < len(args):
+            return args[self.tensor_at]
+        return kwargs.get(self.tensor_name) if self.tensor_name else None
+
+    def group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= self.group_at < len(args):
+            return args[self.group_at]
+        return kwargs.get("group")
+
+
+def tensor_bytes(value: Any) -> int:
+    """The size of a tensor, or of a list of them; 0 for anything else."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(getattr(t, "nbytes", 0) for t in value)
+    return 0
+
+
+def on_cpu(value: Any) -> bool:
+    """Whether the host's clock times this collective: its tensor is in host memory (gloo, or MPI)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return value is None or bool(getattr(value, "is_cpu", True))
+
+
+class CollectiveTap:
+    """The wrappers and what they recorded since the reporter thread last drained them."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock  # exposed time also goes to the step being timed (its phases)
+        self.on = False  # set by the reporter thread while a collector listens
+        self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
+        # id(work): (kind, group, bytes, issued at, the issue call's own time), until its wait()
+        self.pending: dict[int, tuple[str, Any, int, float, float]] = {}
+        # The functional collectives issued and not yet waited for, oldest first, the same fields
+        self._functional: deque[tuple[str, Any, int, float, float]] = deque(maxlen=MAX_PENDING)
+        self._depth = 0  # inside a wrapped collective: the collectives it calls are its own
+        self._compiling: Any = lambda: False  # torch.compiler.is_compiling, once installed
+        self.errors = 0  # bookkeeping failures swallowed on the training thread
+        self.cuda_calls = 0  # collectives counted whose times the host's clock cannot measure
+        self._undo: list[tuple[Any, str, Any]] = []  # (owner, attribute, what was there)
+
+    # -- installing -------------------------------------------------------------------
+
+    def install(self) -> list[str]:
+        """Wrap what torch.distributed offers here; the names wrapped (empty when it is not available)."""
+        dist = sys.modules.get("torch.distributed")
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if dist is None or c10d is None or not dist.is_available() or self._undo:
+            return []
+        compiler = getattr(sys.modules.get("torch"), "compiler", None)
+        self._compiling = getattr(compiler, "is_compiling", lambda: False)
+        remaps = self._dynamo_remaps()
+        wrapped = []
+        for name, (kind, tensor_name) in DIST_COLLECTIVES.items():
+            original = getattr(c10d, name, None)
+            if not callable(original) or hasattr(original, "__gputop_original__"):
+                continue
+            wrapper = self._wrap(original, kind, Where.of(original, tensor_name))
+            for owner in (c10d, dist):
+                if getattr(owner, name, None) is original:
+                    self._replace(owner, name, wrapper, remaps)
+            wrapped.append(name)
+        for module_name, name in IMPORTED_AT:
+            module, wrapped_there = sys.modules.get(module_name), getattr(c10d, name, None)
+            bound = getattr(wrapped_there, "__gputop_original__", None)
+            if module is not None and bound is not None and getattr(module, name, None) is bound:
+                self._replace(module, name, wrapped_there, None)
+        work = getattr(c10d, "Work", None)
+        if work is not None and callable(getattr(work, "wait", None)):
+            self._replace(work, "wait", self._wrap_wait(work.wait), None)
+            wrapped.append("Work.wait")
+        funcol = sys.modules.get("torch.distributed._functional_collectives")
+        if funcol is not None:
+            for name, (kind, tensor_name) in FUNCTIONAL_COLLECTIVES.items():
+                original = getattr(funcol, name, None)
+                if callable(original) and not hasattr(original, "__gputop_original__"):
+                    where = Where.of(original, tensor_name)
+                    self._replace(funcol, name, self._wrap_functional(original, kind, where), remaps)
+                    wrapped.append(f"funcol.{name}")
+            wait_tensor = getattr(funcol, "wait_tensor", None)
+            if callable(wait_tensor):
+                self._replace(funcol, "wait_tensor", self._wrap_wait_tensor(wait_tensor), None)
+                wrapped.append("funcol.wait_tensor")
+        return wrapped
+
+    def uninstall(self) -> None:
+        """Put every original back (tests; a process keeps its wrappers, which cost nothing while off)."""
+        while self._undo:
+            owner, name, original = self._undo.pop()
+            setattr(owner, name, original)
+
+    def _replace(self, owner: Any, name: str, wrapper: Any, remaps: dict[Any, Any] | None) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, wrapper)
+        self._undo.append((owner, name, original))
+        if remaps is not None and original in remaps:  # dynamo rewrites the wrapper as it did the original
+            remaps[wrapper] = remaps[original]
+
+    @staticmethod
+    def _dynamo_remaps() -> dict[Any, Any] | None:
+        funcol = sys.modules.get("torch.distributed._functional_collectives")
+        remaps = getattr(funcol, "traceable_collective_remaps", None)
+        return remaps if isinstance(remaps, dict) else None
+
+    # -- the wrappers: training thread ------------------------------------------------
+
+    def _wrap(self, original: Callable[..., Any], kind: str, where: Where) -> Callable[..., Any]:
+        tap, perf = self, time.perf_counter
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            # Off, inside another wrapped collective (object collectives call all_gather), or traced by dynamo.
+            if not tap.on or tap._depth or tap._compiling():
+                return original(*args, **kwargs)
+            tap._depth += 1
+            try:
+                start = perf()
+                result = original(*args, **kwargs)
+                end = perf()
+            finally:
+                tap._depth -= 1
+            try:
+                tap._issued(kind, where.tensor(args, kwargs), where.group(args, kwargs), start, end, result)
+            except Exception:
+                tap.errors += 1
+            return result
+
+        collective.__gputop_original__ = original  # type: ignore[attr-defined]
+        return collective
+
+    def _issued(self, kind: str, tensor: Any, group: Any, start: float, end: float, result: Any) -> None:
+        nbytes = tensor_bytes(tensor)
+        if not on_cpu(tensor):
+            self.cuda_calls += 1
+            self.records.append((kind, group, nbytes, None, None))
+            return
+        self.clock.comm_exposed_s += end - start
+        if result is None or not hasattr(result, "wait"):  # it ran to completion in the call: all of it exposed
+            self.records.append((kind, group, nbytes, end - start, end - start))
+        else:  # a Work: in flight until its wait() returns
+            self._pend(id(result), (kind, group, nbytes, start, end - start))
+
+    def _pend(self, key: int, issued: tuple[str, Any, int, float, float]) -> None:
+        pending = self.pending
+        if len(pending) >= MAX_PENDING:  # never waited for in Python: counted, its time unknown
+            kind, group, nbytes, _, _ = pending.pop(next(iter(pending)))
+            self.records.append((kind, group, nbytes, None, None))
+        pending[key] = issued
+
+    def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        tap, perf = self, time.perf_counter
+
+        @functools.wraps(original)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tap.on or not tap.pending:
+                return original(work, *args, **kwargs)
+            start = perf()
+            result = original(work, *args, **kwargs)
+            tap._waited(id(work), start, perf())
+            return result
+
+        return wait
+
+    def _waited(self, key: int, start: float, end: float) -> None:
+        issued = self.pending.pop(key, None)
+        if issued is None:  # a wait inside a blocking call, or for work issued elsewhere (DDP's C++ reducer)
+            return
+        kind, group, nbytes, issued_s, issue_s = issued
+        self.clock.comm_exposed_s += end - start
+        self.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start))
+
+    def _wrap_functional(self, original: Callable[..., Any], kind: str, where: Where) -> Callable[..., Any]:
+        tap, perf = self, time.perf_counter
+
+        @functools.wraps(original)
+        def functional(*args: Any, **kwargs: Any) -> Any:
+            if not tap.on or tap._depth or tap._compiling():
+                return original(*args, **kwargs)
+            tap._depth += 1
+            try:
+                start = perf()
+                result = original(*args, **kwargs)
+                end = perf()
+            finally:
+                tap._depth -= 1
+            try:
+                tensor, group = where.tensor(args, kwargs), where.group(args, kwargs)
+                if not on_cpu(tensor):
+                    tap.cuda_calls += 1
+                    tap.records.append((kind, group, tensor_bytes(tensor), None, None))
+                else:
+                    # Waited for when first used, through wait_tensor on the result or a view of it: the waits
+                    # are matched to the functional collectives in the order they were issued.
+                    tap.clock.comm_exposed_s += end - start
+                    tap._functional.append((kind, group, tensor_bytes(tensor), start, end - start))
+            except Exception:
+                tap.errors += 1
+            return result
+
+        functional.__gputop_original__ = original  # type: ignore[attr-defined]
+        return functional
+
+    def _wrap_wait_tensor(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        tap, perf = self, time.perf_counter
+
+        @functools.wraps(original)
+        def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tap.on or not tap._functional:
+                return original(tensor, *args, **kwargs)
+            start = perf()
+            result = original(tensor, *args, **kwargs)
+            end = perf()
+            try:
+                kind, group, nbytes, issued_s, issue_s = tap._functional.popleft()
+                tap.clock.comm_exposed_s += end - start
+                tap.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start))
+            except IndexError:
+                pass
+            return result
+
+        return wait_tensor
+
+    # -- the reporter thread ----------------------------------------------------------
+
+    def drain(self) -> Iterator[Record]:
+        records = self.records
+        while True:
+            try:
+                yield records.popleft()
+            except IndexError:
+                return
+
+
+class CollectiveProbe:
+    """The window's collectives by kind and group, from the tap (reporter thread)."""
+
+    name = "collectives"
+
+    def __init__(self, tap: CollectiveTap) -> None:
+        self.tap = tap
+        self.not_measured: str | None = None
+        self._names: dict[int, tuple[Any, str]] = {}  # id(group): (the group, kept alive; its name)
+
+    def read(self, marks: Any) -> dict[str, Any]:
+        found = [
+            CollectiveTimes(kind, self.group_name(group), 1, nbytes, busy_s,
+                            busy_s if exposed_s is None and busy_s is not None else exposed_s)
+            for kind, group, nbytes, busy_s, exposed_s in self.tap.drain()
+        ]  # fmt: skip
+        if self.tap.cuda_calls:
+            self.not_measured = CUDA_NOT_TIMED
+        if not found:
+            return {}
+        return {"collectives": merge_collectives([found])[:COLLECTIVES_KEPT]}
+
+    def group_name(self, group: Any) -> str:
+        """A process group's name on screen: its DeviceMesh dimension where it has one."""
+        if group is None:
+            return "world"
+        known = self._names.get(id(group))
+        if known is not None and known[0] is group:
+            return known[1]
+        name = describe_group(group)
+        self._names[id(group)] = (group, name)
+        return name
+
+
+CUDA_NOT_TIMED = (
+    "collectives on CUDA tensors are counted with their bytes; their times need CUDA events on the streams, "
+    "which gputop does not record yet, so they are N/A"
+)
+
+
+def describe_group(group: Any) -> str:
+    """``dp``/``tp``/… for a DeviceMesh dimension's group, ``world`` for the default one, else ``pg <name>``."""
+    try:
+        if isinstance(group, tuple) and len(group) == 2:  # (DeviceMesh, dim), as funcol takes it
+            mesh, dim = group
+            names = getattr(mesh, "mesh_dim_names", None)
+            return str(names[dim]) if names else f"mesh dim {dim}"
+        if isinstance(group, (list, tuple)):
+            return f"ranks {','.join(map(str, group))}"[:64]
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if isinstance(group, str) and c10d is not None:
+            group = c10d._resolve_process_group(group)
+        if c10d is not None and group is getattr(c10d, "_get_default_group", lambda: None)():
+            return "world"
+        desc = str(getattr(group, "group_desc", "") or "")
+        if desc.startswith("mesh_"):
+            return desc[len("mesh_") :][:64]
+        return (desc or f"pg {getattr(group, 'group_name', '?')}")[:64]
+    except Exception:
+        return "unknown"
