@@ -17,6 +17,7 @@ from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.autocapture import captures_in, with_captures
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.diagnose.waste import hours_text, idle_gpus, run_gpu_util_pct
+from gputop.model.collectives import collectives_text, size_text
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.frames import span_frames
 from gputop.model.gpu_summary import summarize_gpus
@@ -65,6 +66,8 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "comm_ms": _ms(stats.comm_s),
         "comm_exposed_ms": _ms(stats.exposed_comm_s),
         "comm_exposed_pct": _pct(stats.exposed_comm_frac),
+        "phases_from": stats.phases_from,
+        "collectives": [c.to_dict() for c in stats.collectives],
         "mem_peak_bytes": stats.mem_peak_bytes,
         "alloc_retries": stats.alloc_retries,
         "ooms": stats.ooms,
@@ -300,6 +303,11 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         for row in rows:
             out.append("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)))
         out.extend(f"  rank {r['rank']} {r['frames_text']}" for r in run["ranks"] if r.get("frames_text"))
+        out.extend(
+            f"  rank {r['rank']} collectives a step: {collectives_text(r['collectives'])}"
+            for r in run["ranks"]
+            if r.get("collectives")
+        )
         out.append("")
     if gpu_lines:
         out.extend(gpu_lines)
@@ -309,6 +317,20 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
     for note in report["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out) + "\n"
+
+
+def _collectives_table(ranks: Sequence[dict[str, Any]]) -> list[str]:
+    """The markdown table of each rank's collectives a step; nothing where none was timed."""
+    rows = [(r["rank"], c) for r in ranks for c in r.get("collectives") or ()]
+    if not rows:
+        return []
+    out = ["Collectives, a step:", "", "| rank | collective | group | calls | bytes | in flight ms | exposed ms |",
+           "|---:|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for rank, c in rows:
+        cells = (rank, c["kind"], c["group"], f"{c['calls_per_step']:g}", size_text(c["bytes_per_step"]),
+                 _fmt(c["in_flight_ms"]), _fmt(c["exposed_ms"]))  # fmt: skip
+        out.append("| " + " | ".join(map(str, cells)) + " |")
+    return [*out, ""]
 
 
 def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
@@ -331,6 +353,7 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
         where = [f"- rank {r['rank']} {r['frames_text']}" for r in run["ranks"] if r.get("frames_text")]
         if where:
             out += ["Where each training thread was (stack samples):", "", *where, ""]
+        out += _collectives_table(run["ranks"])
     if gpu_lines:
         out.append("## GPUs")
         out.append("")

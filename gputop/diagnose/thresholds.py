@@ -42,6 +42,15 @@ EXPOSED_COMM_WARN_FRAC = 0.10
 # backward pass of a typical model (backward ~ 2x forward, ~1/3 of a step).
 EXPOSED_COMM_CRITICAL_FRAC = 0.30
 
+# gputop: the finding names the collectives that hold training up, the most exposed first, at most
+# this many, and besides the first only one with at least this part of the rank's exposed time: a
+# name is worth reading where fixing that one collective is worth a fifth of the wait.
+COLLECTIVES_NAMED = 2
+COLLECTIVE_NAMED_PART = 0.2
+# The DeviceMesh dimension names PyTorch's tensor-parallel tutorials and torchtitan give the group whose
+# collectives sit inside every layer (the column/row-parallel linears' all-reduce or all-gather).
+TENSOR_PARALLEL_GROUPS = frozenset({"tp", "tensor", "model", "sp", "cp"})
+
 # --- straggler -----------------------------------------------------------------
 
 # A rank is slow when its own time (step time minus exposed comm) exceeds the
@@ -70,6 +79,15 @@ STALL_WARN_FRAC = LOADER_WAIT_WARN_FRAC
 STALL_CRITICAL_FRAC = LOADER_WAIT_CRITICAL_FRAC
 # gputop: one long step is an event, two make a pattern worth naming.
 STALL_MIN_COUNT = 2
+
+# --- recompile -------------------------------------------------------------------
+
+# gputop: one recompile is an event (an epoch's short last batch, eval mode), two make a pattern: the
+# inputs change in a way the compiled graphs do not cover.
+RECOMPILE_MIN_COUNT = 2
+# gputop: time spent recompiling idles the device like a stall does, and is graded like one.
+RECOMPILE_WARN_FRAC = STALL_WARN_FRAC
+RECOMPILE_CRITICAL_FRAC = STALL_CRITICAL_FRAC
 # gputop: a rank that spent at least half of the stalls' extra time waiting in
 # exposed comm was waiting for another rank that stopped; the others stopped.
 STALL_IN_COMM_FRAC = 0.5

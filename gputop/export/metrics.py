@@ -71,6 +71,22 @@ METRICS: tuple[Spec, ...] = (
     _rank("gputop_exposed_comm_ratio", f"Share of step time in gradient exchange not hidden by backward {SPAN}"),
     _rank("gputop_phase_seconds", f"Seconds per step in each phase {SPAN}", extra=("phase",)),
     _rank("gputop_phase_ratio", f"Share of step time in each phase {SPAN}", extra=("phase",)),
+    _rank(
+        "gputop_collective_seconds",
+        f"Seconds per step in each kind of collective on each process group, in flight or exposed (the training "
+        f"thread blocked on it) {SPAN}",
+        extra=("kind", "group", "part"),
+    ),
+    _rank(
+        "gputop_collective_calls",
+        f"Collectives per step of each kind on each process group {SPAN}",
+        extra=("kind", "group"),
+    ),
+    _rank(
+        "gputop_collective_bytes",
+        f"Bytes per step the rank sent in each kind of collective on each group {SPAN}",
+        extra=("kind", "group"),
+    ),
     _rank("gputop_memory_allocated_bytes", "CUDA memory allocated by tensors (torch.cuda.memory_stats)"),
     _rank("gputop_memory_reserved_bytes", "CUDA memory reserved by PyTorch's caching allocator"),
     _rank("gputop_memory_peak_bytes", "Peak CUDA memory allocated"),
@@ -155,6 +171,14 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         "gputop_phase_ratio": [
             ((p,), None if seconds is None or not step else seconds / step) for p, seconds in phases.items()
         ],
+        # At most COLLECTIVES_KEPT kinds x groups a rank, each with bounded label values (gputop.protocol).
+        "gputop_collective_seconds": [
+            ((c.kind, c.group, part), value)
+            for c in s.collectives
+            for part, value in (("in_flight", c.busy_s), ("exposed", c.exposed_s))
+        ],
+        "gputop_collective_calls": [((c.kind, c.group), c.calls) for c in s.collectives],
+        "gputop_collective_bytes": [((c.kind, c.group), c.bytes) for c in s.collectives],
         "gputop_memory_allocated_bytes": [((), s.mem_allocated_bytes)],
         "gputop_memory_reserved_bytes": [((), s.mem_reserved_bytes)],
         "gputop_memory_peak_bytes": [((), s.mem_peak_bytes)],

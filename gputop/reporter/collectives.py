@@ -365,10 +365,27 @@ class CollectiveProbe:
             return {}
         return {"collectives": merge_collectives([found])[:COLLECTIVES_KEPT]}
 
+    def learn_meshes(self, model: Any, *, looked_at: int = 64) -> None:
+        """Name each group of the meshes the model's sharded parameters live on by its dimension (training thread).
+
+        A dimension that spans every rank reuses the default group, which no description ties to the
+        mesh: without this a 1-D FSDP2 mesh ("dp",) would read "world".
+        """
+        for i, parameter in enumerate(model.parameters()):
+            if i >= looked_at:
+                return
+            mesh = getattr(parameter, "device_mesh", None)
+            names = getattr(mesh, "mesh_dim_names", None) or ()
+            for dim, dim_name in enumerate(names):
+                group = mesh.get_group(dim)  # type: ignore[union-attr]
+                self._names[id(group)] = (group, str(dim_name)[:64])
+                if group is _default_group():
+                    self._names[id(None)] = (None, str(dim_name)[:64])
+
     def group_name(self, group: Any) -> str:
         """A process group's name on screen: its DeviceMesh dimension where it has one."""
         if group is None:
-            return "world"
+            return self._names.get(id(None), (None, "world"))[1]
         known = self._names.get(id(group))
         if known is not None and known[0] is group:
             return known[1]
@@ -383,6 +400,14 @@ CUDA_NOT_TIMED = (
 )
 
 
+def _default_group() -> Any:
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    try:
+        return None if c10d is None else c10d._get_default_group()
+    except Exception:
+        return None
+
+
 def describe_group(group: Any) -> str:
     """``dp``/``tp``/… for a DeviceMesh dimension's group, ``world`` for the default one, else ``pg <name>``."""
     try:
@@ -395,7 +420,7 @@ def describe_group(group: Any) -> str:
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
         if isinstance(group, str) and c10d is not None:
             group = c10d._resolve_process_group(group)
-        if c10d is not None and group is getattr(c10d, "_get_default_group", lambda: None)():
+        if group is _default_group():
             return "world"
         desc = str(getattr(group, "group_desc", "") or "")
         if desc.startswith("mesh_"):

@@ -113,7 +113,7 @@ class Reporter(ReporterThread):
         gpu_steps = self._gpu_step_probe(model)
         if gpu_steps is not None:
             probes.append(gpu_steps)
-        probes += self._collective_probe(device)
+        probes += self._collective_probe(model, device)
         self._probes = (*(p for p in self._probes if p.name not in {q.name for q in probes}), *probes)
         with contextlib.suppress(Exception):
             import torch
@@ -148,7 +148,7 @@ class Reporter(ReporterThread):
         self.clock.gpu_steps = device
         return GpuStepProbe(device)
 
-    def _collective_probe(self, device: str) -> list[Probe]:
+    def _collective_probe(self, model: Any, device: str) -> list[Probe]:
         """Time the collectives of a distributed job, and the phases from hooks where DDP's logger does not.
 
         The phases from hooks are CPU time: on CUDA they would time kernel launches, not the GPU's
@@ -168,7 +168,10 @@ class Reporter(ReporterThread):
             self._report_error("collectives", exc)
             return []
         self.clock.times_phases = not self._facts.get("ddp") and not device.startswith("cuda")
-        return [CollectiveProbe(self.tap)]
+        probe = CollectiveProbe(self.tap)
+        with contextlib.suppress(Exception):
+            probe.learn_meshes(model)
+        return [probe]
 
     def _rank_cuda(self, index: int) -> RankCuda:
         device = self._cuda_devices.get(index)

@@ -1,17 +1,27 @@
 """communication: all ranks alike wait for the gradient exchange, beyond what backward hides.
 
 Graded on exposed communication (DDP's all-reduce time minus its overlap with
-backward compute) as a share of wall step time, on the rank that waits least:
+backward compute, or, for any other stack, the time the training thread was
+blocked in the collectives it issued) as a share of wall step time, on the rank that waits least:
 a straggler makes the others wait but not itself, so "all ranks alike" is the
 minimum.  One slow rank is the straggler rule's business.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import BAND_ERRORS, doc_anchor, grade_band, mean_step_s, measured
-from gputop.diagnose.thresholds import EXPOSED_COMM_CRITICAL_FRAC, EXPOSED_COMM_WARN_FRAC
+from gputop.diagnose.thresholds import (
+    COLLECTIVE_NAMED_PART,
+    COLLECTIVES_NAMED,
+    EXPOSED_COMM_CRITICAL_FRAC,
+    EXPOSED_COMM_WARN_FRAC,
+    TENSOR_PARALLEL_GROUPS,
+)
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
+from gputop.model.collectives import CollectiveFigures, size_text
 from gputop.model.figures import RankFigures, RunFigures
 
 
@@ -37,7 +47,11 @@ def communication_findings(run: RunFigures) -> list[Finding]:
     mean = sum(fracs) / len(fracs)
     spread = None if se is None else pct(BAND_ERRORS * se)
     evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank, spread=spread),)
-    title = f"{ranks_text([r.rank for r in ranks])} wait for gradient exchange {pct(mean):.0f}% of each step"
+    held_by = holding_collectives(lowest)
+    what = "gradient exchange" if not held_by else "communication"
+    title = f"{ranks_text([r.rank for r in ranks])} wait for {what} {pct(mean):.0f}% of each step"
+    if held_by:
+        title += ", most in " + " and ".join(collective_text(c) for c in held_by)
     if severity is None:
         title += f": {too_close_text(least, se, threshold, lowest.stats.steps)}"
     nvlink = nvlink_bytes_s(ranks)
@@ -51,7 +65,7 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             cause="communication",
             severity=severity or "info",
             title=title,
-            suggestion=communication_suggestion(ranks[0]),
+            suggestion=communication_suggestion(ranks[0], held_by),
             evidence=evidence,
             ranks=tuple(sorted(r.rank for r in ranks)),
             run_id=run.run_id,
@@ -60,7 +74,11 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
             cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),
             step_s=mean_step_s(ranks),
-            extra={"comm_hidden_frac": hidden_frac, "nvlink_bytes_s": nvlink},
+            extra={
+                "comm_hidden_frac": hidden_frac,
+                "nvlink_bytes_s": nvlink,
+                "collectives": [c.name for c in held_by],
+            },
         )
     ]
 
@@ -79,10 +97,45 @@ def nvlink_bytes_s(ranks: list[RankFigures]) -> float | None:
     return sum(rates.values()) / len(rates) if rates else None
 
 
-def communication_suggestion(rank: RankFigures) -> str:
+def holding_collectives(rank: RankFigures) -> list[CollectiveFigures]:
+    """The collectives that hold the rank up: the most exposed, and any other with a fair part of its exposed time."""
+    timed = [c for c in rank.stats.collectives if c.exposed_s]
+    total = sum(c.exposed_s or 0.0 for c in timed)
+    if not timed or total <= 0:
+        return []
+    return [c for c in timed[:COLLECTIVES_NAMED] if (c.exposed_s or 0.0) >= COLLECTIVE_NAMED_PART * total]
+
+
+def collective_text(c: CollectiveFigures) -> str:
+    """``all_gather on dp (4.7 a step, 444 KiB each, 26.4 ms exposed)``."""
+    exposed_ms = 1e3 * (c.exposed_s or 0.0)
+    return f"{c.name} ({c.calls:.3g} a step, {size_text(c.bytes_each)} each, {exposed_ms:.1f} ms exposed)"
+
+
+def communication_suggestion(rank: RankFigures, held_by: Sequence[CollectiveFigures] = ()) -> str:
     hello = rank.hello
     if rank.on_cuda and hello.backend == "gloo":
         return "Use the NCCL backend for CUDA tensors: init_process_group('nccl')."
+    top = held_by[0] if held_by else None
+    if top is not None and top.group in TENSOR_PARALLEL_GROUPS:
+        return (
+            f"The tensor-parallel group's {top.kind} is on the critical path of every layer: keep the '{top.group}' "
+            "dimension within a node (the innermost mesh dimension, on NVLink), shrink it and grow data parallelism "
+            "instead, or overlap it (async tensor parallelism under torch.compile)."
+        )
+    if top is not None and top.kind == "all_gather":
+        return (
+            "Parameters are gathered while the forward or backward waits: prefetch the next block's all-gather "
+            "(FSDP2 does one by default; set_modules_to_forward_prefetch / set_modules_to_backward_prefetch for "
+            "more), keep the last blocks and the root unsharded after forward (fully_shard(..., "
+            "reshard_after_forward=False)), or raise the per-rank batch so compute hides the gathers."
+        )
+    if top is not None and top.kind == "reduce_scatter":
+        return (
+            "Gradients are reduce-scattered while backward waits: raise the per-rank batch so backward hides it, "
+            "reduce in bf16 (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)), and under gradient accumulation "
+            "skip it on the steps that do not step the optimizer (model.set_requires_gradient_sync(False))."
+        )
     return (
         "Exchange gradients less often or in less data: accumulate gradients over k steps inside "
         "model.no_sync(), compress them with model.register_comm_hook(None, bf16_compress_hook), or raise "

@@ -1,0 +1,113 @@
+"""The collective tap on a real one-rank gloo process group: what it records, and what it leaves alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gputop.reporter.clock import StepClock
+from gputop.reporter.collectives import CollectiveProbe, CollectiveTap
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+
+
+@pytest.fixture
+def dist() -> Iterator[Any]:
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def tap(dist: Any) -> Iterator[CollectiveTap]:
+    tap = CollectiveTap(StepClock())
+    tap.install()
+    try:
+        yield tap
+    finally:
+        tap.uninstall()
+
+
+def test_blocking_and_asynchronous_collectives_are_recorded_with_their_kind_group_and_bytes(
+    dist: Any, tap: CollectiveTap
+) -> None:
+    import torch
+
+    tap.on = True
+    x = torch.ones(256)  # 1 KiB
+    dist.all_reduce(x)
+    work = dist.all_gather_into_tensor(torch.empty(256), x, async_op=True)  # an alias: counted once, as all_gather
+    work.wait()
+    dist.broadcast(x, src=0)
+    collectives = CollectiveProbe(tap).read([])["collectives"]
+
+    by_kind = {c.kind: c for c in collectives}
+    assert set(by_kind) == {"all_reduce", "all_gather", "broadcast"}
+    for c in collectives:
+        assert (c.group, c.calls, c.bytes) == ("world", 1, 1024)
+        assert c.busy_s is not None and c.exposed_s is not None and 0 < c.exposed_s <= c.busy_s + 1e-9
+    assert tap.clock.comm_exposed_s > 0
+    assert tap.pending == {} and tap.errors == 0
+
+
+def test_nothing_is_recorded_while_no_collector_listens_and_uninstall_puts_the_originals_back(dist: Any) -> None:
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    original = dist.all_reduce
+    tap = CollectiveTap(StepClock())
+    assert "all_reduce" in tap.install() and dist.all_reduce is not original and c10d.all_reduce is dist.all_reduce
+    dist.all_reduce(torch.ones(4))  # tap.on is False until the reporter thread sees a collector
+    assert not tap.records and tap.clock.comm_exposed_s == 0.0
+    tap.uninstall()
+    assert dist.all_reduce is original and c10d.all_reduce is original
+
+
+def test_a_users_error_in_a_collective_reaches_the_user_unchanged(dist: Any, tap: CollectiveTap) -> None:
+    tap.on = True
+    with pytest.raises((TypeError, RuntimeError, ValueError)) as raised:
+        dist.all_reduce("not a tensor")
+    assert "gputop" not in str(raised.value)
+    assert tap.errors == 0 and not tap.records
+
+
+def test_a_compiled_function_that_all_reduces_still_compiles_with_the_tap_in_place(
+    dist: Any, tap: CollectiveTap
+) -> None:
+    import torch
+
+    tap.on = True
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")  # fullgraph: a graph break would raise
+    assert torch.equal(compiled(torch.ones(8)), torch.full((8,), 3.0))
+
+
+def test_mesh_dimensions_name_their_groups(dist: Any, tap: CollectiveTap) -> None:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    model = torch.nn.Linear(4, 4)
+    model.weight = torch.nn.Parameter(distribute_tensor(model.weight.detach(), mesh, [Shard(0)]))
+    probe = CollectiveProbe(tap)
+    probe.learn_meshes(model)
+    tap.on = True
+    dist.all_reduce(torch.ones(4))  # the mesh's one dimension spans the world: it is the default group
+    (collective,) = probe.read([])["collectives"]
+    assert collective.group == "dp"
+    assert "torch.distributed.tensor" in sys.modules

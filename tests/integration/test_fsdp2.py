@@ -1,0 +1,100 @@
+"""Real FSDP2 jobs (``fully_shard``, gloo, 2 ranks) as pytorch/examples writes them: communication per
+collective, the phases from hooks, and a straggler named as under DDP.
+
+One healthy job serves the tests that read what it reported (module-scoped), so the suite pays its
+start-up once.  The straggler job does 80 ms of Python work a step on rank 1, several times the rest of
+its step: the others wait for it far past the straggler line on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gputop import report
+from gputop.address import Address
+from gputop.collect.server import Collector
+from gputop.collect.store import Store
+from gputop.diagnose import diagnose
+from gputop.diagnose.findings import Finding
+from gputop.export.metrics import families
+from gputop.model.figures import Figures, summarize
+from gputop.model.snapshot import DONE
+from tests.support.collectors import snapshot_of, wait_for
+from tests.support.processes import finish, needs_torch, torchrun
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+
+def run_fsdp2(*args: str) -> tuple[Figures, list[Finding], str]:
+    """Run fsdp2_job.py under a real collector; its whole-run figures, findings, and what was measured."""
+    collector = Collector(Store(), Address(port=0))
+    collector.start()
+    try:
+        finish(torchrun("fsdp2_job.py", *args, port=collector.address.port), timeout_s=240)
+        assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
+        figures = summarize(snapshot_of(collector), span_s=None)
+    finally:
+        collector.stop()
+    findings = diagnose(figures)
+    measured = "; ".join(
+        f"rank {r.rank}: step {1e3 * (r.stats.step_time_mean_s or 0):.0f} ms, fwd {r.stats.forward_s}, "
+        f"bwd {r.stats.backward_s}, exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%, "
+        f"collectives {[c.to_dict() for c in r.stats.collectives]}"
+        for r in figures.all_ranks()
+    )
+    said = " | ".join(f"[{f.severity}] {f.cause}: {f.title}" for f in findings)
+    return figures, findings, f"measured {measured}; found {said}"
+
+
+@pytest.fixture(scope="module")
+def healthy() -> Iterator[tuple[Figures, list[Finding], str]]:
+    yield run_fsdp2("--steps", "40")
+
+
+def test_fsdp2_reports_forward_backward_and_exposed_communication_per_collective(
+    healthy: tuple[Figures, list[Finding], str],
+) -> None:
+    figures, _, summary = healthy
+    ranks = figures.all_ranks()
+    assert [r.rank for r in ranks] == [0, 1], summary
+    for r in ranks:
+        s = r.stats
+        assert s.steps == 40, summary
+        assert s.phases_from == "hooks", summary
+        assert s.forward_s and s.backward_s and s.exposed_comm_s is not None and s.exposed_comm_frac, summary
+        by_kind = {c.kind: c for c in s.collectives}
+        # fully_shard on three blocks and the root: parameters all-gathered in forward (and again in
+        # backward where resharded), gradients reduce-scattered in backward, on the mesh's one dimension.
+        assert {"all_gather", "reduce_scatter"} <= set(by_kind), summary
+        for kind in ("all_gather", "reduce_scatter"):
+            c = by_kind[kind]
+            assert c.group == "dp" and c.calls >= 2 and c.bytes > 0, summary
+            assert c.exposed_s is not None and c.exposed_s > 0 and c.busy_s is not None, summary
+        # Each phase is the rank's own: the blocked time is in the comm phase, not in forward or backward.
+        phases = s.forward_s + s.backward_s + (s.optimizer_s or 0) + s.exposed_comm_s
+        assert phases <= 1.05 * (s.step_time_mean_s or 0), summary
+
+
+def test_fsdp2_collectives_reach_the_report_and_the_exporter(healthy: tuple[Figures, list[Finding], str]) -> None:
+    figures, findings, summary = healthy
+    built = report.build(figures, findings)
+    (run,) = built["runs"]
+    entries = run["ranks"][0]["collectives"]
+    assert {e["kind"] for e in entries} >= {"all_gather", "reduce_scatter"}, summary
+    assert all(e["group"] == "dp" and e["exposed_ms"] > 0 for e in entries if e["kind"] == "all_gather"), entries
+    text = report.to_text(built)
+    assert "rank 0 collectives a step: " in text and "all_gather on dp" in text, text
+    assert "| 0 | all_gather | dp |" in report.to_markdown(built)
+    series = {f.spec.name: f.samples for f in families(figures, findings, gpu_hostname="h")}
+    exposed = [v for labels, v in series["gputop_collective_seconds"] if labels[-3:-1] == ("all_gather", "dp")]
+    assert len(exposed) == 4 and all(v > 0 for v in exposed), series["gputop_collective_seconds"]  # 2 ranks x 2 parts
+
+
+def test_an_fsdp2_rank_with_extra_work_each_step_is_named_the_straggler() -> None:
+    _, findings, summary = run_fsdp2("--steps", "50", "--extra-ms", "80", "--extra-rank", "1")
+    stragglers = [f for f in findings if f.cause == "straggler" and f.severity in ("warn", "critical")]
+    assert stragglers and stragglers[0].ranks == (1,), summary
+    assert "rank 1" in stragglers[0].title, summary
+    assert not any(f.cause == "straggler" and 0 in f.ranks for f in findings), summary
