@@ -23,6 +23,7 @@ from gputop.diagnose.rules.hosts import with_hosts
 from gputop.diagnose.rules.memory import memory_findings
 from gputop.diagnose.rules.model_config import absorb_config_symptoms, model_config_findings
 from gputop.diagnose.rules.parallelism import absorb_fixed_costs, parallelism_findings
+from gputop.diagnose.rules.recompile import recompile_findings
 from gputop.diagnose.rules.rotating import absorb_rotation_symptoms
 from gputop.diagnose.rules.stall import absorb_stall_symptoms, stall_findings
 from gputop.diagnose.rules.straggler import straggler_findings
@@ -44,6 +45,7 @@ def diagnose(machine: Figures) -> list[Finding]:
         for parallelism in parallelism_findings(run):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
+        run_findings += recompile_findings(run)
         run_findings = absorb_stall_symptoms(run_findings + stall_findings(run))
         run_findings += hang_findings(run, machine.t)
         run_findings = absorb_config_symptoms(run_findings + model_config_findings(run))

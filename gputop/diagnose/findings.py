@@ -17,6 +17,7 @@ Cause = Literal[
     "communication",
     "straggler",
     "allocation",
+    "recompile",
     "stall",
     "hang",
     "unobserved",

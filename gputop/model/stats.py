@@ -88,6 +88,14 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Where forward, backward and comm come from: "ddp" (DDP's logger), "hooks" (module hooks and the timed
     # collectives, any other stack); None when not measured.
     phases_from: str | None = None
+    # torch.compile over the span, from dynamo's own record (gputop.reporter.probes.compile); None: nothing compiled.
+    compiles: int | None = None  # frames compiled: first compiles and recompiles
+    recompiles: int | None = None  # of which recompiles (a guard failed: a new shape, a new dtype)
+    compile_s: float | None = None  # time spent compiling, every compile's
+    compile_frac: float | None = None  # compile_s over the span's wall time
+    recompile_s: float | None = None  # the recompiles' part of compile_s (a window's in its recompiles' proportion)
+    recompile_frac: float | None = None  # recompile_s over the span's wall time
+    graph_breaks: int | None = None  # graph breaks so far (dynamo's running count)
 
     @property
     def other_s(self) -> float | None:

@@ -76,6 +76,7 @@ class _Parts(NamedTuple):
     run_s: float
     workers_wait_s: float
     workers_run_s: float
+    compile_s: float  # torch.compile's time, over the windows that report it
 
 
 # The step's phases a window sums over its timed steps, but the loader's (its own figures, in _Parts):
@@ -113,6 +114,7 @@ def _parts(w: Window) -> tuple[float, ...]:
             run_s=run_s or 0.0 if waited else 0.0,
             workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
             workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
+            compile_s=w.compile_s or 0.0,
         )
     )
 
@@ -149,6 +151,12 @@ class SpanSums:
         self.forwards = self.forward_steps = 0  # over the windows that count both
         self.own_steps = self.own_sent_bytes = 0  # over the windows with self-accounting
         self.main_waited = self.waited = self.workers_waited = 0  # windows that measure each wait
+        self.compiled = self.compiles = self.recompiles = 0  # windows with torch.compile's figures, and their counts
+        self.graph_breaks: SlidingMax[Window] = SlidingMax()  # a running count: the span's largest is its newest
+        # Each window's compile time spent recompiling: in its recompiles' proportion of its compiles, or, in a
+        # window with compile time and no compile (a backward compiled after its forward), the last such proportion.
+        self.recompile_parts: deque[float] = deque()
+        self.recompile_share = 0.0
         self.loader_fracs: deque[float] = deque()  # each window's loader wait share, for the error band
         self.gpu_p50s: list[float] = []  # sorted
         self.max_step: SlidingMax[Window] = SlidingMax()
@@ -175,6 +183,9 @@ class SpanSums:
         """``w`` enters the span as its newest window."""
         self.parts.append(_parts(w))
         self.phase_parts.append(tuple(getattr(w, name) or 0.0 if w.timed > 0 else 0.0 for name in TIMED_PHASES))
+        if w.compiles:
+            self.recompile_share = min((w.recompiles or 0) / w.compiles, 1.0)
+        self.recompile_parts.append((w.compile_s or 0.0) * self.recompile_share)
         self._count(w, 1)
         if w.timed > 0:
             if (loader_frac := window_loader_wait_frac(w)) is not None:
@@ -187,6 +198,8 @@ class SpanSums:
         if w.mem_peak_bytes is not None:
             self.peak.push(w.mem_peak_bytes, w)
         self.dropped.push(w.dropped, w)
+        if w.graph_breaks is not None:
+            self.graph_breaks.push(w.graph_breaks, w)
         if w.slow_steps:
             self.slowest.push(max(w.slow_steps)[0], w)
         for name in _NEWEST_FIELDS:
@@ -204,12 +217,13 @@ class SpanSums:
         """``w``, the span's oldest window, leaves it."""
         self.parts.popleft()
         self.phase_parts.popleft()
+        self.recompile_parts.popleft()
         self._count(w, -1)
         if w.timed > 0 and window_loader_wait_frac(w) is not None:
             self.loader_fracs.popleft()
         if w.gpu_step_time_p50_s is not None:
             del self.gpu_p50s[bisect.bisect_left(self.gpu_p50s, w.gpu_step_time_p50_s)]
-        for queue in (self.max_step, self.peak, self.dropped, self.slowest):
+        for queue in (self.max_step, self.peak, self.dropped, self.slowest, self.graph_breaks):
             queue.pop(w)
         newest = self.newest
         for name in (*_NEWEST_FIELDS, "timed", "phases_from"):
@@ -264,6 +278,10 @@ class SpanSums:
         if w.reporter_cpu_s is not None and w.hook_s is not None:
             self.own_steps += w.steps * sign
             self.own_sent_bytes += (w.sent_bytes or 0) * sign
+        if w.compiles is not None:
+            self.compiled += sign
+            self.compiles += w.compiles * sign
+            self.recompiles += (w.recompiles or 0) * sign
         if w.main_cpu_wait_s is not None:
             self.main_waited += sign
         if w.cpu_wait_s is not None and (w.cpu_run_s is not None or w.cpu_pct is not None):
@@ -368,6 +386,13 @@ class SpanSums:
             hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,
             gputop_cpu_frac=t.gputop_cpu_s / t.rank_cpu_s if t.rank_cpu_s > 0 else None,
             sent_bytes_per_s=self.own_sent_bytes / t.own_span_s if t.own_span_s > 0 else None,
+            compiles=self.compiles if self.compiled else None,
+            recompiles=self.recompiles if self.compiled else None,
+            compile_s=t.compile_s if self.compiled else None,
+            compile_frac=min(t.compile_s / t.span_s, 1.0) if self.compiled and t.span_s > 0 else None,
+            recompile_s=sum(self.recompile_parts) if self.compiled else None,
+            recompile_frac=(min(sum(self.recompile_parts) / t.span_s, 1.0) if self.compiled and t.span_s > 0 else None),
+            graph_breaks=None if (breaks := self.graph_breaks.value) is None else int(breaks),
             collectives=collective_figures(windows),
             phases_from=phases_from or ("ddp" if ddp.means["comm_s"] is not None else None),  # older reporters: DDP
         )

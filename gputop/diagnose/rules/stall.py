@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, measured
+from gputop.diagnose.rules.recompile import stall_beyond_compiles
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
     LOADER_WAIT_WARN_FRAC,
@@ -54,18 +55,20 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     """One finding per run whose ranks lose a share of their time to occasional long steps."""
     # Steps that turned slow and stayed so are a new level, the business of the phase that grew (the loader's,
     # usually), not stops now and then: as a stall it would hold that phase's finding as its symptom.
+    # A compile (torch.compile's first, or a recompile) is a long step too, and its rule's business: only what
+    # compiling leaves of the stalls counts (stall_beyond_compiles; the same figures where nothing compiled).
     stalled = [
         r
         for r in measured(run)
-        if (r.stats.stall_steps or 0) >= STALL_MIN_COUNT
-        and r.stats.stall_frac
+        if stall_beyond_compiles(r.stats)[0] >= STALL_MIN_COUNT
+        and stall_beyond_compiles(r.stats)[1]
         and r.stats.stall_mean_s
         and not r.stats.stall_level_shift
     ]
     if not stalled:
         return []
-    worst = max(stalled, key=lambda r: r.stats.stall_frac or 0.0)
-    frac = worst.stats.stall_frac or 0.0
+    worst = max(stalled, key=lambda r: stall_beyond_compiles(r.stats)[1])
+    frac = stall_beyond_compiles(worst.stats)[1]
     severity = grade_above(frac, STALL_WARN_FRAC, STALL_CRITICAL_FRAC)
     if severity is None:
         return []
@@ -76,15 +79,16 @@ def stall_findings(run: RunFigures) -> list[Finding]:
         r for r in stalled if (r.stats.stall_in_comm_frac or 0.0) < STALL_IN_COMM_FRAC and in_collective[r.rank] is None
     ]
     named = stoppers or stalled
-    main = max(named, key=lambda r: r.stats.stall_frac or 0.0)
+    main = max(named, key=lambda r: stall_beyond_compiles(r.stats)[1])
     stats = main.stats
-    steps, count = stats.steps, stats.stall_steps or 1
+    count, main_frac = stall_beyond_compiles(stats)
+    steps, count = stats.steps, count or 1
     loader = (stats.stall_loader_frac or 0.0) >= STALL_LOADER_FRAC
     threshold = STALL_CRITICAL_FRAC if severity == "critical" else STALL_WARN_FRAC
     title = (
         f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
         f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms {when_text(stats.stall_period_steps, stats.stall_regular)} "
-        f"({count} of {steps}): {pct(stats.stall_frac or 0.0):.0f}% of the run"
+        f"({count} of {steps}): {pct(main_frac):.0f}% of the run"
     )
     title += ", waiting for a batch" if loader else ", outside the loader"
     frames = span_frames(main)
@@ -102,7 +106,7 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             title += f"; rank {rank.rank} waits for it {place.frame.text()}"
     p50 = stats.step_time_p50_s or 0.0
     evidence = [
-        Evidence("stall_pct", pct(stats.stall_frac or 0.0), pct(threshold), "%", rank=main.rank),
+        Evidence("stall_pct", pct(main_frac), pct(threshold), "%", rank=main.rank),
         Evidence(
             "stall_ms", 1e3 * (stats.stall_mean_s or 0.0), 1e3 * STALL_FACTOR * p50, "ms", op=">=", rank=main.rank
         ),
