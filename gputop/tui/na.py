@@ -23,14 +23,19 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
         reasons["gpu_step"] = f"GPU step time: {said['gpu_step_times']}"
     if stats.forward_s is None:
         if "ddp_stats" in said:
-            why = said["ddp_stats"]
-        elif hello.ddp is False:
-            why = "not a DDP model"
+            why = f"DDP stats unavailable: {said['ddp_stats']}"
+        elif "collectives" in said:
+            why = f"forward, backward, comm: {said['collectives']}"
         elif hello.ddp is None:
-            why = "model not watched yet (gputop.watch(model))"
+            why = "forward, backward, comm: model not watched yet (gputop.watch(model))"
+        elif hello.ddp is False and on_cpu:
+            why = "forward, backward, comm: no training step timed by the model's hooks yet"
+        elif hello.ddp is False:
+            why = ("forward, backward, comm: without DDP's logger they need CUDA events on the streams, which gputop "
+                   "does not record yet")  # fmt: skip
         else:
-            why = "DDP has not logged a sampled iteration yet"
-        reasons["ddp"] = f"DDP stats unavailable: {why}"
+            why = "DDP stats unavailable: DDP has not logged a sampled iteration yet"
+        reasons["ddp"] = why
     if stats.mem_allocated_bytes is None:
         reasons["mem"] = "memory: CPU run (only CUDA memory is measured)" if on_cpu else "memory: not reported"
     if stats.cpu_pct is None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+import msgspec
+
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
 from gputop.model.snapshot import Snapshot
-from gputop.protocol import Event, Hello, Window
+from gputop.protocol import CollectiveTimes, Event, Hello, Window
 from gputop.sketch import sketch_bucket
 
 T0 = 1_700_000_000.0
@@ -177,6 +179,24 @@ def two_ranks(*, n_windows: int = 40) -> Snapshot:
         T0 + n_windows * WINDOW_S,
     )
     _gpu_samples(store, 2, n_windows // 2)
+    return store.snapshot(T0 + n_windows * WINDOW_S)
+
+
+def fsdp2_ranks(*, n_windows: int = 30) -> Snapshot:
+    """A 2-rank FSDP2 run on the CPU: phases from hooks, all-gathers and reduce-scatters on the mesh's 'dp'."""
+    store = Store(listen=LISTEN)
+    for rank in range(2):
+        store.ingest(hello("run-f", rank, 2, backend="gloo", device="cpu"), T0)
+    for seq in range(n_windows):
+        now = T0 + (seq + 1) * WINDOW_S
+        for rank in range(2):
+            w = window("run-f", rank, seq, step_s=0.100, loader_s=0.001, exposed_s=0.030, cuda=False)
+            n = w.steps
+            collectives = (
+                CollectiveTimes("all_gather", "dp", 7 * n, 7 * n * 95_000, 0.024 * n, 0.021 * n),
+                CollectiveTimes("reduce_scatter", "dp", 4 * n, 4 * n * 183_000, 0.01 * n, 0.009 * n),
+            )
+            store.ingest(msgspec.structs.replace(w, collectives=collectives, phases_from="hooks"), now)
     return store.snapshot(T0 + n_windows * WINDOW_S)
 
 

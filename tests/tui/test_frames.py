@@ -33,3 +33,23 @@ async def test_the_detail_screen_says_where_the_training_thread_is() -> None:
         await pilot.press("escape", "up", "enter")  # rank 0 sends no stacks: no section
         await pilot.pause()
         assert not app.screen.query_one("#detail-frames", Static).display
+
+
+async def test_the_detail_screen_lists_the_ranks_collectives_a_step() -> None:
+    """An FSDP2 rank: each collective kind on its mesh dimension, with calls, size, time in flight and exposed."""
+    app = GputopApp(FixedSource(fx.fsdp2_ranks(), description="fixed"), diagnoser_factory=None, refresh_s=3600)
+    async with app.run_test(size=(160, 48)) as pilot:
+        for _ in range(500):
+            if app.view is not None:
+                break
+            await pilot.pause(0.01)
+        await pilot.press("enter")
+        await pilot.pause()
+        section = app.screen.query_one("#detail-collectives", Static)
+        text = str(section.render())
+        assert section.display and "collectives, a step" in text and "from the model's hooks" in text, text
+        lines = text.splitlines()
+        gather = next(line for line in lines if line.strip().startswith("all_gather"))
+        assert gather.split()[:4] == ["all_gather", "dp", "7", "92.8"], gather  # 95,000 B = 92.8 KiB each
+        assert gather.split()[-2:] == ["24ms", "21ms"], gather  # in flight, exposed
+        assert any(line.strip().startswith("reduce_scatter") for line in lines), text

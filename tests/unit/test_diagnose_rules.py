@@ -600,7 +600,8 @@ class TestUnobserved:
         finding = only(
             findings_of(make_snapshot(two_ranks(forward_frac=None, backward_frac=None, comm_frac=None))), "unobserved"
         )
-        assert "no DDP timings" in finding.title
+        assert "no forward, backward or communication timings" in finding.title
+        assert "DistributedDataParallel" not in finding.suggestion and "FSDP2" in finding.suggestion
 
     def test_lost_rank_is_named_and_left_out_of_rate_rules(self) -> None:
         specs = [RankSpec(rank=0), RankSpec(rank=1, loader_frac=0.9, status="lost")]

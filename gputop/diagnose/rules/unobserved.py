@@ -59,9 +59,11 @@ def run_blind_spots(run: RunFigures) -> list[Finding]:
             findings.append(
                 info(
                     run.run_id,
-                    f"{ranks_text([r.rank for r in blind])}: no DDP timings (forward, backward, comm)",
-                    "Communication and straggler diagnosis need them: wrap the model in "
-                    "DistributedDataParallel before gputop.watch(model).",
+                    f"{ranks_text([r.rank for r in blind])}: no forward, backward or communication timings",
+                    "Communication and straggler diagnosis need them. gputop reads them from DDP's logger, and for "
+                    "any other stack (FSDP2, DTensor, DeepSpeed) times them from the watched model's hooks and the "
+                    "collectives torch.distributed issues, on the CPU; on CUDA that needs CUDA events, which it does "
+                    "not record yet. Call gputop.watch(model) after init_process_group and after wrapping the model.",
                     ranks=[r.rank for r in blind],
                 )
             )

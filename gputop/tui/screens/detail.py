@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from gputop.combine import phase_seconds
+from gputop.model.collectives import size_text
 from gputop.model.figures import SPAN_S
 from gputop.model.frames import rank_frames
 from gputop.model.snapshot import RankView
@@ -159,6 +160,32 @@ def _frames_section(rank: RankView, now_t: float) -> Content | None:
     return Content("\n").join(out)
 
 
+PHASES_FROM = {
+    "ddp": "forward, backward and the exchange from DDP's own logger",
+    "hooks": "forward and backward from the model's hooks, less the collectives' blocked time",
+}
+
+
+def _collectives_section(s: RankStats) -> Content | None:
+    """Each kind of collective on each process group, a step: how many, how big, in flight, exposed."""
+    if not s.collectives:
+        return None
+    source = PHASES_FROM.get(s.phases_from or "", "")
+    out = [
+        Content.assemble(("collectives, a step", "bold $accent"), (f"   {source}" if source else "", "$text-muted")),
+    ]
+    header = f"  {'collective':<16}{'group':<10}{'calls':>7}{'each':>11}{'in flight':>11}{'exposed':>10}"
+    out.append(Content.styled(header, "$text-muted"))
+    for c in s.collectives:
+        out.append(
+            Content(
+                f"  {c.kind:<16}{c.group[:9]:<10}{c.calls:>7.3g}{size_text(c.bytes_each):>11}"
+                f"{fmt_s(c.busy_s):>11}{fmt_s(c.exposed_s):>10}"
+            )
+        )
+    return Content("\n").join(out)
+
+
 def _section(title: str, lines: list[Line]) -> Content:
     out = [Content.styled(title, "bold $accent")]
     for label, value in lines:
@@ -197,6 +224,7 @@ class RankDetailScreen(Screen[None]):
             yield Static(id="detail-stats")
             yield PhaseBar(id="detail-phases")
             yield Static(id="detail-frames")
+            yield Static(id="detail-collectives")
             yield HistoryPanel(id="detail-history")
             yield CapturePanel(id="detail-captures")
             yield Static(id="detail-na")
@@ -266,6 +294,10 @@ class RankDetailScreen(Screen[None]):
         where = _frames_section(rank, view.snapshot.t)
         frames.display = where is not None
         frames.update(where or "")
+        collectives = self.query_one("#detail-collectives", Static)
+        table = _collectives_section(s)
+        collectives.display = table is not None
+        collectives.update(table or "")
         run = next((r for r in view.snapshot.runs if r.run_id == rank.run_id), None)
         self.query_one(CapturePanel).show(run.ranks if run is not None else (rank,), view.snapshot.t)
         self.query_one(HistoryPanel).series = view.series(self.key)
