@@ -706,6 +706,40 @@ class Check:
     estimate_s: float
 
 
+def check_fsdp2() -> list[Row]:
+    """A 1-rank NCCL FSDP2 job: reported, its phases N/A with the reason (not CPU launch time), one context.
+
+    One GPU runs one NCCL rank (NCCL refuses two ranks on a device) and FSDP2 issues no collective at
+    world size 1, so the all-gathers and reduce-scatters themselves wait for a lease of several GPUs;
+    the loss all-reduced each step is a collective on CUDA tensors all the same: counted with its bytes,
+    its times N/A until CUDA events time them (docs/communication.md).
+    """
+    smi = read_smi()
+    gpu = min(smi, key=lambda r: r.index)
+    job: dict[str, Any] = {"steps": 200, "job_args": ("--wrap", "fsdp2", "--user-all-reduce", "--hold-s", "3")}
+    with recording() as (port, path):
+        result, on = one_context_on(job_contexts("bf16", port=port, **job), gpu, smi)
+    report = report_of(path)
+    rank = only_rank(report)
+    collectives = {(c["kind"], c["group"]): c for c in rank.get("collectives") or ()}
+    loss = collectives.get(("all_reduce", "world")) or collectives.get(("all_reduce", "dp"))
+    from gputop.protocol import Event
+    from gputop.recording import read
+
+    reasons = [e.value.message for e in read(path) if isinstance(e.value, Event) and e.value.kind == "not_measured"]
+    counted = loss is not None and loss["calls_per_step"] >= 1 and loss["bytes_per_step"] > 0
+    na = loss is not None and loss["in_flight_ms"] is None and any(r.startswith("collectives: ") for r in reasons)
+    phases_na = rank["forward_ms"] is None and rank["backward_ms"] is None
+    return [
+        Row("FSDP2 on NCCL: contexts", f"the rank's process on GPU {gpu.index} only", on, result),
+        Row("FSDP2 on NCCL: steps and phases", "200 steps; forward/backward N/A (no CPU launch time as GPU time)",
+            f"{rank['steps']} steps; forward {rank['forward_ms']}, backward {rank['backward_ms']} ms",
+            "pass" if rank["steps"] == 200 and phases_na else "fail"),
+        Row("a collective on CUDA tensors (the loss all-reduced)", "counted with its bytes; times N/A with the reason",
+            f"{loss}; reasons: {'; '.join(reasons) or 'none'}", "pass" if counted and na else "fail"),
+    ]  # fmt: skip
+
+
 CHECKS: dict[str, Check] = {
     "nvml": Check(check_nvml_vs_smi, 20),  # 5 s for the load to start, 10 paired readings a second apart
     "nvml_processes": Check(check_nvml_processes_and_links, 10),
@@ -714,6 +748,7 @@ CHECKS: dict[str, Check] = {
     "step_time": Check(check_gpu_step_time, 35),  # a GPU-bound and a launch-bound recorded job
     "contexts": Check(check_cuda_contexts, 60),  # four jobs watched by nvidia-smi, each held 3 s after
     "rules": Check(check_rules, 75),  # a 20-s demo and three recorded jobs
+    "fsdp2": Check(check_fsdp2, 25),  # one recorded FSDP2 job watched by nvidia-smi
     "overhead": Check(check_overhead, 130),  # 3 rounds of 4 jobs, alternated
 }
 
@@ -755,7 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, check in CHECKS.items():
-            print(f"{name:15} ~{check.estimate_s:4.0f} s  {(check.run.__doc__ or '').strip()}")
+            print(f"{name:15} ~{check.estimate_s:4.0f} s  {(check.run.__doc__ or '').strip().splitlines()[0]}")
         return 0
     problem = why_no_gpu()
     if problem is not None:

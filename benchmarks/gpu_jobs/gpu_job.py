@@ -12,6 +12,8 @@ and trains there; ``last_gpu`` never calls it and puts the model on the last
 visible GPU with ``model.to(device)``, as PyTorch's DDP tutorial does, so the
 training thread's current device stays 0.  ``--hold-s`` keeps the process (and
 its CUDA contexts) alive that long after training, for ``nvidia-smi`` to see.
+``--wrap fsdp2`` shards each Linear and the root with ``fully_shard`` instead of DDP;
+``--user-all-reduce`` all-reduces the loss each step, as a script logging a global metric does.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--placement", choices=["set_device", "last_gpu"], default="set_device")
     parser.add_argument("--hold-s", type=float, default=0.0)
+    parser.add_argument("--wrap", choices=["ddp", "fsdp2"], default="ddp", help="fsdp2: fully_shard each Linear, root")
+    parser.add_argument("--user-all-reduce", action="store_true", help="all-reduce the loss each step, as a metric")
     args = parser.parse_args()
     shape = SHAPES[args.mode]
 
@@ -88,7 +92,18 @@ def main() -> None:
     for _ in range(shape["layers"] - 1):
         layers += [nn.Linear(shape["width"], shape["width"]), nn.ReLU()]
     layers.append(nn.Linear(shape["width"], 10))
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(device), device_ids=[index])
+    if args.wrap == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = nn.Sequential(*layers).to(device)
+        mesh = init_device_mesh("cuda", (dist.get_world_size(),), mesh_dim_names=("dp",))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(device), device_ids=[index])
     gputop.watch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     data = Batches(shape["width"], shape["batch"], shape["delay_s"])
@@ -103,6 +118,8 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if args.user_all_reduce:
+            dist.all_reduce(loss.detach())
         steps += 1
         if steps == args.steps:
             break
