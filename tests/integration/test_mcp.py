@@ -30,6 +30,7 @@ from gputop.diagnose import Diagnoser
 from gputop.mcp import answers
 from gputop.mcp.server import LiveFindings, build_server
 from gputop.model.source import FixedSource
+from tests.support import tui_fixtures
 from tests.support.diagnose_fixtures import RankSpec, make_snapshot
 from tests.support.processes import JOBS, free_port, needs_torch
 from tests.support.recordings import write_run
@@ -113,6 +114,18 @@ class TestAnswers:
         assert len(figures["history"]["windows"]) == 5
         assert figures["history"]["windows"][-1]["step_ms"] == pytest.approx(100)
         assert [f["cause"] for f in figures["findings"]] == ["straggler"]
+
+    async def test_get_rank_carries_each_collective_a_step(self) -> None:
+        """An FSDP2 rank: its all-gathers and reduce-scatters on 'dp', with calls, bytes, in flight and exposed."""
+        async with in_process(FixedSource(tui_fixtures.fsdp2_ranks())) as client:
+            rank = await client.call_tool("get_rank", {"rank": 0, "run_id": "run-f"})
+        assert not rank.is_error, text_of(rank)
+        figures = rank.structured_content
+        assert figures is not None and figures["figures"]["phases_from"] == "hooks"
+        by_kind = {c["kind"]: c for c in figures["figures"]["collectives"]}
+        gather = {"kind": "all_gather", "group": "dp", "calls_per_step": 7.0, "bytes_per_step": 665000}
+        assert by_kind["all_gather"] == {**gather, "in_flight_ms": 24.0, "exposed_ms": 21.0}
+        assert by_kind["reduce_scatter"]["exposed_ms"] == pytest.approx(9.0)
 
     async def test_the_recording_report_is_what_report_json_prints(self, tmp_path, capsys) -> None:
         path = tmp_path / "run.jsonl"
