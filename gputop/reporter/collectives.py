@@ -432,6 +432,8 @@ def describe_group(group: Any) -> str:
         desc = str(getattr(group, "group_desc", "") or "")
         if desc.startswith("mesh_"):
             return desc[len("mesh_") :][:64]
-        return (desc or f"pg {getattr(group, 'group_name', '?')}")[:64]
+        if desc in ("", "undefined"):  # new_group() without a description (DeepSpeed's data-parallel group)
+            return f"pg {getattr(group, 'group_name', '?')}"[:64]
+        return desc[:64]
     except Exception:
         return "unknown"

@@ -246,6 +246,13 @@ def loader_facts(loader: Any) -> dict[str, Any]:
         value = getattr(loader, attr, None)
         if isinstance(value, (int, bool)):
             facts[key] = kind(value)
+    if "loader_batch_size" not in facts:
+        # A loader built from a batch sampler (Accelerate's prepared DataLoaderShard, a bucketing sampler) has
+        # batch_size None; its sampler knows the rank's batch, unless it splits a global one across processes.
+        sampler = getattr(loader, "batch_sampler", None)
+        size = getattr(sampler, "batch_size", None)
+        if isinstance(size, int) and size > 0 and not getattr(sampler, "split_batches", False):
+            facts["loader_batch_size"] = size
     return facts
 
 

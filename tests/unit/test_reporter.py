@@ -98,6 +98,22 @@ def test_loader_facts_read_what_a_dataloader_has() -> None:
     assert loader_facts([1, 2]) == {}
 
 
+def test_a_loader_built_from_a_batch_sampler_takes_the_samplers_batch_size() -> None:
+    """Accelerate's prepared loader has batch_size None and a BatchSamplerShard of the rank's batch."""
+
+    class Sampler:
+        batch_size = 8
+        split_batches = False
+
+    class Prepared:
+        batch_size = None
+        batch_sampler = Sampler()
+
+    assert loader_facts(Prepared())["loader_batch_size"] == 8
+    Sampler.split_batches = True  # one global batch split across the processes: the rank's share is unknown here
+    assert "loader_batch_size" not in loader_facts(Prepared())
+
+
 def test_run_id_is_shared_by_the_ranks_of_one_launch() -> None:
     assert run_id({"GPUTOP_RUN_ID": "mine"}) == "mine"
     env = {"TORCHELASTIC_RUN_ID": "abc", "LOCAL_RANK": "1"}
