@@ -3,7 +3,8 @@
 Each recording is summarised as ``gputop report`` does (the whole run's
 figures, the findings over them); the two are then set against each other:
 the step time (and so steps per second) with its noise band, each phase's
-share, each rank's step, and which findings went away, stayed or appeared.
+share, each rank's step, each collective's exposed time a step (where the ranks
+timed them one by one), and which findings went away, stayed or appeared.
 "steps 1.31x faster (182 -> 139 ms, +-2%); loader wait 37% -> 2%; data_loading
 cleared" is the proof a fix worked, or the news that it did not.
 
@@ -145,6 +146,7 @@ def compare_runs(
     ]
     was, now = _causes(before_findings, before.run_id), _causes(after_findings, after.run_id)
     return {
+        "collectives": compare_collectives(before, after),
         "before_run": before.run_id,
         "after_run": after.run_id,
         "step": speed,
@@ -157,6 +159,30 @@ def compare_runs(
         },
         "headline": headline(speed, phases, was, now),
     }
+
+
+def _exposed_ms(run: RunFigures) -> dict[str, float]:
+    """Each collective's exposed time a step (``all_gather on dp``), the mean over the ranks that timed it."""
+    seen: dict[str, list[float]] = {}
+    for rank in run.ranks:
+        for c in rank.stats.collectives:
+            if c.exposed_s is not None:
+                seen.setdefault(c.name, []).append(c.exposed_s * 1e3)
+    return {name: sum(values) / len(values) for name, values in seen.items()}
+
+
+def compare_collectives(before: RunFigures, after: RunFigures) -> list[dict[str, Any]]:
+    """Each collective either run timed, its exposed ms a step before and after (None: not in that run)."""
+    old, new = _exposed_ms(before), _exposed_ms(after)
+    names = sorted(old.keys() | new.keys(), key=lambda name: -max(old.get(name, 0.0), new.get(name, 0.0)))
+    return [
+        {"collective": name, "before_exposed_ms": _round2(old.get(name)), "after_exposed_ms": _round2(new.get(name))}
+        for name in names
+    ]
+
+
+def _round2(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def headline(
@@ -223,6 +249,9 @@ def to_text(report: dict[str, Any], before_name: str, after_name: str) -> str:
             lines.append(
                 f"  rank {rank['rank']:<15} {_num(rank['before_ms'], 'ms'):>10} {_num(rank['after_ms'], 'ms'):>10}"
             )
+        for c in run.get("collectives", ()):
+            old, new = _num(c["before_exposed_ms"], "ms"), _num(c["after_exposed_ms"], "ms")
+            lines.append(f"  {c['collective'] + ' exposed':<20} {old:>10} {new:>10}")
         findings = run["findings"]
         for kind in ("cleared", "stayed", "appeared"):
             for f in findings[kind]:
@@ -248,6 +277,9 @@ def to_markdown(report: dict[str, Any], before_name: str, after_name: str) -> st
         out += [
             f"| rank {r['rank']} | {_num(r['before_ms'], 'ms')} | {_num(r['after_ms'], 'ms')} |" for r in run["ranks"]
         ]
+        for c in run.get("collectives", ()):
+            old, new = _num(c["before_exposed_ms"], "ms"), _num(c["after_exposed_ms"], "ms")
+            out.append(f"| {c['collective']} exposed | {old} | {new} |")
         out.append("")
         for kind in ("cleared", "stayed", "appeared"):
             out += [f"- {kind}: {f['cause']}: {f.get('title') or f.get('after')}" for f in run["findings"][kind]]

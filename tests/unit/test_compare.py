@@ -62,3 +62,17 @@ def test_a_file_that_is_not_a_recording_is_one_line(tmp_path: Path, capsys) -> N
     assert main(["report", "--compare", str(good), str(bad)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("gputop: ") and "\n" not in err
+
+
+def test_each_collectives_exposed_time_before_and_after() -> None:
+    """Prefetching the all-gathers: their exposed time a step falls, the reduce-scatters' stays."""
+    from gputop.compare import compare_collectives
+    from gputop.model.figures import summarize
+    from tests.support import tui_fixtures
+
+    before = summarize(tui_fixtures.fsdp2_ranks(), span_s=None).runs[0]
+    after = summarize(tui_fixtures.fsdp2_ranks(gather_exposed_s=0.005), span_s=None).runs[0]
+    rows = {row["collective"]: row for row in compare_collectives(before, after)}
+    assert rows["all_gather on dp"] == {"collective": "all_gather on dp", "before_exposed_ms": 21.0,
+                                        "after_exposed_ms": 5.0}  # fmt: skip
+    assert rows["reduce_scatter on dp"]["before_exposed_ms"] == rows["reduce_scatter on dp"]["after_exposed_ms"] == 9.0
