@@ -427,7 +427,7 @@ def describe_group(group: Any) -> str:
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
         if isinstance(group, str) and c10d is not None:
             group = c10d._resolve_process_group(group)
-        if group is _default_group():
+        if group is _default_group() or getattr(group, "group_desc", None) == "default_pg":  # (read after teardown)
             return "world"
         desc = str(getattr(group, "group_desc", "") or "")
         if desc.startswith("mesh_"):

@@ -171,7 +171,22 @@ def model_facts(model: Any) -> dict[str, Any]:
             facts["device"] = str(device)
     except Exception:
         pass
+    compute = fsdp2_compute_dtype(model)
+    if compute is not None:  # FSDP2 keeps fp32 shards and computes in the policy's dtype: that is the precision
+        facts["param_dtype"] = compute
     return facts
+
+
+def fsdp2_compute_dtype(model: Any) -> str | None:
+    """The dtype an FSDP2 root computes in, from its ``MixedPrecisionPolicy(param_dtype=...)``; None without one."""
+    get_state = getattr(model, "_get_fsdp_state", None)  # fully_shard's FSDPModule
+    if get_state is None:
+        return None
+    try:
+        dtype = get_state()._mp_policy.param_dtype
+    except Exception:
+        return None
+    return None if dtype is None else str(dtype).replace("torch.", "")
 
 
 def data_parallel_facts(model: Any) -> dict[str, Any]:

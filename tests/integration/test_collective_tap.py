@@ -111,3 +111,18 @@ def test_mesh_dimensions_name_their_groups(dist: Any, tap: CollectiveTap) -> Non
     (collective,) = probe.read([])["collectives"]
     assert collective.group == "dp"
     assert "torch.distributed.tensor" in sys.modules
+
+
+def test_an_fsdp2_mixed_precision_policy_is_read_as_the_precision_the_model_computes_in(dist: Any) -> None:
+    """FSDP2 keeps fp32 shards and casts them for compute: MixedPrecisionPolicy is mixed precision on."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from gputop.reporter.facts import model_facts
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    plain = fully_shard(torch.nn.Linear(4, 4), mesh=mesh)
+    mixed = fully_shard(torch.nn.Linear(4, 4), mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    assert model_facts(plain)["param_dtype"] == "float32"
+    assert model_facts(mixed)["param_dtype"] == "bfloat16"
