@@ -70,12 +70,9 @@ def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = Non
     accs: dict[tuple[str, str], _Acc] = {}
     for sample in with_data:
         host = sample.hostname
-        assignments = (
-            assign_ranks(
-                sample.gpus, ranks, None if host else children, hostname=host, on_host=on_host_of(host, remote)
-            )
-            if ranks
-            else None
+        # Joined with no rank too: every process on a GPU is then one nobody reports, and the GPU lists it.
+        assignments = assign_ranks(
+            sample.gpus, ranks, None if host else children, hostname=host, on_host=on_host_of(host, remote)
         )
         for position, reading in enumerate(sample.gpus):
             key = (host, reading.uuid or f"#{reading.index}")
@@ -83,7 +80,7 @@ def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = Non
             if acc is None:
                 acc = accs[key] = _Acc(first=reading, last=reading, hostname=host)
             _add(acc, reading)
-            if assignments is not None:
+            if assignments:
                 assignment = assignments[position]
                 acc.ranks.update((rv.run_id, rv.rank, rv.hello.hostname) for rv in assignment.ranks)
                 acc.other_namespace.update(p.pid for p in assignment.from_other_namespace)

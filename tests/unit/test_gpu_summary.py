@@ -60,6 +60,17 @@ class TestSummary:
         samples, _ = run()
         assert all(g["ranks"] == [] for g in summarize_gpus(samples, None)["gpus"])
 
+    def test_with_no_rank_recorded_every_gpu_still_lists_its_processes(self) -> None:
+        """Nothing reported, something on the GPUs: the report says what, in text and JSON."""
+        samples, _ = run()
+        for snapshot in (Store().snapshot(3.0), None):
+            first, second = summarize_gpus(samples, snapshot)["gpus"]
+            assert first["ranks"] == [] and first["unobserved"] == [{"pid": 10, "name": "python",
+                                                                        "max_used_bytes": 30 << 30}]  # fmt: skip
+            assert second["unobserved"] == [{"pid": 4242, "name": "python", "max_used_bytes": 2 << 30}]
+        text = "\n".join(format_gpu_summary_text(summarize_gpus(samples, None)))
+        assert "pid 4242" in text and "pid 10" in text, text
+
     def test_never_any_gpu_data_says_why(self) -> None:
         reason = "NVML unavailable: libnvidia-ml not found (no NVIDIA driver installed)"
         summary = summarize_gpus([GpuSample(t=1.0, unavailable=reason)] * 3, None)
