@@ -2,8 +2,10 @@
 
 What ``make demo`` does, minus the terminal: the live collector, the real
 2-rank gloo job under torchrun, the dashboard app with the real diagnoser,
-driven by Textual's pilot.  Every refresh's shown findings are read.  A warn
-or critical finding fails the test with the figures it was raised on, unless
+driven by Textual's pilot.  Every refresh's shown findings are read.  A straggler
+line of any severity, info too, fails the test (a newcomer's first screen must not
+call a healthy rank slow); so does a warn
+or critical finding, with the figures it was raised on, unless
 the dashboard said at that moment that other processes share the host's CPUs
 (then the warning describes the sharing, and the screen says so).  At the end the
 whole run is reported as ``gputop demo --headless`` reports it, and that report
@@ -55,6 +57,7 @@ async def test_the_healthy_demo_shows_no_warning_for_a_minute(tmp_path: Path) ->
     assert port is not None
     job = DemoJob(scenario="healthy", nproc=2, port=port, seconds=None, log_path=tmp_path / "demo.log")
     warnings: list[str] = []  # raised with no word on screen about shared CPUs
+    slow_ranks: list[str] = []  # a straggler line of any severity: nothing calls a healthy rank slow
     explained: list[str] = []  # raised while the screen said who shares the CPUs
     sharing: set[str] = set()
     try:
@@ -74,6 +77,9 @@ async def test_the_healthy_demo_shows_no_warning_for_a_minute(tmp_path: Path) ->
                 view = app.view
                 assert view is not None
                 for finding in view.findings:
+                    if finding.cause == "straggler" and not view.cpu_sharing:
+                        at = time.monotonic() - watch_from
+                        slow_ranks.append(f"{at:.0f} s: {finding.severity}: {finding.title} [{_figures(view)}]")
                     if finding.severity in ("warn", "critical"):
                         at = time.monotonic() - watch_from
                         line = f"{at:.0f} s: {finding.severity} {finding.cause}: {finding.title} [{_figures(view)}]"
@@ -85,6 +91,7 @@ async def test_the_healthy_demo_shows_no_warning_for_a_minute(tmp_path: Path) ->
     finally:
         job.stop(rank_pids=source.store.rank_pids(include_finished=True, hostname=socket.gethostname()))
         source.stop()
+    assert not slow_ranks, f"the healthy demo's first minute called a rank slow: {slow_ranks[0]}"
     shown = sorted(set(w.split(" [", 1)[0].split(": ", 1)[1] for w in warnings))
     assert not warnings, (
         f"the healthy demo raised {len(shown)} warning(s) in {WATCH_S:.0f} s on {os.cpu_count()} CPUs "

@@ -16,7 +16,6 @@ slowest from step to step, the finding is the rotation (``rules.rotating``).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,17 +44,24 @@ PHASES: dict[SlowPhaseName, Callable[[RankFigures], float | None]] = {
     **{p.name: stat_reader(p.seconds) for p in OWN_PHASES},
     "other": lambda r: r.stats.other_s,
 }
-PHASE_TEXT: dict[SlowPhaseName, str] = {
-    **{p.name: f"its {p.label} {{share:.0f}}% of each step" for p in OWN_PHASES},
-    "other": "{share:.0f}% of its step is outside {phases} and comm",
-    "own": "its own work takes {share:.0f}% of each step, the excess in no one measured phase",
+# Where a slow rank's excess lies, after "it takes N% more of each step than the others, ".
+PHASE_WHERE: dict[SlowPhaseName, str] = {
+    **{p.name: "in its " + p.label.removesuffix(" takes") for p in OWN_PHASES},
+    "loader": "waiting for its data",
+    "other": "outside {phases} and comm",
+    "own": "spread over its phases, in no one of them",
 }
 
 
 def phase_text(rank: RankFigures, phase: SlowPhase) -> str:
-    """The slow phase in a title; "outside" lists the phases the rank measures (an unmeasured optimizer's is in it)."""
+    """The excess first, then where it lies: "it takes 29% more of each step than the others, in its backward pass".
+
+    "outside" lists the phases the rank measures (an unmeasured optimizer's time is in it).
+    """
     measured = [p.name for p in OWN_PHASES if not p.optional or getattr(rank.stats, p.seconds) is not None]
-    return PHASE_TEXT[phase.name].format(share=pct(phase.share), phases=", ".join(measured))
+    excess = pct(phase.excess_s / (rank.stats.step_time_mean_s or 1e-9))
+    where = PHASE_WHERE[phase.name].format(phases=", ".join(measured))
+    return f"it takes {excess:.0f}% more of each step than the others, {where}"
 
 
 # Where the samples put a slow rank's time outside the phases is named when they find there, beyond what
@@ -82,7 +88,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     """Ranks whose own time stands out while the others wait for them in communication.
 
     ``run_age_s``: how long the run has been seen, when the figures are a live
-    span; under ``STRAGGLER_WARMUP_S`` a slow rank is at most info, "too early to call".
+    span; under ``STRAGGLER_WARMUP_S`` nothing is said of a rank's speed (``warming_up``).
     """
     # Step by step, which rank the others waited for: a rotation blames no one rank, whatever the means say.
     pattern = step_pattern(measured(run)) if run.world_size > 1 else None
@@ -288,13 +294,14 @@ def outside_share(frames: RankFrames | None) -> float:
 
 
 def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding]:
-    """In a live run's first ``STRAGGLER_WARMUP_S`` seconds a straggler is info, saying when it will be called."""
+    """In a live run's first ``STRAGGLER_WARMUP_S`` seconds nothing is said of a rank's speed, not even as info.
+
+    Ranks differ for passing reasons while they start: a newcomer's first screen should not call a
+    healthy rank slow.  A report of the whole run (no ``run_age_s``) judges the run as it was.
+    """
     if run_age_s is None or run_age_s >= STRAGGLER_WARMUP_S:
         return findings
-    note = f": too early to call, {run_age_s:.0f} s into the run (ranks settle in its first {STRAGGLER_WARMUP_S:.0f} s)"
-    return [
-        f if f.severity == "info" else dataclasses.replace(f, severity="info", title=f.title + note) for f in findings
-    ]
+    return []
 
 
 # A phase is named as where a slow rank's time goes when its measured excess is at least this part of the
@@ -356,9 +363,8 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
         Finding(
             cause="straggler",
             severity=severity,
-            title=f"rank {worst.rank} is slow: "
-            + PHASE_TEXT["loader"].format(share=pct(share))
-            + f"; the others {pct(others):.0f}%",
+            title=f"rank {worst.rank} is slow: it takes {pct(gap):.0f}% more of each step than the others, "
+            f"waiting for its data ({pct(share):.0f}% of its step, the others {pct(others):.0f}%)",
             suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
             evidence=(
                 Evidence("loader_wait_pct", pct(share), pct(others), "%", rank=worst.rank),
