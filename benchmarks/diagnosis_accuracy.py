@@ -120,6 +120,33 @@ CASES: tuple[Case, ...] = (
         "text classifier, batches padded to their longest text: the longest batch's rank is last",
         unseen=True,
     ),
+    # Stacks beyond DDP (issue #34), written as their public examples are (jobs/accuracy/stack_cases.py) and
+    # scored before any rule was tuned to them.
+    Case("fsdp2_healthy", HEALTHY, "pytorch/examples' FSDP2 Transformer: fully_shard per block, AdamW", unseen=True),
+    Case(
+        "fsdp2_straggler_metric_rank1",
+        "straggler",
+        "the FSDP2 job; rank 1 computes a Python metric after optimizer.step()",
+        unseen=True,
+    ),
+    Case(
+        "fsdp2_exposed_all_gather",
+        "communication",
+        "FSDP2, 50-MB blocks at batch 2, resharded after forward, no prefetch",
+        unseen=True,
+    ),
+    Case(
+        "tp_group_critical_path",
+        "communication",
+        "(dp=1, tp=2) mesh, ColwiseParallel/RowwiseParallel MLP: a tp all-reduce in every layer",
+        unseen=True,
+    ),
+    Case(
+        "accelerate_loader_bound",
+        "data_loading",
+        "Accelerate plain loop (prepare, accelerator.backward), 4 ms a sample, 0 workers",
+        unseen=True,
+    ),
 )
 
 

@@ -27,6 +27,13 @@ from input_cases import (
     straggler_extra_compute_rank1,
     straggler_slow_loader_rank1,
 )
+from stack_cases import (
+    accelerate_loader_bound,
+    fsdp2_exposed_all_gather,
+    fsdp2_healthy,
+    fsdp2_straggler_metric_rank1,
+    tp_group_critical_path,
+)
 from steady_cases import (
     healthy_accumulation_manual_marks,
     healthy_convnet,
@@ -76,6 +83,12 @@ CASES: dict[str, Callable[[float], None]] = {
         healthy_mingpt_like,
         data_loading_tokenize_in_collate,
         straggler_rotating_uneven_lengths,
+        # Stacks beyond DDP, added for issue #34 before any rule was tuned to them.
+        fsdp2_healthy,
+        fsdp2_straggler_metric_rank1,
+        fsdp2_exposed_all_gather,
+        tp_group_critical_path,
+        accelerate_loader_bound,
     )
 }
 
