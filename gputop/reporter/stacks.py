@@ -43,6 +43,7 @@ from types import CodeType
 from typing import Any
 
 from gputop.protocol import STACKS_TOP, SampledFrame, StackFrame, Stacks
+from gputop.reporter import collectives
 from gputop.reporter.clock import StepClock, TrackedLoader
 
 DEFAULT_HZ = 20.0
@@ -62,12 +63,17 @@ AFTER_STEP, BEFORE_STEP, OUTSIDE = "after_step", "before_step", "outside"
 _COLLECTIVE_FUNCTIONS = frozenset(
     {
         "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+        "all_gather_single", "reduce_scatter_single",  # torch 2.13's names, which FSDP2 calls
         "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
         "broadcast", "broadcast_object_list", "reduce", "scatter", "scatter_object_list", "gather",
         "gather_object", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
         "send_object_list", "recv_object_list",
     }
 )  # fmt: skip
+# The collective tap's wrappers around waits (gputop.reporter.collectives): while a rank waits in C++ for an
+# asynchronous collective, the innermost Python frame is the wrapper's.
+_TAP_FILE = collectives.__file__
+_TAP_WAITS = frozenset({"wait", "wait_tensor"})
 _BACKWARD_FILES = frozenset({"_tensor.py", "autograd/__init__.py", "autograd/graph.py"})
 _BACKWARD_FUNCTIONS = frozenset({"backward", "grad", "_engine_run_backward"})
 _NOT_OPTIMIZER = frozenset({"optim/lr_scheduler.py", "optim/swa_utils.py"})
@@ -272,6 +278,8 @@ class StackSampler:
             return FORWARD
         if code is self._tracked_loader:
             return LOADER
+        if code.co_filename == _TAP_FILE and code.co_name in _TAP_WAITS:
+            return COLLECTIVE  # blocked in a Work's wait() or a functional collective's: C++ under gputop's wrapper
         torch_dir = self._torch()
         filename = code.co_filename
         if torch_dir is None or not filename.startswith(torch_dir):
