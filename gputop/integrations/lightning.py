@@ -5,8 +5,19 @@
 
     trainer = L.Trainer(..., callbacks=[GputopCallback()])
 
-The callback watches the model Lightning trains (the DDP wrapper under a DDP
-strategy, so DDP's timings are read), and counts the time between the end of
+The callback watches the model Lightning trains: the strategy's wrapper where
+it has one (DDP's, so DDP's timings are read; FSDP1's under ``FSDPStrategy``,
+which Lightning allows on CUDA only), else the LightningModule itself
+(``ModelParallelStrategy``, whose ``configure_model`` shards it with FSDP2's
+``fully_shard``).  Lightning runs ``training_step`` through a wrapper's
+``forward``, so the wrapper's hooks see each training forward; without one it
+calls ``training_step`` directly and the module's hooks see none (unless the
+step calls ``self(...)``).  The callback notices that on the first batch and
+from then on marks each training forward itself, from the batch's start to
+``on_before_backward``, so FSDP2's forward, backward and exposed
+communication are timed as they are in a torchrun job (docs/communication.md).
+
+It counts the time between the end of
 one training batch and the start of the next as loader wait: Lightning fetches
 the next batch there.  Validation inside an epoch is taken out of that gap.
 What stays in it besides the fetch: Lightning's per-batch bookkeeping
@@ -44,6 +55,10 @@ class GputopCallback(Callback):  # type: ignore[misc]
         self._batch_end_s: float | None = None
         self._paused_s: float | None = None
         self._logged_step = -1
+        # Whether the watched model's hooks miss the training forwards, so the callback marks them: None until
+        # the first training batch tells, by the forwards the hooks counted between its start and its backward.
+        self._marks_forwards: bool | None = None
+        self._forwards_at_batch_start: int | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
@@ -55,9 +70,7 @@ class GputopCallback(Callback):  # type: ignore[misc]
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._batch_end_s = time.perf_counter()  # the first fetch of an epoch (worker start-up) counts
         try:
-            from gputop.reporter import _get
-
-            reporter = _get()
+            reporter = _reporter()
             loader = _first_loader(getattr(trainer, "train_dataloader", None))
             if reporter is not None and loader is not None:
                 reporter.attach_loader(loader)
@@ -68,6 +81,32 @@ class GputopCallback(Callback):  # type: ignore[misc]
         if self._batch_end_s is not None:
             add_loader_wait(time.perf_counter() - self._batch_end_s)
             self._batch_end_s = None
+        try:
+            reporter = _reporter()
+            if reporter is None:
+                return
+            if self._marks_forwards:
+                reporter._on_forward(pl_module, ())  # what the model's forward pre-hook does
+            elif self._marks_forwards is None:
+                self._forwards_at_batch_start = reporter.clock.forwards
+        except Exception:
+            pass
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        """The training step's forward has ended: its loss is about to be backpropagated."""
+        try:
+            reporter = _reporter()
+            if reporter is None:
+                return
+            if self._marks_forwards:
+                reporter._on_forward_done(pl_module, (), loss)  # what the model's forward hook does
+            elif self._marks_forwards is None and self._forwards_at_batch_start is not None:
+                self._marks_forwards = reporter.clock.forwards == self._forwards_at_batch_start
+                if self._marks_forwards:  # count the first one too, timed from here (the first step has no time)
+                    reporter._on_forward(pl_module, ())
+                    reporter._on_forward_done(pl_module, (), loss)
+        except Exception:
+            pass
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.log_figures:
@@ -97,6 +136,12 @@ class GputopCallback(Callback):  # type: ignore[misc]
         if self._paused_s is not None:
             self._batch_end_s = time.perf_counter()
             self._paused_s = None
+
+
+def _reporter() -> Any:
+    from gputop.reporter import _get
+
+    return _get()
 
 
 def _first_loader(loaders: Any) -> Any:
