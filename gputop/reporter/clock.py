@@ -75,6 +75,11 @@ class StepClock:
         self._span_loader = 0.0  # and the step's loader wait then (micro-batches fetched between spans)
         self._in_forward = False
         self._comm_at_mark = 0.0
+        self._forwards_timed = 0  # training forwards the hooks marked in this step: none, no phases (N/A, not 0)
+        # The optimizer's closure (Lightning runs forward and backward inside optimizer.step(closure)): its time
+        # is the step's forward and backward, not the optimizer's.
+        self._closure_s = 0.0
+        self._closure_t0 = 0.0
 
     @property
     def batches_since_mark(self) -> int:
@@ -103,6 +108,20 @@ class StepClock:
             if self.times_phases and not self._in_forward:
                 self._close_backward(now)
 
+    def closure_started(self) -> None:
+        """The outermost optimizer's closure begins: forward and backward run inside ``optimizer.step(closure)``."""
+        if self._optimizer_depth:
+            self._closure_t0 = time.perf_counter()
+
+    def closure_done(self) -> None:
+        """The closure returned: its time leaves the optimizer's, and the backward it ran ends here."""
+        if self._optimizer_depth and self._closure_t0:
+            now = time.perf_counter()
+            self._closure_s += now - self._closure_t0
+            self._closure_t0 = 0.0
+            if self.times_phases and not self._in_forward:
+                self._close_backward(now)
+
     # -- phases from hooks (training thread) -----------------------------------------
 
     def forward_started(self, now: float) -> None:
@@ -110,6 +129,7 @@ class StepClock:
         if not self._in_forward:
             self._close_backward(now)
             self._in_forward = True
+            self._forwards_timed += 1
             self._span_t0, self._span_comm, self._span_loader = now, self.comm_exposed_s, self._loader_wait_s
 
     def forward_done(self, now: float) -> None:
@@ -132,7 +152,8 @@ class StepClock:
             return
         self._optimizer_depth -= 1
         if self._optimizer_depth == 0:
-            self._optimizer_s += time.perf_counter() - self._optimizer_t0
+            self._optimizer_s += max(time.perf_counter() - self._optimizer_t0 - self._closure_s, 0.0)
+            self._closure_s = 0.0
 
     def mark_step(self) -> None:
         """Close the current step.  Called from the optimizer post-hook or ``gputop.step()``."""
@@ -152,8 +173,11 @@ class StepClock:
             if not self._in_forward:
                 self._close_backward(now)
             comm, self._comm_at_mark = self.comm_exposed_s - self._comm_at_mark, self.comm_exposed_s
-            phases: tuple[float | None, ...] = (self._forward_s, self._backward_s, comm)
+            # No training forward marked in this step (the watched module is not the one that runs): N/A, not 0.
+            timed = self._forwards_timed > 0
+            phases: tuple[float | None, ...] = (self._forward_s, self._backward_s, comm) if timed else (None,) * 3
             self._forward_s = self._backward_s = 0.0
+            self._forwards_timed = 0
         else:
             phases = (None, None, None)
         self.marks.append(

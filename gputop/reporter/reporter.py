@@ -229,9 +229,29 @@ class Reporter(ReporterThread):
         except Exception:
             self._failed_probes.add("optimizer_pre_hook")
 
-    def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if os.getpid() == self.pid:
-            self.clock.optimizer_started()
+    def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        if os.getpid() != self.pid:
+            return None
+        clock = self.clock
+        clock.optimizer_started()
+        # Lightning (and LBFGS users) run forward and backward inside optimizer.step(closure): time the closure
+        # apart, so the optimizer's phase is the update and the closure's time is the step's forward and backward.
+        # ``args`` as torch hands them to a step pre-hook: the optimizer itself first, then step()'s own.
+        in_kwargs = bool(kwargs) and "closure" in kwargs
+        closure = kwargs["closure"] if in_kwargs else (args[1] if len(args) > 1 else None)
+        if not callable(closure) or clock._optimizer_depth != 1:
+            return None
+
+        def timed_closure(*closure_args: Any, **closure_kwargs: Any) -> Any:
+            clock.closure_started()
+            try:
+                return closure(*closure_args, **closure_kwargs)
+            finally:
+                clock.closure_done()
+
+        if in_kwargs:
+            return tuple(args), {**kwargs, "closure": timed_closure}
+        return (args[0], timed_closure, *args[2:]), kwargs
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each

@@ -86,11 +86,6 @@ def test_lightning_fsdp2_ranks_report_steps_loader_wait_phases_and_collectives(f
             assert c.exposed_s is not None and c.exposed_s > 0 and c.busy_s is not None, measured
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning runs forward and backward inside optimizer.step(closure): the optimizer's pre-hook "
-    "starts its clock before them, so optimizer_s holds the whole step (gputop/reporter/reporter.py)",
-)
 def test_lightning_fsdp2_phases_add_up_to_no_more_than_the_step(fsdp2: tuple[Figures, str]) -> None:
     figures, measured = fsdp2
     for r in figures.all_ranks():
