@@ -167,7 +167,10 @@ class CollectiveTap:
             original = getattr(c10d, name, None)
             if not callable(original) or hasattr(original, "__gputop_original__"):
                 continue
-            wrapper = self._wrap(original, kind, Where.of(original, tensor_name))
+            # Dynamo rewrites a call to a collective in its table and never runs the wrapper while it traces:
+            # only the others need to ask whether it does (~0.1 µs a call).
+            traced = remaps is None or original not in remaps
+            wrapper = self._wrap(original, kind, Where.of(original, tensor_name), traced=traced)
             for owner in (c10d, dist):
                 if getattr(owner, name, None) is original:
                     self._replace(owner, name, wrapper, remaps)
@@ -216,11 +219,13 @@ class CollectiveTap:
 
     # -- the wrappers: training thread ------------------------------------------------
 
-    def _wrap(self, original: Callable[..., Any], kind: str, where: Where) -> Callable[..., Any]:
+    def _wrap(
+        self, original: Callable[..., Any], kind: str, where: Where, *, traced: bool = True
+    ) -> Callable[..., Any]:
         # Everything the call needs is a local of this closure: each attribute or method looked up on the
         # training thread costs ~50-200 ns here, against a budget of ~1 µs a collective.
         tap, perf, clock, records = self, time.perf_counter, self.clock, self.records
-        compiling = self._compiling
+        compiling = self._compiling if traced else bool  # bool() is False, and the cheapest call there is
         tensor_at, tensor_name = (where.tensor_at, where.tensor_name) if where.tensor_at >= 0 else (1 << 20, None)
         group_at = where.group_at if where.group_at >= 0 else 1 << 20
 
