@@ -56,6 +56,8 @@ def collectives_text(entries: Sequence[dict[str, Any]]) -> str:
     """The report's line for a rank's ``to_dict`` entries: ``all_gather on dp 4.7x 444 KiB, 26.4 ms (26.4 exposed)``."""
     parts = []
     for e in entries:
+        if not e["calls_per_step"]:  # a barrier at the end of the run: fewer than one in a hundred steps
+            continue
         each = e["bytes_per_step"] / e["calls_per_step"] if e["calls_per_step"] else 0
         flight = "times N/A"
         if e["in_flight_ms"] is not None:

@@ -280,7 +280,10 @@ class CollectiveTap:
                 return original(work, *args, **kwargs)
             start = perf()
             result = original(work, *args, **kwargs)
-            tap._waited(id(work), start, perf())
+            try:
+                tap._waited(id(work), start, perf())
+            except Exception:
+                tap.errors += 1
             return result
 
         return wait

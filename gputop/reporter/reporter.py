@@ -171,6 +171,9 @@ class Reporter(ReporterThread):
         probe = CollectiveProbe(self.tap)
         with contextlib.suppress(Exception):
             probe.learn_meshes(model)
+        if self._facts.get("ddp"):  # the group DDP's own all-reduce runs on, for its row among the collectives
+            with contextlib.suppress(Exception):
+                self._facts["ddp_group"] = probe.group_name(model.process_group)
         return [probe]
 
     def _rank_cuda(self, index: int) -> RankCuda:

@@ -51,7 +51,7 @@ from gputop.reporter.self_cost import SelfCost
 from gputop.reporter.sender import Sender
 from gputop.reporter.stack_reporting import StackReporting
 from gputop.reporter.trainer_figures import TrainerLog
-from gputop.reporter.window import hook_phase_fields, step_fields
+from gputop.reporter.window import ddp_exchange, hook_phase_fields, step_fields
 
 BACKLOG_S = 600.0  # ten minutes of windows wait for a dashboard that starts late
 TICK_S = 0.25  # how often the thread wakes to connect and flush between windows: twice per window
@@ -169,13 +169,18 @@ class ReporterThread:
             self._say_why_not_measured(probe)
             for kind, note in getattr(probe, "take_notes", list)():  # what a probe saw happen: a recompile
                 self._send_event(kind, note)
+        self._learn_ddp_settings()  # its buckets and gradient bytes size DDP's row among the collectives
+        exchange = ddp_exchange(fields, self._facts.get("ddp_buckets"), self._facts.get("ddp_gradient_bytes"),
+                                self._facts.get("ddp_group") or "world")  # fmt: skip
+        if exchange is not None and not any(c.kind == "all_reduce" and c.group == exchange.group for c in
+                                            (c for timed in collectives for c in timed)):  # fmt: skip
+            collectives.append((exchange,))  # not where a Python comm hook's all-reduces were timed already
         if any(collectives):
             fields["collectives"] = merge_collectives(collectives)
         if self.clock.times_phases and "comm_s" not in fields:
             fields.update(hook_phase_fields(marks, fields.get("collectives", ())))
         if self._stacks.flight_missing:
             self._say_not_measured("flight_recorder", flight_recorder.NO_DUMP)
-        self._learn_ddp_settings()
         if self._grad_enabled is not None:
             forwards, self._train_forwards_sent = self._train_forwards - self._train_forwards_sent, self._train_forwards
             fields["forwards"] = max(forwards, 0)

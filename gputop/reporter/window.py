@@ -88,3 +88,23 @@ def hook_phase_fields(marks: Sequence[StepMark], collectives: Sequence[Collectiv
         "ddp_steps": steps,
         "phases_from": "hooks",
     }
+
+
+def ddp_exchange(
+    fields: dict[str, Any], buckets: int | None, gradient_bytes: int | None, group: str
+) -> CollectiveTimes | None:
+    """DDP's gradient all-reduce as the window's collective, from its logger's figures: the same table for every stack.
+
+    DDP's reducer issues it from C++, where the collective tap sees nothing.  Its figures are per
+    iteration, over ``ddp_steps`` iterations (or DDP's latest sampled one, standing for the window's
+    steps); the calls are its buckets, the bytes every parameter's gradient.  None until DDP has said
+    how it is built (its first iterations) or timed one.
+    """
+    comm = fields.get("comm_s")
+    if comm is None or not buckets or gradient_bytes is None:
+        return None
+    steps = fields.get("ddp_steps") or fields.get("timed_steps") or fields.get("steps") or 0
+    if not steps:
+        return None
+    exposed = max(comm - (fields.get("overlap_s") or 0.0), 0.0)
+    return CollectiveTimes("all_reduce", group, buckets * steps, gradient_bytes * steps, comm * steps, exposed * steps)

@@ -48,7 +48,8 @@ def communication_findings(run: RunFigures) -> list[Finding]:
     spread = None if se is None else pct(BAND_ERRORS * se)
     evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank, spread=spread),)
     held_by = holding_collectives(lowest)
-    what = "gradient exchange" if not held_by else "communication"
+    # DDP's exchange is its gradient all-reduce (its logger's row among the collectives): it keeps that name.
+    what = "gradient exchange" if not held_by or lowest.stats.phases_from == "ddp" else "communication"
     title = f"{ranks_text([r.rank for r in ranks])} wait for {what} {pct(mean):.0f}% of each step"
     if held_by:
         title += ", most in " + " and ".join(collective_text(c) for c in held_by)

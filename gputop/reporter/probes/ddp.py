@@ -138,7 +138,7 @@ class DdpProbe:
         """The figures, or {} when all of DDP's times are 0: DDP did not time the iteration(s)."""
         if any(out.get(name) for _, name in DDP_TIMES):
             self.not_measured = None
-            return out
+            return {**out, "phases_from": "ddp"}
         self.not_measured = ALL_ZERO
         return {}
 
