@@ -222,3 +222,15 @@ def test_an_optimizer_closure_is_the_steps_forward_and_backward_not_the_optimize
     assert last.optimizer_s is not None and last.optimizer_s < 0.01, last
     assert last.forward_s is not None and last.forward_s >= 0.01 and last.backward_s is not None, last
     assert last.backward_s >= 0.03, last
+
+
+def test_ddps_exchange_is_a_collective_from_its_loggers_figures() -> None:
+    """DDP's all-reduce runs in C++, out of the tap's sight: its logger's per-iteration figures make its row."""
+    from gputop.protocol import CollectiveTimes
+    from gputop.reporter.window import ddp_exchange
+
+    fields = {"comm_s": 0.004, "overlap_s": 0.001, "ddp_steps": 5, "timed_steps": 6}
+    row = ddp_exchange(fields, buckets=3, gradient_bytes=1000, group="world")
+    assert row == CollectiveTimes("all_reduce", "world", 15, 5000, pytest.approx(0.02), pytest.approx(0.015))
+    assert ddp_exchange(fields, buckets=None, gradient_bytes=1000, group="world") is None  # not built yet: no row
+    assert ddp_exchange({"steps": 4}, buckets=3, gradient_bytes=1000, group="world") is None  # not timed
