@@ -76,6 +76,6 @@ def test_the_top_finding_is_the_scenarios_own_cause(scenario: str, cause: str) -
     assert top["severity"] in ("warn", "critical"), seen
     assert top["evidence"] and top["suggestion"]
     if scenario == "straggler":  # named, with its own slow phase: only rank 1's input is slow
-        assert top["ranks"] == [1] and "loader" in top["title"], seen
+        assert top["ranks"] == [1] and "waiting for its data" in top["title"], seen
     if scenario == "rotating":  # a different rank each step: no one rank is blamed
         assert top["ranks"] == [] and top["title"].startswith("the slowest rank rotates"), seen
