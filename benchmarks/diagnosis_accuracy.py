@@ -68,6 +68,9 @@ class Case:
     script: str = "job.py"
     onset: bool = False  # the cause switches on mid-run; the job writes when
     unseen: bool = False  # written after the rules, to score them on jobs they were not tuned on
+    # The step every rank must reach for the case's cause to happen at all (a hang that begins at step 40):
+    # a run that stopped short is void, neither right nor wrong.
+    premise_step: int = 0
 
     def expected_under(self, condition: str) -> str:
         """The right top finding under a condition: a healthy job short of CPU is an allocation problem."""
@@ -103,7 +106,7 @@ CASES: tuple[Case, ...] = (
         script="lightning_case.py",
     ),
     # Written like public scripts and added before any rule was tuned to them (jobs/accuracy/unseen_cases.py).
-    Case("hang_rank1_lock", "hang", "rank 1 blocks on a lock for good at step 40", unseen=True),
+    Case("hang_rank1_lock", "hang", "rank 1 blocks on a lock for good at step 40", unseen=True, premise_step=40),
     Case(
         "straggler_metric_after_step_rank1", "straggler", "rank 1 computes a metric after optimizer.step()", unseen=True
     ),
@@ -165,10 +168,23 @@ class RunResult:
     error: str = ""
     # Under a condition that takes CPUs: allocation named first, with the case's own cause still listed.
     allocation_first: bool = False
+    # Why the case's premise did not happen in this run (its hang's step never reached, its onset never
+    # written): then the run is void, scored neither right nor wrong.  "" when it happened.
+    void: str = ""
 
     @property
     def right(self) -> bool:
-        return self.top == self.expected or self.allocation_first
+        return not self.void and (self.top == self.expected or self.allocation_first)
+
+
+def premise_missing(case: Case, steps: tuple[int, ...], onset_path: Path) -> str:
+    """Why a run of ``case`` never set up what it tests, or "" when it did."""
+    if case.premise_step and (not steps or min(steps) < case.premise_step):
+        reached = min(steps) if steps else 0
+        return f"the job reached step {reached} of the {case.premise_step} its cause begins at"
+    if case.onset and not onset_path.exists():
+        return "the job never wrote its onset: the cause never switched on"
+    return ""
 
 
 CONDITIONS = ("quiet", "neighbour", "one_core")
@@ -232,7 +248,8 @@ def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "
     report = gputop_report(rec_path)
     onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
     result = result_of(case, run, report, wall_s, condition)
-    return replace(result, onset_to_finding_s=onset_s, before_onset=before)
+    void = premise_missing(case, result.steps, onset_path)
+    return replace(result, onset_to_finding_s=onset_s, before_onset=before, void=void)
 
 
 def rescore(case: Case, folder: Path, run: int, condition: str) -> RunResult | None:
@@ -248,7 +265,8 @@ def rescore(case: Case, folder: Path, run: int, condition: str) -> RunResult | N
     onset_path = folder / f"{case.name}.{run}.onset"
     onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
     result = result_of(case, run, gputop_report(rec_path), 0.0, condition)
-    return replace(result, onset_to_finding_s=onset_s, before_onset=before)
+    void = premise_missing(case, result.steps, onset_path)
+    return replace(result, onset_to_finding_s=onset_s, before_onset=before, void=void)
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -325,7 +343,9 @@ def time_to_finding(rec_path: Path, onset_path: Path, cause: str) -> tuple[float
 # -- the tables ----------------------------------------------------------------------------
 
 
-def summary(results: list[RunResult]) -> dict[str, Any]:
+def summary(everything: list[RunResult]) -> dict[str, Any]:
+    """Over the runs whose premise happened; the void ones are counted apart, with why."""
+    results = [r for r in everything if not r.void]
     by_case: dict[str, list[RunResult]] = {}
     for r in results:
         by_case.setdefault(r.case, []).append(r)
@@ -342,6 +362,7 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
         "flip_rate": round(len(flipped) / len(by_case), 3) if by_case else None,
         "onset_to_finding_s": onsets,
         "onset_missed": sum(1 for r in results if r.onset_to_finding_s is None and case_of(r.case).onset),
+        "void": [f"{r.case} run {r.run}: {r.void}" for r in everything if r.void],
     }
 
 
@@ -349,7 +370,8 @@ def case_of(name: str) -> Case:
     return next(c for c in CASES if c.name == name)
 
 
-def confusion_markdown(results: list[RunResult]) -> str:
+def confusion_markdown(everything: list[RunResult]) -> str:
+    results = [r for r in everything if not r.void]
     expected = list(dict.fromkeys(r.expected for r in results))
     found = expected + sorted({scored(r) for r in results} - set(expected))
     counts = Counter((r.expected, scored(r)) for r in results)
@@ -372,6 +394,7 @@ def runs_markdown(results: list[RunResult]) -> str:
     lines = ["| case | expected | run | top finding | steps (per rank) | wall s | onset→finding s |", "|---" * 7 + "|"]
     for r in results:
         mark = "" if r.top == r.expected else " (allocation first, own cause listed)" if r.right else " ✗"
+        mark = f" (void: {r.void})" if r.void else mark
         title = r.error or (f"{r.top}: {r.top_title}" if r.top_title else r.top)
         onset = (
             ""
@@ -415,7 +438,7 @@ def main() -> int:
                 else:
                     result = run_job(expecting, args.seconds, work, run, args.condition)
                 results.append(result)
-                verdict = "ok" if result.right else "WRONG"
+                verdict = "void" if result.void else "ok" if result.right else "WRONG"
                 print(f"{case.name} run {run}: {result.top} ({verdict}) {result.top_title or result.error}",
                       file=sys.stderr, flush=True)  # fmt: skip
     total = summary(results)
@@ -424,6 +447,8 @@ def main() -> int:
     print(f"\n{started:%Y-%m-%d %H:%M} UTC, {machine}; condition {args.condition}; load at the end {load[0]:.1f}")
     print(f"command: {' '.join(['.venv/bin/python', *sys.argv])}\n")
     print(confusion_markdown(results), "\n")
+    if total["void"]:
+        print(f"void (the case's premise did not happen, not scored): {'; '.join(total['void'])}")
     print(f"right: {total['right']}/{total['runs']} runs; flip rate: {len(total['flipped_cases'])}/{total['cases']} "
           f"cases ({', '.join(total['flipped_cases']) or 'none'}); onset to finding: {total['onset_to_finding_s']} s"
           f"{'; missed ' + str(total['onset_missed']) if total['onset_missed'] else ''}\n")  # fmt: skip
