@@ -22,8 +22,8 @@ queued on a stream, so the host's clock measures nothing of the collective: thos
 with their bytes, and their times are N/A (``not_measured`` says so) until CUDA events on the streams
 measure them.
 
-The reporter thread drains the records once a window (``CollectiveProbe``), names each process group
-by its DeviceMesh dimension where it has one, and adds them up by kind and group.
+The reporter thread drains the records once a window (``gputop.reporter.probes.collectives``), names
+each process group by its DeviceMesh dimension where it has one, and adds them up by kind and group.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.combine import merge_collectives
-from gputop.protocol import COLLECTIVES_KEPT, CollectiveTimes
 from gputop.reporter.clock import StepClock
 
 # A record per collective: (kind, group, bytes, in flight s, exposed s); times None where not measured (CUDA).
@@ -356,92 +354,3 @@ class CollectiveTap:
                 yield records.popleft()
             except IndexError:
                 return
-
-
-class CollectiveProbe:
-    """The window's collectives by kind and group, from the tap (reporter thread)."""
-
-    name = "collectives"
-
-    def __init__(self, tap: CollectiveTap) -> None:
-        self.tap = tap
-        self.not_measured: str | None = None
-        self._names: dict[int, tuple[Any, str]] = {}  # id(group): (the group, kept alive; its name)
-
-    def read(self, marks: Any) -> dict[str, Any]:
-        found = [
-            CollectiveTimes(kind, self.group_name(group), 1, nbytes, busy_s,
-                            busy_s if exposed_s is None and busy_s is not None else exposed_s)
-            for kind, group, nbytes, busy_s, exposed_s in self.tap.drain()
-        ]  # fmt: skip
-        if self.tap.cuda_calls:
-            self.not_measured = CUDA_NOT_TIMED
-        if not found:
-            return {}
-        return {"collectives": merge_collectives([found])[:COLLECTIVES_KEPT]}
-
-    def learn_meshes(self, model: Any, *, looked_at: int = 64) -> None:
-        """Name each group of the meshes the model's sharded parameters live on by its dimension (training thread).
-
-        A dimension that spans every rank reuses the default group, which no description ties to the
-        mesh: without this a 1-D FSDP2 mesh ("dp",) would read "world".
-        """
-        for i, parameter in enumerate(model.parameters()):
-            if i >= looked_at:
-                return
-            mesh = getattr(parameter, "device_mesh", None)
-            names = getattr(mesh, "mesh_dim_names", None) or ()
-            for dim, dim_name in enumerate(names):
-                group = mesh.get_group(dim)  # type: ignore[union-attr]
-                self._names[id(group)] = (group, str(dim_name)[:64])
-                if group is _default_group():
-                    self._names[id(None)] = (None, str(dim_name)[:64])
-
-    def group_name(self, group: Any) -> str:
-        """A process group's name on screen: its DeviceMesh dimension where it has one."""
-        if group is None:
-            return self._names.get(id(None), (None, "world"))[1]
-        known = self._names.get(id(group))
-        if known is not None and known[0] is group:
-            return known[1]
-        name = describe_group(group)
-        self._names[id(group)] = (group, name)
-        return name
-
-
-CUDA_NOT_TIMED = (
-    "collectives on CUDA tensors are counted with their bytes; their times need CUDA events on the streams, "
-    "which gputop does not record yet, so they are N/A"
-)
-
-
-def _default_group() -> Any:
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    try:
-        return None if c10d is None else c10d._get_default_group()
-    except Exception:
-        return None
-
-
-def describe_group(group: Any) -> str:
-    """``dp``/``tp``/… for a DeviceMesh dimension's group, ``world`` for the default one, else ``pg <name>``."""
-    try:
-        if isinstance(group, tuple) and len(group) == 2:  # (DeviceMesh, dim), as funcol takes it
-            mesh, dim = group
-            names = getattr(mesh, "mesh_dim_names", None)
-            return str(names[dim]) if names else f"mesh dim {dim}"
-        if isinstance(group, (list, tuple)):
-            return f"ranks {','.join(map(str, group))}"[:64]
-        c10d = sys.modules.get("torch.distributed.distributed_c10d")
-        if isinstance(group, str) and c10d is not None:
-            group = c10d._resolve_process_group(group)
-        if group is _default_group() or getattr(group, "group_desc", None) == "default_pg":  # (read after teardown)
-            return "world"
-        desc = str(getattr(group, "group_desc", "") or "")
-        if desc.startswith("mesh_"):
-            return desc[len("mesh_") :][:64]
-        if desc in ("", "undefined"):  # new_group() without a description (DeepSpeed's data-parallel group)
-            return f"pg {getattr(group, 'group_name', '?')}"[:64]
-        return desc[:64]
-    except Exception:
-        return "unknown"

@@ -25,8 +25,9 @@ from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
 from gputop.reporter.clock import StepClock
-from gputop.reporter.collectives import CollectiveProbe, CollectiveTap
+from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.probes import Probe
+from gputop.reporter.probes.collectives import CollectiveProbe
 from gputop.reporter.probes.compile import CompileProbe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
 from gputop.reporter.probes.ddp import DdpProbe

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gputop.reporter.clock import StepClock
-from gputop.reporter.collectives import CollectiveProbe, CollectiveTap
+from gputop.reporter.collectives import CollectiveTap
+from gputop.reporter.probes.collectives import CollectiveProbe
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
