@@ -150,6 +150,13 @@ CASES: tuple[Case, ...] = (
         "Accelerate plain loop (prepare, accelerator.backward), 4 ms a sample, 0 workers",
         unseen=True,
     ),
+    Case(
+        "compile_recompiling_padded_batches",
+        "recompile",
+        "DDP(torch.compile(model, dynamic=False)), batches padded to their longest text, a multiple of 16",
+        unseen=True,
+        premise_step=30,  # four lengths appear, and are compiled for, over the first tens of steps
+    ),
 )
 
 

@@ -29,6 +29,7 @@ from input_cases import (
 )
 from stack_cases import (
     accelerate_loader_bound,
+    compile_recompiling_padded_batches,
     fsdp2_exposed_all_gather,
     fsdp2_healthy,
     fsdp2_straggler_metric_rank1,
@@ -89,6 +90,7 @@ CASES: dict[str, Callable[[float], None]] = {
         fsdp2_exposed_all_gather,
         tp_group_critical_path,
         accelerate_loader_bound,
+        compile_recompiling_padded_batches,
     )
 }
 

@@ -306,3 +306,53 @@ def accelerate_loader_bound(seconds: float) -> None:
             if deadline.reached(steps):
                 finish(accelerator.process_index, steps)
                 return
+
+
+# -- torch.compile fed the shapes of its data ------------------------------------------------------
+
+
+class VariableReviews(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Reviews of 8 to 64 tokens, as a tokenizer leaves them before any padding."""
+
+    def __init__(self, n: int, vocab: int) -> None:
+        self.n, self.vocab = n, vocab
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(index)
+        length = int(torch.randint(8, 65, (1,), generator=g))
+        return torch.randint(1, self.vocab, (length,), generator=g), torch.tensor(index % 2)
+
+
+def pad_to_longest(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What HF's DataCollatorWithPadding(pad_to_multiple_of=16) does: every text padded to the batch's longest,
+    rounded up to a multiple of 16 (so 16, 32, 48 or 64 tokens: four shapes)."""
+    texts, labels = zip(*batch, strict=True)
+    longest = -(-max(len(t) for t in texts) // 16) * 16
+    padded = torch.zeros(len(texts), longest, dtype=texts[0].dtype)
+    for row, text in enumerate(texts):
+        padded[row, : len(text)] = text
+    return padded, torch.stack(labels)
+
+
+def compile_recompiling_padded_batches(seconds: float) -> None:
+    """DDP(torch.compile(model, dynamic=False)), as people write it for speed, fed batches padded to their
+    longest text (to a multiple of 16): a new length is a new graph, compiled again when it first appears."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(torch.compile(ReviewClassifier(vocab=2048, dim=32), dynamic=False))
+    gputop.watch(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = VariableReviews(4096, 2048)
+    sampler: DistributedSampler[int] = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=8, sampler=sampler, collate_fn=pad_to_longest)
+    deadline, steps = Deadline(seconds), 0
+    for texts, labels in gputop.track(loader):
+        F.cross_entropy(model(texts), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+        if deadline.reached(steps):
+            break
+    finish(rank, steps)
