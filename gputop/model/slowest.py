@@ -21,8 +21,9 @@ whose kernels run slower.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gputop.model.stalls import STALL_FACTOR
 from gputop.model.statistics import median, standard_error
 from gputop.protocol import Window
 
@@ -45,6 +46,11 @@ ONE_RANK_MIN_PART = 0.75
 ROTATING_MIN_STEPS_FRAC = 0.25
 # Fewer compared steps than this tell nothing about a pattern (a few seconds of a slow job).
 MIN_COMPARED_STEPS = 20
+# A step whose slowest rank kept the others waiting this many typical steps or more made their step a stall
+# (STALL_FACTOR x the median): a checkpoint save, an evaluation pass, a GC pause.  Such stops are the stall
+# rule's business, counted apart here: ten of them by one rank among noise would otherwise read as a rotation,
+# and their waits, each many steps long, would swamp the waits of the ordinary steps.
+STALL_MARGIN_STEPS = STALL_FACTOR - 1.0
 # The join costs a dictionary entry per rank and step: at most this many, newest steps first (200 steps
 # of 100 ranks, 20 of 1,000), so the dashboard's refresh stays cheap at any scale.
 MAX_COMPARED_ENTRIES = 20_000
@@ -55,11 +61,14 @@ class SlowestRanks:
     """Over the steps compared, in how many each rank was the one the others waited for."""
 
     steps: int  # steps that at least two ranks (and half of them) timed
-    slowest: dict[int, int]  # rank -> steps in which it was ready last by more than the line
+    slowest: dict[int, int]  # rank -> steps in which it was ready last by more than the line (not a stall)
     waited_s: float  # per compared step, how long the typical rank waited for the slowest (0 in ties)
     waited_se_s: float | None  # its standard error over the steps
     line_s: float  # how much later than the others a rank had to be ready to count as a step's slowest
     step_s: float  # the typical step the line and the waits are shares of
+    # rank -> compared steps in which the others waited for it a stall's length (see STALL_MARGIN_STEPS):
+    # not in ``slowest``, ``steps`` or the waits, which describe the ordinary steps.
+    stalled: dict[int, int] = field(default_factory=dict)
 
     @property
     def decided_steps(self) -> int:
@@ -101,6 +110,7 @@ class SlowestRanks:
             "line_ms": round(1e3 * self.line_s, 3),
             "rotates": self.rotates,
             "one_rank": self.one_rank,
+            "stalled_steps": {str(rank): count for rank, count in sorted(self.stalled.items())},
         }
 
 
@@ -118,16 +128,22 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
         return None
     line_s = max(SLOWEST_LINE_FRAC * step_s, NOISE_FACTOR * _noise_s(by_step))
     slowest: dict[int, int] = {}
+    stalled: dict[int, int] = {}
     waits: list[float] = []
     for readies in by_step:
         ready_s, rank = readies[-1]
         margin_s = ready_s - (median([r for r, _ in readies[:-1]]) or 0.0)
+        if margin_s >= STALL_MARGIN_STEPS * step_s:
+            stalled[rank] = stalled.get(rank, 0) + 1
+            continue
         if margin_s >= line_s:
             slowest[rank] = slowest.get(rank, 0) + 1
         waits.append(margin_s if margin_s >= line_s else 0.0)
+    if not waits:
+        return None
     return SlowestRanks(
-        steps=len(by_step), slowest=slowest, waited_s=sum(waits) / len(waits), waited_se_s=standard_error(waits),
-        line_s=line_s, step_s=step_s,
+        steps=len(waits), slowest=slowest, waited_s=sum(waits) / len(waits), waited_se_s=standard_error(waits),
+        line_s=line_s, step_s=step_s, stalled=stalled,
     )  # fmt: skip
 
 

@@ -45,6 +45,26 @@ def test_a_rank_that_is_the_last_one_ready_in_every_step_is_the_slowest_in_all_o
     assert pattern.waited_s == pytest.approx(0.030, abs=0.002)
 
 
+def test_one_ranks_checkpoint_every_10_steps_among_jitter_is_stalls_not_a_rotation() -> None:
+    """Rank 0 saves for 400 ms every 10th step; otherwise either rank is a little late now and then.
+
+    Counted as slowest steps, the saves (rank 0 in 10%) over the jitter that
+    decides a third of the others (either rank) read as a rotation whose waits,
+    each ten steps long, swamp everything: issue #35's "the slowest rank
+    rotates: rank 1 in 31%, rank 0 in 11%" beside the stall that explained it.
+    """
+    draws = random.Random(5)
+    late = [draws.choice((0, 1, None, None, None)) for _ in range(150)]
+    ready = {r: [j + (0.004 if late[k] == r else 0.0) for k, j in enumerate(jitter(r, 150, spread_s=0.0002))]
+             for r in (0, 1)}  # fmt: skip
+    for n in range(10, 150, 10):
+        ready[0][n] += 0.400  # the step after the save: rank 0 starts its forward 400 ms late
+    pattern = slowest_ranks([(r, windows(r, ready[r])) for r in (0, 1)], STEP_S)
+    assert pattern is not None
+    assert pattern.stalled == {0: 14} and pattern.steps == 150 - 14, pattern.to_dict()
+    assert pattern.waited_s == pytest.approx(0.4 * 0.004, abs=0.0008), pattern.to_dict()  # the jitter's, not the saves'
+
+
 def test_a_different_rank_last_each_step_is_a_rotation_that_names_no_one_rank() -> None:
     """Whichever rank draws the metric each step is late: means alike, and yet the others wait every step."""
     draws = random.Random(3)
