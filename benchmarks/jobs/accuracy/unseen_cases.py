@@ -53,8 +53,14 @@ class _ExitAt:
         os._exit(0)
 
 
+# The step the hang begins at: early, so that it comes within the run on a machine twice as slow (it was step 40,
+# and under a neighbour process a run reached step 36 in its 14-s budget and never hung), after enough steps for
+# the job's usual step time.  The runner's premise_step for the case is this step.
+HANG_STEP = 10
+
+
 def hang_rank1_lock(seconds: float) -> None:
-    """At step 40 rank 1 waits on a lock a forgotten thread holds; rank 0 waits in its next all-reduce."""
+    """At step 10 rank 1 waits on a lock a forgotten thread holds; rank 0 waits in its next all-reduce."""
     rank = start()
     leave = _ExitAt(seconds)
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
@@ -75,9 +81,9 @@ def hang_rank1_lock(seconds: float) -> None:
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             steps += 1
-            if steps == 40:
+            if steps == HANG_STEP:
                 leave.hang_begins()  # rank 0 too: it will wait for rank 1 in its next all-reduce
-            if steps == 40 and rank == 1:
+            if steps == HANG_STEP and rank == 1:
                 holder.start()
                 time.sleep(0.1)
                 wait_for_lock()
@@ -158,6 +164,11 @@ def allocation_outside_cpu_hog(seconds: float) -> None:
                 os.kill(hog, signal.SIGKILL)
 
 
+# Three checkpoints at least, two of them inside a measured step (a stall is a pattern from two on): at a third
+# of a quiet run's speed (a busy neighbour's), the 14-s budget would end at the stop check of step 20, with one.
+MIN_CHECKPOINT_STEPS = 30
+
+
 def stall_checkpoint_every_10_rank0(seconds: float) -> None:
     """Rank 0 checkpoints every 10 steps (torch.save and a 1.5-s flush), as torchvision's references do per epoch."""
     rank = start()
@@ -176,7 +187,7 @@ def stall_checkpoint_every_10_rank0(seconds: float) -> None:
                 if rank == 0 and steps % 10 == 0:
                     torch.save({"model": model.module.state_dict(), "step": steps}, os.path.join(folder, "ckpt.pt"))
                     time.sleep(1.5)
-                if deadline.reached(steps):
+                if steps >= MIN_CHECKPOINT_STEPS and deadline.reached(steps):
                     finish(rank, steps)
                     return
 

@@ -1,0 +1,105 @@
+"""The accuracy benchmark's scoring (benchmarks/diagnosis_accuracy.py) on made-up reports: no job runs.
+
+A run is right when its top finding names the case's cause and, where the case
+says which, the ranks that have it; the right cause on the wrong ranks is
+counted apart; a run whose premise never happened is neither.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("diagnosis_accuracy", ROOT / "benchmarks" / "diagnosis_accuracy.py")
+assert _spec is not None and _spec.loader is not None
+bench = importlib.util.module_from_spec(_spec)
+sys.modules["diagnosis_accuracy"] = bench  # dataclasses look their module up by name
+_spec.loader.exec_module(bench)
+
+CHECKPOINT = bench.Case("stall_checkpoint_rank0", "stall", "rank 0 saves a checkpoint", ranks=(0,))
+
+
+def finding(cause: str, ranks: list[int], severity: str = "warn") -> dict[str, Any]:
+    """A finding as `gputop report --format json` writes one, with what the scoring reads."""
+    return {"cause": cause, "severity": severity, "title": f"{cause} on {ranks}", "ranks": ranks}
+
+
+def report(*findings: dict[str, Any], steps: int = 30) -> dict[str, Any]:
+    return {"runs": [{"ranks": [{"rank": 0, "steps": steps}, {"rank": 1, "steps": steps}]}], "findings": list(findings)}
+
+
+def test_the_right_cause_on_the_right_ranks_is_right() -> None:
+    result = bench.result_of(CHECKPOINT, 1, report(finding("stall", [0])), 20.0)
+    assert result.named == (0,)
+    assert result.right and not result.ranks_wrong
+    summary = bench.summary([result])
+    assert summary["right"] == 1 and summary["ranks_wrong"] == []
+    assert "stall [0]" in bench.runs_markdown([result])
+
+
+def test_the_right_cause_on_the_wrong_ranks_is_counted_apart_not_right() -> None:
+    # Issue #35: "ranks 0, 1 stop 414 ms every 10 steps" where rank 0 alone saved and rank 1 only waited.
+    result = bench.result_of(CHECKPOINT, 1, report(finding("stall", [0, 1])), 20.0)
+    assert result.cause_right and not result.right and result.ranks_wrong
+    summary = bench.summary([result])
+    assert summary["right"] == 0
+    assert summary["ranks_wrong"] == ["stall_checkpoint_rank0 run 1: stall named [0, 1], the case's is [0]"]
+    table = bench.confusion_markdown([result])
+    assert bench.RANKS_WRONG in table.splitlines()[0]
+    assert bench.RANKS_WRONG in bench.runs_markdown([result])
+
+
+def test_ranks_not_checked_score_the_cause_alone() -> None:
+    hog = bench.Case("allocation_outside_cpu_hog", "allocation", "a hog", ranks=None)
+    result = bench.result_of(hog, 1, report(finding("allocation", [1])), 20.0)
+    assert result.right
+
+
+def test_no_one_rank_is_right_only_for_a_finding_that_names_none() -> None:
+    rotating = bench.Case("straggler_rotating", "straggler", "the longest batch's rank", ranks=())
+    assert bench.result_of(rotating, 1, report(finding("straggler", [])), 20.0).right
+    assert bench.result_of(rotating, 1, report(finding("straggler", [1])), 20.0).ranks_wrong
+
+
+def test_allocation_first_scores_the_case_own_finding_ranks() -> None:
+    findings = (finding("allocation", [0, 1], severity="critical"), finding("stall", [1], severity="info"))
+    result = bench.result_of(CHECKPOINT, 1, report(*findings), 20.0, condition="neighbour")
+    assert result.allocation_first and result.named == (1,)
+    assert result.ranks_wrong and not result.right
+    right = bench.result_of(
+        CHECKPOINT, 1, report(findings[0], finding("stall", [0], severity="info")), 20.0, condition="neighbour"
+    )
+    assert right.right and bench.summary([right])["allocation_first"] == 1
+
+
+def test_a_healthy_case_under_a_neighbour_checks_no_ranks() -> None:
+    healthy = bench.Case("healthy_convnet", bench.HEALTHY, "convnet")
+    under = healthy.under("neighbour")
+    assert (under.expected, under.ranks) == ("allocation", None)
+    assert bench.result_of(under, 1, report(finding("allocation", [0])), 20.0, condition="neighbour").right
+
+
+def test_a_void_premise_is_neither_right_nor_wrong(tmp_path: Path) -> None:
+    hang = bench.Case("hang_rank1_lock", "hang", "rank 1 blocks at step 10", premise_step=10, ranks=(1,))
+    for findings in ((), (finding("hang", [0, 1], severity="critical"),)):
+        result = bench.result_of(hang, 1, report(*findings, steps=8), 20.0)
+        void = bench.premise_missing(hang, result.steps, tmp_path / "none.onset")
+        assert void == "the job reached step 8 of the 10 its cause begins at"
+        result = replace(result, void=void)
+        assert not result.right and not result.ranks_wrong
+        summary = bench.summary([result])
+        assert (summary["runs"], summary["right"], summary["ranks_wrong"]) == (0, 0, [])
+        assert summary["void"] == [f"hang_rank1_lock run 1: {void}"]
+
+
+def test_every_case_says_which_ranks_or_why_not() -> None:
+    """A case with a cause on rank-specific code names its ranks; a healthy case checks none."""
+    for case in bench.CASES:
+        if case.expected == bench.HEALTHY:
+            assert case.ranks is None, case.name
+        if "rank1" in case.name or "rank0" in case.name:
+            assert case.ranks == ((1,) if "rank1" in case.name else (0,)), case.name
