@@ -236,6 +236,15 @@ CASES: tuple[Case, ...] = (
     ),
     # Which rank meets a new length first is its shard's draw of texts, not the job's design (the first score
     # saw rank 0 alone recompile): not checked.
+    # Issue #35: a tiny batch whose exchange is 20% of a short step; scored "communication" (warn, 22%) before
+    # the rule that reads the exchange as the tiny step's symptom was written.  Every rank's step is small.
+    Case(
+        "parallelism_mingpt_batch2",
+        "parallelism",
+        "minGPT-like, 2 blocks 32 wide over 128 characters, batch 2 a rank, no workers",
+        unseen=True,
+        ranks=ALL_RANKS,
+    ),
     Case(
         "compile_recompiling_padded_batches",
         "recompile",

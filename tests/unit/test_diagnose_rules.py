@@ -347,6 +347,30 @@ class TestParallelism:
         assert findings[0].severity == "critical"
         assert only(findings, "communication").severity == "info"
 
+    def test_an_exchange_that_more_work_per_step_would_shrink_is_the_tiny_steps_symptom(self) -> None:
+        """Batch 2, 15-ms steps, 20% exposed exchange: at batch 8 the same exchange is ~8% of a longer step.
+
+        Issue #35's small GPT: named "communication" (or nothing, near the line)
+        while the cause is too little work per step.
+        """
+        specs = two_ranks(step_s=0.015, forward_frac=0.2, backward_frac=0.3, comm_frac=0.22, overlap_frac=0.02)
+        findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 2}))
+        top = findings[0]
+        assert top.cause == "parallelism" and top.severity == "warn" and top.ranks == (0, 1), top
+        assert "at batch 2: the gradient exchange takes 20% of each step" in top.title, top.title
+        assert "at batch 8 it would be about 8%" in top.title, top.title
+        assert "batch_size=8" in top.suggestion
+        comm = only(findings, "communication")
+        assert comm.severity == "info" and "symptom of tiny steps" in comm.title
+
+    @pytest.mark.parametrize("batch", [16, 64])
+    def test_an_exchange_that_would_stay_long_with_more_work_is_communication(self, batch: int) -> None:
+        """50 MB of gradients for a few ms of compute: at 4x the batch the exchange is still ~30% of the step."""
+        specs = two_ranks(step_s=0.05, forward_frac=0.1, backward_frac=0.2, comm_frac=0.62, overlap_frac=0.02)
+        findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": batch}))
+        assert findings[0].cause == "communication" and findings[0].severity in ("warn", "critical"), findings[0]
+        assert by_cause(findings, "parallelism") == []
+
 
 class TestModelConfig:
     def test_fp32_without_autocast_on_a100(self) -> None:

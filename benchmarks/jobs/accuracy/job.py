@@ -47,6 +47,7 @@ from unseen_cases import (
     hang_rank1_lock,
     healthy_mingpt_like,
     healthy_symmetric_accumulation,
+    parallelism_mingpt_batch2,
     stall_checkpoint_every_10_rank0,
     stall_irregular,
     straggler_metric_after_step_rank1,
@@ -91,6 +92,8 @@ CASES: dict[str, Callable[[float], None]] = {
         tp_group_critical_path,
         accelerate_loader_bound,
         compile_recompiling_padded_batches,
+        # Issue #35's tiny batch, added before the rule that names it was written.
+        parallelism_mingpt_batch2,
     )
 }
 

@@ -274,13 +274,21 @@ class CharData(Dataset):
 
 def healthy_mingpt_like(seconds: float) -> None:
     """pytorch/examples' minGPT-ddp, scaled down: AdamW, grad clipping, a DistributedSampler."""
+    train_mingpt(TinyGPT(), CharData(), batch_size=48, seconds=seconds)
+
+
+def parallelism_mingpt_batch2(seconds: float) -> None:
+    """The same script with a 2-block, 32-wide GPT over 128 characters at batch 2 a rank, no workers (issue #35)."""
+    train_mingpt(TinyGPT(width=32, context=128), CharData(context=128), batch_size=2, seconds=seconds)
+
+
+def train_mingpt(net: nn.Module, data: Dataset, *, batch_size: int, seconds: float) -> None:
     rank = start()
-    model = nn.parallel.DistributedDataParallel(TinyGPT())
+    model = nn.parallel.DistributedDataParallel(net)
     gputop.watch(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    data = CharData()
     sampler = DistributedSampler(data)
-    loader = DataLoader(data, batch_size=48, sampler=sampler)
+    loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
     deadline, steps, epoch = Deadline(seconds), 0, 0
     while True:
         sampler.set_epoch(epoch)

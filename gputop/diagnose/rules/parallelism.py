@@ -1,10 +1,23 @@
 """parallelism: too little work per step for the device to stay busy.
 
-Three signs, each only where its numbers are measured: the GPU is mostly idle
+Four signs, each only where its numbers are measured: the GPU is mostly idle
 although neither the loader nor the gradient exchange holds it up; the GPU is
-busy for a small part of each wall step; or steps are so short, at a small
-batch, that fixed per-step costs (Python, launches, the all-reduce's latency)
-are most of them.  All three call for more work per step.
+busy for a small part of each wall step; steps are so short, at a small batch,
+that fixed per-step costs (Python, launches, the all-reduce's latency) are most
+of them; or, at a small batch, the gradient exchange is a large share of the
+step only because the step does so little work.  All four call for more work
+per step.
+
+The fourth tells a tiny step's symptom from a real communication problem by
+what more work per step would do.  The exchange moves the gradients, whose size
+does not depend on the batch, so its exposed time stays; forward and backward
+grow with the batch.  At ``BATCH_GROWTH`` times the batch (what the fix
+suggests) the step is about ``step + (BATCH_GROWTH - 1) x (forward + backward)``
+(an upper bound: at a tiny batch compute grows less than the batch does, which
+only lowers the projection's step), and the exchange's share of it is
+``exposed / that``.  When that share falls under the communication line, the
+exchange is a symptom and the cause is too little work per step; when it stays
+over it (50 MB of gradients for a few ms of compute), communication is the cause.
 """
 
 from __future__ import annotations
@@ -12,8 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, grade_below, largest_cost, measured
+from gputop.diagnose.grading import doc_anchor, grade_above, grade_below, largest_cost, measured
 from gputop.diagnose.thresholds import (
+    EXPOSED_COMM_CRITICAL_FRAC,
     EXPOSED_COMM_WARN_FRAC,
     GPU_STEP_OVER_WALL_STEP_RATIO,
     GPU_UTIL_LOW_CRITICAL_PCT,
@@ -24,9 +38,12 @@ from gputop.diagnose.thresholds import (
     TINY_STEP_CRITICAL_S,
     TINY_STEP_WARN_S,
 )
-from gputop.diagnose.wording import ranks_text
+from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.statistics import median
+
+# The batch the fix suggests, as a multiple of today's: the exchange's share is projected at it (see above).
+BATCH_GROWTH = 4
 
 
 def waits_are_low(rank: RankFigures) -> bool:
@@ -48,6 +65,22 @@ def steady_step_s(rank: RankFigures) -> float:
     by their own finding) would lift the mean of 2-ms steps over the 10-ms line.
     """
     return (rank.stats.step_time_mean_s or 0.0) * (1.0 - (rank.stats.stall_frac or 0.0))
+
+
+def exchange_shares(rank: RankFigures) -> tuple[float, float] | None:
+    """(the exposed exchange's share of the step now, its share at BATCH_GROWTH x the batch); None unmeasured."""
+    stats = rank.stats
+    step = steady_step_s(rank)
+    exposed, forward, backward = stats.exposed_comm_s, stats.forward_s, stats.backward_s
+    if step <= 0 or exposed is None or forward is None or backward is None:
+        return None
+    grown = step + (BATCH_GROWTH - 1) * (forward + backward)
+    return exposed / step, exposed / grown
+
+
+def small_batch(rank: RankFigures) -> bool:
+    batch = rank.hello.loader_batch_size
+    return batch is not None and batch <= SMALL_BATCH_SIZE and rank.stats.step_time_mean_s is not None
 
 
 def parallelism_findings(run: RunFigures) -> list[Finding]:
@@ -98,13 +131,7 @@ def parallelism_findings(run: RunFigures) -> list[Finding]:
         launch_bound = True
 
     # 3. Tiny steps at a small batch: fixed per-step overhead dominates.
-    small = [
-        r
-        for r in ranks
-        if r.hello.loader_batch_size is not None
-        and r.hello.loader_batch_size <= SMALL_BATCH_SIZE
-        and r.stats.step_time_mean_s is not None
-    ]
+    small = [r for r in ranks if small_batch(r)]
     step = median([steady_step_s(r) for r in small])
     severity = grade_below(step, TINY_STEP_WARN_S, TINY_STEP_CRITICAL_S)
     if severity is not None and step is not None and small:
@@ -118,6 +145,24 @@ def parallelism_findings(run: RunFigures) -> list[Finding]:
         fired |= {r.rank for r in small}
         tiny_steps = True
 
+    # 4. At a small batch the exchange is a large share of the step, and would not be with more work per step.
+    shares = {r.rank: x for r in small if (x := exchange_shares(r)) is not None}
+    now, grown = median([x[0] for x in shares.values()]), median([x[1] for x in shares.values()])
+    exchange: tuple[int, float, float] | None = None  # (batch, share now, share at the grown batch)
+    if now is not None and grown is not None and now > EXPOSED_COMM_WARN_FRAC > grown and not tiny_steps:
+        batch = min(r.hello.loader_batch_size or 0 for r in small if r.rank in shares)
+        exchange = (batch, now, grown)
+        evidence.append(Evidence("exposed_comm_pct", pct(now), pct(EXPOSED_COMM_WARN_FRAC), "%"))
+        evidence.append(
+            Evidence(f"exposed_comm_pct_at_batch_{BATCH_GROWTH * batch}", pct(grown), pct(EXPOSED_COMM_WARN_FRAC), "%",
+                     op="<")
+        )  # fmt: skip
+        evidence.append(Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="))
+        severities.append(grade_above(now, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC) or "warn")
+        magnitude = max(magnitude, now - grown)
+        fired |= set(shares)
+        tiny_steps = True  # the exchange's finding is this one's symptom (absorb_fixed_costs)
+
     if not severities:
         return []
     worst_severity = max(severities, key=SEVERITIES.index)
@@ -125,16 +170,20 @@ def parallelism_findings(run: RunFigures) -> list[Finding]:
         Finding(
             cause="parallelism",
             severity=worst_severity,
-            title=parallelism_title(sorted(fired), util, step),
+            title=parallelism_title(sorted(fired), util, step, exchange),
             suggestion=parallelism_suggestion(ranks[0], launch_bound=launch_bound),
             evidence=tuple(evidence),
             ranks=tuple(sorted(fired)),
             run_id=run.run_id,
             doc=doc_anchor("parallelism"),
             magnitude=magnitude,
-            extra={"tiny_steps": tiny_steps},
+            extra={"tiny_steps": tiny_steps, "exchange_symptom": exchange is not None},
         )
     ]
+
+
+# What a tiny step's finding adds when it takes in the exchange and straggler findings its steps explain.
+JITTER_TOO = "; the all-reduce and rank jitter add up to a large share"
 
 
 def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Finding, list[Finding]]:
@@ -148,11 +197,15 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
     """
     if not parallelism.extra.get("tiny_steps"):
         return parallelism, others
-    absorbed = [f for f in others if f.cause in ("communication", "straggler")]
+    # Steps short in themselves make every rank's jitter a large share too; an exchange that is long only
+    # next to a short step says nothing of a slow rank, whose finding stays its own.
+    causes = ("communication",) if parallelism.extra.get("exchange_symptom") else ("communication", "straggler")
+    absorbed = [f for f in others if f.cause in causes]
     if not absorbed:
         return parallelism, others
     severity = max([parallelism.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index)
-    evidence = parallelism.evidence + tuple(e for f in absorbed for e in f.evidence[:1])
+    named = {e.metric for e in parallelism.evidence}
+    evidence = parallelism.evidence + tuple(e for f in absorbed for e in f.evidence[:1] if e.metric not in named)
     merged = replace(
         parallelism,
         severity=severity,
@@ -160,7 +213,12 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
         magnitude=max([parallelism.magnitude, *(f.magnitude for f in absorbed)]),
         cost_s=largest_cost([parallelism, *absorbed]),
         step_s=parallelism.step_s or next((f.step_s for f in absorbed if f.step_s), None),
-        title=parallelism.title + "; the all-reduce and rank jitter add up to a large share",
+        title=parallelism.title
+        + (
+            ""
+            if parallelism.extra.get("exchange_symptom")
+            else "; the all-reduce and rank jitter add up to a large share"
+        ),
     )
     kept = [
         replace(f, severity="info", title=f.title + " (a symptom of tiny steps, see parallelism)")
@@ -171,12 +229,20 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
     return merged, kept
 
 
-def parallelism_title(ranks: list[int], util_pct: float | None, step_s: float | None) -> str:
+def parallelism_title(
+    ranks: list[int], util_pct: float | None, step_s: float | None, exchange: tuple[int, float, float] | None = None
+) -> str:
     who = ranks_text(ranks)
     if util_pct is not None and util_pct < GPU_UTIL_LOW_WARN_PCT:
         return f"{who}: GPU busy only {util_pct:.0f}% with no input or comm wait: too little work per step"
     if step_s is not None and step_s < TINY_STEP_WARN_S:
         return f"{who}: steps of {step_s * 1e3:.1f} ms at a small batch: mostly fixed per-step overhead"
+    if exchange is not None:
+        batch, now, grown = exchange
+        return (
+            f"{who}: too little work per step at batch {batch}: the gradient exchange takes {pct(now):.0f}% of each "
+            f"step only because the step is short; at batch {BATCH_GROWTH * batch} it would be about {pct(grown):.0f}%"
+        )
     return f"{who}: the GPU is busy for a small part of each step: too little work per step"
 
 
