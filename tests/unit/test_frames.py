@@ -199,7 +199,9 @@ class TestFindingsNameThePlace:
             plain.title + "; rank 1 is in `wait_for_lock` (train.py:102), after the optimizer step; "
             "rank 0 waits in the all-reduce"
         )
-        assert named.severity == plain.severity and named.ranks == plain.ranks == (0, 1)
+        # The rank on the lock is the hang; the one in the all-reduce waits for it (without stacks, both named).
+        assert named.severity == plain.severity and plain.ranks == (0, 1)
+        assert named.ranks == (1,) and named.extra["waiting_ranks"] == [0]
         assert named.extra["frames"][1]["now"]["function"] == "wait_for_lock"
         assert plain.extra["frames"] == {}
 

@@ -98,7 +98,7 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
     lost = silent if ended else [v.rank for v in run.lost]
     if lost:
         title += f"; {ranks_text(lost)} stopped reporting (dead, or blocked holding the GIL)"
-        ranks += lost
+    named = hung_ranks([r for r, _, _ in stuck], frames, lost)
     return [
         Finding(
             cause="hang",
@@ -111,7 +111,7 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
                 "torch) turns on torch's Flight Recorder: gputop then names the last collective each rank entered."
             ),
             evidence=(Evidence("seconds_without_a_step", idle_s, line_s, " s", op=">="),),
-            ranks=tuple(sorted(ranks)),
+            ranks=tuple(named),
             run_id=run.run_id,
             doc=doc_anchor("hang"),
             magnitude=1.0,
@@ -119,10 +119,30 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
                 "since_step": since[0],
                 "busy_ranks": busy,
                 "lost_ranks": lost,
+                "waiting_ranks": sorted(set(ranks + lost) - set(named)),
                 "frames": {rank: f.to_dict() for rank, f in frames.items()},
             },
         )
     ]
+
+
+def hung_ranks(stuck: list[RankFigures], frames: dict[int, RankFrames], lost: list[int]) -> list[int]:
+    """The ranks the hang is on, not those that wait for them.
+
+    A stuck rank whose stack shows it somewhere other than a collective (a
+    lock, a queue, ``input()``) is where the hang is, and the others wait for
+    it, those gone silent included (with gloo a rank waiting in DDP's all-reduce
+    holds the GIL and its reporter stops).  When every stuck rank that can say
+    waits for the others, the silent ones are where it is: dead, or blocked.
+    Without stacks to tell, every stuck and silent rank is named.
+    """
+    places = {r.rank: (r, frames[r.rank].now) for r in stuck if r.rank in frames}
+    culprits = [rank for rank, (r, now) in places.items() if now is not None and not waits_for_others(r, now)]
+    if culprits:
+        return sorted(culprits)
+    if lost and len(places) == len(stuck):
+        return sorted(lost)
+    return sorted({r.rank for r in stuck} | set(lost))
 
 
 def flight_recorder_text(entered: dict[int, Collective]) -> str:
