@@ -146,16 +146,19 @@ def parallelism_findings(run: RunFigures) -> list[Finding]:
         tiny_steps = True
 
     # 4. At a small batch the exchange is a large share of the step, and would not be with more work per step.
+    # The rank that waits least shows the exchange's own cost; the others' waits add the time they spend
+    # waiting for a slower rank, a straggler's business (more work per step would not shorten it).
     shares = {r.rank: x for r in small if (x := exchange_shares(r)) is not None}
-    now, grown = median([x[0] for x in shares.values()]), median([x[1] for x in shares.values()])
+    now, grown = min(shares.values(), default=(None, None))
     exchange: tuple[int, float, float] | None = None  # (batch, share now, share at the grown batch)
     if now is not None and grown is not None and now > EXPOSED_COMM_WARN_FRAC > grown and not tiny_steps:
         batch = min(r.hello.loader_batch_size or 0 for r in small if r.rank in shares)
         exchange = (batch, now, grown)
-        evidence.append(Evidence("exposed_comm_pct", pct(now), pct(EXPOSED_COMM_WARN_FRAC), "%"))
+        least = min(shares, key=lambda rank: shares[rank])
+        evidence.append(Evidence("exposed_comm_pct", pct(now), pct(EXPOSED_COMM_WARN_FRAC), "%", rank=least))
         evidence.append(
             Evidence(f"exposed_comm_pct_at_batch_{BATCH_GROWTH * batch}", pct(grown), pct(EXPOSED_COMM_WARN_FRAC), "%",
-                     op="<")
+                     op="<", rank=least)
         )  # fmt: skip
         evidence.append(Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="))
         severities.append(grade_above(now, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC) or "warn")
