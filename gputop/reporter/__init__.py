@@ -39,10 +39,8 @@ def _get() -> Reporter | None:
     if _disabled():
         return None
     reporter = _reporter
-    if reporter is not None and reporter.pid == os.getpid():
-        return reporter
-    if reporter is not None:  # a forked child (DataLoader worker): never report from it
-        return None
+    if reporter is not None:  # a forked child (DataLoader worker) never reports (a flag: getpid is a system call)
+        return None if reporter._forked or reporter.pid != os.getpid() else reporter
     with _lock:
         if _reporter is None:
             try:
@@ -121,7 +119,9 @@ def figures() -> dict[str, float]:
 
 def step() -> None:
     """Mark the end of a training step by hand (then optimizer steps no longer count)."""
-    reporter = _get()
+    reporter = _reporter  # once started, as the optimizer's hooks do: no environment read per step
+    if reporter is None or reporter._forked or _broken:
+        reporter = _get()
     if reporter is not None:
         reporter.mark_step()
 

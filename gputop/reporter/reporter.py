@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from gputop.address import Address
@@ -38,6 +39,19 @@ from gputop.reporter.reporter_thread import EXIT_FLUSH_S, ReporterThread
 DEFAULT_WINDOW_S = 0.5
 
 
+def _forget_in_forked_children(reporter: Reporter) -> None:
+    """Set ``reporter._forked`` in every child forked from here on (weakly: a reporter that is gone is left alone)."""
+    ref = weakref.ref(reporter)
+
+    def forked() -> None:
+        found = ref()
+        if found is not None:
+            found._forked = True
+
+    with contextlib.suppress(Exception):
+        os.register_at_fork(after_in_child=forked)
+
+
 class Reporter(ReporterThread):
     """One per process; ``gputop.watch()`` creates and starts it."""
 
@@ -46,6 +60,10 @@ class Reporter(ReporterThread):
         self.window_s = window_s
         self.clock = StepClock()
         self.pid = os.getpid()
+        # Set in a forked child (a DataLoader worker inherits the hooks): the hooks then do nothing.  A flag, not
+        # ``os.getpid() != self.pid`` per call: getpid is a system call, ~0.1-0.4 µs twice a step on a VM.
+        self._forked = False
+        _forget_in_forked_children(self)
         self.started_t = time.time()
         self._facts: dict[str, Any] = {}
         self._facts_changed = threading.Event()
@@ -194,8 +212,11 @@ class Reporter(ReporterThread):
             return False
 
     def attach_loader(self, loader: Any) -> None:
-        self._facts.update(facts.loader_facts(loader))
-        self._facts_changed.set()
+        # Called each epoch (``gputop.track(loader)``): the hello is rebuilt only when the loader's settings changed.
+        found = facts.loader_facts(loader)
+        if any(self._facts.get(key) != value for key, value in found.items()):
+            self._facts.update(found)
+            self._facts_changed.set()
 
     def mark_step(self) -> None:
         """``gputop.step()``: from now on only manual marks count as steps.
@@ -234,7 +255,7 @@ class Reporter(ReporterThread):
             self._failed_probes.add("optimizer_pre_hook")
 
     def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if os.getpid() != self.pid:
+        if self._forked:
             return None
         clock = self.clock
         clock.optimizer_started()
@@ -260,19 +281,21 @@ class Reporter(ReporterThread):
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each
         # of them: the first optimizer seen stands for the training step.
-        if os.getpid() != self.pid:
+        if self._forked:
             return
-        self.clock.optimizer_done()
         if self.manual_steps:
+            self.clock.optimizer_done()
             return
         if self._primary_optimizer is None:
             self._primary_optimizer = id(optimizer)
-        if id(optimizer) == self._primary_optimizer:
-            self._hook_marked = True
-            self.clock.mark_step()
-            capture = self._capture
-            if capture is not None:
-                capture.on_step()
+        if id(optimizer) != self._primary_optimizer:
+            self.clock.optimizer_done()
+            return
+        self._hook_marked = True
+        self.clock.optimizer_done(True)  # and the step mark, with the clock read that ends the optimizer's step
+        capture = self._capture
+        if capture is not None:
+            capture.on_step()
 
     def _on_forward_done(self, module: Any, args: Any, output: Any) -> None:
         # The end of a training forward: the rank is ready for backward, and so for the gradient exchange.

@@ -86,7 +86,9 @@ class StackReporting:
         sampler = self.sampler
         if sampler is None or now_s < self._next_send_s or not self.accepted():
             return
-        self._next_send_s = now_s + STACKS_EVERY_S
+        # On a grid, not from now: the ticks come with the windows, and "a second after this tick" would wait
+        # for the tick after that (1.5 s) whenever the two grids drift apart.
+        self._next_send_s = max(self._next_send_s + STACKS_EVERY_S, now_s)
         cpu_s = time.thread_time()
         hello = self._hello()
         message = sampler.take(hello.run_id, hello.rank, time.time())

@@ -8,6 +8,7 @@ rank the others waited for), loader wait and batches.  The probes add the rest.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,35 +29,51 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
 
     ``first_step`` is the number of the first mark's step (the reporter's count): the slow
     steps carry theirs, so a stall's period is read from which steps stalled.
+    One pass over the marks (the reporter thread does this every window; three passes and a sort
+    of every step took twice as long).
     """
-    timed = [m for m in marks if m.duration_s is not None]
-    durations = sorted(m.duration_s for m in timed if m.duration_s is not None)
+    durations: list[float] = []
+    timed: list[tuple[float, float, int]] = []  # (duration, loader wait, step number) of the timed steps
+    ready: list[tuple[int, float]] = []
     sketch: dict[int, int] = {}
-    for d in durations:
-        bucket = sketch_bucket(d)
-        sketch[bucket] = sketch.get(bucket, 0) + 1
-    batches = sum(m.batches for m in marks)
+    loader_wait_s = optimizer_s = 0.0
+    batches = optimized = 0
+    number = first_step
+    for mark in marks:
+        duration = mark[1]
+        batches += mark[3]
+        if duration is not None:
+            durations.append(duration)
+            timed.append((duration, mark[2], number))
+            loader_wait_s += mark[2]
+            bucket = sketch_bucket(duration)
+            sketch[bucket] = sketch.get(bucket, 0) + 1
+            if mark[4] is not None:
+                optimizer_s += mark[4]
+                optimized += 1
+        if mark[5] is not None:
+            ready.append((number, mark[5]))
+        number += 1
+    durations.sort()
     fields: dict[str, Any] = {
         "steps": len(marks),
         "timed_steps": len(durations),
         "step_time_sum_s": sum(durations),
         "step_sketch": sketch,
-        "loader_wait_s": sum(m.loader_wait_s for m in timed),
+        "loader_wait_s": loader_wait_s,
         "loader_batches": batches,
     }
-    optimizer = [m.optimizer_s for m in timed if m.optimizer_s is not None]
-    if optimizer:
-        fields["optimizer_s"] = sum(optimizer)
+    if optimized:
+        fields["optimizer_s"] = optimizer_s
     if timed:
-        # The window's slowest steps with their loader wait: where a stall spent its time.
-        numbered = [(m, first_step + i) for i, m in enumerate(marks) if m.duration_s is not None]
-        slowest = sorted(numbered, key=lambda pair: pair[0].duration_s or 0.0)[-SLOW_STEPS_KEPT:][::-1]
-        fields["slow_steps"] = tuple((m.duration_s, m.loader_wait_s) for m, _ in slowest)
-        fields["slow_step_numbers"] = tuple(number for _, number in slowest)
-    ready = ready_steps_kept([(first_step + i, m.ready_s) for i, m in enumerate(marks) if m.ready_s is not None])
-    if ready:
-        fields["ready_step_numbers"] = tuple(number for number, _ in ready)
-        fields["ready_s"] = tuple(round(seconds, 6) for _, seconds in ready)  # µs: a few bytes each on the wire
+        # The window's slowest steps with their loader wait: where a stall spent its time (ties: the later step).
+        slowest = heapq.nlargest(SLOW_STEPS_KEPT, timed, key=lambda step: (step[0], step[2]))
+        fields["slow_steps"] = tuple((duration, wait) for duration, wait, _ in slowest)
+        fields["slow_step_numbers"] = tuple(number for _, _, number in slowest)
+    kept = ready_steps_kept(ready) if ready else ()
+    if kept:
+        fields["ready_step_numbers"] = tuple(number for number, _ in kept)
+        fields["ready_s"] = tuple(round(seconds, 6) for _, seconds in kept)  # µs: a few bytes each on the wire
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)
