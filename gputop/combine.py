@@ -108,6 +108,7 @@ OWN_RULE = frozenset(
         "slow_step_numbers",
         "ready_step_numbers",
         "ready_s",
+        "ready_forward_s",
         "collectives",
         "ddp_steps",
     }
@@ -307,19 +308,29 @@ def merge_collectives(groups: Iterable[Sequence[CollectiveTimes]]) -> tuple[Coll
     return tuple(merged[:COLLECTIVES_KEPT])
 
 
-def ready_steps_kept(pairs: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The (step number, ready seconds) pairs a window keeps, in step order: every one up to
+# A step's readiness as a window keeps it: (step number, ready seconds, its last forward's seconds; -1: untimed).
+ReadyStep = tuple[int, float, float]
+
+
+def ready_steps_kept(steps: Sequence[ReadyStep]) -> list[ReadyStep]:
+    """The steps' readiness (``ReadyStep``) a window keeps, in step order: every one up to
     ``READY_STEPS_KEPT``, else those whose number the smallest power of two that leaves that many divides.
 
     Chosen by step number alone, so ranks that made the same steps keep the same ones (a rank one
     step over the count keeps a subset of the other's), and the collector can compare them.
     """
-    kept = sorted(pairs)
-    while len(kept) > READY_STEPS_KEPT and len({number for number, _ in kept}) > 1:
-        shared = math.gcd(*(number for number, _ in kept))
+    kept = sorted(steps)
+    while len(kept) > READY_STEPS_KEPT and len({step[0] for step in kept}) > 1:
+        shared = math.gcd(*(step[0] for step in kept))
         stride = 2 * (shared & -shared)  # twice the power of two every number kept so far is a multiple of
-        kept = [pair for pair in kept if pair[0] % stride == 0]
+        kept = [step for step in kept if step[0] % stride == 0]
     return kept[-READY_STEPS_KEPT:]  # one number many times over (a rank that started over): the last ones
+
+
+def ready_steps(w: Window) -> list[ReadyStep]:
+    """A window's readiness per step, its forwards' times -1 where it sent none."""
+    forwards = w.ready_forward_s or (-1.0,) * len(w.ready_s)
+    return list(zip(w.ready_step_numbers, w.ready_s, forwards, strict=True))
 
 
 def merge_windows(ws: Sequence[Window]) -> Window:
@@ -341,7 +352,15 @@ def merge_windows(ws: Sequence[Window]) -> Window:
     numbered = all(len(w.slow_step_numbers) == len(w.slow_steps) for w in ws)
     pairs = [(step, w.slow_step_numbers[i] if numbered else 0) for w in ws for i, step in enumerate(w.slow_steps)]
     slowest = sorted(pairs, key=lambda pair: pair[0], reverse=True)[:SLOW_STEPS_KEPT]
-    ready = ready_steps_kept([pair for w in ws for pair in zip(w.ready_step_numbers, w.ready_s, strict=True)])
+    # Each kept step with its forward's time where every window timed them (a window of an older reporter: none).
+    if all(len(w.ready_forward_s) == len(w.ready_s) for w in ws):
+        ready = ready_steps_kept(
+            [step for w in ws for step in zip(w.ready_step_numbers, w.ready_s, w.ready_forward_s, strict=True)]
+        )
+    else:
+        ready = ready_steps_kept(
+            [(n, r, -1.0) for w in ws for n, r in zip(w.ready_step_numbers, w.ready_s, strict=True)]
+        )
     timed = sum(w.timed for w in ws)
     steps = sum(w.steps for w in ws)
     ddp = [w for w in ws if has_ddp_figures(w)]
@@ -356,8 +375,10 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         step_sketch=dict(sketch),
         slow_steps=tuple(step for step, _ in slowest),
         slow_step_numbers=tuple(number for _, number in slowest) if numbered else (),
-        ready_step_numbers=tuple(number for number, _ in ready),
-        ready_s=tuple(seconds for _, seconds in ready),
+        ready_step_numbers=tuple(number for number, _, _ in ready),
+        ready_s=tuple(seconds for _, seconds, _ in ready),
+        # Forwards only where every step kept was timed (none from a window of an older reporter).
+        ready_forward_s=tuple(f for _, _, f in ready) if all(f >= 0 for _, _, f in ready) else (),
         step_hist=dict(hist),
         collectives=merge_collectives(w.collectives for w in ws),
         ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,

@@ -9,6 +9,14 @@ number across ranks, the latest of them is the step's slowest rank, when it is
 later than the others' median by more than the noise of ranks doing the same
 work (``SLOWEST_LINE_FRAC`` of a step).
 
+Where a window also says how long each of those forwards took (``Window.ready_forward_s``), the
+rank's readiness for the exchange is the end of its backward, not of its forward: the backward
+that follows a forward takes about ``BACKWARD_PER_FORWARD`` times as long, so a rank whose batch
+is longer (texts padded to their longest) is later still when its backward ends, and that is what
+the others wait for.  The jitter a rank's readiness is judged against is then the part before the
+forward began (its loader, the Python between steps), not the forward's own length, which is the
+work that varies from batch to batch: compared as jitter, it hid the rotation it causes (issue #35).
+
 Counted over many steps, that tells a chronic straggler (the same rank in most
 steps: its host, its device, work only it does) from a rotating one (uneven
 batches, a noisy neighbour that moves, work done by whichever rank draws it),
@@ -44,6 +52,10 @@ ONE_RANK_MIN_PART = 0.75
 # gputop: the slowest rank rotates when at least this share of the compared steps has a slowest rank
 # and no one rank holds ONE_RANK_MIN_PART of them.  Fewer, and most steps are ties: nobody waits much.
 ROTATING_MIN_STEPS_FRAC = 0.25
+# gputop: a backward takes about twice its forward (two matrix products per weight, against one), the usual
+# estimate of training FLOPs (6N per token, 2N of them forward): a forward's length, added this many times
+# more, says when the rank's backward ends, and so when it is ready for the exchange.
+BACKWARD_PER_FORWARD = 2.0
 # Fewer compared steps than this tell nothing about a pattern (a few seconds of a slow job).
 MIN_COMPARED_STEPS = 20
 # A step whose slowest rank kept the others waiting this many typical steps or more made their step a stall
@@ -69,6 +81,8 @@ class SlowestRanks:
     # rank -> compared steps in which the others waited for it a stall's length (see STALL_MARGIN_STEPS):
     # not in ``slowest``, ``steps`` or the waits, which describe the ordinary steps.
     stalled: dict[int, int] = field(default_factory=dict)
+    # rank -> per compared step, how long it waited for that step's slowest rank (0 in ties and in its own)
+    waited_by_rank: dict[int, float] = field(default_factory=dict)
 
     @property
     def decided_steps(self) -> int:
@@ -130,56 +144,80 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     slowest: dict[int, int] = {}
     stalled: dict[int, int] = {}
     waits: list[float] = []
+    waited: dict[int, float] = {}
     for readies in by_step:
-        ready_s, rank = readies[-1]
-        margin_s = ready_s - (median([r for r, _ in readies[:-1]]) or 0.0)
+        ready_s, rank, _ = readies[-1]
+        margin_s = ready_s - (median([r for r, _, _ in readies[:-1]]) or 0.0)
         if margin_s >= STALL_MARGIN_STEPS * step_s:
             stalled[rank] = stalled.get(rank, 0) + 1
             continue
         if margin_s >= line_s:
             slowest[rank] = slowest.get(rank, 0) + 1
+            for other_s, other, _ in readies[:-1]:
+                waited[other] = waited.get(other, 0.0) + ready_s - other_s
         waits.append(margin_s if margin_s >= line_s else 0.0)
     if not waits:
         return None
     return SlowestRanks(
         steps=len(waits), slowest=slowest, waited_s=sum(waits) / len(waits), waited_se_s=standard_error(waits),
         line_s=line_s, step_s=step_s, stalled=stalled,
+        waited_by_rank={rank: total / len(waits) for rank, total in waited.items()},
     )  # fmt: skip
 
 
-def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[tuple[float, int]]] | None:
-    """Per step that at least two ranks and half of them timed: their (ready seconds, rank), readiest first."""
+# A rank's readiness in one step: (ready for the exchange, the rank, its part before the forward began).
+Readiness = tuple[float, int, float]
+
+
+def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[Readiness]] | None:
+    """Per step that at least two ranks and half of them timed: their readiness, readiest first.
+
+    Where every rank compared in a step timed its forward, readiness is the estimated end of the
+    backward (``BACKWARD_PER_FORWARD``) and the part before the forward is the readiness less the
+    forward; else both are the forward's end.
+    """
     timed = [(rank, windows) for rank, windows in ranks if any(w.ready_s for w in windows)]
     if len(timed) < 2:
         return None
     per_rank = max(MAX_COMPARED_ENTRIES // len(timed), MIN_COMPARED_STEPS)
-    by_step: dict[int, list[tuple[float, int]]] = {}
+    by_step: dict[int, list[tuple[float, int, float]]] = {}  # (forward's end, rank, forward's length; -1)
     for rank, windows in timed:
         taken = 0
         for w in reversed(windows):  # newest first, until this rank's share of the budget is spent
-            for number, ready in zip(w.ready_step_numbers, w.ready_s, strict=True):
-                by_step.setdefault(number, []).append((ready, rank))
+            forwards = w.ready_forward_s or (-1.0,) * len(w.ready_s)
+            for number, ready, forward in zip(w.ready_step_numbers, w.ready_s, forwards, strict=True):
+                by_step.setdefault(number, []).append((ready, rank, forward))
             taken += len(w.ready_s)
             if taken >= per_rank:
                 break
     # A step only some ranks timed (one kept a coarser stride, a window was lost) compares too few.
     enough = max(2, (len(timed) + 1) // 2)
-    steps = [sorted(readies) for readies in by_step.values() if len(readies) >= enough]
+    steps = [_readiness(readies) for readies in by_step.values() if len(readies) >= enough]
     return steps or None
 
 
-def _noise_s(by_step: Sequence[Sequence[tuple[float, int]]]) -> float:
+def _readiness(readies: list[tuple[float, int, float]]) -> list[Readiness]:
+    if all(forward >= 0 for _, _, forward in readies):
+        return sorted(
+            (ready + BACKWARD_PER_FORWARD * forward, rank, ready - forward) for ready, rank, forward in readies
+        )
+    return sorted((ready, rank, ready) for ready, rank, _ in readies)
+
+
+def _noise_s(by_step: Sequence[Sequence[Readiness]]) -> float:
     """How much a rank's readiness varies from step to step when no extra work makes it the latest.
 
     The interquartile range of each rank's ready times over the steps in which
     another rank was later, the median over ranks: jitter (a descheduled thread,
     a batch a little slower) without the rank's own slow steps, so a rotation's
-    slow steps stand out from it and a healthy job's jitter does not.
+    slow steps stand out from it and a healthy job's jitter does not.  Where the
+    forwards were timed, of the part before each forward began: how long the
+    forward takes is the step's work, which a rotation of uneven batches varies.
     """
     readier: dict[int, list[float]] = {}
     for readies in by_step:
-        for ready_s, rank in readies[:-1]:
-            readier.setdefault(rank, []).append(ready_s)
+        for _, rank, before_s in readies[:-1]:
+            readier.setdefault(rank, []).append(before_s)
     spreads = []
     for values in readier.values():
         if len(values) >= MIN_NOISE_STEPS:

@@ -153,6 +153,9 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # step across ranks, they say which rank the others waited for in each step.  () from older reporters.
     ready_step_numbers: ReadyStepNumbers = ()
     ready_s: ReadyTimes = ()
+    # For the same steps, how long that last training forward took: what the rank's readiness owes to its
+    # work in the step (a longer batch) rather than to what came before it.  () where not timed.
+    ready_forward_s: ReadyTimes = ()
     loader_wait_s: Seconds = 0.0
     loader_batches: Count = 0
     # In the optimizer's step (its pre- to post-hook), summed over the same steps as step_time_sum_s;
@@ -206,6 +209,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
             raise ValueError("window times must not run backwards")
         if len(self.ready_s) != len(self.ready_step_numbers):
             raise ValueError("ready_s and ready_step_numbers must name the same steps")
+        if self.ready_forward_s and len(self.ready_forward_s) != len(self.ready_s):
+            raise ValueError("ready_forward_s must time the steps ready_s names, or none")
 
     @property
     def duration_s(self) -> float:

@@ -40,6 +40,10 @@ class StepMark(NamedTuple):
     forward_s: float | None = None
     backward_s: float | None = None
     exposed_comm_s: float | None = None
+    # How long the forward that ended at ``ready_s`` took (its pre- to post-hook): the part of the rank's
+    # readiness that is this step's work, which varies from batch to batch.  Read only with ``ready_s``: the
+    # training thread copies the last forward's length into every mark (cheaper than asking whether it is new).
+    ready_forward_s: float | None = None
 
 
 class StepClock:
@@ -56,6 +60,9 @@ class StepClock:
         self.forwards_at_mark = 0
         # perf_counter when the watched model's last training forward ended (its post-hook).
         self.forward_end_s = 0.0
+        # perf_counter when it began (its pre-hook), and how long it took (set with forward_end_s).
+        self.forward_start_s = 0.0
+        self.forward_length_s = 0.0
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
@@ -181,7 +188,7 @@ class StepClock:
         end = self.forward_end_s
         self.marks.append(
             (now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s,
-             None if last is None or end <= last else end - last, None, None, None)
+             None if last is None or end <= last else end - last, None, None, None, self.forward_length_s)
         )  # fmt: skip
         self._loader_wait_s = 0.0
         self._batches = 0
@@ -207,7 +214,7 @@ class StepClock:
             self.marks.append(
                 (now, None if last is None else now - last, self._loader_wait_s, self._batches,
                  self._optimizer_s if self.times_optimizer else None,
-                 None if last is None or end <= last else end - last, None, None, None)
+                 None if last is None or end <= last else end - last, None, None, None, self.forward_length_s)
             )  # fmt: skip
         self._loader_wait_s = 0.0
         self._batches = 0
@@ -233,7 +240,7 @@ class StepClock:
         self._forwards_timed = 0
         return (now, None if last is None else now - last, self._loader_wait_s, self._batches,
                 self._optimizer_s if self.times_optimizer else None,
-                None if last is None or end <= last else end - last, *phases)  # fmt: skip
+                None if last is None or end <= last else end - last, *phases, self.forward_length_s)  # fmt: skip
 
     def drain(self) -> list[StepMark]:
         """Take every mark so far (reporter thread)."""

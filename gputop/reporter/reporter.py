@@ -303,6 +303,7 @@ class Reporter(ReporterThread):
         if grad_enabled is None or grad_enabled():
             clock = self.clock
             clock.forward_end_s = now = time.perf_counter()
+            clock.forward_length_s = now - clock.forward_start_s
             if clock.times_phases:
                 clock.forward_done(now)
 
@@ -313,8 +314,9 @@ class Reporter(ReporterThread):
         grad_enabled = self._grad_enabled
         if grad_enabled is not None and grad_enabled():  # evaluation forwards are no micro-batches
             self._train_forwards += 1
+            clock.forward_start_s = now = time.perf_counter()
             if clock.times_phases:
-                clock.forward_started(time.perf_counter())
+                clock.forward_started(now)
         if clock.forwards % 50 != 1:
             return
         try:

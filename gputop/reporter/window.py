@@ -34,7 +34,7 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
     """
     durations: list[float] = []
     timed: list[tuple[float, float, int]] = []  # (duration, loader wait, step number) of the timed steps
-    ready: list[tuple[int, float]] = []
+    ready: list[tuple[int, float, float]] = []  # (step number, ready seconds, its last forward's; -1: untimed)
     sketch: dict[int, int] = {}
     loader_wait_s = optimizer_s = 0.0
     batches = optimized = 0
@@ -52,7 +52,9 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
                 optimizer_s += mark[4]
                 optimized += 1
         if mark[5] is not None:
-            ready.append((number, mark[5]))
+            # The last forward's length, when it is this step's: it began after the step did (else untimed).
+            forward = mark[9]
+            ready.append((number, mark[5], forward if forward is not None and 0.0 <= forward <= mark[5] else -1.0))
         number += 1
     durations.sort()
     fields: dict[str, Any] = {
@@ -72,8 +74,10 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
         fields["slow_step_numbers"] = tuple(number for _, _, number in slowest)
     kept = ready_steps_kept(ready) if ready else ()
     if kept:
-        fields["ready_step_numbers"] = tuple(number for number, _ in kept)
-        fields["ready_s"] = tuple(round(seconds, 6) for _, seconds in kept)  # µs: a few bytes each on the wire
+        fields["ready_step_numbers"] = tuple(number for number, _, _ in kept)
+        fields["ready_s"] = tuple(round(seconds, 6) for _, seconds, _ in kept)  # µs: a few bytes each on the wire
+        if all(forward >= 0 for _, _, forward in kept):
+            fields["ready_forward_s"] = tuple(round(forward, 6) for _, _, forward in kept)
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)

@@ -38,11 +38,21 @@ def test_a_single_process_without_ddp_reports_steps_and_samples(collector) -> No
 
 
 @needs_torch
-def test_each_step_says_when_its_last_training_forward_ended(collector) -> None:
-    """20 ms of work before the forward is in the step's readiness; an evaluation forward after it is not."""
+def test_each_step_says_when_its_last_training_forward_ended_and_how_long_it_took(collector) -> None:
+    """20 ms of work before a 10-ms forward is in the step's readiness; an evaluation forward after it is not.
+
+    The forward's own length goes beside it: what of the readiness is the step's work (issue #35's rotation
+    of uneven batches is read from it), and what came before.
+    """
     code = """
         import time, torch, gputop
-        model = torch.nn.Linear(4, 2)
+
+        class Slow(torch.nn.Linear):
+            def forward(self, x):
+                time.sleep(0.01)  # a forward of 10 ms
+                return super().forward(x)
+
+        model = Slow(4, 2)
         gputop.watch(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for i in range(12):
@@ -58,7 +68,10 @@ def test_each_step_says_when_its_last_training_forward_ended(collector) -> None:
     (view,) = snapshot_of(collector).all_ranks()
     ready = dict(pair for w in view.windows for pair in zip(w.ready_step_numbers, w.ready_s, strict=True))
     assert sorted(ready) == list(range(2, 13))  # the first step has no start: its readiness is unknown
-    assert all(0.019 < seconds < 0.045 for seconds in ready.values()), ready
+    assert all(0.029 < seconds < 0.060 for seconds in ready.values()), ready
+    forwards = dict(pair for w in view.windows for pair in zip(w.ready_step_numbers, w.ready_forward_s, strict=True))
+    assert sorted(forwards) == sorted(ready), forwards  # every step's, the training forward's, not the evaluation's
+    assert all(0.0095 < forwards[n] < ready[n] - 0.019 for n in ready), (forwards, ready)
 
 
 @needs_torch

@@ -375,6 +375,19 @@ class TestParallelism:
         findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 32}))
         assert by_cause(findings, "parallelism") == [], findings
 
+    def test_waits_for_the_slowest_rank_in_turn_are_a_rotation_not_a_tiny_steps_symptom(self) -> None:
+        """Batch 16, 18% exposed on both ranks, each the last one ready every other step by a fifth of a step.
+
+        Both ranks wait in the exchange, in turn, for the other's longer batch:
+        what is left of the exchange without those waits is under its line.
+        """
+        shape = {"forward_frac": 0.3, "backward_frac": 0.4, "comm_frac": 0.2, "overlap_frac": 0.02, "ready_frac": 0.3}
+        specs = [RankSpec(rank=0, ready_extra_frac=(0.2, 0.0), **shape),
+                 RankSpec(rank=1, ready_extra_frac=(0.0, 0.2), **shape)]  # fmt: skip
+        findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 16}))
+        assert by_cause(findings, "parallelism") == [], findings
+        assert any(f.cause == "straggler" and f.extra.get("phase") == "rotating" for f in findings), findings
+
     @pytest.mark.parametrize("batch", [16, 64])
     def test_an_exchange_that_would_stay_long_with_more_work_is_communication(self, batch: int) -> None:
         """50 MB of gradients for a few ms of compute: at 4x the batch the exchange is still ~30% of the step."""

@@ -17,15 +17,19 @@ STEP_S = 0.040
 PER_WINDOW = 10
 
 
-def windows(rank: int, ready_s: Sequence[float], *, every: int = 1) -> list[Window]:
-    """A rank's windows of PER_WINDOW steps each, steps numbered from 1, readiness kept for every ``every``th."""
+def windows(rank: int, ready_s: Sequence[float], *, every: int = 1, forward_s: Sequence[float] = ()) -> list[Window]:
+    """A rank's windows of PER_WINDOW steps each, steps numbered from 1, readiness kept for every ``every``th.
+
+    ``forward_s``: each step's last forward's length, sent beside its readiness (none: an older reporter's).
+    """
     out = []
     for seq, start in enumerate(range(0, len(ready_s), PER_WINDOW)):
         numbers = [n for n in range(start + 1, min(start + PER_WINDOW, len(ready_s)) + 1) if n % every == 0]
         out.append(
             Window(run_id="r", rank=rank, seq=seq, t0=seq * 0.4, t1=seq * 0.4 + 0.4, steps=PER_WINDOW,
                    step_total=start + PER_WINDOW, ready_step_numbers=tuple(numbers),
-                   ready_s=tuple(ready_s[n - 1] for n in numbers))
+                   ready_s=tuple(ready_s[n - 1] for n in numbers),
+                   ready_forward_s=tuple(forward_s[n - 1] for n in numbers) if forward_s else ())
         )  # fmt: skip
     return out
 
@@ -43,6 +47,34 @@ def test_a_rank_that_is_the_last_one_ready_in_every_step_is_the_slowest_in_all_o
     assert pattern.steps == 100 and pattern.one_rank == 1 and not pattern.rotates
     assert pattern.share(1) == 1.0 and pattern.share(0) == 0.0
     assert pattern.waited_s == pytest.approx(0.030, abs=0.002)
+
+
+def test_uneven_batches_rotate_by_the_backward_their_forwards_foretell() -> None:
+    """Batches padded to their longest text: each rank's forward takes 10-40 ms, drawn per step; backward twice that.
+
+    By when the forwards end, the ranks differ by the forward's spread, which
+    the jitter line (three interquartile ranges of the same readiness) swallows:
+    no pattern, and the others' waits read as communication (issue #35's known
+    miss).  With each forward's length, readiness is the backward's end and the
+    jitter is what came before the forward: a rotation, the waits its size.
+    """
+    draws = random.Random(11)
+    steps = 150
+    forwards = {r: [draws.uniform(0.010, 0.040) for _ in range(steps)] for r in (0, 1)}
+    before = {r: jitter(20 + r, steps, base_s=0.002, spread_s=0.0005) for r in (0, 1)}
+    ready = {r: [b + f for b, f in zip(before[r], forwards[r], strict=True)] for r in (0, 1)}
+    step_s = 0.150  # ~ the longest forward and backward of the two, and the exchange
+    blind = slowest_ranks([(r, windows(r, ready[r])) for r in (0, 1)], step_s)
+    assert blind is not None and not blind.rotates, blind.to_dict()
+    seen = slowest_ranks([(r, windows(r, ready[r], forward_s=forwards[r])) for r in (0, 1)], step_s)
+    assert seen is not None and seen.rotates and seen.one_rank is None, seen.to_dict()
+    assert seen.decided_steps >= 0.8 * steps and all(0.35 < seen.share(r) < 0.65 for r in (0, 1)), seen.to_dict()
+    # The others wait for the longer backward's end: 3 x the forwards' gap, ~ 3 x 10 ms on average.
+    expected = sum(3 * abs(a - b) for a, b in zip(forwards[0], forwards[1], strict=True)) / steps
+    assert seen.waited_s == pytest.approx(expected, rel=0.15), seen.to_dict()
+    # Each rank waits in the steps the other is the slowest: about half of it each, all of it together.
+    assert sum(seen.waited_by_rank.values()) == pytest.approx(seen.waited_s), seen.waited_by_rank
+    assert all(0.3 < seen.waited_by_rank[r] / seen.waited_s < 0.7 for r in (0, 1)), seen.waited_by_rank
 
 
 def test_one_ranks_checkpoint_every_10_steps_among_jitter_is_stalls_not_a_rotation() -> None:
@@ -132,7 +164,15 @@ def test_merged_windows_keep_a_thinned_run_of_the_same_steps() -> None:
     assert list(merged.ready_step_numbers) == [n for n in range(1, 101) if n % 4 == 0]
     by_number = dict(zip(merged.ready_step_numbers, merged.ready_s, strict=True))
     assert by_number[40] == ws[3].ready_s[-1]
-    assert ready_steps_kept([(5, 0.1)] * 40) == [(5, 0.1)] * READY_STEPS_KEPT  # one number many times: no loop
+    assert merged.ready_forward_s == ()  # no forwards timed: none made up
+    assert (
+        ready_steps_kept([(5, 0.1, -1.0)] * 40) == [(5, 0.1, -1.0)] * READY_STEPS_KEPT
+    )  # one number many times: no loop
+    timed = windows(0, jitter(1, 100), forward_s=[n / 1e4 for n in range(1, 101)])
+    both = merge_windows(timed)
+    assert both.ready_step_numbers == merged.ready_step_numbers
+    assert both.ready_forward_s == tuple(n / 1e4 for n in both.ready_step_numbers)  # each with its own step's
+    assert merge_windows([ws[0], timed[1]]).ready_forward_s == ()  # an older reporter's window among them: none
 
 
 def test_readiness_crosses_the_wire_and_a_frame_that_pairs_them_badly_is_refused() -> None:
@@ -141,3 +181,7 @@ def test_readiness_crosses_the_wire_and_a_frame_that_pairs_them_badly_is_refused
     frame = encode(w).replace(b'"ready_s":[', b'"ready_s":[0.5,')
     with pytest.raises(ValueError, match="ready_s"):
         decode(frame)
+    (timed,) = windows(0, jitter(1, 10), forward_s=jitter(2, 10))
+    assert decode(encode(timed)) == timed
+    with pytest.raises(ValueError, match="ready_forward_s"):
+        decode(encode(timed).replace(b'"ready_forward_s":[', b'"ready_forward_s":[0.5,'))

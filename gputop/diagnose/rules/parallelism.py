@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_below, largest_cost, measured
+from gputop.diagnose.rules.rotating import step_pattern
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_CRITICAL_FRAC,
     EXPOSED_COMM_WARN_FRAC,
@@ -76,6 +77,25 @@ def exchange_shares(rank: RankFigures) -> tuple[float, float] | None:
         return None
     grown = step + (BATCH_GROWTH - 1) * (forward + backward)
     return exposed / step, exposed / grown
+
+
+def without_waits_for_the_slowest(
+    ranks: list[RankFigures], shares: dict[int, tuple[float, float]]
+) -> dict[int, tuple[float, float]]:
+    """Each rank's exchange shares (now, grown) less its wait, step by step, for that step's slowest rank."""
+    pattern = step_pattern(ranks)
+    if pattern is None:
+        return shares
+    out = {}
+    for rank in ranks:
+        if rank.rank not in shares:
+            continue
+        now, grown = shares[rank.rank]
+        step = steady_step_s(rank)
+        waited = pattern.waited_by_rank.get(rank.rank, 0.0) / step if step > 0 else 0.0
+        left = max(now - waited, 0.0)
+        out[rank.rank] = (left, grown * left / now if now > 0 else 0.0)
+    return out
 
 
 def small_batch(rank: RankFigures) -> bool:
@@ -147,8 +167,12 @@ def parallelism_findings(run: RunFigures) -> list[Finding]:
 
     # 4. At a small batch the exchange is a large share of the step, and would not be with more work per step.
     # The rank that waits least shows the exchange's own cost; the others' waits add the time they spend
-    # waiting for a slower rank, a straggler's business (more work per step would not shorten it).
+    # waiting for a slower rank, a straggler's business (more work per step would not shorten it), and where
+    # the slowest rank changes from step to step (uneven batches) every rank waits in turn: the time each
+    # waited for the step's slowest, step by step, is taken out first.
     shares = {r.rank: x for r in small if (x := exchange_shares(r)) is not None}
+    if shares and min(shares.values())[0] > EXPOSED_COMM_WARN_FRAC:
+        shares = without_waits_for_the_slowest(small, shares)
     now, grown = min(shares.values(), default=(None, None))
     exchange: tuple[int, float, float] | None = None  # (batch, share now, share at the grown batch)
     if now is not None and grown is not None and now > EXPOSED_COMM_WARN_FRAC > grown and not tiny_steps:
