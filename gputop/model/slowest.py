@@ -9,13 +9,10 @@ number across ranks, the latest of them is the step's slowest rank, when it is
 later than the others' median by more than the noise of ranks doing the same
 work (``SLOWEST_LINE_FRAC`` of a step).
 
-Where a window also says how long each of those forwards took (``Window.ready_forward_s``), the
-rank's readiness for the exchange is the end of its backward, not of its forward: the backward
-that follows a forward takes about ``BACKWARD_PER_FORWARD`` times as long, so a rank whose batch
-is longer (texts padded to their longest) is later still when its backward ends, and that is what
-the others wait for.  The jitter a rank's readiness is judged against is then the part before the
-forward began (its loader, the Python between steps), not the forward's own length, which is the
-work that varies from batch to batch: compared as jitter, it hid the rotation it causes (issue #35).
+Windows also say how long each of those forwards took (``Window.ready_forward_s``): the backward
+that follows takes about ``BACKWARD_PER_FORWARD`` times as long, so a rank whose batch is longer
+(texts padded to their longest) is later still when its backward ends, which is what the others
+wait for.  The model does not use them yet (``_readiness`` says why).
 
 Counted over many steps, that tells a chronic straggler (the same rank in most
 steps: its host, its device, work only it does) from a rotating one (uneven
@@ -197,10 +194,15 @@ def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[R
 
 
 def _readiness(readies: list[tuple[float, int, float]]) -> list[Readiness]:
-    if all(forward >= 0 for _, _, forward in readies):
-        return sorted(
-            (ready + BACKWARD_PER_FORWARD * forward, rank, ready - forward) for ready, rank, forward in readies
-        )
+    """A step's (forward's end, rank, forward's length) as ``Readiness``, readiest first: the forward's end.
+
+    Not the backward's end that the forward's length foretells (``ready + BACKWARD_PER_FORWARD x forward``),
+    though that is what the others wait for.  On 2 shared cores a healthy job's forwards vary in length by a
+    fifth to a quarter of themselves from step to step (interquartile range over median: 0.21 for the
+    convnet, 0.25-0.28 for minGPT), not far from a rotation of uneven batches (0.44-0.63); tripled into the
+    readiness, that noise made the healthy demo and the tiny GPT rotate (issue #35's test run).  The lengths
+    stay in the windows, and so in recordings, for the model that tells the two apart.
+    """
     return sorted((ready, rank, ready) for ready, rank, _ in readies)
 
 
