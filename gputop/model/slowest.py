@@ -10,9 +10,13 @@ later than the others' median by more than the noise of ranks doing the same
 work (``SLOWEST_LINE_FRAC`` of a step).
 
 Windows also say how long each of those forwards took (``Window.ready_forward_s``): the backward
-that follows takes about ``BACKWARD_PER_FORWARD`` times as long, so a rank whose batch is longer
-(texts padded to their longest) is later still when its backward ends, which is what the others
-wait for.  The model does not use them yet (``_readiness`` says why).
+that follows takes about twice as long, so a rank whose batch is longer (texts padded to their
+longest) is later still when its backward ends, which is what the others wait for.  The model does
+not use them yet: on 2 shared cores a healthy job's forwards vary by a fifth to a quarter of
+themselves from step to step (interquartile range over median: 0.21 for a convnet, 0.25-0.28 for
+minGPT), not far from a rotation of uneven batches (0.44-0.63), and read as the backward's end
+(``ready + 2 x forward``) that noise made the healthy demo and the tiny GPT rotate (issue #35's test
+run).  The lengths stay in the windows, and so in recordings, for the model that tells the two apart.
 
 Counted over many steps, that tells a chronic straggler (the same rank in most
 steps: its host, its device, work only it does) from a rotating one (uneven
@@ -49,10 +53,6 @@ ONE_RANK_MIN_PART = 0.75
 # gputop: the slowest rank rotates when at least this share of the compared steps has a slowest rank
 # and no one rank holds ONE_RANK_MIN_PART of them.  Fewer, and most steps are ties: nobody waits much.
 ROTATING_MIN_STEPS_FRAC = 0.25
-# gputop: a backward takes about twice its forward (two matrix products per weight, against one), the usual
-# estimate of training FLOPs (6N per token, 2N of them forward): a forward's length, added this many times
-# more, says when the rank's backward ends, and so when it is ready for the exchange.
-BACKWARD_PER_FORWARD = 2.0
 # Fewer compared steps than this tell nothing about a pattern (a few seconds of a slow job).
 MIN_COMPARED_STEPS = 20
 # A step whose slowest rank kept the others waiting this many typical steps or more made their step a stall
@@ -143,14 +143,14 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     waits: list[float] = []
     waited: dict[int, float] = {}
     for readies in by_step:
-        ready_s, rank, _ = readies[-1]
-        margin_s = ready_s - (median([r for r, _, _ in readies[:-1]]) or 0.0)
+        ready_s, rank = readies[-1]
+        margin_s = ready_s - (median([r for r, _ in readies[:-1]]) or 0.0)
         if margin_s >= STALL_MARGIN_STEPS * step_s:
             stalled[rank] = stalled.get(rank, 0) + 1
             continue
         if margin_s >= line_s:
             slowest[rank] = slowest.get(rank, 0) + 1
-            for other_s, other, _ in readies[:-1]:
+            for other_s, other in readies[:-1]:
                 waited[other] = waited.get(other, 0.0) + ready_s - other_s
         waits.append(margin_s if margin_s >= line_s else 0.0)
     if not waits:
@@ -162,64 +162,39 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     )  # fmt: skip
 
 
-# A rank's readiness in one step: (ready for the exchange, the rank, its part before the forward began).
-Readiness = tuple[float, int, float]
-
-
-def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[Readiness]] | None:
-    """Per step that at least two ranks and half of them timed: their readiness, readiest first.
-
-    Where every rank compared in a step timed its forward, readiness is the estimated end of the
-    backward (``BACKWARD_PER_FORWARD``) and the part before the forward is the readiness less the
-    forward; else both are the forward's end.
-    """
+def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[tuple[float, int]]] | None:
+    """Per step that at least two ranks and half of them timed: their (ready seconds, rank), readiest first."""
     timed = [(rank, windows) for rank, windows in ranks if any(w.ready_s for w in windows)]
     if len(timed) < 2:
         return None
     per_rank = max(MAX_COMPARED_ENTRIES // len(timed), MIN_COMPARED_STEPS)
-    by_step: dict[int, list[tuple[float, int, float]]] = {}  # (forward's end, rank, forward's length; -1)
+    by_step: dict[int, list[tuple[float, int]]] = {}
     for rank, windows in timed:
         taken = 0
         for w in reversed(windows):  # newest first, until this rank's share of the budget is spent
-            forwards = w.ready_forward_s or (-1.0,) * len(w.ready_s)
-            for number, ready, forward in zip(w.ready_step_numbers, w.ready_s, forwards, strict=True):
-                by_step.setdefault(number, []).append((ready, rank, forward))
+            for number, ready in zip(w.ready_step_numbers, w.ready_s, strict=True):
+                by_step.setdefault(number, []).append((ready, rank))
             taken += len(w.ready_s)
             if taken >= per_rank:
                 break
     # A step only some ranks timed (one kept a coarser stride, a window was lost) compares too few.
     enough = max(2, (len(timed) + 1) // 2)
-    steps = [_readiness(readies) for readies in by_step.values() if len(readies) >= enough]
+    steps = [sorted(readies) for readies in by_step.values() if len(readies) >= enough]
     return steps or None
 
 
-def _readiness(readies: list[tuple[float, int, float]]) -> list[Readiness]:
-    """A step's (forward's end, rank, forward's length) as ``Readiness``, readiest first: the forward's end.
-
-    Not the backward's end that the forward's length foretells (``ready + BACKWARD_PER_FORWARD x forward``),
-    though that is what the others wait for.  On 2 shared cores a healthy job's forwards vary in length by a
-    fifth to a quarter of themselves from step to step (interquartile range over median: 0.21 for the
-    convnet, 0.25-0.28 for minGPT), not far from a rotation of uneven batches (0.44-0.63); tripled into the
-    readiness, that noise made the healthy demo and the tiny GPT rotate (issue #35's test run).  The lengths
-    stay in the windows, and so in recordings, for the model that tells the two apart.
-    """
-    return sorted((ready, rank, ready) for ready, rank, _ in readies)
-
-
-def _noise_s(by_step: Sequence[Sequence[Readiness]]) -> float:
+def _noise_s(by_step: Sequence[Sequence[tuple[float, int]]]) -> float:
     """How much a rank's readiness varies from step to step when no extra work makes it the latest.
 
     The interquartile range of each rank's ready times over the steps in which
     another rank was later, the median over ranks: jitter (a descheduled thread,
     a batch a little slower) without the rank's own slow steps, so a rotation's
-    slow steps stand out from it and a healthy job's jitter does not.  Where the
-    forwards were timed, of the part before each forward began: how long the
-    forward takes is the step's work, which a rotation of uneven batches varies.
+    slow steps stand out from it and a healthy job's jitter does not.
     """
     readier: dict[int, list[float]] = {}
     for readies in by_step:
-        for _, rank, before_s in readies[:-1]:
-            readier.setdefault(rank, []).append(before_s)
+        for ready_s, rank in readies[:-1]:
+            readier.setdefault(rank, []).append(ready_s)
     spreads = []
     for values in readier.values():
         if len(values) >= MIN_NOISE_STEPS:

@@ -240,12 +240,7 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
         magnitude=max([parallelism.magnitude, *(f.magnitude for f in absorbed)]),
         cost_s=largest_cost([parallelism, *absorbed]),
         step_s=parallelism.step_s or next((f.step_s for f in absorbed if f.step_s), None),
-        title=parallelism.title
-        + (
-            ""
-            if parallelism.extra.get("exchange_symptom")
-            else "; the all-reduce and rank jitter add up to a large share"
-        ),
+        title=parallelism.title + ("" if parallelism.extra.get("exchange_symptom") else JITTER_TOO),
     )
     kept = [
         replace(f, severity="info", title=f.title + " (a symptom of tiny steps, see parallelism)")
