@@ -109,6 +109,7 @@ OWN_RULE = frozenset(
         "ready_step_numbers",
         "ready_s",
         "ready_forward_s",
+        "ready_input_numel",
         "collectives",
         "ddp_steps",
     }
@@ -308,8 +309,9 @@ def merge_collectives(groups: Iterable[Sequence[CollectiveTimes]]) -> tuple[Coll
     return tuple(merged[:COLLECTIVES_KEPT])
 
 
-# A step's readiness as a window keeps it: (step number, ready seconds, its last forward's seconds; -1: untimed).
-ReadyStep = tuple[int, float, float]
+# A step's readiness as a window keeps it: (step number, ready seconds, its last forward's seconds, the elements
+# of that forward's input; -1: not timed or not known).
+ReadyStep = tuple[int, float, float, int]
 
 
 def ready_steps_kept(steps: Sequence[ReadyStep]) -> list[ReadyStep]:
@@ -328,9 +330,10 @@ def ready_steps_kept(steps: Sequence[ReadyStep]) -> list[ReadyStep]:
 
 
 def ready_steps(w: Window) -> list[ReadyStep]:
-    """A window's readiness per step, its forwards' times -1 where it sent none."""
+    """A window's readiness per step, its forwards' times and input sizes -1 where it sent none."""
     forwards = w.ready_forward_s or (-1.0,) * len(w.ready_s)
-    return list(zip(w.ready_step_numbers, w.ready_s, forwards, strict=True))
+    sizes = w.ready_input_numel or (-1,) * len(w.ready_s)
+    return list(zip(w.ready_step_numbers, w.ready_s, forwards, sizes, strict=True))
 
 
 def merge_windows(ws: Sequence[Window]) -> Window:
@@ -352,15 +355,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
     numbered = all(len(w.slow_step_numbers) == len(w.slow_steps) for w in ws)
     pairs = [(step, w.slow_step_numbers[i] if numbered else 0) for w in ws for i, step in enumerate(w.slow_steps)]
     slowest = sorted(pairs, key=lambda pair: pair[0], reverse=True)[:SLOW_STEPS_KEPT]
-    # Each kept step with its forward's time where every window timed them (a window of an older reporter: none).
-    if all(len(w.ready_forward_s) == len(w.ready_s) for w in ws):
-        ready = ready_steps_kept(
-            [step for w in ws for step in zip(w.ready_step_numbers, w.ready_s, w.ready_forward_s, strict=True)]
-        )
-    else:
-        ready = ready_steps_kept(
-            [(n, r, -1.0) for w in ws for n, r in zip(w.ready_step_numbers, w.ready_s, strict=True)]
-        )
+    ready = ready_steps_kept([step for w in ws for step in ready_steps(w)])
     timed = sum(w.timed for w in ws)
     steps = sum(w.steps for w in ws)
     ddp = [w for w in ws if has_ddp_figures(w)]
@@ -375,10 +370,11 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         step_sketch=dict(sketch),
         slow_steps=tuple(step for step, _ in slowest),
         slow_step_numbers=tuple(number for _, number in slowest) if numbered else (),
-        ready_step_numbers=tuple(number for number, _, _ in ready),
-        ready_s=tuple(seconds for _, seconds, _ in ready),
-        # Forwards only where every step kept was timed (none from a window of an older reporter).
-        ready_forward_s=tuple(f for _, _, f in ready) if all(f >= 0 for _, _, f in ready) else (),
+        ready_step_numbers=tuple(step[0] for step in ready),
+        ready_s=tuple(step[1] for step in ready),
+        # Forwards and their inputs only where every step kept has them (none from a window of an older reporter).
+        ready_forward_s=tuple(step[2] for step in ready) if all(step[2] >= 0 for step in ready) else (),
+        ready_input_numel=tuple(step[3] for step in ready) if all(step[3] >= 0 for step in ready) else (),
         step_hist=dict(hist),
         collectives=merge_collectives(w.collectives for w in ws),
         ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,

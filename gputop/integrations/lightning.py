@@ -86,7 +86,7 @@ class GputopCallback(Callback):  # type: ignore[misc]
             if reporter is None:
                 return
             if self._marks_forwards:
-                reporter._on_forward(pl_module, ())  # what the model's forward pre-hook does
+                reporter._on_forward(pl_module, (batch,))  # what the model's forward pre-hook does
             elif self._marks_forwards is None:
                 self._forwards_at_batch_start = reporter.clock.forwards
         except Exception:

@@ -9,14 +9,16 @@ number across ranks, the latest of them is the step's slowest rank, when it is
 later than the others' median by more than the noise of ranks doing the same
 work (``SLOWEST_LINE_FRAC`` of a step).
 
-Windows also say how long each of those forwards took (``Window.ready_forward_s``): the backward
-that follows takes about twice as long, so a rank whose batch is longer (texts padded to their
-longest) is later still when its backward ends, which is what the others wait for.  The model does
-not use them yet: on 2 shared cores a healthy job's forwards vary by a fifth to a quarter of
-themselves from step to step (interquartile range over median: 0.21 for a convnet, 0.25-0.28 for
-minGPT), not far from a rotation of uneven batches (0.44-0.63), and read as the backward's end
-(``ready + 2 x forward``) that noise made the healthy demo and the tiny GPT rotate (issue #35's test
-run).  The lengths stay in the windows, and so in recordings, for the model that tells the two apart.
+Windows also say how long each of those forwards took (``Window.ready_forward_s``) and how many
+elements its input held (``Window.ready_input_numel``).  Where the inputs vary in size and each
+rank's forwards take longer with larger inputs (texts padded to their longest: a rank correlation of
+``INPUT_DRIVEN_MIN_CORRELATION`` or more between the two), the step's work is the data's: the backward
+that follows takes about twice the forward, so a rank with a longer batch is later still when its
+backward ends, and that is what the others wait for.  Readiness is then read at the backward's end
+(``ready + 2 x forward``) and the noise from what came before each forward.  Elsewhere a forward's
+length is not a sign of its work: on 2 shared cores a healthy job's forwards vary by a fifth to a
+quarter of themselves from step to step, a third under a neighbour, and read at the backward's end
+that noise made the healthy demo rotate (issue #35); such jobs keep the forward's end.
 
 Counted over many steps, that tells a chronic straggler (the same rank in most
 steps: its host, its device, work only it does) from a rotating one (uneven
@@ -32,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gputop.combine import ready_steps
 from gputop.model.stalls import STALL_FACTOR
 from gputop.model.statistics import median, standard_error
 from gputop.protocol import Window
@@ -60,6 +63,16 @@ MIN_COMPARED_STEPS = 20
 # rule's business, counted apart here: ten of them by one rank among noise would otherwise read as a rotation,
 # and their waits, each many steps long, would swamp the waits of the ordinary steps.
 STALL_MARGIN_STEPS = STALL_FACTOR - 1.0
+# gputop: a rank's forwards follow its inputs when their lengths and the inputs' sizes rank alike to at least this
+# Spearman correlation over the steps compared: padded text batches give 0.9-1.0 under a neighbour, and inputs of
+# one size give no correlation at all (their sizes do not vary; see INPUT_VARIES_MIN_FRAC).
+INPUT_DRIVEN_MIN_CORRELATION = 0.7
+# gputop: and when the inputs' sizes vary by at least this share of their median (interquartile range): a last
+# batch shorter than the rest, or a rare long text, is no pattern of the data.
+INPUT_VARIES_MIN_FRAC = 0.1
+# The backward of a step takes about this many times its forward (twice the arithmetic: gradients with respect
+# to both the inputs and the weights), so its end is that much later for a larger input.
+BACKWARD_PER_FORWARD = 2.0
 # The join costs a dictionary entry per rank and step: at most this many, newest steps first (200 steps
 # of 100 ranks, 20 of 1,000), so the dashboard's refresh stays cheap at any scale.
 MAX_COMPARED_ENTRIES = 20_000
@@ -80,6 +93,9 @@ class SlowestRanks:
     stalled: dict[int, int] = field(default_factory=dict)
     # rank -> per compared step, how long it waited for that step's slowest rank (0 in ties and in its own)
     waited_by_rank: dict[int, float] = field(default_factory=dict)
+    # When the ranks' forwards follow their inputs' sizes (readiness read at the backward's end): the median
+    # over the ranks of that rank correlation; None when they do not, or the windows do not say.
+    input_driven: float | None = None
 
     @property
     def decided_steps(self) -> int:
@@ -122,6 +138,7 @@ class SlowestRanks:
             "rotates": self.rotates,
             "one_rank": self.one_rank,
             "stalled_steps": {str(rank): count for rank, count in sorted(self.stalled.items())},
+            "input_driven": None if self.input_driven is None else round(self.input_driven, 3),
         }
 
 
@@ -134,8 +151,12 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     readiness over the steps in which they were not the latest).  None when fewer
     than two ranks say when they were ready (older reporters, one rank).
     """
-    by_step = _ready_by_step(ranks)
-    if by_step is None or step_s <= 0:
+    timed = _timed_steps(ranks)
+    if timed is None or step_s <= 0:
+        return None
+    driven = input_driven(timed)
+    by_step = _by_step(timed, at_backward_end=driven is not None)
+    if not by_step:
         return None
     line_s = max(SLOWEST_LINE_FRAC * step_s, NOISE_FACTOR * _noise_s(by_step))
     slowest: dict[int, int] = {}
@@ -143,14 +164,14 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     waits: list[float] = []
     waited: dict[int, float] = {}
     for readies in by_step:
-        ready_s, rank = readies[-1]
-        margin_s = ready_s - (median([r for r, _ in readies[:-1]]) or 0.0)
+        ready_s, rank, _ = readies[-1]
+        margin_s = ready_s - (median([r for r, _, _ in readies[:-1]]) or 0.0)
         if margin_s >= STALL_MARGIN_STEPS * step_s:
             stalled[rank] = stalled.get(rank, 0) + 1
             continue
         if margin_s >= line_s:
             slowest[rank] = slowest.get(rank, 0) + 1
-            for other_s, other in readies[:-1]:
+            for other_s, other, _ in readies[:-1]:
                 waited[other] = waited.get(other, 0.0) + ready_s - other_s
         waits.append(margin_s if margin_s >= line_s else 0.0)
     if not waits:
@@ -158,43 +179,104 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     return SlowestRanks(
         steps=len(waits), slowest=slowest, waited_s=sum(waits) / len(waits), waited_se_s=standard_error(waits),
         line_s=line_s, step_s=step_s, stalled=stalled,
-        waited_by_rank={rank: total / len(waits) for rank, total in waited.items()},
+        waited_by_rank={rank: total / len(waits) for rank, total in waited.items()}, input_driven=driven,
     )  # fmt: skip
 
 
-def _ready_by_step(ranks: Sequence[tuple[int, Sequence[Window]]]) -> list[list[tuple[float, int]]] | None:
-    """Per step that at least two ranks and half of them timed: their (ready seconds, rank), readiest first."""
+# Per rank, its kept steps by number: (ready seconds, forward seconds or -1, input elements or -1).
+TimedSteps = dict[int, dict[int, tuple[float, float, int]]]
+
+
+def _timed_steps(ranks: Sequence[tuple[int, Sequence[Window]]]) -> TimedSteps | None:
+    """Each rank's kept steps, newest first until its share of ``MAX_COMPARED_ENTRIES``; None under two ranks."""
     timed = [(rank, windows) for rank, windows in ranks if any(w.ready_s for w in windows)]
     if len(timed) < 2:
         return None
     per_rank = max(MAX_COMPARED_ENTRIES // len(timed), MIN_COMPARED_STEPS)
-    by_step: dict[int, list[tuple[float, int]]] = {}
+    out: TimedSteps = {}
     for rank, windows in timed:
-        taken = 0
+        steps = out.setdefault(rank, {})
         for w in reversed(windows):  # newest first, until this rank's share of the budget is spent
-            for number, ready in zip(w.ready_step_numbers, w.ready_s, strict=True):
-                by_step.setdefault(number, []).append((ready, rank))
-            taken += len(w.ready_s)
-            if taken >= per_rank:
+            for number, ready, forward, numel in ready_steps(w):
+                steps.setdefault(number, (ready, forward, numel))
+            if len(steps) >= per_rank:
                 break
+    return out
+
+
+def input_driven(timed: TimedSteps) -> float | None:
+    """The median over ranks of how closely a rank's forward lengths follow its inputs' sizes (Spearman), when
+    at least half the ranks' do by ``INPUT_DRIVEN_MIN_CORRELATION`` and their sizes vary; else None."""
+    correlations = []
+    for steps in timed.values():
+        pairs = [(numel, forward) for _, forward, numel in steps.values() if forward >= 0 and numel >= 0]
+        if len(pairs) < MIN_NOISE_STEPS:
+            continue
+        sizes = sorted(numel for numel, _ in pairs)
+        middle = sizes[len(sizes) // 2]
+        spread = sizes[(3 * len(sizes)) // 4] - sizes[len(sizes) // 4]
+        if middle > 0 and spread >= INPUT_VARIES_MIN_FRAC * middle:
+            correlations.append(rank_correlation([n for n, _ in pairs], [f for _, f in pairs]))
+        else:
+            correlations.append(0.0)
+    driven = [c for c in correlations if c >= INPUT_DRIVEN_MIN_CORRELATION]
+    if not correlations or 2 * len(driven) < len(correlations):
+        return None
+    return median(correlations)
+
+
+def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation of two equally long series (ties share their mean rank); 0 when one is flat."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return cov / (vx * vy) ** 0.5 if vx > 0 and vy > 0 else 0.0
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def _by_step(timed: TimedSteps, at_backward_end: bool) -> list[list[tuple[float, int, float]]]:
+    """Per step that at least two ranks and half of them timed: (readiness, rank, what came before its forward),
+    readiest first.  Readiness is the forward's end, or with ``at_backward_end`` the backward's (see the module)."""
+    by_step: dict[int, list[tuple[float, int, float]]] = {}
+    for rank, steps in timed.items():
+        for number, (ready, forward, _) in steps.items():
+            if at_backward_end and forward >= 0:
+                entry = (ready + BACKWARD_PER_FORWARD * forward, rank, ready - forward)
+            else:
+                entry = (ready, rank, ready)
+            by_step.setdefault(number, []).append(entry)
     # A step only some ranks timed (one kept a coarser stride, a window was lost) compares too few.
     enough = max(2, (len(timed) + 1) // 2)
-    steps = [sorted(readies) for readies in by_step.values() if len(readies) >= enough]
-    return steps or None
+    return [sorted(readies) for readies in by_step.values() if len(readies) >= enough]
 
 
-def _noise_s(by_step: Sequence[Sequence[tuple[float, int]]]) -> float:
+def _noise_s(by_step: Sequence[Sequence[tuple[float, int, float]]]) -> float:
     """How much a rank's readiness varies from step to step when no extra work makes it the latest.
 
-    The interquartile range of each rank's ready times over the steps in which
-    another rank was later, the median over ranks: jitter (a descheduled thread,
-    a batch a little slower) without the rank's own slow steps, so a rotation's
-    slow steps stand out from it and a healthy job's jitter does not.
+    The interquartile range of each rank's ready times (up to its forward's start where readiness is read at the
+    backward's end: the forward's length is then the work, not noise) over the steps in which another rank was
+    later, the median over ranks: jitter (a descheduled thread, a batch a little slower) without the rank's own
+    slow steps, so a rotation's slow steps stand out from it and a healthy job's jitter does not.
     """
     readier: dict[int, list[float]] = {}
     for readies in by_step:
-        for ready_s, rank in readies[:-1]:
-            readier.setdefault(rank, []).append(ready_s)
+        for _, rank, before_s in readies[:-1]:
+            readier.setdefault(rank, []).append(before_s)
     spreads = []
     for values in readier.values():
         if len(values) >= MIN_NOISE_STEPS:

@@ -156,6 +156,10 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # For the same steps, how long that last training forward took: what the rank's readiness owes to its
     # work in the step (a longer batch) rather than to what came before it.  () where not timed.
     ready_forward_s: ReadyTimes = ()
+    # And how many elements that forward's input held (its first tensor argument): a batch padded to its
+    # longest text is as long as that text, so a forward that takes longer with a larger input is the data's
+    # doing, not the machine's.  () where not known; only beside ready_forward_s.
+    ready_input_numel: ReadyStepNumbers = ()
     loader_wait_s: Seconds = 0.0
     loader_batches: Count = 0
     # In the optimizer's step (its pre- to post-hook), summed over the same steps as step_time_sum_s;
@@ -211,6 +215,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
             raise ValueError("ready_s and ready_step_numbers must name the same steps")
         if self.ready_forward_s and len(self.ready_forward_s) != len(self.ready_s):
             raise ValueError("ready_forward_s must time the steps ready_s names, or none")
+        if self.ready_input_numel and len(self.ready_input_numel) != len(self.ready_forward_s):
+            raise ValueError("ready_input_numel must size the forwards ready_forward_s times, or none")
 
     @property
     def duration_s(self) -> float:

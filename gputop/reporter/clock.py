@@ -44,6 +44,27 @@ class StepMark(NamedTuple):
     # readiness that is this step's work, which varies from batch to batch.  Read only with ``ready_s``: the
     # training thread copies the last forward's length into every mark (cheaper than asking whether it is new).
     ready_forward_s: float | None = None
+    # How many elements that forward's input held (its first tensor argument): the batch's size in samples x
+    # tokens, which varies with padding to the longest text.  -1: no tensor argument (or none seen).
+    ready_input_numel: int = -1
+
+
+def input_numel(args: Any, kwargs: Any) -> int:
+    """Elements in a forward's input, as its pre-hook sees it: the first positional argument, else the first
+    keyword's (``model(**batch)``), looked into when it is a tuple, list or dict of tensors; -1 where none is a
+    tensor.  Duck-typed (``numel``): this module does not import torch, and never raises into training.
+    """
+    try:
+        first = args[0] if args else next(iter(kwargs.values())) if kwargs else None
+        kind = type(first)
+        if kind is tuple or kind is list:
+            first = first[0] if first else None
+        elif kind is dict:
+            first = next(iter(first.values()), None)
+        numel = getattr(first, "numel", None)  # no exception on the way: raising one costs a microsecond
+        return numel() if numel is not None else -1  # type: ignore[no-any-return]
+    except Exception:
+        return -1
 
 
 class StepClock:
@@ -63,6 +84,7 @@ class StepClock:
         # perf_counter when it began (its pre-hook), and how long it took (set with forward_end_s).
         self.forward_start_s = 0.0
         self.forward_length_s = 0.0
+        self.forward_numel = -1  # elements in its first tensor argument (set with forward_start_s); -1: none
         self._loader_wait_s = 0.0
         self._batches = 0
         self._last_mark_s: float | None = None
@@ -188,7 +210,8 @@ class StepClock:
         end = self.forward_end_s
         self.marks.append(
             (now, None if last is None else now - last, self._loader_wait_s, self._batches, optimizer_s,
-             None if last is None or end <= last else end - last, None, None, None, self.forward_length_s)
+             None if last is None or end <= last else end - last, None, None, None,
+             self.forward_length_s, self.forward_numel)
         )  # fmt: skip
         self._loader_wait_s = 0.0
         self._batches = 0
@@ -214,7 +237,8 @@ class StepClock:
             self.marks.append(
                 (now, None if last is None else now - last, self._loader_wait_s, self._batches,
                  self._optimizer_s if self.times_optimizer else None,
-                 None if last is None or end <= last else end - last, None, None, None, self.forward_length_s)
+                 None if last is None or end <= last else end - last, None, None, None,
+             self.forward_length_s, self.forward_numel)
             )  # fmt: skip
         self._loader_wait_s = 0.0
         self._batches = 0
@@ -240,7 +264,8 @@ class StepClock:
         self._forwards_timed = 0
         return (now, None if last is None else now - last, self._loader_wait_s, self._batches,
                 self._optimizer_s if self.times_optimizer else None,
-                None if last is None or end <= last else end - last, *phases, self.forward_length_s)  # fmt: skip
+                None if last is None or end <= last else end - last, *phases,
+                self.forward_length_s, self.forward_numel)  # fmt: skip
 
     def drain(self) -> list[StepMark]:
         """Take every mark so far (reporter thread)."""

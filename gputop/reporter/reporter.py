@@ -25,7 +25,7 @@ from typing import Any
 from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
-from gputop.reporter.clock import StepClock
+from gputop.reporter.clock import StepClock, input_numel
 from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.collectives import CollectiveProbe
@@ -139,7 +139,7 @@ class Reporter(ReporterThread):
 
             self._grad_enabled = torch.is_grad_enabled
         with contextlib.suppress(Exception):
-            self._hook_handles.append(model.register_forward_pre_hook(self._on_forward))
+            self._hook_handles.append(model.register_forward_pre_hook(self._on_forward, with_kwargs=True))
         with contextlib.suppress(Exception):
             self._hook_handles.append(model.register_forward_hook(self._on_forward_done))
         self._facts_changed.set()
@@ -307,13 +307,14 @@ class Reporter(ReporterThread):
             if clock.times_phases:
                 clock.forward_done(now)
 
-    def _on_forward(self, module: Any, args: Any) -> None:
+    def _on_forward(self, module: Any, args: Any, kwargs: Any = None) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.
         clock = self.clock
         clock.forwards += 1
         grad_enabled = self._grad_enabled
         if grad_enabled is not None and grad_enabled():  # evaluation forwards are no micro-batches
             self._train_forwards += 1
+            clock.forward_numel = input_numel(args, kwargs)
             clock.forward_start_s = now = time.perf_counter()
             if clock.times_phases:
                 clock.forward_started(now)

@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Any
 
-from gputop.combine import ready_steps_kept
+from gputop.combine import ReadyStep, ready_steps_kept
 from gputop.protocol import SLOW_STEPS_KEPT, CollectiveTimes
 from gputop.reporter.clock import StepMark
 from gputop.sketch import sketch_bucket
@@ -34,7 +34,7 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
     """
     durations: list[float] = []
     timed: list[tuple[float, float, int]] = []  # (duration, loader wait, step number) of the timed steps
-    ready: list[tuple[int, float, float]] = []  # (step number, ready seconds, its last forward's; -1: untimed)
+    ready: list[ReadyStep] = []  # (step number, ready seconds, its last forward's, its input's elements; -1: untimed)
     sketch: dict[int, int] = {}
     loader_wait_s = optimizer_s = 0.0
     batches = optimized = 0
@@ -54,7 +54,10 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
         if mark[5] is not None:
             # The last forward's length, when it is this step's: it began after the step did (else untimed).
             forward = mark[9]
-            ready.append((number, mark[5], forward if forward is not None and 0.0 <= forward <= mark[5] else -1.0))
+            if forward is None or not 0.0 <= forward <= mark[5]:
+                ready.append((number, mark[5], -1.0, -1))
+            else:
+                ready.append((number, mark[5], forward, mark[10]))
         number += 1
     durations.sort()
     fields: dict[str, Any] = {
@@ -74,10 +77,12 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
         fields["slow_step_numbers"] = tuple(number for _, _, number in slowest)
     kept = ready_steps_kept(ready) if ready else ()
     if kept:
-        fields["ready_step_numbers"] = tuple(number for number, _, _ in kept)
-        fields["ready_s"] = tuple(round(seconds, 6) for _, seconds, _ in kept)  # µs: a few bytes each on the wire
-        if all(forward >= 0 for _, _, forward in kept):
-            fields["ready_forward_s"] = tuple(round(forward, 6) for _, _, forward in kept)
+        fields["ready_step_numbers"] = tuple(step[0] for step in kept)
+        fields["ready_s"] = tuple(round(step[1], 6) for step in kept)  # µs: a few bytes each on the wire
+        if all(step[2] >= 0 for step in kept):
+            fields["ready_forward_s"] = tuple(round(step[2], 6) for step in kept)
+            if all(step[3] >= 0 for step in kept):
+                fields["ready_input_numel"] = tuple(step[3] for step in kept)
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)

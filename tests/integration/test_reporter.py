@@ -38,29 +38,33 @@ def test_a_single_process_without_ddp_reports_steps_and_samples(collector) -> No
 
 
 @needs_torch
-def test_each_step_says_when_its_last_training_forward_ended_and_how_long_it_took(collector) -> None:
+def test_each_step_says_when_its_last_training_forward_ended_how_long_it_took_and_how_large_its_input_was(
+    collector,
+) -> None:
     """20 ms of work before a 10-ms forward is in the step's readiness; an evaluation forward after it is not.
 
-    The forward's own length goes beside it: what of the readiness is the step's work (issue #35's rotation
-    of uneven batches is read from it), and what came before.
+    The forward's own length goes beside it, and its input's size: what of the readiness is the step's work
+    and whether it follows the data (issue #35's rotation of uneven batches is read from them), and what came
+    before.  The input is found whether passed by position or by keyword (``model(**batch)``).
     """
     code = """
         import time, torch, gputop
 
         class Slow(torch.nn.Linear):
-            def forward(self, x):
+            def forward(self, input):
                 time.sleep(0.01)  # a forward of 10 ms
-                return super().forward(x)
+                return super().forward(input)
 
         model = Slow(4, 2)
         gputop.watch(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for i in range(12):
             time.sleep(0.02)  # a metric, a log line: before this step's forward
-            model(torch.randn(2, 4)).sum().backward()
+            x = torch.randn(1 + i, 4)  # a batch of 1 + i rows: 4 + 4i elements
+            (model(x) if i % 2 else model(input=x)).sum().backward()
             time.sleep(0.03)
             with torch.no_grad():
-                model(torch.randn(2, 4))  # evaluation: the rank was ready 30 ms before it
+                model(torch.randn(50, 4))  # evaluation: the rank was ready 30 ms before it
             opt.step()
     """
     assert run_script(code, collector.address.port).returncode == 0
@@ -72,6 +76,8 @@ def test_each_step_says_when_its_last_training_forward_ended_and_how_long_it_too
     forwards = dict(pair for w in view.windows for pair in zip(w.ready_step_numbers, w.ready_forward_s, strict=True))
     assert sorted(forwards) == sorted(ready), forwards  # every step's, the training forward's, not the evaluation's
     assert all(0.0095 < forwards[n] < ready[n] - 0.019 for n in ready), (forwards, ready)
+    sizes = dict(pair for w in view.windows for pair in zip(w.ready_step_numbers, w.ready_input_numel, strict=True))
+    assert sizes == {n: 4 * n for n in ready}, sizes  # step n trained on n rows, by position or by keyword
 
 
 @needs_torch

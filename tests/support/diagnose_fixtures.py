@@ -55,6 +55,9 @@ class RankSpec:
     # plus ``ready_extra_frac[n % len]`` in step n: (0.5,) late in every step, (0.5, 0.0) in every other one.
     ready_frac: float | None = None
     ready_extra_frac: tuple[float, ...] = (0.0,)
+    # With readiness: each step's forward sent beside it, a tenth of the step plus that step's extra, and its
+    # input's elements, this many per share of a step of forward (0: none sent, an older reporter's windows).
+    input_numel_per_frac: int = 0
     hello: dict[str, Any] = field(default_factory=dict)  # Hello field overrides
     status: str = "live"  # "lost": the rank stops reporting long before the snapshot
 
@@ -103,6 +106,9 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
             ready = tuple(
                 step * (spec.ready_frac + extra[k % len(extra)] + ((k * 7919) % 11 - 5) / 1000) for k in numbers
             )
+        forwards: tuple[float, ...] = ()
+        if ready and spec.input_numel_per_frac:
+            forwards = tuple(step * (0.1 + spec.ready_extra_frac[k % len(spec.ready_extra_frac)]) for k in numbers)
         peak = None
         if spec.mem_peak_frac is not None:
             peak = int(spec.mem_peak_frac * spec.mem_total_bytes)
@@ -124,6 +130,8 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 slow_steps=stalls,
                 ready_step_numbers=tuple(numbers) if ready else (),
                 ready_s=ready,
+                ready_forward_s=forwards,
+                ready_input_numel=tuple(round(spec.input_numel_per_frac * f / step) for f in forwards),
                 gpu_step_time_p50_s=spec.gpu_step_frac * step if spec.gpu_step_frac is not None else None,
                 loader_wait_s=(spec.loader_frac or 0.0) * steps * step,
                 loader_batches=steps if spec.loader_frac is not None else 0,

@@ -31,6 +31,25 @@ def rotation(ranks: int, late_frac: float = 0.35) -> list[RankSpec]:
     ]  # fmt: skip
 
 
+def test_a_rotation_of_batches_of_uneven_size_names_the_data_and_how_to_even_it() -> None:
+    """Padded to their longest text, the rank with the longest batch is a tenth of a step late at its forward's
+    end, and three tenths at its backward's: the inputs' sizes say so, and the finding names the batches."""
+    specs = [
+        RankSpec(rank=r, ready_frac=0.2, ready_extra_frac=tuple(0.1 if k == r else 0.0 for k in range(2)),
+                 input_numel_per_frac=10_000, **ALIKE)  # type: ignore[arg-type]
+        for r in range(2)
+    ]  # fmt: skip
+    findings = findings_of(make_snapshot(specs))
+    top = findings[0]
+    assert (top.cause, top.ranks) == ("straggler", ()), summary(findings)
+    assert "the others wait for it 30% of each step" in top.title, top.title
+    assert "the one that drew the largest batch (forward length follows input size, ρ = 1.00)" in top.title
+    assert "group_by_length" in top.suggestion and top.extra["slowest"]["input_driven"] == 1.0
+    unsized = [RankSpec(**{**vars(spec), "input_numel_per_frac": 0}) for spec in specs]
+    plain = only(findings_of(make_snapshot(unsized)), "straggler")
+    assert "largest batch" not in plain.title and "the others wait for it 10% of each step" in plain.title
+
+
 def test_a_chronic_stragglers_finding_says_it_was_the_slowest_in_nearly_every_step() -> None:
     """Rank 1 waits 40% of each step for data and is the last one ready in every step."""
     specs = [

@@ -10,17 +10,25 @@ import pytest
 from gputop.combine import merge_windows, ready_steps_kept
 from gputop.model.slowest import SLOWEST_LINE_FRAC, slowest_ranks
 from gputop.protocol import READY_STEPS_KEPT, Window, decode, encode
-from gputop.reporter.clock import StepMark
+from gputop.reporter.clock import StepMark, input_numel
 from gputop.reporter.window import step_fields
 
 STEP_S = 0.040
 PER_WINDOW = 10
 
 
-def windows(rank: int, ready_s: Sequence[float], *, every: int = 1, forward_s: Sequence[float] = ()) -> list[Window]:
+def windows(
+    rank: int,
+    ready_s: Sequence[float],
+    *,
+    every: int = 1,
+    forward_s: Sequence[float] = (),
+    numel: Sequence[int] = (),
+) -> list[Window]:
     """A rank's windows of PER_WINDOW steps each, steps numbered from 1, readiness kept for every ``every``th.
 
-    ``forward_s``: each step's last forward's length, sent beside its readiness (none: an older reporter's).
+    ``forward_s``: each step's last forward's length, sent beside its readiness (none: an older reporter's);
+    ``numel``: the elements of that forward's input.
     """
     out = []
     for seq, start in enumerate(range(0, len(ready_s), PER_WINDOW)):
@@ -29,7 +37,8 @@ def windows(rank: int, ready_s: Sequence[float], *, every: int = 1, forward_s: S
             Window(run_id="r", rank=rank, seq=seq, t0=seq * 0.4, t1=seq * 0.4 + 0.4, steps=PER_WINDOW,
                    step_total=start + PER_WINDOW, ready_step_numbers=tuple(numbers),
                    ready_s=tuple(ready_s[n - 1] for n in numbers),
-                   ready_forward_s=tuple(forward_s[n - 1] for n in numbers) if forward_s else ())
+                   ready_forward_s=tuple(forward_s[n - 1] for n in numbers) if forward_s else (),
+                   ready_input_numel=tuple(numel[n - 1] for n in numbers) if numel else ())
         )  # fmt: skip
     return out
 
@@ -84,6 +93,46 @@ def test_a_different_rank_last_each_step_is_a_rotation_that_names_no_one_rank() 
     # Each rank waits for the drawn one in the steps it did not draw: ~2/3 of the steps x 30 ms, each.
     assert all(pattern.waited_by_rank[r] == pytest.approx(0.030 * (120 - slow.count(r)) / 120, rel=0.1)
                for r in range(3)), pattern.waited_by_rank  # fmt: skip
+
+
+def padded_batches(seed: int, steps: int, noise_s: float = 0.002) -> tuple[list[float], list[float], list[int]]:
+    """(ready, forward, input elements) of a rank whose batches of 16 texts are padded to their longest, 20-200
+    tokens: 0.1 ms a token of forward after 3 ms of loading, each with its own noise."""
+    rng = random.Random(seed)
+    tokens = [rng.randint(20, 200) for _ in range(steps)]
+    forward = [1e-4 * t + rng.uniform(0, noise_s) for t in tokens]
+    return [0.003 + rng.uniform(0, noise_s) + f for f in forward], forward, [16 * t for t in tokens]
+
+
+def test_forwards_that_follow_their_padded_batches_make_a_rotation_read_at_the_backwards_end() -> None:
+    """Whichever rank drew the longest batch is last, and its backward (twice its forward) makes it later still.
+
+    At the forward's end the excess is a third of what the others wait, within the noise of forwards that vary
+    this much; the inputs' sizes say the variation is the data's, so readiness is read at the backward's end.
+    An older reporter's windows (no sizes) keep the forward's end: nothing is assumed of them.
+    """
+    a, b = padded_batches(1, 120), padded_batches(2, 120)
+    pattern = slowest_ranks([(0, windows(0, a[0], forward_s=a[1], numel=a[2])),
+                             (1, windows(1, b[0], forward_s=b[1], numel=b[2]))], STEP_S)  # fmt: skip
+    assert pattern is not None and pattern.input_driven is not None and pattern.input_driven > 0.9
+    assert pattern.rotates and min(pattern.share(0), pattern.share(1)) > 0.25, pattern.to_dict()
+    waits = [3 * abs(fa - fb) for fa, fb in zip(a[1], b[1], strict=True)]
+    assert pattern.waited_s == pytest.approx(sum(waits) / len(waits), rel=0.25)
+    unsized = slowest_ranks([(0, windows(0, a[0], forward_s=a[1])), (1, windows(1, b[0], forward_s=b[1]))], STEP_S)
+    assert unsized is not None and unsized.input_driven is None
+    assert unsized.waited_s < pattern.waited_s / 2
+
+
+def test_forwards_that_vary_with_inputs_of_one_size_are_noise_not_the_datas_doing() -> None:
+    """A shared CPU makes a healthy job's forwards vary by a quarter; its inputs are all one size: no rotation."""
+    rng = random.Random(3)
+    ranks = []
+    for rank in (0, 1):
+        forward = [0.020 * (1 + rng.uniform(-0.25, 0.25)) for _ in range(120)]
+        ready = [0.003 + rng.uniform(0, 0.0005) + f for f in forward]
+        ranks.append((rank, windows(rank, ready, forward_s=forward, numel=[16 * 128] * 120)))
+    pattern = slowest_ranks(ranks, STEP_S)
+    assert pattern is not None and pattern.input_driven is None and not pattern.rotates
 
 
 def test_ranks_doing_the_same_work_tie_and_nobody_is_the_slowest() -> None:
@@ -148,6 +197,9 @@ def test_merged_windows_keep_a_thinned_run_of_the_same_steps() -> None:
     assert both.ready_step_numbers == merged.ready_step_numbers
     assert both.ready_forward_s == tuple(n / 1e4 for n in both.ready_step_numbers)  # each with its own step's
     assert merge_windows([ws[0], timed[1]]).ready_forward_s == ()  # an older reporter's window among them: none
+    sized = merge_windows(windows(0, jitter(1, 100), forward_s=[n / 1e4 for n in range(1, 101)], numel=range(1, 101)))
+    assert sized.ready_input_numel == sized.ready_step_numbers  # each step's own input
+    assert both.ready_input_numel == ()
 
 
 def test_readiness_crosses_the_wire_and_a_frame_that_pairs_them_badly_is_refused() -> None:
@@ -160,3 +212,26 @@ def test_readiness_crosses_the_wire_and_a_frame_that_pairs_them_badly_is_refused
     assert decode(encode(timed)) == timed
     with pytest.raises(ValueError, match="ready_forward_s"):
         decode(encode(timed).replace(b'"ready_forward_s":[', b'"ready_forward_s":[0.5,'))
+    (sized,) = windows(0, jitter(1, 10), forward_s=jitter(2, 10), numel=range(10))
+    assert decode(encode(sized)) == sized
+    with pytest.raises(ValueError, match="ready_input_numel"):
+        decode(encode(sized).replace(b'"ready_input_numel":[', b'"ready_input_numel":[5,'))
+
+
+def test_a_forwards_input_is_found_by_position_keyword_or_inside_a_batch_and_never_raises() -> None:
+    class Sized:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def numel(self) -> int:
+            return self.n
+
+    class Broken:
+        def numel(self) -> int:
+            raise RuntimeError("a tensor subclass that will not say")
+
+    assert input_numel((Sized(6),), {}) == 6
+    assert input_numel((), {"input_ids": Sized(7), "mask": Sized(1)}) == 7  # model(**batch)
+    assert input_numel(((Sized(8), Sized(1)),), None) == 8 and input_numel(({"x": Sized(9)},), None) == 9
+    assert input_numel((), None) == -1 and input_numel(("text",), {}) == -1 and input_numel(([],), {}) == -1
+    assert input_numel((Broken(),), {}) == -1

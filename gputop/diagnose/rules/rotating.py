@@ -57,15 +57,18 @@ def rotating_findings(run: RunFigures, pattern: SlowestRanks | None) -> list[Fin
         f"the slowest rank rotates: {shares_text(pattern)} of the last {pattern.steps} steps; "
         f"the others wait for it {pct(wait_frac):.0f}% of each step"
     )
+    driven = pattern.input_driven
+    if driven is not None:
+        title += f": the one that drew the largest batch (forward length follows input size, ρ = {driven:.2f})"
     if severity is None:
-        title += f": {too_close_text(wait_frac, se, threshold, pattern.steps)}"
+        title += ("; " if driven is not None else ": ") + too_close_text(wait_frac, se, threshold, pattern.steps)
     top_part = max(pattern.slowest.values()) / pattern.decided_steps
     return [
         Finding(
             cause="straggler",
             severity=severity or "info",
             title=title,
-            suggestion=ROTATING_SUGGESTION,
+            suggestion=UNEVEN_INPUTS_SUGGESTION if pattern.input_driven is not None else ROTATING_SUGGESTION,
             evidence=(
                 Evidence(
                     "rotating_wait_pct",
@@ -105,6 +108,14 @@ ROTATING_SUGGESTION = (
     "branches in the model, logging, metrics or evaluation done by one rank chosen per step, and garbage "
     "collection pauses (gc.freeze() after start-up). On a shared machine, other programs moving between the "
     "ranks' cores do this too."
+)
+
+
+UNEVEN_INPUTS_SUGGESTION = (
+    "The batches differ in size (texts padded to their longest, images of several sizes) and each step every rank "
+    "waits for the one that drew the largest. Even the work out: group samples of similar length into batches (a "
+    "length-grouped or bucketing sampler; Hugging Face's group_by_length=True), pad to a few fixed lengths, or pack "
+    "sequences to a fixed number of tokens per rank."
 )
 
 
