@@ -120,10 +120,11 @@ def add_alert_after(parser: argparse.ArgumentParser) -> None:
 
 
 def add_auto_capture(parser: argparse.ArgumentParser, *, when: str = "") -> None:
-    from gputop.diagnose.autocapture import MIN_INTERVAL_S
+    from gputop.diagnose.autocapture import CAPTURE_MIN_INTERVAL_S
 
     parser.add_argument(
         "--no-auto-capture", dest="auto_capture", action="store_false",
         help="do not profile a straggler's or stall's culprit rank once the finding has held --alert-after "
-        f"seconds (at most one short torch.profiler capture per run every {MIN_INTERVAL_S / 60:g} minutes){when}",
+        f"seconds (at most one short torch.profiler capture per run every {CAPTURE_MIN_INTERVAL_S / 60:g} minutes)"
+        f"{when}",
     )  # fmt: skip

@@ -24,7 +24,7 @@ from gputop.diagnose.findings import SEVERITIES, Finding, FindingKey
 from gputop.protocol import MAX_FINDINGS_NOTICED, FindingBrief
 
 HOLD_S = 30.0  # a finding must hold half a minute before it rings: the panel already shows blips
-MIN_INTERVAL_S = 300.0  # at most one raise or worsening per finding every 5 minutes
+ALERT_MIN_INTERVAL_S = 300.0  # at most one raise or worsening per finding every 5 minutes
 ALERT_SEVERITIES = ("warn", "critical")
 
 # "captured": the culprit rank's profile came back and is on the finding (gputop.diagnose.autocapture).
@@ -56,7 +56,7 @@ class _State:
 class AlertTracker:
     """Turns each refresh's shown findings into alerts."""
 
-    def __init__(self, *, hold_s: float = HOLD_S, min_interval_s: float = MIN_INTERVAL_S) -> None:
+    def __init__(self, *, hold_s: float = HOLD_S, min_interval_s: float = ALERT_MIN_INTERVAL_S) -> None:
         if hold_s < 0 or min_interval_s < 0:
             raise ValueError("hold_s and min_interval_s must not be negative")
         self.hold_s = hold_s

@@ -4,7 +4,7 @@ When a straggler or stall finding has held for its alert time (the
 ``AlertTracker``'s notion of held), its culprit rank is asked for one short
 ``torch.profiler`` capture over the existing channel (``CaptureRequest``: a
 few steps, its result bounded by the protocol).  At most once while a finding
-holds, and at most one capture per run every ``MIN_INTERVAL_S``.  A hang is
+holds, and at most one capture per run every ``CAPTURE_MIN_INTERVAL_S``.  A hang is
 not asked: its rank takes no step, so a capture would never start (the
 reporter gives up after 2 minutes without a step); the hang finding already
 names where each stuck rank is from its stack samples.
@@ -46,7 +46,7 @@ STALL_CAPTURE_MAX_STEPS = 25
 # One capture per run at most every 10 minutes: the captured steps run about twice as slow under the
 # profiler and each leaves a trace file on the rank's host, so a finding that flaps, or a straggler that
 # rotates and so names new ranks each time, costs one profile per 10 minutes, not one per episode.
-MIN_INTERVAL_S = 600.0
+CAPTURE_MIN_INTERVAL_S = 600.0
 # How long the asker waits for the result: the reporter itself gives up after 2 minutes without a step.
 CAPTURE_TIMEOUT_S = 120.0
 # Live, a capture is attached once the rank's stack samples cover its end (they come once a second), or
@@ -199,7 +199,7 @@ def with_captures(findings: Iterable[Finding], captures: dict[str, tuple[str, Fi
 class AutoCapture:
     """The policy's state between refreshes: which findings were asked about, each run's last capture."""
 
-    def __init__(self, *, min_interval_s: float = MIN_INTERVAL_S) -> None:
+    def __init__(self, *, min_interval_s: float = CAPTURE_MIN_INTERVAL_S) -> None:
         if min_interval_s < 0:
             raise ValueError("min_interval_s must not be negative")
         self.min_interval_s = min_interval_s

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# Places in the user's code a title lists (a straggler's, each stuck rank's), the most sampled first; more read "…".
+PLACES_NAMED = 3
+
 
 def ranks_text(ranks: Sequence[int]) -> str:
     """'rank 3', 'ranks 0, 1', 'ranks 0-7' for a title."""

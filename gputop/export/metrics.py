@@ -135,7 +135,6 @@ METRICS: tuple[Spec, ...] = (
         "gputop_exporter_rank_series_omitted", "gauge", f"Ranks left out past {MAX_RANK_SERIES} (cardinality cap)", ()
     ),
 )
-SPECS = {spec.name: spec for spec in METRICS}
 
 
 def _rank_labels(r: RankFigures) -> tuple[str, ...]:

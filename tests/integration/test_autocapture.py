@@ -21,8 +21,8 @@ from gputop.cli.parser import build_parser
 from gputop.diagnose import Diagnoser, Evidence, Finding
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import (
+    CAPTURE_MIN_INTERVAL_S,
     CAPTURE_STEPS,
-    MIN_INTERVAL_S,
     STALL_CAPTURE_MAX_STEPS,
     AutoCapture,
     capture_id,
@@ -50,7 +50,7 @@ HOLD_S = 2.0
 TRACE = "/traces/r1.pt.trace.json"
 
 
-def pipeline(*, auto: bool = True, min_interval_s: float = MIN_INTERVAL_S) -> LivePipeline:
+def pipeline(*, auto: bool = True, min_interval_s: float = CAPTURE_MIN_INTERVAL_S) -> LivePipeline:
     return LivePipeline(
         diagnoser=Diagnoser(),
         alerts=AlertTracker(hold_s=HOLD_S),

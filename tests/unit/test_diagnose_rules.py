@@ -363,6 +363,19 @@ class TestParallelism:
         comm = only(findings, "communication")
         assert comm.severity == "info" and "symptom of tiny steps" in comm.title
 
+    def test_an_exchange_that_tiny_buckets_explain_is_the_settings_not_the_small_batchs(self) -> None:
+        """The same exchange at batch 32, through 42 buckets of 9 KiB: the setting is the cause, its fix removes it.
+
+        The corpus's tiny-buckets job read "too little work per step at batch 32: the gradient exchange takes 11%"
+        (quiet, 2026-11-28): both are true of the numbers, but more work per step only hides forty latencies.
+        """
+        specs = two_ranks(step_s=0.015, forward_frac=0.2, backward_frac=0.3, comm_frac=0.22, overlap_frac=0.02)
+        tiny = {"ddp": True, "ddp_buckets": 42, "ddp_gradient_bytes": 42 * 9 << 10, "ddp_bucket_cap_bytes": 1 << 10}
+        findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 32, **tiny}))
+        assert findings[0].cause == "model_config" and "42 gradient buckets" in findings[0].title, findings[0]
+        assert by_cause(findings, "parallelism") == []
+        assert "symptom of DDP's settings" in only(findings, "communication").title
+
     def test_the_wait_for_a_straggler_in_the_exchange_is_not_a_tiny_steps_symptom(self) -> None:
         """At batch 32 rank 0 waits 15% of each step in the exchange for rank 1's extra work: a straggler.
 

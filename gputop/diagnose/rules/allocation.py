@@ -26,6 +26,7 @@ from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import Figures, RankFigures, RunFigures
 from gputop.model.join import GpuAssignment
 from gputop.model.samples import GpuProcess, HostSample
+from gputop.model.snapshot import RankView
 
 MIB = float(1 << 20)
 
@@ -128,6 +129,7 @@ def significant(process: GpuProcess) -> bool:
 
 
 def gpu_allocation_findings(machine: Figures) -> list[Finding]:
+    """Ranks that share a GPU, a GPU shared with another run or process, and GPUs no rank or process uses."""
     findings: list[Finding] = []
     live = {(run.run_id, r.rank) for run in machine.runs for r in run.active}
     parents = {a.gpu.mig_parent_uuid for a in machine.assignments if a.gpu.mig_parent_uuid}
@@ -145,70 +147,82 @@ def gpu_allocation_findings(machine: Figures) -> list[Finding]:
                 idle.append(assignment)
             continue
         for run_id in runs:
-            same = sorted(v.rank for v in ranks if v.run_id == run_id)
-            if len(same) > 1:
-                findings.append(
-                    gpu_finding(
-                        run_id,
-                        "warn",
-                        f"{ranks_text(same)} share {gpu_label(assignment)}",
-                        "Give each rank its own GPU: torch.cuda.set_device(local_rank) before creating the model, "
-                        "and launch at most as many ranks per node as GPUs.",
-                        (Evidence("ranks_on_gpu", len(same), 1, gpu=gpu.index),),
-                        same,
-                        gpu.index,
-                        assignment.hostname,
-                    )
-                )
-            others = sorted(set(runs) - {run_id})
-            busy = [p for p in assignment.unobserved if significant(p)]
-            if others or busy:
-                what = [f"run {o}" for o in others] + [process_text(p) for p in busy]
-                findings.append(
-                    gpu_finding(
-                        run_id,
-                        "warn",
-                        f"{gpu_label(assignment)} is shared with " + ", ".join(what),
-                        "Run other jobs on other GPUs (CUDA_VISIBLE_DEVICES), or stop them: the GPU time-slices "
-                        "between processes.",
-                        (Evidence("other_processes", len(others) + len(busy), 0, gpu=gpu.index),),
-                        same,
-                        gpu.index,
-                        assignment.hostname,
-                    )
-                )
+            findings += shared_gpu_findings(assignment, run_id, ranks, runs)
     if idle and job_gpus:
-        # Idle GPUs on a machine where a job runs: attach to the job when there is exactly one.
-        owner: str | None = next(iter(job_gpus)) if len(job_gpus) == 1 else None
-        indexes = sorted(a.gpu.index for a in idle)
-        hosts = sorted({a.hostname for a in idle})
-        # Per node: the GPUs the job uses there plus the idle ones is what --nproc_per_node could be.
-        per_node = {
-            host: len({a.gpu.uuid for gpus in job_gpus.values() for a in gpus if a.hostname == host})
-            + sum(1 for a in idle if a.hostname == host)
-            for host in hosts
-        }
-        nproc = str(per_node[hosts[0]]) if len(set(per_node.values())) == 1 else "<GPUs per node>"
-        where = ", ".join(map(str, indexes))
-        if hosts != [""]:  # GPUs of several hosts (node samplers): indices repeat, so name the host
-            where = "; ".join(
-                f"{host or 'here'} {', '.join(str(a.gpu.index) for a in idle if a.hostname == host)}" for host in hosts
-            )
-        findings.append(
-            Finding(
-                cause="allocation",
-                severity="warn",
-                title=f"GPU{'s' if len(indexes) > 1 else ''} {where} idle: "
-                f"no rank and no process on {'them' if len(indexes) > 1 else 'it'}",
-                suggestion=f"Use them: torchrun --nproc_per_node={nproc} (one rank per GPU), "
-                "or leave them to another job on purpose.",
-                evidence=(Evidence("idle_gpus", len(indexes), 0),),
-                gpus=tuple(indexes),
-                run_id=owner,
-                doc=doc_anchor("allocation"),
+        findings.append(idle_gpus_finding(idle, job_gpus))
+    return findings
+
+
+def shared_gpu_findings(
+    assignment: GpuAssignment, run_id: str, ranks: list[RankView], runs: list[str]
+) -> list[Finding]:
+    """On one GPU, for one run: its ranks that share it, and the other runs and processes it shares it with."""
+    gpu = assignment.gpu
+    out = []
+    same = sorted(v.rank for v in ranks if v.run_id == run_id)
+    if len(same) > 1:
+        out.append(
+            gpu_finding(
+                run_id,
+                "warn",
+                f"{ranks_text(same)} share {gpu_label(assignment)}",
+                "Give each rank its own GPU: torch.cuda.set_device(local_rank) before creating the model, "
+                "and launch at most as many ranks per node as GPUs.",
+                (Evidence("ranks_on_gpu", len(same), 1, gpu=gpu.index),),
+                same,
+                gpu.index,
+                assignment.hostname,
             )
         )
-    return findings
+    others = sorted(set(runs) - {run_id})
+    busy = [p for p in assignment.unobserved if significant(p)]
+    if others or busy:
+        what = [f"run {o}" for o in others] + [process_text(p) for p in busy]
+        out.append(
+            gpu_finding(
+                run_id,
+                "warn",
+                f"{gpu_label(assignment)} is shared with " + ", ".join(what),
+                "Run other jobs on other GPUs (CUDA_VISIBLE_DEVICES), or stop them: the GPU time-slices "
+                "between processes.",
+                (Evidence("other_processes", len(others) + len(busy), 0, gpu=gpu.index),),
+                same,
+                gpu.index,
+                assignment.hostname,
+            )
+        )
+    return out
+
+
+def idle_gpus_finding(idle: list[GpuAssignment], job_gpus: dict[str, list[GpuAssignment]]) -> Finding:
+    """Idle GPUs on a machine where a job runs: attached to the job when there is exactly one."""
+    owner: str | None = next(iter(job_gpus)) if len(job_gpus) == 1 else None
+    indexes = sorted(a.gpu.index for a in idle)
+    hosts = sorted({a.hostname for a in idle})
+    # Per node: the GPUs the job uses there plus the idle ones is what --nproc_per_node could be.
+    per_node = {
+        host: len({a.gpu.uuid for gpus in job_gpus.values() for a in gpus if a.hostname == host})
+        + sum(1 for a in idle if a.hostname == host)
+        for host in hosts
+    }
+    nproc = str(per_node[hosts[0]]) if len(set(per_node.values())) == 1 else "<GPUs per node>"
+    where = ", ".join(map(str, indexes))
+    if hosts != [""]:  # GPUs of several hosts (node samplers): indices repeat, so name the host
+        where = "; ".join(
+            f"{host or 'here'} {', '.join(str(a.gpu.index) for a in idle if a.hostname == host)}" for host in hosts
+        )
+    return Finding(
+        cause="allocation",
+        severity="warn",
+        title=f"GPU{'s' if len(indexes) > 1 else ''} {where} idle: "
+        f"no rank and no process on {'them' if len(indexes) > 1 else 'it'}",
+        suggestion=f"Use them: torchrun --nproc_per_node={nproc} (one rank per GPU), "
+        "or leave them to another job on purpose.",
+        evidence=(Evidence("idle_gpus", len(indexes), 0),),
+        gpus=tuple(indexes),
+        run_id=owner,
+        doc=doc_anchor("allocation"),
+    )
 
 
 def gpu_finding(

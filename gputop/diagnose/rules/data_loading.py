@@ -21,6 +21,10 @@ from gputop.diagnose.thresholds import (
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
 
+# The title names the rank that waits longest beside the ranks' mean when it waits this many times the mean:
+# one rank's slow worker among several ranks waiting alike is worth a word, a rank a little above the mean is not.
+WORST_NAMED_OVER_MEAN = 1.5
+
 
 def data_loading_findings(
     run: RunFigures, ranks_on_host: Mapping[str, int], *, exclude_ranks: Collection[int] = ()
@@ -54,7 +58,7 @@ def data_loading_findings(
     title = f"{ranks_text([r.rank for r in waiting])} {verb} for data {pct(mean_frac):.0f}% of each step"
     if severity is None:
         title += f": {too_close_text(mean_frac, se, threshold, min(r.stats.steps for r in ranks))}"
-    if len(waiting) > 1 and (worst.stats.loader_wait_frac or 0.0) > 1.5 * mean_frac:
+    if len(waiting) > 1 and (worst.stats.loader_wait_frac or 0.0) > WORST_NAMED_OVER_MEAN * mean_frac:
         title += f" (rank {worst.rank}: {pct(worst.stats.loader_wait_frac or 0.0):.0f}%)"
     return [
         Finding(

@@ -20,11 +20,12 @@ others; the rest are where the hang is.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from gputop.diagnose.findings import Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
-from gputop.diagnose.wording import ranks_text
+from gputop.diagnose.wording import PLACES_NAMED, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
 from gputop.model.snapshot import LIVE, LOST
@@ -33,7 +34,6 @@ from gputop.protocol import Collective
 # How far back the usual and the longest step are read: long enough to include
 # a periodic evaluation or checkpoint, short enough to follow the job.
 LOOKBACK_WINDOWS = 240
-PLACES_NAMED = 3  # places of stuck ranks a title names; more read as "…"
 
 
 def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
@@ -46,15 +46,69 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
     # went silent: a job that was hung when it was stopped is reported hung.
     ended = not live
     judged = live or [r for r in run.ranks if r.status == LOST and r.view.windows]
-    if not judged:
+    stops = stopped_ranks(judged, now_t, ended)  # measure
+    if stops is None or not stops.stuck:
         return []
-    stuck: list[tuple[RankFigures, float, int]] = []  # (rank, seconds since its last step, its step count)
-    silent: list[int] = []  # ended: ranks whose reporting stopped with their steps (starved or dead, can't tell)
+    stuck = [r for r, _, _ in stops.stuck]
+    ranks = [r.rank for r in stuck]
+    busy = [r.rank for r in stuck if _cpu_since_last_step(r) >= HANG_BUSY_CPU_PCT]
+    # Decide: all of them busy on the CPU is a long stop of its own; any one blocked is a hang.
+    severity: Severity = "warn" if busy and len(busy) == len(ranks) else "critical"
+    frames = {r.rank: f for r in stuck if (f := span_frames(r)) is not None and f.now is not None}
+    # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
+    # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
+    lost = stops.silent if ended else [v.rank for v in run.lost]
+    named = hung_ranks(stuck, frames, lost)
+    return [
+        Finding(
+            cause="hang",
+            severity=severity,
+            title=hang_title(stops, ended, busy, frames, lost),
+            suggestion=HANG_SUGGESTION,
+            evidence=(Evidence("seconds_without_a_step", stops.idle_s, stops.line_s, " s", op=">="),),
+            ranks=tuple(named),
+            run_id=run.run_id,
+            doc=doc_anchor("hang"),
+            magnitude=1.0,
+            extra={
+                "since_step": stops.since[0],
+                "busy_ranks": busy,
+                "lost_ranks": lost,
+                "waiting_ranks": sorted(set(ranks + lost) - set(named)),
+                "frames": {rank: f.to_dict() for rank, f in frames.items()},
+            },
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class Stops:
+    """The judged ranks that have not stepped for longer than their line (``stopped_ranks``)."""
+
+    stuck: list[tuple[RankFigures, float, int]]  # (rank, seconds since its last step, its step count)
+    silent: list[int]  # ended: ranks whose reporting stopped with their steps (starved or dead, can't tell)
+    line_s: float  # the longest of the ranks' lines
+
+    @property
+    def idle_s(self) -> float:
+        return min(idle for _, idle, _ in self.stuck)
+
+    @property
+    def since(self) -> list[int]:
+        return sorted({total for _, _, total in self.stuck})
+
+
+def stopped_ranks(judged: list[RankFigures], now_t: float, ended: bool) -> Stops | None:
+    """Each judged rank's time since its last step against its line; None while any still steps or starts."""
+    if not judged:
+        return None
+    stuck: list[tuple[RankFigures, float, int]] = []
+    silent: list[int] = []
     line_s = 0.0
     for rank in judged:
         stepped = [w for w in rank.view.windows[-LOOKBACK_WINDOWS:] if w.steps > 0]
         if not stepped:
-            return []  # still starting: nothing to compare with
+            return None  # still starting: nothing to compare with
         medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
         usual = statistics.median(medians) if medians else 0.0
         longest = max((w.step_time_max_s or 0.0 for w in stepped), default=0.0)
@@ -66,64 +120,40 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
         elif ended:
             silent.append(rank.rank)
         else:
-            return []  # one rank still steps: not a hang (a straggler or a stall is someone else's finding)
-    if not stuck:
-        return []
-    idle_s = min(idle for _, idle, _ in stuck)
-    since = sorted({total for _, _, total in stuck})
-    busy = [r.rank for r, _, _ in stuck if _cpu_since_last_step(r) >= HANG_BUSY_CPU_PCT]
-    ranks = [r.rank for r, _, _ in stuck]
+            return None  # one rank still steps: not a hang (a straggler or a stall is someone else's finding)
+    return Stops(stuck, silent, line_s)
+
+
+def hang_title(stops: Stops, ended: bool, busy: list[int], frames: dict[int, RankFrames], lost: list[int]) -> str:
+    """'rank 1 has not finished a step for 42 s (after step 10): hung; <where each is>; <what it entered>'."""
+    stuck = [r for r, _, _ in stops.stuck]
+    ranks = [r.rank for r in stuck]
+    since = stops.since
     where = f"after step {since[0]}" if len(since) == 1 else f"after steps {since[0]}-{since[-1]}"
     verb = "had" if ended else "has" if len(ranks) == 1 else "have"
-    title = f"{ranks_text(ranks)} {verb} not finished a step for {idle_s:.0f} s ({where})"
+    title = f"{ranks_text(ranks)} {verb} not finished a step for {stops.idle_s:.0f} s ({where})"
     if ended:
         title += " when they stopped reporting" if len(ranks) > 1 else " when it stopped reporting"
-    severity: Severity
     if busy and len(busy) == len(ranks):
         title += ", busy on the CPU: a long evaluation or save, or a loop that never reaches the step"
-        severity = "warn"
     else:
-        title += ": hung"
-        if busy:
-            title += f"; {ranks_text(busy)} busy on the CPU"
-        severity = "critical"
-    frames = {r.rank: f for r, _, _ in stuck if (f := span_frames(r)) is not None and f.now is not None}
+        title += ": hung" + (f"; {ranks_text(busy)} busy on the CPU" if busy else "")
     if frames:
-        title += "; " + where_stuck_text([r for r, _, _ in stuck], frames)
+        title += "; " + where_stuck_text(stuck, frames)
     entered = {rank: f.collective for rank, f in frames.items() if f.collective is not None}
     if entered:
         title += "; " + flight_recorder_text(entered)
-    # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
-    # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
-    lost = silent if ended else [v.rank for v in run.lost]
     if lost:
         title += f"; {ranks_text(lost)} stopped reporting (dead, or blocked holding the GIL)"
-    named = hung_ranks([r for r, _, _ in stuck], frames, lost)
-    return [
-        Finding(
-            cause="hang",
-            severity=severity,
-            title=title,
-            suggestion=(
-                "See where each rank is: py-spy dump --pid <rank pid> (the rank detail screen names the pid). A rank "
-                "blocked on a lock, a queue or input() holds the others in their next all-reduce; a rank that died "
-                "leaves them there too. TORCH_FR_BUFFER_SIZE=2000 (TORCH_NCCL_TRACE_BUFFER_SIZE for NCCL in older "
-                "torch) turns on torch's Flight Recorder: gputop then names the last collective each rank entered."
-            ),
-            evidence=(Evidence("seconds_without_a_step", idle_s, line_s, " s", op=">="),),
-            ranks=tuple(named),
-            run_id=run.run_id,
-            doc=doc_anchor("hang"),
-            magnitude=1.0,
-            extra={
-                "since_step": since[0],
-                "busy_ranks": busy,
-                "lost_ranks": lost,
-                "waiting_ranks": sorted(set(ranks + lost) - set(named)),
-                "frames": {rank: f.to_dict() for rank, f in frames.items()},
-            },
-        )
-    ]
+    return title
+
+
+HANG_SUGGESTION = (
+    "See where each rank is: py-spy dump --pid <rank pid> (the rank detail screen names the pid). A rank blocked on "
+    "a lock, a queue or input() holds the others in their next all-reduce; a rank that died leaves them there too. "
+    "TORCH_FR_BUFFER_SIZE=2000 (TORCH_NCCL_TRACE_BUFFER_SIZE for NCCL in older torch) turns on torch's Flight "
+    "Recorder: gputop then names the last collective each rank entered."
+)
 
 
 def hung_ranks(stuck: list[RankFigures], frames: dict[int, RankFrames], lost: list[int]) -> list[int]:

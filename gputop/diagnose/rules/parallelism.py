@@ -22,7 +22,7 @@ over it (50 MB of gradients for a few ms of compute), communication is the cause
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_below, largest_cost, measured
@@ -103,110 +103,126 @@ def small_batch(rank: RankFigures) -> bool:
     return batch is not None and batch <= SMALL_BATCH_SIZE and rank.stats.step_time_mean_s is not None
 
 
-def parallelism_findings(run: RunFigures) -> list[Finding]:
-    """At most one finding per run, carrying the evidence of every sign that fired."""
+def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -> list[Finding]:
+    """At most one finding per run, carrying the evidence of every sign that fired.
+
+    ``exchange_explained``: a setting explains the exposed exchange (``model_config``'s tiny buckets), so the
+    exchange is not read as a sign of too little work per step (sign 4).
+    """
     ranks = measured(run)
     if not ranks:
         return []
-    evidence: list[Evidence] = []
-    severities: list[Severity] = []
-    magnitude = 0.0
-    fired: set[int] = set()
-    launch_bound = False
-    tiny_steps = False
+    idle, util = idle_gpu_sign(ranks)
+    tiny, step = tiny_step_sign(ranks)
+    exchange, exchange_at = (None, None) if exchange_explained else exchange_sign(ranks, tiny_steps=tiny is not None)
+    signs = [sign for sign in (idle, gpu_step_sign(ranks), tiny, exchange) if sign is not None]
+    if not signs:
+        return []
+    fired = sorted(set().union(*(sign.ranks for sign in signs)))
+    return [
+        Finding(
+            cause="parallelism",
+            severity=max((sign.severity for sign in signs), key=SEVERITIES.index),
+            title=parallelism_title(fired, util, step, exchange_at),
+            suggestion=parallelism_suggestion(ranks[0], launch_bound=any(sign.launch_bound for sign in signs)),
+            evidence=tuple(e for sign in signs for e in sign.evidence),
+            ranks=tuple(fired),
+            run_id=run.run_id,
+            doc=doc_anchor("parallelism"),
+            magnitude=max(sign.magnitude for sign in signs),
+            # The exchange's finding is this one's symptom where the steps are tiny (absorb_fixed_costs).
+            extra={"tiny_steps": tiny is not None or exchange is not None, "exchange_symptom": exchange is not None},
+        )
+    ]
 
-    # 1. The GPU idles while nothing the tool can see holds it up (torch-tb-profiler's < 50%).
+
+@dataclass(frozen=True)
+class Sign:
+    """One sign of too little work per step that fired: what it saw, how bad, on which ranks."""
+
+    evidence: tuple[Evidence, ...]
+    severity: Severity
+    magnitude: float  # the share of the step it costs, the finding's largest
+    ranks: frozenset[int]
+    launch_bound: bool = False  # the host cannot issue GPU work faster
+
+
+def idle_gpu_sign(ranks: list[RankFigures]) -> tuple[Sign | None, float | None]:
+    """1. The GPU idles while nothing the tool can see holds it up (torch-tb-profiler's < 50%); and that median
+    utilisation.  A main thread pegged at one core is why: the host cannot issue work faster."""
     idle = [r for r in ranks if r.gpu_util_pct is not None and waits_are_low(r)]
     util = median([r.gpu_util_pct or 0.0 for r in idle])
     severity = grade_below(util, GPU_UTIL_LOW_WARN_PCT, GPU_UTIL_LOW_CRITICAL_PCT)
-    if severity is not None and util is not None:
-        threshold = GPU_UTIL_LOW_CRITICAL_PCT if severity == "critical" else GPU_UTIL_LOW_WARN_PCT
-        evidence.append(Evidence("gpu_util_pct", util, threshold, "%", op="<"))
-        severities.append(severity)
-        magnitude = max(magnitude, 1 - util / 100)
-        fired |= {r.rank for r in idle}
-        # A main thread pegged at one core is why: the host cannot issue work faster.
-        busy = [r for r in idle if r.on_cuda and (r.stats.cpu_pct or 0.0) >= MAIN_THREAD_BUSY_PCT]
-        if busy:
-            launch_bound = True
-            worst = max(busy, key=lambda r: r.stats.cpu_pct or 0.0)
-            evidence.append(
-                Evidence(
-                    "main_cpu_pct", worst.stats.cpu_pct or 0.0, MAIN_THREAD_BUSY_PCT, "%", op=">=", rank=worst.rank
-                )
-            )
+    if severity is None or util is None:
+        return None, util
+    threshold = GPU_UTIL_LOW_CRITICAL_PCT if severity == "critical" else GPU_UTIL_LOW_WARN_PCT
+    evidence = [Evidence("gpu_util_pct", util, threshold, "%", op="<")]
+    busy = [r for r in idle if r.on_cuda and (r.stats.cpu_pct or 0.0) >= MAIN_THREAD_BUSY_PCT]
+    if busy:
+        worst = max(busy, key=lambda r: r.stats.cpu_pct or 0.0)
+        cpu = worst.stats.cpu_pct or 0.0
+        evidence.append(Evidence("main_cpu_pct", cpu, MAIN_THREAD_BUSY_PCT, "%", op=">=", rank=worst.rank))
+    ranks_idle = frozenset(r.rank for r in idle)
+    return Sign(tuple(evidence), severity, 1 - util / 100, ranks_idle, launch_bound=bool(busy)), util
 
-    # 2. The GPU's step is a small part of the wall step.
+
+def gpu_step_sign(ranks: list[RankFigures]) -> Sign | None:
+    """2. The GPU's step is a small part of the wall step: the host is the bottleneck."""
     ratios = [
         (r, r.stats.gpu_step_time_p50_s / r.stats.step_time_p50_s)
         for r in ranks
         if r.stats.gpu_step_time_p50_s is not None and r.stats.step_time_p50_s and waits_are_low(r)
     ]
     ratio = median([x for _, x in ratios])
-    if ratio is not None and ratio < GPU_STEP_OVER_WALL_STEP_RATIO:
-        evidence.append(Evidence("gpu_step_over_wall_step", ratio, GPU_STEP_OVER_WALL_STEP_RATIO, "x", op="<"))
-        severities.append("warn")
-        magnitude = max(magnitude, 1 - ratio)
-        fired |= {r.rank for r, _ in ratios}
-        launch_bound = True
+    if ratio is None or ratio >= GPU_STEP_OVER_WALL_STEP_RATIO:
+        return None
+    evidence = (Evidence("gpu_step_over_wall_step", ratio, GPU_STEP_OVER_WALL_STEP_RATIO, "x", op="<"),)
+    return Sign(evidence, "warn", 1 - ratio, frozenset(r.rank for r, _ in ratios), launch_bound=True)
 
-    # 3. Tiny steps at a small batch: fixed per-step overhead dominates.
+
+def tiny_step_sign(ranks: list[RankFigures]) -> tuple[Sign | None, float | None]:
+    """3. Tiny steps at a small batch: fixed per-step overhead dominates; and the small-batch ranks' median step.
+    Below the warn line, the share of the step that is fixed overhead grows as the step shrinks."""
     small = [r for r in ranks if small_batch(r)]
     step = median([steady_step_s(r) for r in small])
     severity = grade_below(step, TINY_STEP_WARN_S, TINY_STEP_CRITICAL_S)
-    if severity is not None and step is not None and small:
-        threshold = TINY_STEP_CRITICAL_S if severity == "critical" else TINY_STEP_WARN_S
-        evidence.append(Evidence("step_time_ms", step * 1e3, threshold * 1e3, "ms", op="<"))
-        batch = min(r.hello.loader_batch_size or 0 for r in small)
-        evidence.append(Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="))
-        severities.append(severity)
-        # Below the warn line, the share of the step that is fixed overhead grows as the step shrinks.
-        magnitude = max(magnitude, 1 - step / TINY_STEP_WARN_S)
-        fired |= {r.rank for r in small}
-        tiny_steps = True
+    if severity is None or step is None or not small:
+        return None, step
+    threshold = TINY_STEP_CRITICAL_S if severity == "critical" else TINY_STEP_WARN_S
+    batch = min(r.hello.loader_batch_size or 0 for r in small)
+    evidence = (
+        Evidence("step_time_ms", step * 1e3, threshold * 1e3, "ms", op="<"),
+        Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="),
+    )
+    return Sign(evidence, severity, 1 - step / TINY_STEP_WARN_S, frozenset(r.rank for r in small)), step
 
-    # 4. At a small batch the exchange is a large share of the step, and would not be with more work per step.
-    # The rank that waits least shows the exchange's own cost; the others' waits add the time they spend
-    # waiting for a slower rank, a straggler's business (more work per step would not shorten it), and where
-    # the slowest rank changes from step to step (uneven batches) every rank waits in turn: the time each
-    # waited for the step's slowest, step by step, is taken out first.
+
+def exchange_sign(ranks: list[RankFigures], *, tiny_steps: bool) -> tuple[Sign | None, tuple[int, float, float] | None]:
+    """4. At a small batch the exchange is a large share of the step, and would not be with more work per step;
+    and (batch, share now, share at the grown batch).  Only where the steps are not tiny already (sign 3).
+
+    The rank that waits least shows the exchange's own cost; the others' waits add the time they spend
+    waiting for a slower rank, a straggler's business (more work per step would not shorten it), and where
+    the slowest rank changes from step to step (uneven batches) every rank waits in turn: the time each
+    waited for the step's slowest, step by step, is taken out first.
+    """
+    small = [r for r in ranks if small_batch(r)]
     shares = {r.rank: x for r in small if (x := exchange_shares(r)) is not None}
     if shares and min(shares.values())[0] > EXPOSED_COMM_WARN_FRAC:
         shares = without_waits_for_the_slowest(small, shares)
     now, grown = min(shares.values(), default=(None, None))
-    exchange: tuple[int, float, float] | None = None  # (batch, share now, share at the grown batch)
-    if now is not None and grown is not None and now > EXPOSED_COMM_WARN_FRAC > grown and not tiny_steps:
-        batch = min(r.hello.loader_batch_size or 0 for r in small if r.rank in shares)
-        exchange = (batch, now, grown)
-        least = min(shares, key=lambda rank: shares[rank])
-        evidence.append(Evidence("exposed_comm_pct", pct(now), pct(EXPOSED_COMM_WARN_FRAC), "%", rank=least))
-        evidence.append(
-            Evidence(f"exposed_comm_pct_at_batch_{BATCH_GROWTH * batch}", pct(grown), pct(EXPOSED_COMM_WARN_FRAC), "%",
-                     op="<", rank=least)
-        )  # fmt: skip
-        evidence.append(Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="))
-        severities.append(grade_above(now, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC) or "warn")
-        magnitude = max(magnitude, now - grown)
-        fired |= set(shares)
-        tiny_steps = True  # the exchange's finding is this one's symptom (absorb_fixed_costs)
-
-    if not severities:
-        return []
-    worst_severity = max(severities, key=SEVERITIES.index)
-    return [
-        Finding(
-            cause="parallelism",
-            severity=worst_severity,
-            title=parallelism_title(sorted(fired), util, step, exchange),
-            suggestion=parallelism_suggestion(ranks[0], launch_bound=launch_bound),
-            evidence=tuple(evidence),
-            ranks=tuple(sorted(fired)),
-            run_id=run.run_id,
-            doc=doc_anchor("parallelism"),
-            magnitude=magnitude,
-            extra={"tiny_steps": tiny_steps, "exchange_symptom": exchange is not None},
-        )
-    ]
+    if now is None or grown is None or not now > EXPOSED_COMM_WARN_FRAC > grown or tiny_steps:
+        return None, None
+    batch = min(r.hello.loader_batch_size or 0 for r in small if r.rank in shares)
+    least = min(shares, key=lambda rank: shares[rank])
+    evidence = (
+        Evidence("exposed_comm_pct", pct(now), pct(EXPOSED_COMM_WARN_FRAC), "%", rank=least),
+        Evidence(f"exposed_comm_pct_at_batch_{BATCH_GROWTH * batch}", pct(grown), pct(EXPOSED_COMM_WARN_FRAC), "%",
+                 op="<", rank=least),
+        Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="),
+    )  # fmt: skip
+    severity = grade_above(now, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC) or "warn"
+    return Sign(evidence, severity, now - grown, frozenset(shares)), (batch, now, grown)
 
 
 # What a tiny step's finding adds when it takes in the exchange and straggler findings its steps explain.

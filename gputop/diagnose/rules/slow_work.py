@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gputop.combine import OWN_PHASES
 from gputop.diagnose.thresholds import STRAGGLER_WAIT_WARN_FRAC
-from gputop.diagnose.wording import pct
+from gputop.diagnose.wording import PLACES_NAMED, pct
 from gputop.model.figures import RankFigures, stat_reader
 from gputop.model.frames import FrameShare, RankFrames, span_frames
 from gputop.model.statistics import leave_one_out_medians, median
@@ -59,10 +59,7 @@ def phase_text(rank: RankFigures, phase: SlowPhase) -> str:
 STRAGGLER_PLACE_MIN_PART = 0.5
 
 
-# Places a title lists, most sampled first, each with at least this part of the first one's samples.
-PLACES_NAMED = 3
-
-
+# Places a title lists (PLACES_NAMED, most sampled first), each with at least this part of the first one's samples.
 PLACE_MIN_OF_FIRST = 0.2
 
 

@@ -67,8 +67,7 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     ]
     if not stalled:
         return []
-    worst = max(stalled, key=lambda r: stall_beyond_compiles(r.stats)[1])
-    frac = stall_beyond_compiles(worst.stats)[1]
+    frac = max(stall_beyond_compiles(r.stats)[1] for r in stalled)
     severity = grade_above(frac, STALL_WARN_FRAC, STALL_CRITICAL_FRAC)
     if severity is None:
         return []
@@ -81,47 +80,17 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     named = stoppers or stalled
     main = max(named, key=lambda r: stall_beyond_compiles(r.stats)[1])
     stats = main.stats
-    count, main_frac = stall_beyond_compiles(stats)
-    steps, count = stats.steps, count or 1
     loader = (stats.stall_loader_frac or 0.0) >= STALL_LOADER_FRAC
-    threshold = STALL_CRITICAL_FRAC if severity == "critical" else STALL_WARN_FRAC
-    title = (
-        f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
-        f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms {when_text(stats.stall_period_steps, stats.stall_regular)} "
-        f"({count} of {steps}): {pct(main_frac):.0f}% of the run"
-    )
-    title += ", waiting for a batch" if loader else ", outside the loader"
     frames = span_frames(main)
-    place = None if loader or frames is None else stall_place(frames, stats.stall_frac or 0.0)
-    if place is not None:
-        title += f", {place.frame.text()}"
     waiting = [r for r in stalled if r not in named]
-    in_ddp = [r.rank for r in waiting if in_collective[r.rank] is None]
-    if in_ddp:
-        verb = "waits" if len(in_ddp) == 1 else "wait"
-        title += f"; {ranks_text(in_ddp)} {verb} for it in the all-reduce"
-    for rank in waiting:
-        place = in_collective[rank.rank]
-        if place is not None:
-            title += f"; rank {rank.rank} waits for it {place.frame.text()}"
-    p50 = stats.step_time_p50_s or 0.0
-    evidence = [
-        Evidence("stall_pct", pct(main_frac), pct(threshold), "%", rank=main.rank),
-        Evidence(
-            "stall_ms", 1e3 * (stats.stall_mean_s or 0.0), 1e3 * STALL_FACTOR * p50, "ms", op=">=", rank=main.rank
-        ),
-    ]
-    if stats.stall_loader_frac is not None:
-        evidence.append(
-            Evidence("stall_in_loader_pct", pct(stats.stall_loader_frac), pct(STALL_LOADER_FRAC), "%", op="vs")
-        )
+    threshold = STALL_CRITICAL_FRAC if severity == "critical" else STALL_WARN_FRAC
     return [
         Finding(
             cause="stall",
             severity=severity,
-            title=title,
+            title=stall_title(named, main, loader, frames, waiting, in_collective),
             suggestion=stall_suggestion(main, loader=loader),
-            evidence=tuple(evidence),
+            evidence=stall_evidence(main, threshold),
             ranks=tuple(sorted(r.rank for r in named)),
             run_id=run.run_id,
             doc=doc_anchor("stall"),
@@ -136,6 +105,51 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             },
         )
     ]
+
+
+def stall_evidence(main: RankFigures, threshold: float) -> tuple[Evidence, ...]:
+    """The stopping rank's share of the run lost, its stops' length against the line, and how much was loading."""
+    stats = main.stats
+    in_loader = stats.stall_loader_frac
+    evidence = (
+        Evidence("stall_pct", pct(stall_beyond_compiles(stats)[1]), pct(threshold), "%", rank=main.rank),
+        Evidence("stall_ms", 1e3 * (stats.stall_mean_s or 0.0), 1e3 * STALL_FACTOR * (stats.step_time_p50_s or 0.0),
+                 "ms", op=">=", rank=main.rank),
+    )  # fmt: skip
+    if in_loader is None:
+        return evidence
+    return (*evidence, Evidence("stall_in_loader_pct", pct(in_loader), pct(STALL_LOADER_FRAC), "%", op="vs"))
+
+
+def stall_title(
+    named: list[RankFigures],
+    main: RankFigures,
+    loader: bool,
+    frames: RankFrames | None,
+    waiting: list[RankFigures],
+    in_collective: dict[int, FrameShare | None],
+) -> str:
+    """'rank 0 stops 418 ms every 10 steps (14 of 150): 9% of the run, outside the loader, in `save` (train.py:88);
+    rank 1 waits for it in the all-reduce'."""
+    stats = main.stats
+    count, main_frac = stall_beyond_compiles(stats)
+    title = (
+        f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
+        f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms {when_text(stats.stall_period_steps, stats.stall_regular)} "
+        f"({count or 1} of {stats.steps}): {pct(main_frac):.0f}% of the run"
+    )
+    title += ", waiting for a batch" if loader else ", outside the loader"
+    place = None if loader or frames is None else stall_place(frames, stats.stall_frac or 0.0)
+    if place is not None:
+        title += f", {place.frame.text()}"
+    in_ddp = [r.rank for r in waiting if in_collective[r.rank] is None]
+    if in_ddp:
+        title += f"; {ranks_text(in_ddp)} {'waits' if len(in_ddp) == 1 else 'wait'} for it in the all-reduce"
+    for rank in waiting:
+        where = in_collective[rank.rank]
+        if where is not None:
+            title += f"; rank {rank.rank} waits for it {where.frame.text()}"
+    return title
 
 
 def stall_place(frames: RankFrames, stall_frac: float) -> FrameShare | None:

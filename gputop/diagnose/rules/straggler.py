@@ -16,12 +16,15 @@ slowest from step to step, the finding is the rotation (``rules.rotating``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gputop.combine import OWN_PHASES
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_band, measured
 from gputop.diagnose.rules.data_loading import loader_suggestion
 from gputop.diagnose.rules.rotating import chronic_text, rotating_findings, step_pattern
 from gputop.diagnose.rules.slow_work import (
+    Place,
     SlowPhase,
     masked_outside_work,
     masking_text,
@@ -37,6 +40,7 @@ from gputop.diagnose.thresholds import (
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import span_frames
+from gputop.model.slowest import SlowestRanks
 from gputop.model.statistics import leave_one_out_medians, median
 
 
@@ -53,7 +57,68 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     ranks = [r for r in measured(run) if r.own_s is not None and r.stats.exposed_comm_frac is not None]
     if len(ranks) < 2:
         return warming_up(loader_only_straggler_findings(run, ranks_on_host), run_age_s)
-    slow: list[tuple[RankFigures, float]] = []  # (rank, its own-time excess as a share of its step)
+    slow = straggling(ranks)  # measure
+    if slow is None:
+        return []
+    # Decide and grade.
+    severity, close = grade_band(slow.wait_frac, slow.se, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
+    if severity is None and not close and (not slow.masked or slow.wait_frac <= 0):
+        return []
+    worst = slow.worst
+    phase, others_share = slow_phase(worst, slow.waiting)
+    place = straggler_place(phase, worst, slow.waiting)
+    # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
+    # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
+    if slow.masked and (phase.name != "other" or place is None):
+        return []
+    step = worst.stats.step_time_mean_s
+    frames = span_frames(worst)
+    finding = Finding(
+        cause="straggler",
+        severity=severity or "info",
+        title=straggler_title(slow, phase, place, severity, pattern),
+        suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
+        evidence=straggler_evidence(slow, phase, others_share, severity),
+        ranks=tuple(slow.ranks),
+        run_id=run.run_id,
+        doc=doc_anchor("straggler"),
+        magnitude=slow.wait_frac,
+        cost_s=slow.wait_frac * (step or 0.0),  # what every other rank waits each step
+        step_s=step,
+        extra={
+            "phase": phase.name,
+            "waiting_ranks": [r.rank for r in slow.waiting],
+            "frames": {} if frames is None else {worst.rank: frames.to_dict()},
+            "slowest": None if pattern is None else pattern.to_dict(),
+        },
+    )
+    return warming_up([finding], run_age_s)
+
+
+@dataclass(frozen=True)
+class Straggling:
+    """The slow ranks of a run, the worst of them, and how long the others wait for it (``straggling``)."""
+
+    ranks: list[int]  # every rank whose own time stands out, the worst among them
+    worst: RankFigures
+    excess: float  # the worst's own time over the others', as a share of its step
+    waiting: list[RankFigures]  # the ranks that are not slow
+    wait_frac: float  # what they wait for the worst beyond the exchange's own cost, as a share of the step
+    se: float | None  # its standard error
+    masked: bool  # no rank's own time stands out: the worst's outside work is masked by the exchange
+
+    def threshold(self, severity: str | None) -> float:
+        return STRAGGLER_WAIT_CRITICAL_FRAC if severity == "critical" else STRAGGLER_WAIT_WARN_FRAC
+
+
+def straggling(ranks: list[RankFigures]) -> Straggling | None:
+    """Whose own work stands out (past the line, else masked by the exchange), when they are a minority.
+
+    The slow rank arrives last at the all-reduce, so its own exposed comm is the exchange's base cost, which
+    every rank pays (communication's business).  What the others wait beyond that base is what the straggler
+    costs them.  A difference of two shares: its error is theirs combined (the waiting ranks' typical one).
+    """
+    slow: list[tuple[RankFigures, float]] = []
     others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
     for rank, others in zip(ranks, others_own, strict=True):
         step = rank.stats.step_time_mean_s
@@ -62,94 +127,57 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
             if excess > STRAGGLER_WAIT_WARN_FRAC:
                 slow.append((rank, excess))
     masked = None if slow else masked_outside_work(ranks)
-    if masked is not None:
-        slow = [masked]
-    # A straggler is a minority; when most ranks are "slow" there is no typical rank to compare with.
-    if not slow or len(slow) > len(ranks) // 2:
-        return []
-    slow_ids = {r.rank for r, _ in slow}
-    waiting = [r for r in ranks if r.rank not in slow_ids]
+    slow = slow or ([masked] if masked is not None else [])
+    if not slow or len(slow) > len(ranks) // 2:  # a straggler is a minority: else there is no typical rank
+        return None
     worst, excess = max(slow, key=lambda pair: pair[1])
-    # The slow rank arrives last at the all-reduce, so its own exposed comm is the
-    # exchange's base cost, which every rank pays (communication's business).  What
-    # the others wait beyond that base is what the straggler costs them.
+    ids = sorted(r.rank for r, _ in slow)
+    waiting = [r for r in ranks if r.rank not in ids]
     others_exposed = median([r.stats.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
     wait_frac = max(others_exposed - (worst.stats.exposed_comm_frac or 0.0), 0.0)
-    # A difference of two shares: its error is theirs combined (the waiting ranks' typical one).
     errors = [worst.stats.exposed_comm_frac_se, median([r.stats.exposed_comm_frac_se or 0.0 for r in waiting])]
     se = None if None in errors else sum(e * e for e in errors if e is not None) ** 0.5
-    severity, close = grade_band(wait_frac, se, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
-    if severity is None and not close and (masked is None or wait_frac <= 0):
-        return []
+    return Straggling(ids, worst, excess, waiting, wait_frac, se, masked is not None)
 
-    phase, others_share = slow_phase(worst, waiting)
-    threshold = STRAGGLER_WAIT_CRITICAL_FRAC if severity == "critical" else STRAGGLER_WAIT_WARN_FRAC
-    who = ranks_text(sorted(slow_ids))
-    title = (
-        f"{who} {'is' if len(slow_ids) == 1 else 'are'} slow: rank {worst.rank}: "
-        if len(slow_ids) > 1
-        else f"{who} is slow: "
-    )
+
+def straggler_title(
+    slow: Straggling, phase: SlowPhase, place: Place | None, severity: str | None, pattern: SlowestRanks | None
+) -> str:
+    """'rank 1 is slow: <excess, phase>; it spends <place>; the others wait for it N% of each step<qualifier>'."""
+    worst, one = slow.worst, len(slow.ranks) == 1
+    who = ranks_text(slow.ranks)
+    title = f"{who} is slow: " if one else f"{who} are slow: rank {worst.rank}: "
     title += phase_text(worst, phase)
-    frames = span_frames(worst)
-    place = straggler_place(phase, worst, waiting)
-    # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
-    # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
-    if masked is not None and (phase.name != "other" or place is None):
-        return []
     if place is not None:
-        who_spends = "it" if len(slow_ids) == 1 else f"rank {worst.rank}"
-        title += f"; {who_spends} spends {place.text()}"
-    title += f"; the others wait for it {pct(wait_frac):.0f}% of each step"
-    if masked is not None and severity is None:
-        title += masking_text(worst, waiting)
+        title += f"; {'it' if one else f'rank {worst.rank}'} spends {place.text()}"
+    title += f"; the others wait for it {pct(slow.wait_frac):.0f}% of each step"
+    if severity is None and slow.masked:
+        title += masking_text(worst, slow.waiting)
     elif severity is None:
-        title += f": {too_close_text(wait_frac, se, threshold, worst.stats.steps)}"
+        title += f": {too_close_text(slow.wait_frac, slow.se, slow.threshold(severity), worst.stats.steps)}"
     # Last: the clauses above qualify "the others wait for it", which this one would come between.
-    title += chronic_text(pattern, worst.rank, "it" if len(slow_ids) == 1 else f"rank {worst.rank}")
+    return title + chronic_text(pattern, worst.rank, "it" if one else f"rank {worst.rank}")
+
+
+def straggler_evidence(
+    slow: Straggling, phase: SlowPhase, others_share: float, severity: str | None
+) -> tuple[Evidence, ...]:
+    """Its own time's excess (masked: the outside work's), its slow phase's share, and the others' wait."""
+    worst, line = slow.worst, pct(STRAGGLER_WAIT_WARN_FRAC)
+    step = worst.stats.step_time_mean_s or 1e-9
     # Masked, its own time stands out by less than the line; what does stand out is the work the others do not do.
-    excess_evidence = (
-        Evidence("own_time_excess_pct", pct(excess), pct(STRAGGLER_WAIT_WARN_FRAC), "%", rank=worst.rank)
-        if masked is None
-        else Evidence(
-            "other_excess_pct",
-            pct(phase.excess_s / (worst.stats.step_time_mean_s or 1e-9)),
-            pct(STRAGGLER_WAIT_WARN_FRAC),
-            "%",
-            rank=worst.rank,
-        )
+    excess = (
+        Evidence("other_excess_pct", pct(phase.excess_s / step), line, "%", rank=worst.rank)
+        if slow.masked
+        else Evidence("own_time_excess_pct", pct(slow.excess), line, "%", rank=worst.rank)
     )
-    evidence = (
-        excess_evidence,
+    waited_line = 0.0 if slow.masked and severity is None else pct(slow.threshold(severity))
+    spread = None if slow.se is None else pct(2 * slow.se)
+    return (
+        excess,
         Evidence(f"{phase.name}_pct", pct(phase.share), pct(others_share), "%", rank=worst.rank),
-        Evidence(
-            "others_wait_pct",
-            pct(wait_frac),
-            0.0 if masked is not None and severity is None else pct(threshold),
-            "%",
-            spread=None if se is None else pct(2 * se),
-        ),
+        Evidence("others_wait_pct", pct(slow.wait_frac), waited_line, "%", spread=spread),
     )
-    finding = Finding(
-        cause="straggler",
-        severity=severity or "info",
-        title=title,
-        suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
-        evidence=evidence,
-        ranks=tuple(sorted(slow_ids)),
-        run_id=run.run_id,
-        doc=doc_anchor("straggler"),
-        magnitude=wait_frac,
-        cost_s=wait_frac * (worst.stats.step_time_mean_s or 0.0),  # what every other rank waits each step
-        step_s=worst.stats.step_time_mean_s,
-        extra={
-            "phase": phase.name,
-            "waiting_ranks": [r.rank for r in waiting],
-            "frames": {} if frames is None else {worst.rank: frames.to_dict()},
-            "slowest": None if pattern is None else pattern.to_dict(),
-        },
-    )
-    return warming_up([finding], run_age_s)
 
 
 def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding]:

@@ -90,10 +90,6 @@ class RanksTable(ScrollView, can_focus=True):
         return SORT_KEYS[self.sort_index]
 
     @property
-    def cursor_row(self) -> int:
-        return self._cursor
-
-    @property
     def row_count(self) -> int:
         return len(self._layout.entries)
 
