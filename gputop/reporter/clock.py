@@ -55,7 +55,7 @@ def input_numel(args: Any, kwargs: Any) -> int:
     tensor.  Duck-typed (``numel``): this module does not import torch, and never raises into training.
     """
     try:
-        first = args[0] if args else next(iter(kwargs.values())) if kwargs else None
+        first: Any = args[0] if args else next(iter(kwargs.values())) if kwargs else None
         kind = type(first)
         if kind is tuple or kind is list:
             first = first[0] if first else None
