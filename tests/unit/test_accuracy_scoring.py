@@ -28,8 +28,9 @@ def finding(cause: str, ranks: list[int], severity: str = "warn") -> dict[str, A
     return {"cause": cause, "severity": severity, "title": f"{cause} on {ranks}", "ranks": ranks}
 
 
-def report(*findings: dict[str, Any], steps: int = 30) -> dict[str, Any]:
-    return {"runs": [{"ranks": [{"rank": 0, "steps": steps}, {"rank": 1, "steps": steps}]}], "findings": list(findings)}
+def report(*findings: dict[str, Any], steps: int = 30, rank0_steps: int | None = None) -> dict[str, Any]:
+    ranks = [{"rank": 0, "steps": steps if rank0_steps is None else rank0_steps}, {"rank": 1, "steps": steps}]
+    return {"runs": [{"ranks": ranks}], "findings": list(findings)}
 
 
 def test_the_right_cause_on_the_right_ranks_is_right() -> None:
@@ -94,6 +95,19 @@ def test_a_void_premise_is_neither_right_nor_wrong(tmp_path: Path) -> None:
         summary = bench.summary([result])
         assert (summary["runs"], summary["right"], summary["ranks_wrong"]) == (0, 0, [])
         assert summary["void"] == [f"hang_rank1_lock run 1: {void}"]
+
+
+def test_a_premise_is_the_case_own_ranks_a_waiting_rank_that_went_silent_early_does_not_void_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 blocked at step 10; rank 0, waiting in the all-reduce with the GIL held, last reported step 8."""
+    hang = bench.Case("hang_rank1_lock", "hang", "rank 1 blocks at step 10", premise_step=10, ranks=(1,))
+    result = bench.result_of(hang, 1, report(finding("hang", [1], severity="critical"), steps=10, rank0_steps=8), 20.0)
+    assert bench.premise_missing(hang, result.steps, tmp_path / "none.onset") == ""
+    assert result.right
+    every = bench.Case("compile", "recompile", "every rank recompiles", premise_step=30, ranks=bench.ALL_RANKS)
+    short = bench.result_of(every, 1, report(steps=40, rank0_steps=12), 20.0)
+    assert bench.premise_missing(every, short.steps, tmp_path / "none.onset").startswith("the job reached step 12")
 
 
 def test_every_case_says_which_ranks_or_why_not() -> None:
