@@ -23,6 +23,9 @@ account of what it cost (``gputop report``'s self-accounting) in the headless
 mode: the figure that does not drown in the ±10% the ratios move by here.
 
     .venv/bin/python benchmarks/vs_peers.py [--rounds 12] [--steps 400] [--quick]
+
+``--guard`` runs the A/B guard alone: no monitor against the headless recorder, in pairs, with a 95%
+confidence interval of the median ratio (order statistics), to place gputop's cost within ±1% (issue #35).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -304,11 +308,31 @@ def summarize(modes: list[Mode], base: Mode) -> list[str]:
             if cpu
             else "N/A"
         )
+        low, high = median_interval(ratios)
+        interval = f", 95% CI of the median ×{low:.3f}-×{high:.3f}" if low is not None and high is not None else ""
         lines.append(
-            f"| {mode.name} | ×{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+            f"| {mode.name} | ×{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f}{interval}) "
             f"| {statistics.median(extra):+.1f} s | {cpu_text} |"
         )
     return lines
+
+
+def median_interval(values: list[float]) -> tuple[float | None, float | None]:
+    """A distribution-free 95% confidence interval of the median: the order statistics the binomial(n, 1/2)
+    leaves 2.5% below and above (None under 6 values, where no pair of them covers 95%)."""
+    n = len(values)
+    if n < 6:
+        return None, None
+    ordered = sorted(values)
+    # The largest k with P(Binomial(n, 1/2) < k) <= 2.5%: the interval is [x_(k), x_(n+1-k)] (1-based).
+    cumulative, k = 0.0, 0
+    while True:
+        cumulative += math.comb(n, k) / 2**n
+        if cumulative > 0.025:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -340,18 +364,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds of 100 steps: does everything run?")
     parser.add_argument("--no-traceml", action="store_true")
     parser.add_argument("--unyielding", action="store_true", help="also the dashboard with GPUTOP_NICE=0")
+    parser.add_argument(
+        "--guard", action="store_true", help="the A/B guard only: no monitor against the headless recorder, paired"
+    )
     args = parser.parse_args()
     rounds, steps = (2, 100) if args.quick else (args.rounds, args.steps)
 
     base = Mode("no monitor", run_none)
     modes = [base, Mode("gputop, headless recorder", run_gputop_headless)]
-    if shutil.which("tmux"):
+    if args.guard:
+        pass
+    elif shutil.which("tmux"):
         modes.append(Mode("gputop, live dashboard in tmux", run_gputop_dashboard))
         if args.unyielding:
             modes.append(Mode("gputop, live dashboard, GPUTOP_NICE=0", lambda n: run_gputop_dashboard(n, "0")))
     else:
         print("vs_peers: tmux not found: the live dashboard modes are left out", file=sys.stderr)
-    why_not = "left out (--no-traceml)" if args.no_traceml else traceml_ready()
+    why_not = "left out (--no-traceml)" if args.no_traceml or args.guard else traceml_ready()
     if why_not is None:
         modes.append(Mode("TraceML default mode", lambda n: run_traceml(n, live=False)))
         if shutil.which("tmux"):
