@@ -71,9 +71,10 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
             numbers.update(n for (d, _), n in zip(w.slow_steps, w.slow_step_numbers, strict=True) if d >= line_s and n)
         named_s += sum(d for d, _ in stalled)
         named_loader_s += sum(loader for _, loader in stalled)
-        if w.exposed_comm_s is not None:
+        comm_s = window_waits_s(w)
+        if comm_s is not None:
             window_excess_s += sum(d - p50_s for d, _ in stalled)
-            window_comm_s += w.exposed_comm_s * (w.ddp_steps or w.timed or 1)
+            window_comm_s += comm_s
     period, regular = stall_period(sorted(numbers))
     return Stalls(
         steps=count,
@@ -86,6 +87,24 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
         level_shift=len(since_first) >= LEVEL_SHIFT_WINDOWS
         and all(w.step_time_p50_s is not None and w.step_time_p50_s >= line_s for w in since_first),
     )
+
+
+def window_waits_s(w: Window) -> float | None:
+    """Seconds the window's steps waited in communication, at least: DDP's exchange (its logger's mean, per
+    step) or the collectives' exposed time, whichever is more, where DDP times the phases; the phases' own
+    (which hold the tap's) where hooks time them (FSDP2, DeepSpeed); the collectives' where the window has no
+    phases (a window that holds only a long step).  None where nothing says.
+
+    A rank that waits for another in its own all-reduce at a step's end (a loss logged, a barrier) shows it
+    only among the collectives: DDP's all-reduce runs in C++, where the tap does not see it, and the window's
+    DDP row stands for it only where no Python all-reduce was timed on its group (so the two are never added:
+    the larger is a floor of the waits).
+    """
+    tapped = sum(c.exposed_s or 0.0 for c in w.collectives) if w.collectives else None
+    if w.exposed_comm_s is None:
+        return tapped
+    phases_s = w.exposed_comm_s * (w.ddp_steps or w.timed or 1)
+    return max(phases_s, tapped or 0.0) if w.phases_from == "ddp" else phases_s
 
 
 # Windows with steps, all slow since the first stall, that make a new level: two, so that one long stop

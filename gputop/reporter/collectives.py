@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 import time
 from collections import deque
@@ -39,8 +40,9 @@ from typing import Any
 
 from gputop.reporter.clock import StepClock
 
-# A record per collective: (kind, group, bytes, in flight s, exposed s); times None where not measured (CUDA).
-Record = tuple[str, Any, int, "float | None", "float | None"]
+# A record per collective: (kind, group, bytes, in flight s, exposed s, perf_counter when it returned); times None
+# where not measured (CUDA).  The return time puts it in the window of the step it belongs to (``drain``).
+Record = tuple[str, Any, int, "float | None", "float | None", float]
 
 # torch.distributed's collectives, each with its kind and the argument whose size is what the rank sends.
 # Only the leaves: ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` are aliases in torch 2.13 whose
@@ -248,10 +250,10 @@ class CollectiveTap:
                     nbytes, cpu = tensor_bytes(tensor), on_cpu(tensor)
                 if not cpu:
                     tap.cuda_calls += 1
-                    records.append((kind, group, nbytes, None, None))
+                    records.append((kind, group, nbytes, None, None, end))
                 elif result is None:  # it ran to completion in the call: all of it exposed
                     clock.comm_exposed_s += end - start
-                    records.append((kind, group, nbytes, end - start, end - start))
+                    records.append((kind, group, nbytes, end - start, end - start, end))
                 else:  # a Work: in flight until its wait() returns
                     clock.comm_exposed_s += end - start
                     tap._pend(id(result), (kind, group, nbytes, start, end - start))
@@ -266,7 +268,7 @@ class CollectiveTap:
         pending = self.pending
         if len(pending) >= MAX_PENDING:  # never waited for in Python: counted, its time unknown
             kind, group, nbytes, _, _ = pending.pop(next(iter(pending)))
-            self.records.append((kind, group, nbytes, None, None))
+            self.records.append((kind, group, nbytes, None, None, 0.0))
         pending[key] = issued
 
     def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -292,7 +294,7 @@ class CollectiveTap:
             return
         kind, group, nbytes, issued_s, issue_s = issued
         self.clock.comm_exposed_s += end - start
-        self.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start))
+        self.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
 
     def _wrap_functional(self, original: Callable[..., Any], kind: str, where: Where) -> Callable[..., Any]:
         tap, perf = self, time.perf_counter
@@ -312,7 +314,7 @@ class CollectiveTap:
                 tensor, group = where.tensor(args, kwargs), where.group(args, kwargs)
                 if not on_cpu(tensor):
                     tap.cuda_calls += 1
-                    tap.records.append((kind, group, tensor_bytes(tensor), None, None))
+                    tap.records.append((kind, group, tensor_bytes(tensor), None, None, end))
                 else:
                     # Waited for when first used, through wait_tensor on the result or a view of it: the waits
                     # are matched to the functional collectives in the order they were issued.
@@ -338,7 +340,7 @@ class CollectiveTap:
             try:
                 kind, group, nbytes, issued_s, issue_s = tap._functional.popleft()
                 tap.clock.comm_exposed_s += end - start
-                tap.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start))
+                tap.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
             except IndexError:
                 pass
             return result
@@ -347,9 +349,15 @@ class CollectiveTap:
 
     # -- the reporter thread ----------------------------------------------------------
 
-    def drain(self) -> Iterator[Record]:
+    def drain(self, until_s: float = math.inf) -> Iterator[Record]:
+        """The records of collectives that returned by ``until_s`` (perf_counter), oldest first.
+
+        The reporter passes the end of the window's last step: a collective that returned after it belongs to
+        the next step, and goes in the next window with it (a rank that waited 1.7 s in its own all-reduce at a
+        step's end would otherwise show the wait in one window and the long step in the next).
+        """
         records = self.records
-        while True:
+        while records and records[0][5] <= until_s:
             try:
                 yield records.popleft()
             except IndexError:

@@ -60,6 +60,36 @@ def test_blocking_and_asynchronous_collectives_are_recorded_with_their_kind_grou
     assert tap.pending == {} and tap.errors == 0
 
 
+def test_a_collective_goes_in_the_window_of_the_step_it_ended_not_the_one_before(dist: Any, tap: CollectiveTap) -> None:
+    """A rank that waits in its own all-reduce after a step's mark spends that time in the next step: the window
+    that closes before the next mark leaves the collective to the window that holds that step (issue #35: a
+    waiting rank's 1.7-s all-reduce in one window and its long step in the next read as a stopping rank)."""
+    import torch
+
+    tap.on = True
+    clock, probe = tap.clock, CollectiveProbe(tap)
+    clock.mark_step()  # step 1 ends
+    dist.all_reduce(torch.ones(4))  # at the end of step 1, as a loss logged is: in step 2's time
+    assert probe.read(clock.drain()) == {}  # the window of step 1 closes now: nothing of its own
+    dist.all_reduce(torch.ones(4))
+    clock.mark_step()  # step 2 ends
+    (step_2,) = probe.read(clock.drain())["collectives"]
+    assert (step_2.kind, step_2.calls) == ("all_reduce", 2)
+    dist.barrier()  # a window with no step mark takes none: they belong to the step still running
+    assert probe.read(clock.drain()) == {}
+    clock.mark_step()
+    assert [c.kind for c in probe.read(clock.drain())["collectives"]] == ["barrier"]
+
+
+def test_a_job_that_marks_no_steps_gets_every_collective_in_the_window_it_ended(dist: Any, tap: CollectiveTap) -> None:
+    import torch
+
+    tap.on = True
+    dist.all_reduce(torch.ones(4))
+    (only,) = CollectiveProbe(tap).read([])["collectives"]
+    assert only.calls == 1
+
+
 def test_nothing_is_recorded_while_no_collector_listens_and_uninstall_puts_the_originals_back(dist: Any) -> None:
     import torch
     import torch.distributed.distributed_c10d as c10d

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from gputop.model.stalls import stall_period
 from gputop.model.sums import rank_stats
 from gputop.protocol import Window
@@ -71,3 +73,29 @@ def test_steps_that_turn_slow_and_stay_so_are_a_new_level_not_stalls() -> None:
     # One long stop alone in the newest window (a checkpoint's step): too soon to call a new level.
     newest = [window(seq, [0.02] * 20, 1 + 20 * seq) for seq in range(8)] + [window(8, [0.9], 161)]
     assert rank_stats(newest).stall_level_shift is False
+
+
+def test_a_rank_that_waits_in_its_own_all_reduce_through_anothers_stop_waited_it_did_not_stop() -> None:
+    """Rank 1 of the checkpoint-every-10 job waits 1.5 s in the all-reduce its loop ends with (a loss logged, a
+    deadline agreed) while rank 0 saves.  DDP's logger times none of it (its own all-reduce runs in C++); the tap
+    does, among the window's collectives, with or without DDP's figures beside it (issue #35's neighbour run)."""
+    from msgspec.structs import replace
+
+    from gputop.model.stalls import window_waits_s
+    from gputop.protocol import CollectiveTimes
+
+    waited = (CollectiveTimes("all_reduce", "world", 2, 64, 1.5, 1.5),)
+    plain = [window(seq, [0.1] * 4 + ([1.6] if seq % 3 == 2 else [0.1]), 1 + 5 * seq) for seq in range(9)]
+    assert rank_stats(plain).stall_in_comm_frac is None  # nothing says where its stalls went: read as its own
+    only_tapped = [replace(w, collectives=waited) if w.slow_steps[0][0] > 1 else w for w in plain]
+    assert rank_stats(only_tapped).stall_in_comm_frac == pytest.approx(1.0, abs=0.01)
+    with_ddp = [
+        replace(w, comm_s=0.01, ddp_steps=5, phases_from="ddp", collectives=waited if w.slow_steps[0][0] > 1
+                else ())
+        for w in plain
+    ]  # fmt: skip
+    assert rank_stats(with_ddp).stall_in_comm_frac == pytest.approx(1.0, abs=0.01)
+    # Where hooks time the phases (FSDP2), the exposed time already holds the tap's: never counted twice.
+    hooked = replace(with_ddp[2], phases_from="hooks", comm_s=0.3)
+    assert window_waits_s(hooked) == 0.3 * 5
+    assert window_waits_s(with_ddp[2]) == 1.5 and window_waits_s(with_ddp[0]) == 0.01 * 5

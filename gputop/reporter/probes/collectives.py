@@ -8,6 +8,7 @@ added up kind by kind and group by group into ``Window.collectives``.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -25,12 +26,18 @@ class CollectiveProbe:
         self.tap = tap
         self.not_measured: str | None = None
         self._names: dict[int, tuple[Any, str]] = {}  # id(group): (the group, kept alive; its name)
+        self._until_s = 0.0  # the end of the last step whose collectives were drained
 
     def read(self, marks: Any) -> dict[str, Any]:
+        """The collectives of the window's steps: those that returned by its last step mark (all of them in a job
+        that marks no steps); a window without a step mark takes none, they belong to the step still running."""
+        if marks:
+            self._until_s = marks[-1][0]
+        until_s = self._until_s if self.tap.clock.stepped else math.inf
         found = [
             CollectiveTimes(kind, self.group_name(group), 1, nbytes, busy_s,
                             busy_s if exposed_s is None and busy_s is not None else exposed_s)
-            for kind, group, nbytes, busy_s, exposed_s in self.tap.drain()
+            for kind, group, nbytes, busy_s, exposed_s, _ in self.tap.drain(until_s)
         ]  # fmt: skip
         if self.tap.cuda_calls:
             self.not_measured = CUDA_NOT_TIMED
