@@ -1,0 +1,77 @@
+"""The settings object: which source wins, and what a bad value does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gputop import settings
+from gputop.address import Address, AddressError, resolve
+from gputop.reporter import node_sampler, stacks
+from tests.support.processes import run_script
+
+
+class TestPrecedence:
+    """A flag wins over the environment, which wins over the config file, which wins over the default."""
+
+    def test_each_source_in_turn(self) -> None:
+        everywhere = settings.Setting(key="x_s", meaning="", default=1.0, kind="seconds", env="GPUTOP_X_S",
+                                      parse=float, flags=("--x",), from_file=float)  # fmt: skip
+        env, flags, file = {"GPUTOP_X_S": "2"}, {"x_s": 3.0}, {"x_s": 4.0}
+        assert everywhere.reading(env, flags, file).value == 3.0
+        assert everywhere.reading(env, {}, file).value == 2.0
+        assert everywhere.reading({}, {}, file).value == 4.0
+        assert everywhere.reading({}, {"x_s": None}, {}).value == 1.0  # argparse's None: the flag was not given
+        each = ((env, flags, file), (env, {}, file), ({}, {}, file), ({}, {}, {}))
+        assert [everywhere.reading(*sources).source for sources in each] == ["flag", "env", "file", "default"]
+
+    def test_where_reporters_connect(self) -> None:
+        env = {"GPUTOP_PORT": "29470", "GPUTOP_ADDR": "node-0:29471", "GPUTOP_SOCKET": "/tmp/x.sock"}
+        assert resolve(29480, env=env) == Address(port=29480)  # --port
+        assert resolve(env=env) == Address(port=29470)
+        assert resolve(env={**env, "GPUTOP_PORT": ""}) == Address(host="node-0", port=29471)  # empty: unset
+        assert resolve(env={"GPUTOP_SOCKET": "/tmp/x.sock"}) == Address(path=Path("/tmp/x.sock"))
+
+
+class TestBadValues:
+    """Each variable's rule for a value it cannot use, as users met it before the registry: kept."""
+
+    def test_a_window_that_is_not_a_number_turns_reporting_off_in_one_line(self) -> None:
+        code = 'import gputop\nassert gputop.watch() is None\nprint("trained")'
+        result = run_script(code, None, GPUTOP_WINDOW_S="fast")
+        assert result.returncode == 0 and result.stdout.strip() == "trained"
+        said = "gputop: GPUTOP_WINDOW_S='fast' is not a number; reporting is off for this process"
+        assert result.stderr.strip() == said
+
+    def test_a_port_is_checked_where_it_is_read(self) -> None:
+        with pytest.raises(AddressError, match=r"^GPUTOP_PORT='70000' is outside 1-65535$"):
+            resolve(env={"GPUTOP_PORT": "70000"})
+        with pytest.raises(AddressError, match=r"^GPUTOP_PORT='x' is not a port number$"):
+            resolve(env={"GPUTOP_PORT": "x"})
+
+    def test_the_ddp_rate_is_at_least_one(self) -> None:
+        assert settings.DDP_SAMPLE_RATE.value({"GPUTOP_DDP_SAMPLE_RATE": "0"}) == 1
+        assert settings.DDP_SAMPLE_RATE.value({}) is None  # the probe's own: 10 on CUDA, 1 on the CPU
+        with pytest.raises(settings.SettingError, match="GPUTOP_DDP_SAMPLE_RATE='ten' is not a whole number"):
+            settings.DDP_SAMPLE_RATE.value({"GPUTOP_DDP_SAMPLE_RATE": "ten"})
+
+    @pytest.mark.parametrize(
+        ("text", "hz", "said"),
+        [("0.5", 0.5, ""), ("200", 200.0, ""), ("500", 20.0, "GPUTOP_STACKS_HZ='500' is not 0.5-200 samples a "
+         "second; 20 used"), ("nan", 20.0, "is not 0.5-200")],
+    )  # fmt: skip
+    def test_a_stack_rate_outside_its_range_is_the_default_said_once(self, text: str, hz: float, said: str) -> None:
+        got, why = stacks.configured_hz({"GPUTOP_STACKS_HZ": text})
+        assert got == hz and said in why and bool(why) == bool(said)
+
+    def test_the_dashboards_priority_is_clamped_and_falls_back(self) -> None:
+        assert [settings.NICE.value({"GPUTOP_NICE": t}) for t in ("99", "-5", "0", "x", "")] == [19, 0, 0, 10, 10]
+
+    def test_switches_read_as_before(self) -> None:
+        assert [node_sampler.mode({"GPUTOP_NODE_SAMPLER": t}) for t in (" On ", "NO", "maybe", "")] == [
+            "on", "off", "auto", "auto"]  # fmt: skip
+        assert [settings.STACKS.value({"GPUTOP_STACKS": t}) for t in ("Off", "no", "1", "")] == [0, 0, 1, 1]
+        # GPUTOP_CUDA_EVENTS: only 0 turns them off; GPUTOP_DISABLE: anything but 0 turns gputop off.
+        assert [settings.CUDA_EVENTS.value({"GPUTOP_CUDA_EVENTS": t}) for t in ("0", "false")] == [False, True]
+        assert [settings.DISABLE.value({"GPUTOP_DISABLE": t}) for t in ("0", "no", "")] == [False, True, False]
