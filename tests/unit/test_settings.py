@@ -1,4 +1,4 @@
-"""The settings object: which source wins, and what a bad value does."""
+"""The settings object: which source wins, what a bad value does, the config file."""
 
 from __future__ import annotations
 
@@ -8,8 +8,23 @@ import pytest
 
 from gputop import settings
 from gputop.address import Address, AddressError, resolve
+from gputop.cli import parse_args
 from gputop.reporter import node_sampler, stacks
+from gputop.settings import config_file
 from tests.support.processes import run_script
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The config file of a user whose XDG_CONFIG_HOME is a fresh folder (the file not written yet)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    return tmp_path / "gputop" / "config.toml"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 class TestPrecedence:
@@ -25,6 +40,20 @@ class TestPrecedence:
         assert everywhere.reading({}, {"x_s": None}, {}).value == 1.0  # argparse's None: the flag was not given
         each = ((env, flags, file), (env, {}, file), ({}, {}, file), ({}, {}, {}))
         assert [everywhere.reading(*sources).source for sources in each] == ["flag", "env", "file", "default"]
+
+    def test_a_commands_flag_beats_the_config_file(self, config: Path) -> None:
+        assert parse_args(["report", "run.jsonl"]).gpu_hour_price is None
+        write(config, "gpu_hour_price = 2.5\n")
+        assert parse_args(["report", "run.jsonl"]).gpu_hour_price == 2.5
+        args = parse_args(["report", "run.jsonl", "--gpu-hour-price", "3"])
+        assert args.gpu_hour_price == 3.0 and args.in_force[settings.GPU_HOUR_PRICE].source == "flag"
+
+    def test_the_off_switch_from_the_file_or_the_flag(self, config: Path) -> None:
+        for argv in (["attach"], ["demo"], ["record", "--seconds", "1", "-o", "x.jsonl"]):
+            assert parse_args(argv).auto_capture is True
+            assert parse_args([*argv, "--no-auto-capture"]).auto_capture is False
+        write(config, "auto_capture = false\n")
+        assert parse_args(["attach"]).auto_capture is False
 
     def test_where_reporters_connect(self) -> None:
         env = {"GPUTOP_PORT": "29470", "GPUTOP_ADDR": "node-0:29471", "GPUTOP_SOCKET": "/tmp/x.sock"}
@@ -75,3 +104,34 @@ class TestBadValues:
         # GPUTOP_CUDA_EVENTS: only 0 turns them off; GPUTOP_DISABLE: anything but 0 turns gputop off.
         assert [settings.CUDA_EVENTS.value({"GPUTOP_CUDA_EVENTS": t}) for t in ("0", "false")] == [False, True]
         assert [settings.DISABLE.value({"GPUTOP_DISABLE": t}) for t in ("0", "no", "")] == [False, True, False]
+
+    def test_a_bad_key_in_the_config_file_is_its_default_and_a_broken_file_is_ignored(
+        self, config: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        write(config, 'refresh_s = -1\ntheme = 3\ngpu_hour_price = true\nauto_capture = "no"\n')
+        args = parse_args(["attach"])
+        assert (args.refresh_s, args.theme, args.gpu_hour_price, args.auto_capture) == (0.5, "textual-dark", None, True)
+        assert args.in_force[settings.REFRESH_S].problem == (
+            "refresh_s = -1 in the config file is not a number greater than 0; 0.5 used"
+        )
+        write(config, "refresh_s = = 1\n")
+        assert parse_args(["attach"]).refresh_s == 0.5
+        assert capsys.readouterr().err.startswith(f"gputop: ignoring {config}: ")
+
+
+class TestConfigFile:
+    """What the dashboard remembers comes back, and a rewrite keeps the keys written by hand."""
+
+    def test_remembered_values_come_back_with_the_others_kept(self, config: Path) -> None:
+        write(config, "auto_capture = false\ngpu_hour_price = 2.5\n")
+        config_file.remember({"refresh_s": 2.0, "theme": "textual-light"})
+        assert config_file.load() == {"refresh_s": 2.0, "theme": "textual-light", "auto_capture": False,
+                                      "gpu_hour_price": 2.5}  # fmt: skip
+        written = config.stat().st_mtime_ns
+        config_file.remember({"theme": "textual-light"})  # nothing changes: nothing written
+        assert config.stat().st_mtime_ns == written
+
+    def test_a_bad_value_is_not_written_back(self, config: Path) -> None:
+        write(config, "refresh_s = -1\n")
+        config_file.remember({"theme": "textual-light"})
+        assert config_file.load() == {"theme": "textual-light"}
