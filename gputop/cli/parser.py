@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="say what gputop can see on this machine (NVML, GPUs, torch, sockets, settings) and why not",
         description="Check NVML and the driver, the GPUs, the container, torch, the per-user socket, the "
-        "collector GPUTOP_ADDR/GPUTOP_PORT/GPUTOP_SOCKET name, and the token and TLS settings: one line each, "
+        "collector GPUTOP_PORT/GPUTOP_ADDR/GPUTOP_SOCKET name, the token and TLS settings, and every setting in "
+        "force with where it came from: one line each, "
         "marked ok, -- (worth knowing) or !! (not ok: why, and what to do).",
         epilog="exit status: 0 when NVML answers with at least one GPU (a dashboard here would see GPUs), 1 otherwise",
     )

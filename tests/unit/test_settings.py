@@ -1,4 +1,4 @@
-"""The settings object: which source wins, what a bad value does, the config file."""
+"""The settings object: which source wins, what a bad value does, the config file, doctor's listing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from gputop import settings
 from gputop.address import Address, AddressError, resolve
 from gputop.cli import parse_args
+from gputop.doctor.in_force import check_settings
 from gputop.reporter import node_sampler, stacks
 from gputop.settings import config_file
 from tests.support.processes import run_script
@@ -135,3 +136,29 @@ class TestConfigFile:
         write(config, "refresh_s = -1\n")
         config_file.remember({"theme": "textual-light"})
         assert config_file.load() == {"theme": "textual-light"}
+
+
+class TestDoctorListing:
+    """`gputop doctor`'s settings line: every setting, its source and value; a secret only as set."""
+
+    def test_every_setting_with_its_source(self, tmp_path: Path) -> None:
+        path = write(tmp_path / "config.toml", "gpu_hour_price = 2.5\n")
+        check = check_settings({"GPUTOP_PORT": "29470", "GPUTOP_TOKEN": "hunter2"}, path)
+        assert check.status == "ok"
+        assert check.summary.startswith("3 of 22 set here (GPUTOP_PORT, GPUTOP_TOKEN, gpu_hour_price)")
+        lines = {line.split()[0]: line.split(None, 2)[1:] for line in check.details}
+        assert set(lines) == {s.name for s in settings.SETTINGS}
+        assert lines["GPUTOP_PORT"] == ["env", "29470"]
+        assert lines["GPUTOP_TOKEN"] == ["env", "set"]
+        assert lines["gpu_hour_price"] == ["file", "2.5"]
+        assert lines["GPUTOP_WINDOW_S"] == ["default", "0.5"]
+        assert "hunter2" not in repr(check)
+
+    def test_a_value_that_stops_reporting_is_a_problem_one_passed_over_a_note(self, tmp_path: Path) -> None:
+        missing = tmp_path / "none.toml"
+        check = check_settings({"GPUTOP_WINDOW_S": "fast"}, missing)
+        assert check.status == "problem"
+        assert check.summary == "GPUTOP_WINDOW_S='fast' is not a number; training started with it reports nothing"
+        assert check_settings({"GPUTOP_STACKS_HZ": "500"}, missing).status == "note"
+        broken = write(tmp_path / "broken.toml", "theme = \n")
+        assert check_settings({}, broken).summary.startswith(f"ignoring {broken}: ")
