@@ -1,7 +1,8 @@
-"""The settings object: which source wins, what a bad value does, the config file, doctor's listing."""
+"""The settings object: which source wins, what a bad value does, doctor's listing, the README's table."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,12 @@ from gputop.doctor.in_force import check_settings
 from gputop.reporter import node_sampler, stacks
 from gputop.settings import config_file
 from tests.support.processes import run_script
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE_MARK = (
+    "<!-- one row per entry of gputop/settings/__init__.py: tests/unit/test_settings.py prints the table when they "
+    "differ -->"
+)
 
 
 @pytest.fixture
@@ -162,3 +169,33 @@ class TestDoctorListing:
         assert check_settings({"GPUTOP_STACKS_HZ": "500"}, missing).status == "note"
         broken = write(tmp_path / "broken.toml", "theme = \n")
         assert check_settings({}, broken).summary.startswith(f"ignoring {broken}: ")
+
+
+def readme_table() -> list[str]:
+    """The README's settings table as the registry writes it."""
+    rows = ["| setting | value | default | flag | effect |", "|---|---|---|---|---|"]
+    for s in settings.SETTINGS:
+        name = f"`{s.env}`" if s.env else f"`{s.key}` in the config file"
+        flags = ", ".join(f"`{flag}`" for flag in s.flags)
+        default = s.show(s.default).replace("<", "\\<")  # <tmp> is no HTML tag
+        rows.append(f"| {name} | {s.kind} | {default} | {flags} | {s.meaning} |")
+    return rows
+
+
+def test_the_readmes_table_is_the_registrys() -> None:
+    lines = README.read_text().splitlines()
+    assert TABLE_MARK in lines, f"README.md lacks the line {TABLE_MARK}"
+    start = lines.index(TABLE_MARK) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    expected = readme_table()
+    said = "README.md's settings table differs from gputop.settings; it should read:\n" + "\n".join(expected)
+    assert lines[start:end] == expected, said
+
+
+def test_every_gputop_variable_the_package_names_is_a_setting_or_said_not_to_be() -> None:
+    """A variable read somewhere but missing from the registry fails here, before the README check can see it."""
+    package = Path(settings.__file__).parents[1]
+    named = {m for path in package.rglob("*.py") for m in re.findall(r"\bGPUTOP_[A-Z_]+\b", path.read_text())}
+    registered = {s.env for s in settings.SETTINGS if s.env}
+    assert named - registered == {"GPUTOP_DEMO_PID"}  # gputop demo's own, named in the registry's docstring
+    assert "GPUTOP_DEMO_PID" in (settings.__doc__ or "")
