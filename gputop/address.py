@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputop import settings
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -78,16 +80,16 @@ def resolve(
         return Address(port=_check_port(port))
     if socket_path:
         return Address(path=Path(socket_path))
-    if env.get("GPUTOP_PORT"):
-        try:
-            return Address(port=_check_port(int(env["GPUTOP_PORT"])))
-        except ValueError:
-            raise AddressError(f"GPUTOP_PORT={env['GPUTOP_PORT']!r} is not a port number") from None
-    if env.get("GPUTOP_ADDR"):
-        return parse_host_port(env["GPUTOP_ADDR"], "GPUTOP_ADDR")
-    if env.get("GPUTOP_SOCKET"):
-        return Address(path=Path(env["GPUTOP_SOCKET"]))
-    return Address(path=default_socket_path(env))
+    try:
+        port = settings.PORT.value(env)
+    except settings.SettingError as exc:
+        raise AddressError(str(exc)) from None
+    if port is not None:
+        return Address(port=port)
+    addr = settings.ADDR.value(env)
+    if addr:
+        return parse_host_port(addr, settings.ADDR.env)
+    return Address(path=settings.SOCKET.value(env) or default_socket_path(env))
 
 
 def _check_port(port: int) -> int:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import msgspec
 
+from gputop import settings
+
 NONCE_BYTES = 16
 MAX_HANDSHAKE_LINE_BYTES = 1024  # a frame of the handshake is under 200 bytes
 _DOMAIN = b"gputop-auth-v1"
@@ -112,10 +114,10 @@ class Security:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Security:
         return cls(
-            token=env.get("GPUTOP_TOKEN", ""),
-            tls_cert=env.get("GPUTOP_TLS_CERT", ""),
-            tls_key=env.get("GPUTOP_TLS_KEY", ""),
-            tls_ca=env.get("GPUTOP_TLS_CA", ""),
+            token=settings.TOKEN.value(env),
+            tls_cert=settings.TLS_CERT.value(env),
+            tls_key=settings.TLS_KEY.value(env),
+            tls_ca=settings.TLS_CA.value(env),
         )
 
 

@@ -23,17 +23,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_NICE = 10
+from gputop import settings
+
 AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
 def yield_to_training(environ: dict[str, str] | None = None) -> list[str]:
     """Lower this process's CPU priority (call before starting threads: they inherit it); say what was done."""
-    env = os.environ if environ is None else environ
-    try:
-        nice = max(0, min(int(env.get("GPUTOP_NICE", DEFAULT_NICE)), 19))
-    except ValueError:
-        nice = DEFAULT_NICE
+    nice = settings.NICE.value(os.environ if environ is None else environ)
     if nice == 0:
         return []
     done = []

@@ -8,10 +8,12 @@ and exit 1; usage errors exit 2 (argparse).  Tracebacks are for bugs.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
 
+from gputop import settings
 from gputop.address import AddressError
 from gputop.cli.agent import cmd_agent, cmd_doctor
 from gputop.cli.capture import cmd_capture
@@ -27,20 +29,34 @@ from gputop.install_check import other_gputop
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a program the signal ended reports, as `yes | head` does
 
-__all__ = ["UsageError", "UserError", "build_parser", "main"]
+__all__ = ["UsageError", "UserError", "build_parser", "main", "parse_args"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with each setting the command has a flag for in force (``gputop.settings``).
+
+    Such a setting is its flag, else the config file's key, else its default; ``args.in_force`` keeps where
+    each came from (the dashboard remembers what a flag set).  The address flags are resolved where they are
+    used, by ``gputop.address``, with the environment's ``GPUTOP_PORT``, ``GPUTOP_ADDR`` and ``GPUTOP_SOCKET``.
+    """
+    args = build_parser().parse_args(argv)
+    if args.command is None:  # `gputop` alone: attach with the defaults
+        args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
+    taken = [setting for setting in settings.IN_FILE if hasattr(args, setting.key)]
+    if taken:
+        from gputop.settings import config_file
+
+        args.in_force = settings.resolve(flags=vars(args), file=config_file.load())
+        for setting in taken:
+            setattr(args, setting.key, args.in_force.value(setting))
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     if (collision := other_gputop()) is not None:  # the unrelated PyPI 'gputop' shares our files (docs/packaging.md)
         print(f"gputop: {collision}", file=sys.stderr)
-    args = build_parser().parse_args(argv)
-    command = args.command or "attach"
-    if args.command is None:  # `gputop` alone: attach with the defaults
-        args = build_parser().parse_args(["attach", *(argv if argv is not None else sys.argv[1:])])
-    if hasattr(args, "gpu_hour_price") and args.gpu_hour_price is None:  # not given: the config file's, if any
-        from gputop.tui import settings
-
-        args.gpu_hour_price = settings.load().gpu_hour_price
+    args = parse_args(argv)
+    command = args.command
     handler = {"attach": cmd_attach, "mcp": cmd_mcp, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
                "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor,
                "demo": cmd_demo}[command]  # fmt: skip

@@ -4,39 +4,42 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from gputop import settings
 from gputop.cli.common import listen_address, start_prometheus
 
 if TYPE_CHECKING:
     from gputop.collect.live import LiveSource
 
+REMEMBERED = (settings.REFRESH_S.key, settings.THEME.key)  # what a flag here sets for the next start too
+
 
 def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = None) -> int:
     """Show a started source until the user quits; the caller owns the source's start and stop.
 
-    ``--refresh`` and ``--theme`` given here are remembered (gputop.tui.settings) for the next start.
+    ``--refresh`` and ``--theme`` given here are remembered in the config file (gputop.settings.config_file)
+    for the next start, and so is a theme picked in the app.
     """
     from textual.theme import BUILTIN_THEMES
 
     from gputop.diagnose import Diagnoser
-    from gputop.tui import settings
+    from gputop.settings import config_file
     from gputop.tui.app import run_dashboard as show
 
-    saved = settings.load()
-    theme = getattr(args, "theme", None)  # checked by the parser
-    if saved.theme not in BUILTIN_THEMES:
-        saved = dataclasses.replace(saved, theme=None)
-    chosen = dataclasses.replace(saved, refresh_s=args.refresh or saved.refresh_s, theme=theme or saved.theme)
-    if chosen != saved:
-        settings.save(chosen)
+    in_force: settings.InForce = args.in_force  # gputop.cli.parse_args
+    given = [reading for reading in in_force if reading.setting.key in REMEMBERED and reading.source == "flag"]
+    if given:
+        config_file.remember({reading.setting.key: reading.value for reading in given})
+    theme = in_force.value(settings.THEME)
+    if theme not in BUILTIN_THEMES:  # the file's, from another Textual perhaps: the flag's are checked
+        theme = settings.THEME.default
 
     def remember_theme(name: str) -> None:
-        if name != (chosen.theme or settings.DEFAULT_THEME):
-            settings.save(dataclasses.replace(chosen, theme=name))
+        if name != theme:
+            config_file.remember({settings.THEME.key: name})
 
     # The UI shows rejected connections itself; log lines would corrupt the screen.
     logging.getLogger("gputop").addHandler(logging.NullHandler())
@@ -47,15 +50,14 @@ def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = No
     alerts = AlertTracker(hold_s=HOLD_S if alert_after_s is None else alert_after_s)
     return show(
         source,
-        refresh_s=chosen.refresh_s or settings.DEFAULT_REFRESH_S,
+        refresh_s=in_force.value(settings.REFRESH_S),
         diagnoser_factory=Diagnoser,
-        theme=chosen.theme or settings.DEFAULT_THEME,
+        theme=theme,
         remember_theme=remember_theme,
         alerts=alerts,
         notice=notice,
-        price_per_hour=getattr(args, "gpu_hour_price", None),
-        # Off with --no-auto-capture, or `auto_capture = false` in the settings file.
-        auto_capture=getattr(args, "auto_capture", True) and chosen.auto_capture is not False,
+        price_per_hour=in_force.value(settings.GPU_HOUR_PRICE),
+        auto_capture=in_force.value(settings.AUTO_CAPTURE),  # --no-auto-capture, or `auto_capture = false`
     )
 
 

@@ -1,8 +1,14 @@
-"""The options several commands take, and the argument types that check them (one line each when wrong)."""
+"""The options several commands take, and the argument types that check them (one line each when wrong).
+
+A flag that sets one of ``gputop.settings`` has that setting's key as its dest and None as its default (not
+given): ``gputop.cli.parse_args`` then fills in the config file's value or the default.
+"""
 
 from __future__ import annotations
 
 import argparse
+
+from gputop import settings
 
 
 def positive(text: str) -> float:
@@ -85,13 +91,20 @@ def add_dashboard_options(parser: argparse.ArgumentParser) -> None:
     add_alert_after(parser)
     add_auto_capture(parser)
     add_price(parser)
-    parser.add_argument(
-        "--refresh", type=positive, default=None, metavar="S", help="redraw every S seconds (default 0.5; remembered)"
-    )
-    parser.add_argument(
-        "--theme", type=theme_name, default=None, help="a Textual theme, e.g. textual-light (remembered)"
-    )
+    add_look(parser)
     add_sample_interval(parser)
+
+
+def add_look(parser: argparse.ArgumentParser) -> None:
+    """How the dashboard looks: remembered in the config file for the next start."""
+    parser.add_argument(
+        "--refresh", dest=settings.REFRESH_S.key, type=positive, default=None, metavar="S",
+        help=f"redraw every S seconds (default {settings.REFRESH_S.default:g}; remembered)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--theme", dest=settings.THEME.key, type=theme_name, default=None,
+        help="a Textual theme, e.g. textual-light (remembered)",
+    )  # fmt: skip
 
 
 def add_sample_interval(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +115,7 @@ def add_sample_interval(parser: argparse.ArgumentParser) -> None:
 
 def add_price(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--gpu-hour-price", type=positive, default=None, metavar="PRICE",
+        "--gpu-hour-price", dest=settings.GPU_HOUR_PRICE.key, type=positive, default=None, metavar="PRICE",
         help="what a GPU-hour costs you: findings then say what their waste comes to in money",
     )  # fmt: skip
 
@@ -123,7 +136,7 @@ def add_auto_capture(parser: argparse.ArgumentParser, *, when: str = "") -> None
     from gputop.diagnose.autocapture import CAPTURE_MIN_INTERVAL_S
 
     parser.add_argument(
-        "--no-auto-capture", dest="auto_capture", action="store_false",
+        "--no-auto-capture", dest=settings.AUTO_CAPTURE.key, action="store_false", default=None,
         help="do not profile a straggler's or stall's culprit rank once the finding has held --alert-after "
         f"seconds (at most one short torch.profiler capture per run every {CAPTURE_MIN_INTERVAL_S / 60:g} minutes)"
         f"{when}",

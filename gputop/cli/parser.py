@@ -12,13 +12,13 @@ from gputop.cli.options import (
     add_auto_capture,
     add_dashboard_options,
     add_live_collector,
+    add_look,
     add_price,
     add_prometheus,
     add_sample_interval,
     capture_steps,
     positive,
     rank_list,
-    theme_name,
 )
 
 
@@ -111,10 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="show a recording in the dashboard")
     replay.add_argument("recording", type=Path)
     replay.add_argument("--speed", type=positive, default=1.0, help="playback speed (default 1)")
-    replay.add_argument("--refresh", type=positive, default=None, metavar="S", help="redraw every S seconds")
-    replay.add_argument(
-        "--theme", type=theme_name, default=None, help="a Textual theme, e.g. textual-light (remembered)"
-    )
+    add_look(replay)
 
     demo = commands.add_parser("demo", help="run a bundled 2-rank CPU DDP job and watch it")
     from gputop.demos.scenarios import SCENARIO_NAMES
@@ -131,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="say what gputop can see on this machine (NVML, GPUs, torch, sockets, settings) and why not",
         description="Check NVML and the driver, the GPUs, the container, torch, the per-user socket, the "
-        "collector GPUTOP_ADDR/GPUTOP_PORT/GPUTOP_SOCKET name, and the token and TLS settings: one line each, "
+        "collector GPUTOP_PORT/GPUTOP_ADDR/GPUTOP_SOCKET name, the token and TLS settings, and every setting in "
+        "force with where it came from: one line each, "
         "marked ok, -- (worth knowing) or !! (not ok: why, and what to do).",
         epilog="exit status: 0 when NVML answers with at least one GPU (a dashboard here would see GPUs), 1 otherwise",
     )

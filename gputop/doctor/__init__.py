@@ -2,7 +2,8 @@
 
 One check per line: NVML and the driver, the versioned NVML calls the driver
 has, the GPUs, the container, torch, the per-user socket, the collector the
-environment points reporters at, the token and TLS settings, GPUTOP_DISABLE.
+environment points reporters at, the token and TLS settings, GPUTOP_DISABLE,
+and every setting in force with where its value came from.
 Each check is wrapped, so one that breaks says so and the others still run.
 GPU readings come from the dashboard's own sampler, so doctor sees exactly
 what a dashboard started here would.
@@ -10,8 +11,8 @@ what a dashboard started here would.
 Nothing here creates a CUDA context: torch is asked only ``is_available()``.
 
 A package by what it checks: ``gpus`` (NVML, the driver, the GPUs), ``machine``
-(the container, torch), ``connect`` (the socket, the collector), ``settings``
-(token, TLS, GPUTOP_DISABLE); ``checks`` is what a check is.
+(the container, torch), ``connect`` (the socket, the collector), ``in_force``
+(every setting; token, TLS, GPUTOP_DISABLE); ``checks`` is what a check is.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gputop.doctor.checks import (
     DRIVER_CALLS,
     GPUS,
     NVML,
+    SETTINGS,
     SOCKET,
     TLS,
     TOKEN,
@@ -43,8 +45,8 @@ from gputop.doctor.checks import (
 )
 from gputop.doctor.connect import check_collector, check_socket
 from gputop.doctor.gpus import check_driver_calls, check_gpus, check_nvml
+from gputop.doctor.in_force import check_disable, check_settings, check_tls, check_token
 from gputop.doctor.machine import check_container, check_torch
-from gputop.doctor.settings import check_disable, check_tls, check_token
 
 
 def run(output_format: str = "text", out: TextIO | None = None) -> int:
@@ -81,6 +83,7 @@ def run_checks(env: Mapping[str, str]) -> Iterator[Check]:
     yield guarded(TOKEN, lambda: check_token(env))
     yield guarded(TLS, lambda: check_tls(env))
     yield guarded(DISABLE, lambda: check_disable(env))
+    yield guarded(SETTINGS, lambda: check_settings(env))
 
 
 def gpus_visible(checks: Sequence[Check]) -> bool:

@@ -18,6 +18,8 @@ NVML, DRIVER_CALLS, GPUS, CONTAINER, TORCH = "nvml", "driver calls", "gpus", "co
 
 SOCKET, COLLECTOR, TOKEN, TLS, DISABLE = "socket", "collector", "token", "tls", "disable"
 
+SETTINGS = "settings"
+
 
 @dataclass(frozen=True)
 class Check:

@@ -8,7 +8,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gputop import auth
+from gputop import auth, settings
 from gputop.address import LOOPBACK, Address, AddressError, default_socket_path, private_dir_problem, resolve
 from gputop.doctor.checks import (
     COLLECTOR,
@@ -17,6 +17,7 @@ from gputop.doctor.checks import (
 )
 
 CONNECT_TIMEOUT_S = 1.0
+WHERE = (settings.PORT, settings.ADDR, settings.SOCKET)  # the order gputop.address.resolve takes them in
 
 
 def check_socket(env: Mapping[str, str]) -> Check:
@@ -50,9 +51,9 @@ def check_socket(env: Mapping[str, str]) -> Check:
 
 def check_collector(env: Mapping[str, str]) -> Check:
     """The collector GPUTOP_ADDR / GPUTOP_PORT / GPUTOP_SOCKET point reporters at, tried as a reporter would."""
-    chosen = [name for name in ("GPUTOP_PORT", "GPUTOP_ADDR", "GPUTOP_SOCKET") if env.get(name)]
+    chosen = [s.env for s in WHERE if env.get(s.env)]  # set, even to a bad value: resolve() says what is wrong
     if not chosen:
-        summary = "GPUTOP_ADDR, GPUTOP_PORT, GPUTOP_SOCKET not set: reporters use the socket above"
+        summary = f"{', '.join(s.env for s in WHERE)} not set: reporters use the socket above"
         return Check(COLLECTOR, "note", summary, facts={"set": []})
     try:
         address = resolve(env=env)

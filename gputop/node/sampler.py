@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -28,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
 
-from gputop import auth, lifeline
+from gputop import auth, lifeline, settings
 from gputop.address import Address, AddressError, parse_host_port, resolve
 from gputop.collect.gpu import GpuSampler
 from gputop.model.samples import GpuSample, gpu_sample_to_wire
@@ -208,6 +207,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gputop agent: {line}", file=sys.stderr, flush=True)
 
     link = Link(address, auth.Security.from_env(), say=say, say_unreachable=args.parent_pid is None)
-    hostname = args.hostname or os.environ.get("GPUTOP_NODE_HOSTNAME") or socket.gethostname()
+    hostname = args.hostname or settings.NODE_HOSTNAME.value() or socket.gethostname()
     run(link, GpuSampler(), hostname, interval_s=args.interval, stop=stop)
     return 0

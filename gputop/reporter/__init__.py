@@ -13,9 +13,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from gputop import settings
 from gputop.address import AddressError, resolve
 from gputop.reporter.clock import TrackedLoader
-from gputop.reporter.reporter import DEFAULT_WINDOW_S, Reporter
+from gputop.reporter.reporter import Reporter
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ _broken = False  # set when starting failed: gputop is a no-op from then on
 
 
 def _disabled() -> bool:
-    return _broken or os.environ.get("GPUTOP_DISABLE", "") not in ("", "0")
+    return _broken or settings.DISABLE.value()
 
 
 def _warn(message: str) -> None:
@@ -44,10 +45,9 @@ def _get() -> Reporter | None:
     with _lock:
         if _reporter is None:
             try:
-                window_s = float(os.environ.get("GPUTOP_WINDOW_S", DEFAULT_WINDOW_S))
-                _reporter = Reporter(resolve(), window_s=window_s)
+                _reporter = Reporter(resolve(), window_s=settings.WINDOW_S.value())
                 _reporter.start()
-            except AddressError as exc:
+            except (AddressError, settings.SettingError) as exc:
                 _broken = True
                 _warn(str(exc))
                 return None

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gputop import settings
 from gputop.protocol import TOP_OPS, CaptureRequest, CaptureResult, OpTime
 
 ARMED, RUNNING, DONE, FAILED = "armed", "running", "done", "failed"
@@ -30,8 +31,7 @@ ARMED_TIMEOUT_S = 120.0  # a rank that takes no step in 2 minutes is not trainin
 
 def trace_dir() -> Path:
     """Where traces go: ``GPUTOP_TRACE_DIR``, else a per-user folder under the system's temp dir."""
-    chosen = os.environ.get("GPUTOP_TRACE_DIR")
-    return Path(chosen) if chosen else Path(tempfile.gettempdir()) / f"gputop-traces-{os.getuid()}"
+    return settings.TRACE_DIR.value() or Path(tempfile.gettempdir()) / f"gputop-traces-{os.getuid()}"
 
 
 class ProfilerCapture:

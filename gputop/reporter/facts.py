@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from gputop import settings
 from gputop.protocol import Hello
 
 
@@ -120,8 +121,9 @@ def run_id(env: Mapping[str, str] = os.environ, world_size: int = 1) -> str:
     it); a single process is its own run.  A later job reusing a name replaces
     the earlier one's ranks in the dashboard (the store sees a new pid).
     """
-    if env.get("GPUTOP_RUN_ID"):
-        return env["GPUTOP_RUN_ID"]
+    chosen = settings.RUN_ID.value(env)
+    if chosen:
+        return chosen
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     slurm_job = env.get("SLURM_JOB_ID")
     if slurm_job:

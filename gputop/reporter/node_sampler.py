@@ -31,20 +31,18 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from gputop import settings
 from gputop.address import Address
 
 if TYPE_CHECKING:
     import subprocess
 
-MODE_ENV = "GPUTOP_NODE_SAMPLER"
-_OFF = frozenset({"0", "off", "false", "no"})
-_ON = frozenset({"1", "on", "true", "yes"})
+MODE_ENV = settings.NODE_SAMPLER.env
 
 
 def mode(env: Mapping[str, str] = os.environ) -> str:
     """``auto``, ``on`` or ``off`` from ``GPUTOP_NODE_SAMPLER`` (anything unknown reads as auto)."""
-    value = env.get(MODE_ENV, "").strip().lower()
-    return "off" if value in _OFF else "on" if value in _ON else "auto"
+    return settings.NODE_SAMPLER.value(env)
 
 
 def wanted(chosen: str, local_rank: int, remote_link: bool | None) -> bool:

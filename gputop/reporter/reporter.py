@@ -22,6 +22,7 @@ import time
 import weakref
 from typing import Any
 
+from gputop import settings
 from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
@@ -36,7 +37,7 @@ from gputop.reporter.probes.gpu_steps import GpuStepProbe
 from gputop.reporter.rank_cuda import RankCuda, model_cuda_index
 from gputop.reporter.reporter_thread import EXIT_FLUSH_S, ReporterThread
 
-DEFAULT_WINDOW_S = 0.5
+DEFAULT_WINDOW_S = settings.WINDOW_S.default
 
 
 def _forget_in_forked_children(reporter: Reporter) -> None:
@@ -158,8 +159,8 @@ class Reporter(ReporterThread):
             return None  # no parameters to read: model_facts found no device either
         if index is None:
             return None if why_not is None else GpuStepProbe(None, not_measured=why_not)
-        if os.environ.get("GPUTOP_CUDA_EVENTS", "1") == "0":
-            return GpuStepProbe(None, not_measured="CUDA events are off (GPUTOP_CUDA_EVENTS=0)")
+        if not settings.CUDA_EVENTS.value():
+            return GpuStepProbe(None, not_measured=f"CUDA events are off ({settings.CUDA_EVENTS.env}=0)")
         try:
             device = self._rank_cuda(index)
         except Exception as exc:

@@ -42,12 +42,12 @@ from collections.abc import Mapping
 from types import CodeType
 from typing import Any
 
+from gputop import settings
 from gputop.protocol import STACKS_TOP, SampledFrame, StackFrame, Stacks
 from gputop.reporter import collectives
 from gputop.reporter.clock import StepClock, TrackedLoader
 
-DEFAULT_HZ = 20.0
-MIN_HZ, MAX_HZ = 0.5, 200.0
+DEFAULT_HZ = settings.STACKS_HZ.default
 BUDGET_FRAC = 0.001  # of one core: the sampler's cost at most, whatever the rate asked for
 MAX_DEPTH = 256  # frames walked per sample: a deeper stack (a recursion) is cut there
 SEND_EVERY_S = 1.0  # a stacks message a second: a 10-s span holds ten, a hang's place is at most a second old
@@ -85,19 +85,10 @@ TallyKey = tuple[str, int, int]  # where, id of the innermost user code (0: none
 
 def configured_hz(environ: Mapping[str, str]) -> tuple[float | None, str]:
     """The sampling rate ``GPUTOP_STACKS`` and ``GPUTOP_STACKS_HZ`` ask for (None: off), and what was wrong."""
-    if environ.get("GPUTOP_STACKS", "1").strip().lower() in ("0", "off", "false", "no"):
+    if not settings.STACKS.value(environ):
         return None, ""
-    text = environ.get("GPUTOP_STACKS_HZ", "")
-    if not text:
-        return DEFAULT_HZ, ""
-    try:
-        hz = float(text)
-    except ValueError:
-        hz = float("nan")
-    if not MIN_HZ <= hz <= MAX_HZ:  # also NaN
-        complaint = f"GPUTOP_STACKS_HZ={text!r} is not {MIN_HZ:g}-{MAX_HZ:g} samples a second; {DEFAULT_HZ:g} used"
-        return DEFAULT_HZ, complaint
-    return hz, ""
+    reading = settings.STACKS_HZ.reading(environ)
+    return reading.value, reading.problem
 
 
 def forward_codes(model: Any) -> tuple[CodeType, ...]:

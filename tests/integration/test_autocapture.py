@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from gputop import report
-from gputop.cli.parser import build_parser
+from gputop.cli import parse_args
 from gputop.diagnose import Diagnoser, Evidence, Finding
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import (
@@ -35,7 +35,7 @@ from gputop.model.figures import summarize
 from gputop.model.snapshot import RankView, Snapshot
 from gputop.model.source import FixedSource
 from gputop.protocol import CaptureRequest, CaptureResult, OpTime, SampledFrame, StackFrame, Stacks
-from gputop.tui import settings
+from gputop.settings import config_file
 from tests.support.collectors import wait_for
 from tests.support.diagnose_fixtures import RankSpec, make_snapshot
 from tests.support.processes import JOBS, free_port, needs_torch
@@ -147,16 +147,17 @@ class TestWhenAndHowOften:
         bare = LivePipeline(diagnoser=Diagnoser(), auto_capture=AutoCapture())
         assert asked(run(bare, SLOW_LOADER, [10.0 + k for k in range(8)])) == []
 
-    def test_the_commands_that_diagnose_live_take_the_off_switch(self, tmp_path) -> None:
-        parser = build_parser()
+    def test_the_commands_that_diagnose_live_take_the_off_switch(self, tmp_path, monkeypatch) -> None:
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
         for argv in (["attach"], ["demo"], ["record", "--seconds", "1", "-o", "x.jsonl"]):
-            assert parser.parse_args(argv).auto_capture is True
-            assert parser.parse_args([*argv, "--no-auto-capture"]).auto_capture is False
-        path = tmp_path / "config.toml"
+            assert parse_args(argv).auto_capture is True
+            assert parse_args([*argv, "--no-auto-capture"]).auto_capture is False
+        path = config_file.config_path()
+        path.parent.mkdir()
         path.write_text("auto_capture = false\n")
-        assert settings.load(path).auto_capture is False
-        settings.save(dataclasses.replace(settings.load(path), theme="textual-light"), path)  # a theme change keeps it
-        assert settings.load(path) == settings.Settings(theme="textual-light", auto_capture=False)
+        assert all(parse_args(argv).auto_capture is False for argv in (["attach"], ["demo"]))
+        config_file.remember({"theme": "textual-light"})  # a theme change keeps it
+        assert config_file.load() == {"theme": "textual-light", "auto_capture": False}
 
 
 def finding(cause: str, *, ranks: tuple[int, ...], evidence_rank: int | None = None, **extra: object) -> Finding:

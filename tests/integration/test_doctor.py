@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from gputop import settings
 from tests.support.nvml_standin import env_for, for_driver, h100_node
 
 SECRET = "doctor-test-token-0451"  # must never appear in doctor's output
 SCENARIO = h100_node(2)
-DOCTOR_ENV = ("GPUTOP_ADDR", "GPUTOP_PORT", "GPUTOP_SOCKET", "GPUTOP_TOKEN", "GPUTOP_DISABLE",
-              "GPUTOP_TLS_CA", "GPUTOP_TLS_CERT", "GPUTOP_TLS_KEY")  # fmt: skip
+DOCTOR_ENV = tuple(s.env for s in settings.SETTINGS if s.env)  # this shell's are not the test's
 
 
 @dataclass
@@ -98,10 +98,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory, listening: Path) -> Iterator[
     current = SCENARIO.write(folder / "current.txt")
     older = for_driver(SCENARIO, "no_v3").write(folder / "no_v3.txt")
     nobody = str(folder / "nobody.sock")
+    config = folder / "config" / "gputop" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("gpu_hour_price = 2.5\n")
+    mine = {"XDG_CONFIG_HOME": str(folder / "config")}
     started = {
-        "no_gpu": start_doctor({"GPUTOP_TOKEN": SECRET, "GPUTOP_SOCKET": nobody}),
+        "no_gpu": start_doctor({**mine, "GPUTOP_TOKEN": SECRET, "GPUTOP_SOCKET": nobody, "GPUTOP_STACKS_HZ": "500"}),
         "standin": start_doctor({**env_for(current), "GPUTOP_SOCKET": str(listening)}),
-        "standin_json": start_doctor({**env_for(current), "GPUTOP_TOKEN": SECRET}, "--format", "json", torch=False),
+        "standin_json": start_doctor(
+            {**env_for(current), **mine, "GPUTOP_TOKEN": SECRET}, "--format", "json", torch=False
+        ),
         "no_v3": start_doctor(env_for(older, "no_v3"), torch=False),
     }
     yield started
@@ -126,7 +132,7 @@ class TestWithoutAGpu:
         run = runs["no_gpu"].wait()
         assert "torch" in run.line("torch")
         assert "gputop" in run.line("socket")  # the per-user socket's folder, wherever it is
-        for name in ("driver calls", "gpus", "container", "collector", "token", "tls", "disable"):
+        for name in ("driver calls", "gpus", "container", "collector", "token", "tls", "disable", "settings"):
             run.line(name)
 
     def test_a_socket_nobody_listens_on_is_named(self, runs: dict[str, DoctorRun]) -> None:
@@ -138,6 +144,17 @@ class TestWithoutAGpu:
         run = runs["no_gpu"].wait()
         assert "GPUTOP_TOKEN set" in run.line("token")
         assert SECRET not in run.stdout + run.stderr
+
+    def test_the_settings_in_force_with_their_sources(self, runs: dict[str, DoctorRun]) -> None:
+        run = runs["no_gpu"].wait()
+        block = run.block("settings")
+        assert block.startswith("--  settings      GPUTOP_STACKS_HZ='500' is not 0.5-200 samples a second; 20 used")
+        listed = {line.split()[0]: line.split(None, 2)[1:] for line in block.splitlines()[1:]}
+        assert len(listed) == len(settings.SETTINGS)
+        assert listed["GPUTOP_TOKEN"] == ["env", "set"]
+        assert listed["GPUTOP_SOCKET"][0] == "env" and listed["GPUTOP_SOCKET"][1].endswith("nobody.sock")
+        assert listed["gpu_hour_price"] == ["file", "2.5"]
+        assert listed["GPUTOP_WINDOW_S"] == ["default", "0.5"]
 
 
 class TestAgainstTheStandIn:
@@ -177,6 +194,9 @@ class TestAgainstTheStandIn:
         assert [g["uuid"] for g in gpus] == [g.uuid for g in SCENARIO.gpus]
         assert [g["name"] for g in gpus] == [g.name for g in SCENARIO.gpus]
         assert checks["token"]["facts"] == {"set": True}
+        in_force = {s["name"]: s for s in checks["settings"]["facts"]["settings"]}
+        assert in_force["GPUTOP_TOKEN"] == {"name": "GPUTOP_TOKEN", "key": "token", "value": "set", "source": "env"}
+        assert in_force["gpu_hour_price"]["value"] == 2.5 and in_force["gpu_hour_price"]["source"] == "file"
         assert SECRET not in run.stdout
         assert {c["mark"] for c in report["checks"]} <= {"ok", "--", "!!"}
 

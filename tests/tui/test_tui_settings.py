@@ -1,4 +1,4 @@
-"""--refresh and --theme are remembered in an XDG config file; a bad theme is a one-line usage error."""
+"""--refresh and --theme are remembered in the config file; a bad theme is a one-line usage error."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gputop.tui import settings
+from gputop.cli import parse_args
+from gputop.settings import config_file
 
 
 @pytest.fixture
@@ -18,21 +19,23 @@ def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_saved_settings_come_back(config_home: Path) -> None:
-    assert settings.load() == settings.Settings()
-    settings.save(settings.Settings(refresh_s=2.0, theme="textual-light"))
-    assert settings.config_path() == config_home / "gputop" / "config.toml"
-    assert settings.load() == settings.Settings(refresh_s=2.0, theme="textual-light")
+def test_remembered_settings_come_back(config_home: Path) -> None:
+    assert config_file.load() == {}
+    config_file.remember({"refresh_s": 2.0, "theme": "textual-light"})
+    assert config_file.config_path() == config_home / "gputop" / "config.toml"
+    args = parse_args(["attach"])
+    assert (args.refresh_s, args.theme) == (2.0, "textual-light")
 
 
 def test_a_broken_file_is_ignored_with_a_warning(config_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = config_home / "gputop" / "config.toml"
     path.parent.mkdir(parents=True)
     path.write_text("refresh_s = = 1\n")
-    assert settings.load() == settings.Settings()
+    assert config_file.load() == {}
     assert "ignoring" in capsys.readouterr().err
     path.write_text("refresh_s = -1\ntheme = 3\n")  # nonsense values: the defaults apply
-    assert settings.load() == settings.Settings()
+    args = parse_args(["attach"])
+    assert (args.refresh_s, args.theme) == (0.5, "textual-dark")
 
 
 def test_an_unknown_theme_is_a_usage_error(tmp_path: Path) -> None:

@@ -32,6 +32,9 @@ def test_importing_gputop_in_a_training_process_is_cheap() -> None:
     assert "gputop.reporter" in loaded
     assert not top_level(loaded) & {"torch", "textual", "rich", "psutil", "pynvml", "asyncio"}
     assert not {m for m in loaded if m.startswith(("gputop.collect", "gputop.tui", "gputop.diagnose"))}
+    # Its settings come from the registry; the config file (TOML) is the dashboard's to read.
+    assert "gputop.settings" in loaded
+    assert not {"gputop.settings.config_file", "tomllib", "tomli"} & loaded
 
 
 def test_the_dashboard_never_loads_the_reporter() -> None:

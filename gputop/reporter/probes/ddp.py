@@ -17,17 +17,17 @@ window says so instead of reporting "exposed comm 0 ms".
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from gputop import settings
 from gputop.reporter.clock import StepMark
 
 # DDP times forward/backward/comm on every Nth iteration (PyTorch's default is
 # 100).  On CUDA a sampled iteration waits for the previous one's events at the
 # next forward, so N trades freshness for a rare short stall.  On the CPU the
 # timer is two clock reads, so every iteration is timed.
-DEFAULT_DDP_SAMPLE_RATE = 10
-CPU_DDP_SAMPLE_RATE = 1
+DEFAULT_DDP_SAMPLE_RATE = settings.DDP_SAMPLE_RATE_CUDA
+CPU_DDP_SAMPLE_RATE = settings.DDP_SAMPLE_RATE_CPU
 # DDP's running averages over its timed iterations (ns), and the window field each becomes.
 DDP_TIMES = (
     ("forward_compute_time", "forward_s"),
@@ -92,9 +92,9 @@ class DdpProbe:
         self.rate_error: Exception | None = None
         self.not_measured: str | None = None  # why the latest read had no figures although DDP ran
         self.settings: dict[str, Any] | None = None  # Hello facts: how DDP was built, read once it has settled
-        default = CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE
         try:
-            self.sample_rate = max(int(os.environ.get("GPUTOP_DDP_SAMPLE_RATE", default)), 1)
+            chosen = settings.DDP_SAMPLE_RATE.value()
+            self.sample_rate = chosen or (CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE)
             model._set_ddp_runtime_logging_sample_rate(self.sample_rate)
             if self.sample_rate == 1 and model._get_ddp_logging_data().get("iteration", 0) == 0:
                 self._totals_from = (0, {})
