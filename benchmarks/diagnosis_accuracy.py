@@ -252,11 +252,11 @@ CASES: tuple[Case, ...] = (
     Case(
         "compile_recompiling_padded_batches",
         "recompile",
-        "DDP(torch.compile(model, dynamic=False)), batches padded to their longest text, a multiple of 16",
+        "DDP(torch.compile(model, dynamic=False)), padded to a sequence-length warm-up: 16, 32, 48, 64 tokens",
         unseen=True,
-        # Three lengths appear, and are compiled for, over a rank's first few tens of steps (the texts' lengths:
-        # stack_cases.VariableReviews).  Uniform 8-64 tokens, as first written, made the longest over 48 in 93%
-        # of batches: one recompile a rank, under the rule's two (issue #35).
+        # Four lengths by step (stack_cases.LengthWarmup), the same on every rank: three recompiles by step 25.
+        # As first written (batches padded to their longest) one length came up and one recompile a rank, under
+        # the rule's two; mostly short texts then made a data-driven rotation, not recompiles (issue #35).
         premise_step=30,
         ranks=None,
     ),

@@ -317,12 +317,7 @@ def accelerate_loader_bound(seconds: float) -> None:
 
 
 class VariableReviews(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Reviews of 4 to 64 tokens, most short (4 + an exponential of mean 6), as a tokenizer leaves them.
-
-    So the longest of a batch of 8 is 16 tokens or under in about 31% of batches, 17-32 in 62%, 33-48 in 7%:
-    three padded lengths in a rank's first few tens of steps.  (Uniform 8-64 made the longest over 48 in 93%
-    of batches: one length, one recompile a rank, and no case; issue #35.)
-    """
+    """Reviews of 8 to 64 tokens, as a tokenizer leaves them before any padding."""
 
     def __init__(self, n: int, vocab: int) -> None:
         self.n, self.vocab = n, vocab
@@ -332,31 +327,42 @@ class VariableReviews(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(index)
-        length = min(64, 4 + int(torch.empty(1).exponential_(1 / 6, generator=g)))
+        length = int(torch.randint(8, 65, (1,), generator=g))
         return torch.randint(1, self.vocab, (length,), generator=g), torch.tensor(index % 2)
 
 
-def pad_to_longest(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """What HF's DataCollatorWithPadding(pad_to_multiple_of=16) does: every text padded to the batch's longest,
-    rounded up to a multiple of 16 (so 16, 32, 48 or 64 tokens: four shapes)."""
-    texts, labels = zip(*batch, strict=True)
-    longest = -(-max(len(t) for t in texts) // 16) * 16
-    padded = torch.zeros(len(texts), longest, dtype=texts[0].dtype)
-    for row, text in enumerate(texts):
-        padded[row, : len(text)] = text
-    return padded, torch.stack(labels)
+class LengthWarmup:
+    """Sequence-length warm-up, as curriculum schedules do it: batches padded (or cut) to 16 tokens for the first
+    8 steps, then 32, 48, and 64 from step 24 on, the same on every rank (the schedule goes by the step)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def __call__(self, batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        length = 16 * (1 + min(3, self.batches // 8))
+        self.batches += 1
+        texts, labels = zip(*batch, strict=True)
+        padded = torch.zeros(len(texts), length, dtype=texts[0].dtype)
+        for row, text in enumerate(texts):
+            padded[row, : min(len(text), length)] = text[:length]
+        return padded, torch.stack(labels)
 
 
 def compile_recompiling_padded_batches(seconds: float) -> None:
-    """DDP(torch.compile(model, dynamic=False)), as people write it for speed, fed batches padded to their
-    longest text (to a multiple of 16): a new length is a new graph, compiled again when it first appears."""
+    """DDP(torch.compile(model, dynamic=False)), as people write it for speed, fed a sequence-length warm-up: each
+    new length is a new graph, compiled again when it first appears (steps 9, 17 and 25).
+
+    First written with batches padded to their longest text (a multiple of 16): uniform 8-64-token texts made
+    the longest over 48 in 93% of batches, one recompile a rank; mostly short texts then gave three lengths, but
+    each rank drew its own, and the others waited for the longest (a data-driven rotation, 46% of each step,
+    which is what gputop then named).  A schedule by step gives every rank the same length: recompiles alone."""
     rank = start()
     model = nn.parallel.DistributedDataParallel(torch.compile(ReviewClassifier(vocab=2048, dim=32), dynamic=False))
     gputop.watch(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = VariableReviews(4096, 2048)
     sampler: DistributedSampler[int] = DistributedSampler(data)
-    loader = DataLoader(data, batch_size=8, sampler=sampler, collate_fn=pad_to_longest)
+    loader = DataLoader(data, batch_size=8, sampler=sampler, collate_fn=LengthWarmup())
     deadline, steps = Deadline(seconds), 0
     for texts, labels in gputop.track(loader):
         F.cross_entropy(model(texts), labels).backward()
