@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gputop.address import Address, resolve
 
 if TYPE_CHECKING:
-    from gputop.recording import Recorder
+    from gputop.collect.recording import Recorder
 
 EXIT_ERROR = 1
 
@@ -68,7 +68,7 @@ def log_to_stderr() -> None:
 
 
 def open_recorder(path: Path, *, source: str, merge_after_s: float | None = None, merge_s: float = 10.0) -> Recorder:
-    from gputop.recording import Recorder, RecordingError
+    from gputop.collect.recording import Recorder, RecordingError
 
     try:
         return Recorder(path, source=source, merge_after_s=merge_after_s, merge_s=merge_s)

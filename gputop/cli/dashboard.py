@@ -66,7 +66,7 @@ def live_collector(args: argparse.Namespace) -> Iterator[LiveSource]:
     """``gputop attach``'s collector, started: listening where ``args`` say (the token rules checked), sampling,
     serving Prometheus if asked; stopped on the way out.  ``gputop mcp`` collects through this too."""
     from gputop.collect.live import LiveSource
-    from gputop.yielding import yield_to_training
+    from gputop.processes.yielding import yield_to_training
 
     # Before any thread starts, so every one inherits it; not in `gputop demo`, whose ranks are
     # its children and would inherit it too.

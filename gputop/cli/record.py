@@ -77,7 +77,7 @@ def record_with_alerts(
     from gputop.diagnose import Diagnoser
     from gputop.diagnose.alerts import AlertTracker
     from gputop.diagnose.autocapture import AutoCapture
-    from gputop.diagnose.live import LivePipeline
+    from gputop.diagnose.pipeline import LivePipeline
 
     pipeline = LivePipeline(
         diagnoser=Diagnoser(),

@@ -9,8 +9,8 @@ from gputop.cli.dashboard import run_dashboard
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from gputop.collect.recording import RecordingError
     from gputop.collect.replay import ReplaySource
-    from gputop.recording import RecordingError
 
     try:
         source = ReplaySource(args.recording, speed=args.speed)

@@ -27,7 +27,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def load(path: Path) -> tuple[Any, float, list[str]]:
     """A recording's store and last time, with a note for each damaged line skipped; one line if unreadable."""
-    from gputop import recording
+    from gputop.collect import recording
 
     stats = recording.ReadStats()
     try:
@@ -38,9 +38,9 @@ def load(path: Path) -> tuple[Any, float, list[str]]:
 
 
 def compare(before: Path, after: Path, fmt: str) -> int:
-    from gputop import compare as comparing
     from gputop.diagnose import diagnose
     from gputop.model.figures import summarize
+    from gputop.report import compare as comparing
 
     figures = []
     for path in (before, after):

@@ -85,7 +85,7 @@ class Intake:
 class Connection(asyncio.BufferedProtocol):
     """One peer of the collector, from its first byte to its close.
 
-    Goes through at most two of three phases: the token handshake (TCP with a
+    Goes through at most two of three states: the token handshake (TCP with a
     token), then frames (a reporter or a node sampler), or one capture request.
     """
 
@@ -195,7 +195,7 @@ class Connection(asyncio.BufferedProtocol):
     # -- frames ---------------------------------------------------------------------------------
 
     def _received(self, data: memoryview) -> None:
-        """Split a read into whole frames (the tail waits for its newline) and hand them on by phase."""
+        """Split a read into whole frames (the tail waits for its newline) and hand them on by state."""
         *frames, self._pending = (self._pending + data).split(b"\n")
         if self._challenge is not None:
             if not frames:

@@ -25,7 +25,7 @@ import psutil
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import BusyProcess, HostSample, ProcessReading
-from gputop.procfs import age_s, command_of, cpu_ticks, descendants_of, owner_of, schedstat_s
+from gputop.processes.procfs import age_s, command_of, cpu_ticks, descendants_of, owner_of, schedstat_s
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 

@@ -8,11 +8,11 @@ import time
 from gputop.address import Address
 from gputop.collect.gpu import GpuSamplerThread
 from gputop.collect.host import HostSamplerThread
+from gputop.collect.recording import Recorder
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
 from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
-from gputop.recording import Recorder
 
 
 class LiveSource:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gputop.procfs import name_this_thread
+from gputop.processes.procfs import name_this_thread
 
 
 class PeriodicThread:

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from gputop import recording
+from gputop.collect import recording
 from gputop.collect.store import Store
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
 

@@ -26,7 +26,7 @@ from gputop.address import Address, AddressError, default_socket_path, ensure_pr
 from gputop.collect.capture_relay import CaptureRelay
 from gputop.collect.connection import Connection, DisconnectListener, Intake, MessageListener
 from gputop.collect.store import Store
-from gputop.procfs import name_this_thread
+from gputop.processes.procfs import name_this_thread
 from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
-from gputop import lifeline
+from gputop.processes import lifeline
 
 DEMO_PID_ENV = "GPUTOP_DEMO_PID"  # set by `gputop demo` for its job: the process the ranks leave with
 LEFT_WITH_THE_DEMO = 1  # a rank's exit status when its demo went first

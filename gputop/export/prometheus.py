@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gputop.diagnose import Diagnoser
-from gputop.diagnose.live import LivePipeline
+from gputop.diagnose.pipeline import LivePipeline
 from gputop.export.metrics import Family, families
 from gputop.model.snapshot import Snapshot
 

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from gputop.diagnose.findings import SEVERITIES, Finding
-from gputop.diagnose.live import LiveUpdate
+from gputop.diagnose.pipeline import LiveUpdate
 from gputop.model.captures import compare
 from gputop.model.figures import Figures, RankFigures, RunFigures, rank_series
 from gputop.model.snapshot import LIVE, RankView

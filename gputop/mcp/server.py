@@ -34,7 +34,7 @@ from pydantic import Field
 
 from gputop import __version__
 from gputop.diagnose import Diagnoser
-from gputop.diagnose.live import LivePipeline, LiveUpdate
+from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
 from gputop.mcp import answers
 from gputop.model.snapshot import VIEW_HISTORY_WINDOWS
 from gputop.model.source import SnapshotSource, TalksToRanks

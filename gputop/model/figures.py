@@ -18,10 +18,10 @@ from functools import cached_property
 
 from gputop.combine import PHASE_NAMES, window_exposed_comm_frac, window_loader_wait_frac, window_step_s
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
+from gputop.model.rank_stats import RankStats, recent
 from gputop.model.samples import GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
 from gputop.model.span import SpanFigures
-from gputop.model.stats import RankStats, recent
 from gputop.model.sums import rank_stats
 from gputop.protocol import Hello, Window
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from gputop.model.stats import RankStats, recent
+from gputop.model.rank_stats import RankStats, recent
 from gputop.model.sums import SpanSums, rank_stats
 from gputop.protocol import Window
 

@@ -3,7 +3,7 @@
 ``rank_stats`` adds a span's windows and reads the figures; the dashboard keeps
 one ``SpanSums`` per rank and slides it (``gputop.model.span``), so a refresh
 costs the windows that arrived and left, not the whole span.  What each figure
-means is ``RankStats``'s (``gputop.model.stats``); how each window field
+means is ``RankStats``'s (``gputop.model.rank_stats``); how each window field
 combines, ``gputop.combine``'s; the stalls', ``gputop.model.stalls``; DDP's
 sampled timings, ``gputop.model.ddp_samples``.
 """
@@ -27,9 +27,9 @@ from gputop.combine import (
 )
 from gputop.model.collectives import collective_figures
 from gputop.model.ddp_samples import DdpMeans, DdpSample, ddp_key, ddp_sample
+from gputop.model.rank_stats import RankStats
 from gputop.model.stalls import STALL_FACTOR, stalls
 from gputop.model.statistics import SlidingMax, median, standard_error
-from gputop.model.stats import RankStats
 from gputop.protocol import Window
 from gputop.sketch import legacy_hist_to_sketch, sketch_quantiles_s
 

@@ -9,7 +9,7 @@ dropped: a GPU reading is only worth its freshness, and the collector's own
 history holds the past.
 
 Started by a rank (``--parent-pid``), it leaves the moment that rank's process
-has exited, from a thread of its own (``gputop.lifeline``), so it never outlives
+has exited, from a thread of its own (``gputop.processes.lifeline``), so it never outlives
 the rank that carried it, whatever killed the rank and wherever its own main
 thread is stuck (an NVML call, a blocked send, its teardown).
 """
@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import FrameType
 
-from gputop import auth, lifeline, settings
+from gputop import auth, settings
 from gputop.address import Address, AddressError, parse_host_port, resolve
 from gputop.collect.gpu import GpuSampler
 from gputop.model.samples import GpuSample, gpu_sample_to_wire
+from gputop.processes import lifeline
 from gputop.protocol import MAX_FRAME_BYTES, Gpus, encode
 
 INTERVAL_S = 1.0

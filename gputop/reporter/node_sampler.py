@@ -18,7 +18,7 @@ The rule (``GPUTOP_NODE_SAMPLER``):
 
 What the rank pays: one ``fork+exec`` on the reporter thread (never the
 training thread), then nothing; the child leaves when the rank's process has
-exited (``gputop.lifeline``) and runs in a session of its own, so a terminal's
+exited (``gputop.processes.lifeline``) and runs in a session of its own, so a terminal's
 Ctrl-C reaches the rank, not the sampler, and the sampler still goes with it.
 """
 

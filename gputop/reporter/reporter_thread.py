@@ -26,7 +26,7 @@ from typing import Any
 from gputop import __version__
 from gputop.address import Address
 from gputop.combine import merge_collectives
-from gputop.procfs import name_this_thread
+from gputop.processes.procfs import name_this_thread
 from gputop.protocol import (
     Accepts,
     Bye,

@@ -30,7 +30,7 @@ from textual.reactive import reactive
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import AutoCapture
-from gputop.diagnose.live import LivePipeline
+from gputop.diagnose.pipeline import LivePipeline
 from gputop.model.source import SnapshotSource, TalksToRanks
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
 from gputop.tui.main_screen import SHORT_HEIGHT, MainScreenApp

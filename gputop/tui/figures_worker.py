@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gputop.diagnose.alerts import Alert
-from gputop.diagnose.live import LivePipeline
+from gputop.diagnose.pipeline import LivePipeline
 from gputop.model.figures import WindowFiguresMemo
 from gputop.model.source import SnapshotSource
-from gputop.procfs import name_this_thread
+from gputop.processes.procfs import name_this_thread
 from gputop.protocol import CaptureRequest, FindingBrief
 from gputop.tui.view import DashboardView, build_view
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gputop.model.figures import SPAN_S
+from gputop.model.rank_stats import RankStats
 from gputop.model.snapshot import RankView
-from gputop.model.stats import RankStats
 
 
 def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:

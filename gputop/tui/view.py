@@ -31,9 +31,9 @@ from gputop.model.figures import (
     rank_series,
 )
 from gputop.model.jobs import job_text
+from gputop.model.rank_stats import RankStats
 from gputop.model.samples import GpuProcess, GpuReading
 from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
-from gputop.model.stats import RankStats
 from gputop.tui.na import na_reasons
 
 

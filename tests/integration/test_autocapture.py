@@ -30,7 +30,7 @@ from gputop.diagnose.autocapture import (
     captured_for,
     culprit,
 )
-from gputop.diagnose.live import LivePipeline, LiveUpdate
+from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
 from gputop.model.figures import summarize
 from gputop.model.snapshot import RankView, Snapshot
 from gputop.model.source import FixedSource

@@ -11,8 +11,8 @@ import time
 import msgspec
 import pytest
 
-from gputop import recording
 from gputop.address import Address
+from gputop.collect import recording
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from gputop.model.snapshot import DONE

@@ -16,7 +16,7 @@ import pytest
 from gputop.collect import host
 from gputop.collect.host import HostSampler
 from gputop.model.samples import ProcessReading
-from gputop.procfs import cpu_ticks
+from gputop.processes.procfs import cpu_ticks
 
 # A stand-in rank: spawns one busy "DataLoader worker", prints its pid, then idles.
 RANK_SCRIPT = """

@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gputop import recording
+from gputop.collect import recording
 from gputop.model.sums import rank_stats
 from tests.support.collectors import wait_for
 from tests.support.netns import Cluster

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gputop import recording
+from gputop.collect import recording
 
 
 def test_a_gz_recording_is_compressed_and_what_was_flushed_survives_a_kill(tmp_path) -> None:
@@ -17,7 +17,7 @@ def test_a_gz_recording_is_compressed_and_what_was_flushed_survives_a_kill(tmp_p
     writer = f"""
 import time
 from pathlib import Path
-from gputop.recording import Recorder
+from gputop.collect.recording import Recorder
 from gputop.protocol import Hello, Window
 r = Recorder(Path({str(path)!r}), source="test")
 r.message(Hello(run_id="r", rank=0), 1.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gputop import recording
+from gputop.collect import recording
 from gputop.model.samples import GpuSample, HostSample
 from gputop.protocol import Bye, Hello, Window
 from tests.support.diagnose_fixtures import T0, RankSpec, rank_windows

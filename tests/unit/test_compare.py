@@ -66,8 +66,8 @@ def test_a_file_that_is_not_a_recording_is_one_line(tmp_path: Path, capsys) -> N
 
 def test_each_collectives_exposed_time_before_and_after() -> None:
     """Prefetching the all-gathers: their exposed time a step falls, the reduce-scatters' stays."""
-    from gputop.compare import compare_collectives
     from gputop.model.figures import summarize
+    from gputop.report.compare import compare_collectives
     from tests.support import tui_fixtures
 
     before = summarize(tui_fixtures.fsdp2_ranks(), span_s=None).runs[0]

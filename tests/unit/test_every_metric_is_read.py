@@ -19,18 +19,19 @@ from pathlib import Path
 import msgspec
 
 from gputop.combine import PHASES
-from gputop.model.stats import RankStats
+from gputop.model.rank_stats import RankStats
 from gputop.protocol import Window
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gputop"
-DASHBOARD_SIDE = ["model", "diagnose", "tui", "collect", "report.py", "recording.py"]
-SHOWN_BY = ["tui", "diagnose", "report.py", "model/figures.py"]  # where figures reach the user
+DASHBOARD_SIDE = ["model", "diagnose", "tui", "collect", "report"]
+SHOWN_BY = ["tui", "diagnose", "report", "model/figures.py"]  # where figures reach the user
 
 
 def names_read(paths: list[Path], *, skip: Path | None = None) -> set[str]:
     """Attribute names accessed, and string constants (``getattr(w, "rss_bytes")``), in these files."""
     found: set[str] = set()
     for root in paths:
+        assert root.exists(), f"{root} is gone: say where its code went"
         for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
             if path == skip:
                 continue
@@ -44,6 +45,7 @@ def names_read(paths: list[Path], *, skip: Path | None = None) -> set[str]:
 
 def names_used(root: Path) -> set[str]:
     """The plain names (imported functions and constants) these files use."""
+    assert root.exists(), f"{root} is gone: say where its code went"
     return {
         node.id
         for path in ([root] if root.is_file() else sorted(root.rglob("*.py")))
@@ -81,7 +83,7 @@ def test_every_rank_figure_reaches_a_view_a_report_or_a_rule() -> None:
     # A step's phases reach the phase bars, the report, the exporter and the straggler rule through their
     # one declaration (gputop.combine.PHASES), which those views iterate: a phase declared there is shown.
     assert {"PHASES", "phase_seconds"} <= names_used(PACKAGE / "tui") and "OWN_PHASES" in names_used(
-        PACKAGE / "report.py"
+        PACKAGE / "report"
     )
     read = names_read([PACKAGE / p for p in SHOWN_BY]) | {p.seconds for p in PHASES}
     unread = [f.name for f in msgspec.structs.fields(RankStats) if f.name not in read]

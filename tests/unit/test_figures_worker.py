@@ -6,7 +6,7 @@ import threading
 
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import AlertTracker
-from gputop.diagnose.live import LivePipeline
+from gputop.diagnose.pipeline import LivePipeline
 from gputop.model.snapshot import Snapshot
 from gputop.model.source import FixedSource
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed

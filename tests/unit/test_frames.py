@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gputop import recording
+from gputop.collect import recording
 from gputop.collect.capture_relay import CaptureRelay
 from gputop.collect.connection import Connection, Intake
 from gputop.collect.store import HISTORY_STACKS, Store

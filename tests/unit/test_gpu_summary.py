@@ -9,7 +9,7 @@ from gputop.collect.store import Store
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
 from gputop.protocol import Hello
-from gputop.report_gpus import format_gpu_summary_text
+from gputop.report.gpus import format_gpu_summary_text
 
 
 def reading(index: int, util: float, mem_gb: int, power_w: float, *pids: int) -> GpuReading:

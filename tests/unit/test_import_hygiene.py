@@ -42,7 +42,7 @@ def test_the_dashboard_never_loads_the_reporter() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["gputop.cli", "gputop.collect.live", "gputop.tui.app", "gputop.report", "gputop.recording"]
+    "module", ["gputop.cli", "gputop.collect.live", "gputop.tui.app", "gputop.report", "gputop.collect.recording"]
 )
 def test_the_dashboard_side_never_imports_torch(module: str) -> None:
     assert "torch" not in top_level(modules_after(f"import {module}"))

@@ -8,14 +8,14 @@ import time
 
 import psutil
 
-from gputop import lifeline
+from gputop.processes import lifeline
 from tests.support.collectors import wait_for
 from tests.support.processes import exited_pid
 
 # Tied to the pid in argv[1], then stuck for good in a blocking read that no signal ends.
 STUCK = """
 import os, sys
-from gputop import lifeline
+from gputop.processes import lifeline
 if not lifeline.leave_with(int(sys.argv[1]), code=7):
     sys.exit(3)
 print("tied", flush=True)

@@ -6,7 +6,7 @@ import pytest
 
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import AlertTracker
-from gputop.diagnose.live import LivePipeline
+from gputop.diagnose.pipeline import LivePipeline
 from gputop.model.figures import Figures
 from tests.support.diagnose_fixtures import SLOW_LOADER, make_snapshot
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gputop import auth, recording
+from gputop import auth
 from gputop.address import Address
+from gputop.collect import recording
 from gputop.collect.gpu import GpuSampler
 from gputop.collect.nvml import Nvml
 from gputop.collect.server import Collector

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gputop.procfs import children_of, descendants_of
+from gputop.processes.procfs import children_of, descendants_of
 
 pytestmark = pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
                                 reason="this kernel has no /proc/<pid>/task/<tid>/children")  # fmt: skip

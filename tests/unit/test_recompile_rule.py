@@ -8,7 +8,7 @@ from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.diagnose.rules.recompile import stall_beyond_compiles
 from gputop.model.figures import summarize
-from gputop.model.stats import RankStats
+from gputop.model.rank_stats import RankStats
 from gputop.protocol import Event, Hello
 from tests.support.diagnose_fixtures import T0, RankSpec, rank_windows
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gputop import recording
+from gputop.collect import recording
 from gputop.protocol import Bye, Hello
 from tests.support.recordings import write_run
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gputop import cli, recording
+from gputop import cli
+from gputop.collect import recording
 from gputop.collect.gpu import GpuSampler
 from gputop.collect.nvml import Nvml
 from gputop.protocol import Hello, Window

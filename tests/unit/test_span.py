@@ -9,8 +9,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gputop.model.rank_stats import RankStats, recent
 from gputop.model.span import SpanFigures
-from gputop.model.stats import RankStats, recent
 from gputop.model.sums import rank_stats
 from gputop.protocol import Window
 from gputop.sketch import sketch_bucket

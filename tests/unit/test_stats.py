@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputop.combine import count_steps
+from gputop.model.rank_stats import recent
 from gputop.model.statistics import leave_one_out_medians, median
-from gputop.model.stats import recent
 from gputop.model.sums import rank_stats
 from gputop.protocol import Window
 from gputop.reporter.clock import StepMark

@@ -9,7 +9,7 @@ from pathlib import Path
 
 SCRIPT = """
 import os, sys
-from gputop.yielding import yield_to_training
+from gputop.processes.yielding import yield_to_training
 done = yield_to_training()
 print(os.nice(0), "|", "; ".join(done))
 """

@@ -22,7 +22,7 @@ from gputop.diagnose.grading import doc_anchor, grade_above, measured
 from gputop.diagnose.thresholds import RECOMPILE_CRITICAL_FRAC, RECOMPILE_MIN_COUNT, RECOMPILE_WARN_FRAC
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
-from gputop.model.stats import RankStats
+from gputop.model.rank_stats import RankStats
 
 RECOMPILE_EVENT = "recompile"  # the reporter's event for each of the first few recompiles: function and reason
 

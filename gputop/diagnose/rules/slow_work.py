@@ -85,14 +85,14 @@ def masked_outside_work(ranks: list[RankFigures]) -> tuple[RankFigures, float] |
     its own-time excess, when exactly one rank's outside time exceeds the
     others' median by the line and its own work still takes longer than theirs.
     """
-    others_other = leave_one_out_medians([r.stats.other_s or 0.0 for r in ranks])
+    others_outside = leave_one_out_medians([r.stats.other_s or 0.0 for r in ranks])
     others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
     found: list[tuple[RankFigures, float]] = []
-    for rank, other, own in zip(ranks, others_other, others_own, strict=True):
+    for rank, outside, own in zip(ranks, others_outside, others_own, strict=True):
         step = rank.stats.step_time_mean_s
-        if rank.stats.other_s is None or other is None or own is None or not step:
+        if rank.stats.other_s is None or outside is None or own is None or not step:
             continue
-        if (rank.stats.other_s - other) / step > STRAGGLER_WAIT_WARN_FRAC and (rank.own_s or 0.0) > own:
+        if (rank.stats.other_s - outside) / step > STRAGGLER_WAIT_WARN_FRAC and (rank.own_s or 0.0) > own:
             found.append((rank, ((rank.own_s or 0.0) - own) / step))
     return found[0] if len(found) == 1 else None
 

@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from gputop.procfs import RunQueueWait, children_of, is_comm_thread, schedstat_s, thread_name
+from gputop.processes.procfs import RunQueueWait, children_of, is_comm_thread, schedstat_s, thread_name
 from gputop.reporter.clock import StepMark
 
 _PROC = "/proc"

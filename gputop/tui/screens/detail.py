@@ -17,8 +17,8 @@ from gputop.combine import phase_seconds
 from gputop.model.collectives import size_text
 from gputop.model.figures import SPAN_S
 from gputop.model.frames import rank_frames
+from gputop.model.rank_stats import RankStats
 from gputop.model.snapshot import RankView
-from gputop.model.stats import RankStats
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
 from gputop.tui.view import DashboardView

@@ -23,7 +23,7 @@ from gputop.model.frames import span_frames
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.jobs import job_ids, job_text
 from gputop.model.snapshot import LOST, Snapshot
-from gputop.report_gpus import format_gpu_summary_text
+from gputop.report.gpus import format_gpu_summary_text
 
 
 def _ms(seconds: float | None) -> float | None:
