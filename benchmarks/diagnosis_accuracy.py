@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gputop import recording
 from gputop.address import Address
+from gputop.collect import recording
 from gputop.collect.live import LiveSource
 from gputop.collect.store import Store
 from gputop.diagnose.persistence import Diagnoser

@@ -627,8 +627,8 @@ def check_cuda_contexts() -> list[Row]:
 
 def check_ddp_timings() -> list[Row]:
     """DDP's forward, backward and exchange times on NCCL are measurements: non-zero wherever a window has them."""
+    from gputop.collect.recording import read
     from gputop.protocol import Event, Window
-    from gputop.recording import read
 
     with recording() as (port, path):
         run_job("bf16", steps=2000, port=port)
@@ -723,8 +723,8 @@ def check_fsdp2() -> list[Row]:
     rank = only_rank(report)
     collectives = {(c["kind"], c["group"]): c for c in rank.get("collectives") or ()}
     loss = collectives.get(("all_reduce", "world")) or collectives.get(("all_reduce", "dp"))
+    from gputop.collect.recording import read
     from gputop.protocol import Event
-    from gputop.recording import read
 
     reasons = [e.value.message for e in read(path) if isinstance(e.value, Event) and e.value.kind == "not_measured"]
     counted = loss is not None and loss["calls_per_step"] >= 1 and loss["bytes_per_step"] > 0
