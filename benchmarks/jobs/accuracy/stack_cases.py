@@ -180,7 +180,8 @@ def fsdp2_healthy(seconds: float) -> None:
 
     At the example's batch of 16, gloo's all-gathers (which the training thread waits out on the CPU) were
     20% of each step: "too little work per step at batch 16 … at batch 64 it would be about 7%" (issue #35's
-    quiet run), true of the numbers and no healthy job.  At 64 the same exchange is a healthy share.
+    quiet run).  At 64 they are 12% (the projection is a floor of the share: compute grows less than the
+    batch), so on gloo this job reads communication: a healthy FSDP2 job on a GPU, not on these CPUs.
     """
     _fsdp2_train(seconds, ModelArgs(n_layers=4, dim=128), batch_size=64)
 
