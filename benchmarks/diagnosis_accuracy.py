@@ -75,6 +75,8 @@ class Case:
     # Only theirs: a rank that waits for a hung one goes silent before it reports its last steps (gloo holds the
     # GIL in the all-reduce), and that is part of what the case shows, not a premise that failed.
     premise_step: int = 0
+    # Why the case's premise needs a GPU, where it does ("" where it does not): a run on the CPU is then void.
+    gpu_premise: str = ""
     # The ranks a right verdict names as the cause (the finding's "ranks", see named_ranks): what a user reads
     # and goes to fix.  () for a cause no one rank has (a rotating straggler);
     # None where the job does not decide which ranks (a healthy job, a neighbour the kernel places).
@@ -206,7 +208,16 @@ CASES: tuple[Case, ...] = (
     ),
     # Stacks beyond DDP (issue #34), written as their public examples are (jobs/accuracy/stack_cases.py) and
     # scored before any rule was tuned to them.
-    Case("fsdp2_healthy", HEALTHY, "pytorch/examples' FSDP2 Transformer: fully_shard per block, AdamW", unseen=True),
+    Case(
+        "fsdp2_healthy",
+        HEALTHY,
+        "pytorch/examples' FSDP2 Transformer: fully_shard per block, AdamW",
+        unseen=True,
+        # Healthy where FSDP2 issues its all-gathers on a stream of their own and computes meanwhile.  On gloo the
+        # training thread waits every one out: 20% of each step at the example's batch 16, 12% at 64 (measured
+        # by the collective tap, issue #35), so on the CPU the job is not healthy and nothing scores the rules.
+        gpu_premise="FSDP2 hides its all-gathers behind compute only on a GPU (gloo's block the training thread)",
+    ),
     Case(
         "fsdp2_straggler_metric_rank1",
         "straggler",
@@ -281,6 +292,7 @@ class RunResult:
     # Why the case's premise did not happen in this run (its hang's step never reached, its onset never
     # written): then the run is void, scored neither right nor wrong.  "" when it happened.
     void: str = ""
+    on_cpu: bool = False  # every rank reported its device as the CPU
     # The ranks the scored finding names as the cause (the top one's; under allocation first, the case's own
     # finding's), and the ranks the case says a right one names (None: not checked).
     named: tuple[int, ...] = ()
@@ -315,8 +327,10 @@ def named_ranks(finding: dict[str, Any]) -> tuple[int, ...]:
     return tuple(sorted(int(r) for r in finding.get("ranks") or ()))
 
 
-def premise_missing(case: Case, steps: tuple[int, ...], onset_path: Path) -> str:
+def premise_missing(case: Case, steps: tuple[int, ...], onset_path: Path, *, on_cpu: bool = False) -> str:
     """Why a run of ``case`` never set up what it tests, or "" when it did."""
+    if case.gpu_premise and on_cpu:
+        return f"{case.gpu_premise}; this run was on the CPU"
     own = [steps[rank] for rank in case.ranks or () if rank < len(steps)] or list(steps)  # steps: rank order
     if case.premise_step and (not own or min(own) < case.premise_step):
         reached = min(own) if own else 0
@@ -388,7 +402,7 @@ def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "
     report = gputop_report(rec_path)
     onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
     result = result_of(case, run, report, wall_s, condition)
-    void = premise_missing(case, result.steps, onset_path)
+    void = premise_missing(case, result.steps, onset_path, on_cpu=result.on_cpu)
     return replace(result, onset_to_finding_s=onset_s, before_onset=before, void=void)
 
 
@@ -405,7 +419,7 @@ def rescore(case: Case, folder: Path, run: int, condition: str) -> RunResult | N
     onset_path = folder / f"{case.name}.{run}.onset"
     onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
     result = result_of(case, run, gputop_report(rec_path), 0.0, condition)
-    void = premise_missing(case, result.steps, onset_path)
+    void = premise_missing(case, result.steps, onset_path, on_cpu=result.on_cpu)
     return replace(result, onset_to_finding_s=onset_s, before_onset=before, void=void)
 
 
@@ -450,6 +464,7 @@ def result_of(case: Case, run: int, report: dict[str, Any], wall_s: float, condi
         top_title=top["title"] if top else "",
         findings=tuple(f"{f['severity']} {f['cause']}: {f['title']} {list(named_ranks(f))}" for f in findings),
         steps=tuple(int(r["steps"] or 0) for r in ranks),
+        on_cpu=bool(ranks) and all(r.get("device") == "cpu" for r in ranks),
         wall_s=round(wall_s, 1),
         named=named_ranks(scored_finding) if scored_finding is not None else (),
         ranks_expected=case.ranks,

@@ -117,3 +117,22 @@ def test_every_case_says_which_ranks_or_why_not() -> None:
             assert case.ranks is None, case.name
         if "rank1" in case.name or "rank0" in case.name:
             assert case.ranks == ((1,) if "rank1" in case.name else (0,)), case.name
+
+
+def test_a_case_whose_premise_needs_a_gpu_is_void_on_the_cpu(tmp_path: Path) -> None:
+    """FSDP2 hides its all-gathers only on a GPU: on gloo the "healthy" example exposes them, and is not scored."""
+    case = bench.Case("fsdp2_healthy", bench.HEALTHY, "FSDP2", gpu_premise="FSDP2 overlaps only on a GPU")
+    cpu = report(finding("communication", [0, 1]))
+    for r in cpu["runs"][0]["ranks"]:
+        r["device"] = "cpu"
+    result = bench.result_of(case, 1, cpu, 20.0)
+    assert result.on_cpu
+    assert bench.premise_missing(case, result.steps, tmp_path / "none", on_cpu=result.on_cpu) == (
+        "FSDP2 overlaps only on a GPU; this run was on the CPU"
+    )
+    gpu = report()
+    for r in gpu["runs"][0]["ranks"]:
+        r["device"] = "cuda:0"
+    result = bench.result_of(case, 1, gpu, 20.0)
+    assert not result.on_cpu and bench.premise_missing(case, result.steps, tmp_path / "none") == ""
+    assert result.right
