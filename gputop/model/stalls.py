@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gputop.model.statistics import median
 from gputop.protocol import Window
 from gputop.sketch import sketch_value_s
 
@@ -45,9 +46,14 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
 
     Counts and durations come from the merged sketch (every step, 1% accurate);
     where the time went from each window's slowest steps: their loader wait,
-    and, in the windows that hold a stall, this rank's exposed comm.  A rank
-    that waits in the all-reduce while another stops shows the same long steps
-    as the one that stopped, but its stall time is comm: that tells them apart.
+    and, around the windows that hold a stall, this rank's exposed comm beyond
+    its usual.  A rank that waits in the all-reduce while another stops shows
+    the same long steps as the one that stopped, but its stall time is comm:
+    that tells them apart.  Around, not in: DDP's logger reports an iteration's
+    times at the next iteration's forward, so a reporter tick that falls
+    between them (one overdue after gloo let go of the GIL, on a busy machine)
+    puts a waiting rank's long exchange in the window before or after the one
+    that holds its long step.
     """
     line_s = STALL_FACTOR * p50_s
     count, total_s, excess_s = 0, 0.0, 0.0
@@ -58,10 +64,11 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
             count += n
             total_s += n * value
             excess_s += n * (value - p50_s)
-    named_s = named_loader_s = window_excess_s = window_comm_s = 0.0
+    named_s = named_loader_s = window_excess_s = 0.0
     numbers: set[int] = set()
     since_first: list[Window] = []  # the windows with steps from the first that holds a stall on
-    for w in windows:
+    near: set[int] = set()  # indexes of the windows that hold a stall and their neighbours
+    for index, w in enumerate(windows):
         stalled = [(d, loader) for d, loader in w.slow_steps if d >= line_s]
         if w.steps and (stalled or since_first):
             since_first.append(w)
@@ -71,22 +78,37 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
             numbers.update(n for (d, _), n in zip(w.slow_steps, w.slow_step_numbers, strict=True) if d >= line_s and n)
         named_s += sum(d for d, _ in stalled)
         named_loader_s += sum(loader for _, loader in stalled)
-        comm_s = window_waits_s(w)
-        if comm_s is not None:
-            window_excess_s += sum(d - p50_s for d, _ in stalled)
-            window_comm_s += comm_s
+        window_excess_s += sum(d - p50_s for d, _ in stalled)
+        near.update((index - 1, index, index + 1))
+    window_comm_s = waits_beyond_usual_s(windows, near)
     period, regular = stall_period(sorted(numbers))
     return Stalls(
         steps=count,
         mean_s=total_s / count if count else None,
         frac=excess_s / step_sum_s if step_sum_s > 0 else 0.0,
         loader_frac=named_loader_s / named_s if named_s > 0 else None,
-        in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 else None,
+        in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 and window_comm_s is not None
+        else None,
         period_steps=period,
         regular=regular,
         level_shift=len(since_first) >= LEVEL_SHIFT_WINDOWS
         and all(w.step_time_p50_s is not None and w.step_time_p50_s >= line_s for w in since_first),
     )
+
+
+def waits_beyond_usual_s(windows: Sequence[Window], near: set[int]) -> float | None:
+    """Seconds the ``near`` windows waited in communication beyond the rank's usual per step (the median over
+    the other windows, 0 where there are none); None where none of them says."""
+    waits = [window_waits_s(w) for w in windows]
+    usual = median([c / _iterations(w) for i, (w, c) in enumerate(zip(windows, waits, strict=True))
+                    if c is not None and i not in near]) or 0.0  # fmt: skip
+    beyond = [max(waits[i] - usual * _iterations(windows[i]), 0.0) for i in sorted(near) if
+              0 <= i < len(windows) and waits[i] is not None]  # fmt: skip
+    return sum(beyond) if beyond else None
+
+
+def _iterations(w: Window) -> int:
+    return w.ddp_steps or w.timed or 1
 
 
 def window_waits_s(w: Window) -> float | None:
@@ -103,7 +125,7 @@ def window_waits_s(w: Window) -> float | None:
     tapped = sum(c.exposed_s or 0.0 for c in w.collectives) if w.collectives else None
     if w.exposed_comm_s is None:
         return tapped
-    phases_s = w.exposed_comm_s * (w.ddp_steps or w.timed or 1)
+    phases_s = w.exposed_comm_s * _iterations(w)
     return max(phases_s, tapped or 0.0) if w.phases_from == "ddp" else phases_s
 
 
