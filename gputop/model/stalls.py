@@ -87,8 +87,9 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
         mean_s=total_s / count if count else None,
         frac=excess_s / step_sum_s if step_sum_s > 0 else 0.0,
         loader_frac=named_loader_s / named_s if named_s > 0 else None,
-        in_comm_frac=min(window_comm_s / window_excess_s, 1.0) if window_excess_s > 0 and window_comm_s is not None
-        else None,
+        in_comm_frac=None
+        if window_comm_s is None or window_excess_s <= 0
+        else min(window_comm_s / window_excess_s, 1.0),
         period_steps=period,
         regular=regular,
         level_shift=len(since_first) >= LEVEL_SHIFT_WINDOWS
@@ -102,8 +103,11 @@ def waits_beyond_usual_s(windows: Sequence[Window], near: set[int]) -> float | N
     waits = [window_waits_s(w) for w in windows]
     usual = median([c / _iterations(w) for i, (w, c) in enumerate(zip(windows, waits, strict=True))
                     if c is not None and i not in near]) or 0.0  # fmt: skip
-    beyond = [max(waits[i] - usual * _iterations(windows[i]), 0.0) for i in sorted(near) if
-              0 <= i < len(windows) and waits[i] is not None]  # fmt: skip
+    beyond = []
+    for i in sorted(near):
+        wait = waits[i] if 0 <= i < len(windows) else None
+        if wait is not None:
+            beyond.append(max(wait - usual * _iterations(windows[i]), 0.0))
     return sum(beyond) if beyond else None
 
 

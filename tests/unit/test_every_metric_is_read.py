@@ -82,9 +82,7 @@ def test_every_window_field_is_read_on_the_dashboard_side() -> None:
 def test_every_rank_figure_reaches_a_view_a_report_or_a_rule() -> None:
     # A step's phases reach the phase bars, the report, the exporter and the straggler rule through their
     # one declaration (gputop.combine.PHASES), which those views iterate: a phase declared there is shown.
-    assert {"PHASES", "phase_seconds"} <= names_used(PACKAGE / "tui") and "OWN_PHASES" in names_used(
-        PACKAGE / "report"
-    )
+    assert {"PHASES", "phase_seconds"} <= names_used(PACKAGE / "tui") and "OWN_PHASES" in names_used(PACKAGE / "report")
     read = names_read([PACKAGE / p for p in SHOWN_BY]) | {p.seconds for p in PHASES}
     unread = [f.name for f in msgspec.structs.fields(RankStats) if f.name not in read]
     assert unread == [], f"RankStats figures nothing shows or judges: {unread}"

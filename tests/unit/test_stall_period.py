@@ -97,9 +97,7 @@ def test_a_rank_that_waits_in_its_own_all_reduce_through_anothers_stop_waited_it
     assert rank_stats(with_ddp).stall_in_comm_frac > 0.9  # beyond its usual 10 ms a step of DDP's exchange
     # DDP's logger reports an iteration at the next forward: under a neighbour the 1.6-s exchange came in the
     # window before the long step, which had no DDP figures at all (issue #35's neighbour run, rank 1).
-    lagged = [
-        replace(w, comm_s=0.01, ddp_steps=5, phases_from="ddp") if w.slow_steps[0][0] < 1 else w for w in plain
-    ]
+    lagged = [replace(w, comm_s=0.01, ddp_steps=5, phases_from="ddp") if w.slow_steps[0][0] < 1 else w for w in plain]
     lagged = [replace(w, comm_s=1.5) if i in (1, 4, 7) else w for i, w in enumerate(lagged)]
     assert rank_stats(lagged).stall_in_comm_frac > 0.9
     # The rank that stopped: its exchange as usual around its stops.
