@@ -13,7 +13,6 @@ from gputop.collect.server import Collector
 from gputop.collect.store import Store
 from tests.support.collectors import TOKEN
 
-
 # A suite started in the background of a non-interactive shell (`cmd &` in a script, CI runners) inherits
 # SIGINT ignored, and so would every `gputop record`/`demo` the tests start and then stop with Ctrl-C's signal:
 # they would never hear it.  Handled here, the children start with SIGINT's default again (exec resets handlers,
