@@ -100,6 +100,8 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
 def waits_beyond_usual_s(windows: Sequence[Window], near: set[int]) -> float | None:
     """Seconds the ``near`` windows waited in communication beyond the rank's usual per step (the median over
     the other windows, 0 where there are none); None where none of them says."""
+    if not near:  # no stall: the usual rank on every refresh, whose windows need not be read at all
+        return None
     waits = [window_waits_s(w) for w in windows]
     usual = median([c / _iterations(w) for i, (w, c) in enumerate(zip(windows, waits, strict=True))
                     if c is not None and i not in near]) or 0.0  # fmt: skip
