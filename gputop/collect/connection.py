@@ -282,7 +282,7 @@ class Connection(asyncio.BufferedProtocol):
         challenge, token = self._challenge, self._intake.token
         assert challenge is not None
         try:
-            reply: Any = auth.decode_frame(line)
+            reply: auth.HandshakeFrame | None = auth.decode_frame(line)
         except auth.HandshakeError:
             reply = None
         if not isinstance(reply, auth.Auth):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import msgspec
 
@@ -26,10 +26,13 @@ class _Head(msgspec.Struct):
     v: Any = PROTOCOL_VERSION
 
 
+T = TypeVar("T")
+
+# Annotated: msgspec's stubs type a Decoder of a class, and of a Union only as Decoder[Any].
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Message)
-_upstream_decoder = msgspec.json.Decoder(Upstream)
-_command_decoder = msgspec.json.Decoder(Command)
+_decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)
+_upstream_decoder: msgspec.json.Decoder[Upstream] = msgspec.json.Decoder(Upstream)
+_command_decoder: msgspec.json.Decoder[Command] = msgspec.json.Decoder(Command)
 _head_decoder = msgspec.json.Decoder(_Head)
 _VERSION_PREFIX = b'{"v":%d,' % PROTOCOL_VERSION
 
@@ -46,15 +49,15 @@ def encode(message: Message | Gpus | Command) -> bytes:
 
 def decode(frame: bytes | str) -> Message:
     """Parse and check one frame; raise ProtocolError saying what is wrong with it."""
-    return _decode_with(_decoder, frame)  # type: ignore[no-any-return]
+    return _decode_with(_decoder, frame)
 
 
 def decode_upstream(frame: bytes | str) -> Upstream:
     """Parse and check one frame a connection sent the collector: a rank's message or a host's GPUs."""
-    return _decode_with(_upstream_decoder, frame)  # type: ignore[no-any-return]
+    return _decode_with(_upstream_decoder, frame)
 
 
-def _decode_with(decoder: msgspec.json.Decoder[Any], frame: bytes | str) -> Any:
+def _decode_with(decoder: msgspec.json.Decoder[T], frame: bytes | str) -> T:
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     try:
@@ -81,10 +84,11 @@ def decode_command(frame: bytes | str) -> Command:
         raise ProtocolError(f"not JSON: {exc}") from None
 
 
-def from_dict(obj: Any) -> Message:
+def from_dict(obj: object) -> Message:
     """A message from an already parsed JSON object (a recording's line), checked like a frame."""
     try:
-        return msgspec.convert(obj, Message, str_keys=True)
+        message: Message = msgspec.convert(obj, Message, str_keys=True)  # Any in the stubs, for a Union
+        return message
     except msgspec.ValidationError as exc:
         raise ProtocolError(_reason(exc, obj.get("v", PROTOCOL_VERSION) if isinstance(obj, dict) else None)) from None
 
@@ -99,7 +103,7 @@ def _near(frame: bytes | str, error: str) -> str:
     return f", in field {keys[-1].decode()}" if keys else ""
 
 
-def _reason(exc: msgspec.ValidationError, version: Any) -> str:
+def _reason(exc: msgspec.ValidationError, version: object) -> str:
     """msgspec's message in this protocol's words where they differ."""
     if version != PROTOCOL_VERSION:
         return f"protocol version {version!r}, expected {PROTOCOL_VERSION}"

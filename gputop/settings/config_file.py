@@ -47,11 +47,12 @@ def read(path: Path | None = None) -> dict[str, object]:
     """The file's table, as TOML reads it ({} when there is no file); ConfigFileError when it is unreadable."""
     path = path or config_path()
     try:
-        return tomllib.loads(path.read_text())
+        table: dict[str, object] = tomllib.loads(path.read_text())  # Any where tomli is not installed
     except FileNotFoundError:
         return {}
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"ignoring {path}: {exc}") from None
+    return table
 
 
 def load(path: Path | None = None) -> dict[str, object]:
