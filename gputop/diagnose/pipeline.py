@@ -18,17 +18,26 @@ source (never waiting for a capture: its result comes back in a later snapshot).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gputop.diagnose.alerts import Alert, AlertTracker, FindingsToRanks
 from gputop.diagnose.autocapture import AutoCapture
 from gputop.diagnose.findings import Finding
-from gputop.diagnose.persistence import Diagnoser
 from gputop.model.figures import SPAN_S, Figures, summarize
 from gputop.model.snapshot import Snapshot
 from gputop.model.span import SpanFigures
 from gputop.protocol import CaptureRequest, FindingBrief
+
+
+class DiagnoserLike(Protocol):
+    """What the pipeline asks of its diagnoser: a refresh's figures in, the findings to show out.
+
+    ``Diagnoser`` (the persistent rules); a test's stand-in returns findings it was given.
+    """
+
+    def update(self, figures: Figures) -> Sequence[Finding]: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class LivePipeline:
     def __init__(
         self,
         *,
-        diagnoser: Diagnoser | None = None,
+        diagnoser: DiagnoserLike | None = None,
         alerts: AlertTracker | None = None,
         auto_capture: AutoCapture | None = None,
         span_s: float = SPAN_S,

@@ -27,10 +27,9 @@ from textual import events
 from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 
-from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import AutoCapture
-from gputop.diagnose.pipeline import LivePipeline
+from gputop.diagnose.pipeline import DiagnoserLike, LivePipeline
 from gputop.model.source import SnapshotSource, TalksToRanks
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
 from gputop.tui.main_screen import SHORT_HEIGHT, MainScreenApp
@@ -42,7 +41,7 @@ from gputop.tui.terminal import exit_when_the_terminal_goes
 from gputop.tui.time_travel import Past
 from gputop.tui.view import DashboardView
 
-DiagnoserFactory = Callable[[], Diagnoser]
+DiagnoserFactory = Callable[[], DiagnoserLike]
 
 
 class GputopApp(MainScreenApp):
