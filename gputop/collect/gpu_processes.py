@@ -95,7 +95,7 @@ class ProcessReader:
             c_name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
             if self.nvml.is_missing(c_name):
                 continue
-            listed = reads.get_with(
+            listed: list[ProcessEntry] | None = reads.get_with(
                 field, c_name, lambda h, c_name=c_name, sizes=sizes: list_processes(lib, h, c_name, sizes),
                 record=field == "processes",
             )  # fmt: skip

@@ -34,7 +34,8 @@ from gputop.demos.scenarios import SCENARIOS, Scenario, fitted, usable_cores
 from gputop.demos.teardown import LEFT_WITH_THE_DEMO, exit_without_teardown, leave_with_the_demo
 
 
-class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+# misc: a subclass of Any where torch is not installed (`make check`); unused-ignore: where it is.
+class SyntheticData(Dataset[tuple[torch.Tensor, torch.Tensor]]):  # type: ignore[misc, unused-ignore]
     """Random samples from a fixed pool, fetched a batch at a time, with an optional delay per batch.
 
     ``__getitems__`` lets the DataLoader fetch a whole batch in one call, so

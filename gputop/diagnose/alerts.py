@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gputop.diagnose.findings import SEVERITIES, Finding, FindingKey
+from gputop.diagnose.findings import SEVERITIES, Finding, FindingKey, Severity
 from gputop.protocol import MAX_FINDINGS_NOTICED, FindingBrief
 
 HOLD_S = 30.0  # a finding must hold half a minute before it rings: the panel already shows blips
@@ -50,7 +50,7 @@ class Alert:
 class _State:
     finding: Finding
     since_t: float
-    alerted_severity: str | None = None  # None: not alerted yet
+    alerted_severity: Severity | None = None  # None: not alerted yet
 
 
 class AlertTracker:
@@ -80,7 +80,7 @@ class AlertTracker:
                 continue
             if state.alerted_severity is None:
                 kind: AlertKind = "raised"
-            elif SEVERITIES.index(finding.severity) > SEVERITIES.index(state.alerted_severity):  # type: ignore[arg-type]
+            elif SEVERITIES.index(finding.severity) > SEVERITIES.index(state.alerted_severity):
                 kind = "worsened"
             else:
                 continue

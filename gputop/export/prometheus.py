@@ -54,7 +54,7 @@ class PrometheusExporter:
             hint = "pip install 'gputop-train[prometheus]'"
             raise ExporterError(f"--prometheus needs prometheus-client: {hint}") from None
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # type: ignore[arg-type]  # a collector is anything with collect()
+        registry.register(self)  # a collector is anything with collect()
         try:
             self._server, _ = start_http_server(self.port, addr=self.host, registry=registry)
         except OSError as exc:

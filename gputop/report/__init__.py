@@ -238,7 +238,7 @@ def _cell(key: str) -> Callable[[dict[str, Any]], str]:
     return lambda row: _fmt(row.get(key))
 
 
-_COLUMNS = (
+_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("rank", "rank", lambda r: _fmt(r["rank"])),
     ("status", "status", lambda r: r["status"]),
     ("steps", "steps", lambda r: _fmt(r["steps"])),
