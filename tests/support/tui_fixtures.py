@@ -223,7 +223,7 @@ def big_run(*, n_windows: int = 20) -> Snapshot:
                 ),
                 now,
             )
-    intruder = {3: (GpuProcess(pid=9999, used_bytes=2 * GIB, name="jupyter"),)}
+    intruder: dict[int, tuple[GpuProcess, ...]] = {3: (GpuProcess(pid=9999, used_bytes=2 * GIB, name="jupyter"),)}
     _gpu_samples(store, 8, n_windows // 2, intruder)
     return store.snapshot(T0 + n_windows * WINDOW_S)
 

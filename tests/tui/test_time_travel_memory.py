@@ -20,8 +20,10 @@ def test_a_past_view_keeps_its_figures_and_the_drawn_history() -> None:
     assert past.snapshot.t == view.snapshot.t and past.snapshot.gpu_history is view.snapshot.gpu_history
     assert past.series(focused) is drawn
     assert past.rank(focused) == view.rank(focused)
-    assert past.figures.rank(other).stats is view.figures.rank(other).stats
-    assert past.rank(other).windows == () and past.figures.rank(other).windows == ()
+    past_figures, view_figures, past_rank = past.figures.rank(other), view.figures.rank(other), past.rank(other)
+    assert past_figures is not None and view_figures is not None and past_rank is not None
+    assert past_figures.stats is view_figures.stats
+    assert past_rank.windows == () and past_figures.windows == ()
 
 
 async def test_views_older_than_the_newest_hold_no_undrawn_windows() -> None:

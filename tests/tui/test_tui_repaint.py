@@ -55,7 +55,7 @@ REFRESH_S = 0.2  # slow enough that figures keep up (a header saying "figures ev
 REFRESH_WAIT_S = 10.0
 
 
-async def until(pilot: Pilot[None], done: Callable[[], bool]) -> float:
+async def until(pilot: Pilot[int], done: Callable[[], bool]) -> float:
     """Pause until ``done()`` (at most REFRESH_WAIT_S); the seconds waited.
 
     Figures come at most at 5% of a core's duty: on a busy machine one slow
@@ -92,7 +92,7 @@ async def test_a_title_repaints_only_when_it_changes() -> None:
         app = await shown(pilot)
         box = app.findings_box
         refreshes: list[object] = []
-        box.refresh = lambda *a, **k: refreshes.append(a)  # type: ignore[method-assign]
+        box.refresh = lambda *a, **k: refreshes.append(a) or box  # type: ignore[method-assign]
         set_border_title(box, "findings (2)")
         set_border_title(box, "findings (2)")
         assert len(refreshes) == 1
@@ -132,7 +132,7 @@ async def test_a_moving_finding_repaints_its_panel_without_laying_out_the_screen
 
     monkeypatch.setattr(Screen, "_refresh_layout", counting_refresh_layout)
     source = FixedSource(fx.two_ranks())
-    app = GputopApp(source, refresh_s=REFRESH_S, diagnoser_factory=CountingDiagnoser)  # type: ignore[arg-type]
+    app = GputopApp(source, refresh_s=REFRESH_S, diagnoser_factory=CountingDiagnoser)
     async with app.run_test(size=(160, 48)) as pilot:
         await shown(pilot)
         await pilot.pause(3 * REFRESH_S)
@@ -160,7 +160,11 @@ class TestTheRunChartRepaintsTheLinesThatChanged:
             for second in range(1, 4):
                 unavailable = GpuSample(t=snapshot.t + second, unavailable="NVML library not found")
                 source.set(replace(snapshot, gpu_history=(*snapshot.gpu_history, unavailable)))
-                await until(pilot, lambda t=unavailable.t: app.chart.gpu_history[-1].t == t)
+
+                def arrived(t: float = unavailable.t) -> bool:
+                    return app.chart.gpu_history[-1].t == t
+
+                await until(pilot, arrived)
             assert app.chart.gpu_history[-1].t == snapshot.t + 3, "the chart never got the new samples"
             assert not repainted["run-chart"], f"{repainted['run-chart']} chart lines repainted for the same lines"
 

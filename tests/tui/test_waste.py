@@ -39,7 +39,8 @@ async def test_a_runs_idle_gpu_hours_show_in_the_header_the_report_and_the_expor
     assert run["idle_gpus"] == {"gpu_hours_per_hour": pytest.approx(0.6), "gpus": 2, "money_per_hour": 1.8}
     assert "its 2 GPUs sit idle 0.6 GPU-hours every hour (1.80 an hour" in report.render(snapshot, "text", (), 3.0)
     family = {f.spec.name: f for f in families(figures, [], gpu_hostname="node0")}["gputop_run_idle_gpu_hours_per_hour"]
-    assert family.samples == ((("run",), pytest.approx(0.6)),)
+    ((labels, value),) = family.samples
+    assert labels == ("run",) and value == pytest.approx(0.6)
     app = GputopApp(FixedSource(snapshot), refresh_s=FAST_S, diagnoser_factory=lambda: FakeDiagnoser())
     async with app.run_test(size=(160, 50)) as pilot:
         await shown(pilot)

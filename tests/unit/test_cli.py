@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
@@ -10,7 +11,6 @@ import sys
 import pytest
 
 from gputop import cli
-from gputop.cli import demo as cli_demo
 from tests.support.processes import exited_pid, gputop
 from tests.support.recordings import write_run
 
@@ -82,10 +82,8 @@ def test_record_on_a_port_in_use_is_one_line(tmp_path) -> None:
 
 
 def test_demo_without_torch_is_one_line(monkeypatch, capsys) -> None:
-    real = cli_demo.importlib.util.find_spec
-    monkeypatch.setattr(
-        cli_demo.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
-    )
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     assert cli.main(["demo", "--headless", "--seconds", "1"]) == 1
     assert capsys.readouterr().err.strip() == (
         "gputop: `gputop demo` runs a real PyTorch job and needs torch: pip install 'gputop-train[torch]'"

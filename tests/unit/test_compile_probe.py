@@ -14,7 +14,9 @@ pytestmark = needs_torch
 
 
 def test_a_function_fed_three_shapes_under_dynamic_false_recompiles_twice() -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
+    import torch
+
     from gputop.reporter.probes.compile import CompileProbe
 
     probe = CompileProbe()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gputop.collect.store import Store
-from gputop.diagnose import diagnose
+from gputop.diagnose import Finding, diagnose
 from gputop.model.figures import summarize
 from gputop.model.samples import GpuProcess, GpuSample
 from gputop.model.snapshot import Snapshot
@@ -32,7 +32,7 @@ def data_parallel_run(*, first_util: float, first_mem_gib: float, other_util: fl
     return store.snapshot(fx.T0 + 20 * fx.WINDOW_S)
 
 
-def dp_findings(snapshot: Snapshot) -> list:
+def dp_findings(snapshot: Snapshot) -> list[Finding]:
     return [f for f in diagnose(summarize(snapshot)) if f.extra.get("rule") == "data_parallel"]
 
 
@@ -42,7 +42,8 @@ def test_the_gpu_panel_shows_the_rank_under_each_of_its_gpus() -> None:
     (row,) = view.rank_rows
     assert row.gpu == "0+3"
     # Its figures are its first GPU's, where outputs gather; no GPU counts as idle or unassigned.
-    assert view.figures.runs[0].ranks[0].gpu.index == 0
+    gpu = view.figures.runs[0].ranks[0].gpu
+    assert gpu is not None and gpu.index == 0
     assert not [f for f in diagnose(view.figures) if f.cause == "allocation"]
 
 

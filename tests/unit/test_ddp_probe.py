@@ -23,7 +23,7 @@ from gputop.reporter.probes.ddp import (
     DdpProbe,
     ddp_settings,
 )
-from gputop.tui.view import na_reasons
+from gputop.tui.na import na_reasons
 
 MS = 1e6  # DDP logs nanoseconds
 

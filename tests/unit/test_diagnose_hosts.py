@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.support.diagnose_fixtures import RankSpec, findings_of, make_snapshot
 
-FAST = {"forward_frac": 0.2, "backward_frac": 0.3, "comm_frac": 0.45, "overlap_frac": 0.05}
-SLOW = {"forward_frac": 0.35, "backward_frac": 0.55, "comm_frac": 0.06, "overlap_frac": 0.05}
+FAST = RankSpec(forward_frac=0.2, backward_frac=0.3, comm_frac=0.45, overlap_frac=0.05)
+SLOW = RankSpec(forward_frac=0.35, backward_frac=0.55, comm_frac=0.06, overlap_frac=0.05)
 
 
 def cluster(slow_ranks: set[int], hosts: int = 3, per_host: int = 2) -> list[RankSpec]:
     return [
-        RankSpec(rank=r, **(SLOW if r in slow_ranks else FAST), hello={"hostname": f"node-{r // per_host}"})
+        replace(SLOW if r in slow_ranks else FAST, rank=r, hello={"hostname": f"node-{r // per_host}"})
         for r in range(hosts * per_host)
     ]
 
@@ -33,6 +35,6 @@ def test_one_slow_rank_is_named_with_its_host() -> None:
 
 
 def test_a_single_host_run_reads_as_before() -> None:
-    specs = [RankSpec(rank=r, **(SLOW if r == 1 else FAST)) for r in range(4)]  # all on node0
+    specs = [replace(SLOW if r == 1 else FAST, rank=r) for r in range(4)]  # all on node0
     (straggler,) = [f for f in findings_of(make_snapshot(specs)) if f.cause == "straggler"]
     assert straggler.title.startswith("rank 1 is slow") and "hostname" not in straggler.extra

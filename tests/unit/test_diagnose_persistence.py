@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gputop.diagnose import Diagnoser, Finding
+from gputop.diagnose import Cause, Diagnoser, Finding, Severity
 from gputop.model.figures import summarize
 from tests.support.diagnose_fixtures import make_snapshot, two_ranks
 
@@ -22,7 +22,7 @@ def feed_all(
     return [diagnoser.feed(fired, i * refresh_s) for i, fired in enumerate(updates)]
 
 
-def finding(severity: str = "warn", ranks: tuple[int, ...] = (0, 1), cause: str = "data_loading") -> Finding:
+def finding(severity: Severity = "warn", ranks: tuple[int, ...] = (0, 1), cause: Cause = "data_loading") -> Finding:
     return Finding(cause=cause, severity=severity, title="t", suggestion="s", ranks=ranks, run_id="run")
 
 
@@ -59,13 +59,16 @@ class TestPersistence:
 class TestSeverityHysteresis:
     def test_escalates_after_three_and_calms_after_five(self) -> None:
         diagnoser = Diagnoser()
-        fired = ["warn"] * 3 + ["critical"] * 3 + ["warn"] * 5
+        warn: Severity = "warn"
+        critical: Severity = "critical"
+        fired = [warn] * 3 + [critical] * 3 + [warn] * 5
         shown = feed_all(diagnoser, [[finding(s)] for s in fired])
         assert [f[0].severity for f in shown[2:]] == ["warn"] * 3 + ["critical"] * 5 + ["warn"]
 
     def test_one_critical_window_does_not_escalate(self) -> None:
         diagnoser = Diagnoser()
-        shown = feed_all(diagnoser, [[finding(s)] for s in ["warn", "warn", "warn", "critical", "warn"]])
+        severities: list[Severity] = ["warn", "warn", "warn", "critical", "warn"]
+        shown = feed_all(diagnoser, [[finding(s)] for s in severities])
         assert [f[0].severity for f in shown[2:]] == ["warn", "warn", "warn"]
 
     def test_while_calming_down_the_words_stay_with_the_severity_shown(self) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from gputop.collect.store import Store
 from gputop.diagnose import CAUSES, SEVERITIES, diagnose, thresholds
 from gputop.model.figures import summarize
+from gputop.model.snapshot import Snapshot
 from gputop.protocol import Hello, Window
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "diagnosis.md"
@@ -80,7 +81,7 @@ def hellos(draw: st.DrawFn, rank: int, world: int) -> Hello:
 
 
 @st.composite
-def snapshots(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+def snapshots(draw: st.DrawFn) -> Snapshot:
     store = Store()
     world = draw(st.integers(min_value=1, max_value=4))
     for rank in range(world):
@@ -92,7 +93,7 @@ def snapshots(draw: st.DrawFn):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots(), st.floats(min_value=0.5, max_value=1e6))
-def test_diagnose_never_raises_and_findings_are_well_formed(snapshot, span_s: float) -> None:  # type: ignore[no-untyped-def]
+def test_diagnose_never_raises_and_findings_are_well_formed(snapshot: Snapshot, span_s: float) -> None:
     findings = diagnose(summarize(snapshot, span_s=span_s))
     for finding in findings:
         assert finding.cause in CAUSES and finding.severity in SEVERITIES

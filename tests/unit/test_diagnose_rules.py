@@ -383,8 +383,8 @@ class TestParallelism:
         the other's wait, a slower rank's doing, is not what more work per step
         would shrink (a metric after the optimizer step on rank 1 read so).
         """
-        shape = {"forward_frac": 0.3, "backward_frac": 0.4, "overlap_frac": 0.02}
-        specs = [RankSpec(rank=0, comm_frac=0.17, **shape), RankSpec(rank=1, comm_frac=0.04, **shape)]
+        shape = RankSpec(forward_frac=0.3, backward_frac=0.4, overlap_frac=0.02)
+        specs = [replace(shape, rank=0, comm_frac=0.17), replace(shape, rank=1, comm_frac=0.04)]
         findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 32}))
         assert by_cause(findings, "parallelism") == [], findings
 
@@ -394,9 +394,9 @@ class TestParallelism:
         Both ranks wait in the exchange, in turn, for the other's longer batch:
         what is left of the exchange without those waits is under its line.
         """
-        shape = {"forward_frac": 0.3, "backward_frac": 0.4, "comm_frac": 0.2, "overlap_frac": 0.02, "ready_frac": 0.3}
-        specs = [RankSpec(rank=0, ready_extra_frac=(0.2, 0.0), **shape),
-                 RankSpec(rank=1, ready_extra_frac=(0.0, 0.2), **shape)]  # fmt: skip
+        shape = RankSpec(forward_frac=0.3, backward_frac=0.4, comm_frac=0.2, overlap_frac=0.02, ready_frac=0.3)
+        specs = [replace(shape, rank=0, ready_extra_frac=(0.2, 0.0)),
+                 replace(shape, rank=1, ready_extra_frac=(0.0, 0.2))]  # fmt: skip
         findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 16}))
         assert by_cause(findings, "parallelism") == [], findings
         assert any(f.cause == "straggler" and f.extra.get("phase") == "rotating" for f in findings), findings

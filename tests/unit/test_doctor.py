@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 from gputop.collect.server import Collector
-from gputop.doctor import check_collector, check_socket
+from gputop.doctor.connect import check_collector, check_socket
 from tests.support.collectors import TOKEN
 
 

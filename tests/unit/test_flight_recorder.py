@@ -6,6 +6,7 @@ import json
 import sys
 import time
 import types
+from typing import Any
 
 import msgspec
 import pytest
@@ -23,7 +24,7 @@ from tests.support.collectors import snapshot_of, wait_for
 from tests.support.frames import T0, hung_run, stacks, with_stacks
 
 # What torch 2.13's _dump_fr_trace_json() gives on gloo (fields trimmed to those read, plus a few).
-ENTRY = {
+ENTRY: dict[str, Any] = {  # a dump's entry, as torch writes it
     "collective_seq_id": 40, "is_p2p": False, "op_id": 40, "pg_id": 0, "process_group": ["0", "default_pg"],
     "profiling_name": "gloo:all_reduce", "record_id": 39, "retired": True, "state": "scheduled",
     "time_created_ns": 1_795_611_157_473_351_693, "timeout_ms": 1_800_000,
@@ -76,7 +77,8 @@ class TestReading:
         message = Stacks(run_id="r", rank=1, t=T0, samples=0, collective=Collective("nccl:all_reduce", 7, "started"))
         assert decode(encode(message)) == message
         older = Stacks(run_id="r", rank=1, t=T0, samples=0)
-        assert decode(encode(older)).collective is None
+        decoded = decode(encode(older))
+        assert isinstance(decoded, Stacks) and decoded.collective is None
 
 
 def fake_torch(monkeypatch: pytest.MonkeyPatch, **c10d: object) -> None:

@@ -54,7 +54,7 @@ def test_the_table_survives_odd_messages() -> None:
 
 
 def test_a_check_that_breaks_is_a_row_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken() -> list[gpu_check.Row]:
+    def broken() -> list[object]:  # gpu_check.Row: the script is loaded from its file, untyped
         raise RuntimeError("no nvidia-smi in this container")
 
     monkeypatch.setitem(gpu_check.CHECKS, "nvml", gpu_check.Check(broken, 1))

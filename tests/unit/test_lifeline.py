@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -48,7 +49,7 @@ def test_tying_to_a_process_that_is_gone_says_so_and_starts_nothing() -> None:
 
 def test_the_poll_fallback_leaves_too(monkeypatch) -> None:
     """Without pidfd_open (not Linux, an old kernel), a poll finds the exit."""
-    monkeypatch.delattr(lifeline.os, "pidfd_open")
+    monkeypatch.delattr(os, "pidfd_open")  # the os module lifeline asks
     monkeypatch.setattr(lifeline, "POLL_S", 0.05)
     left: list[int] = []
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -516,6 +517,6 @@ def test_concurrent_builds_are_safe(monkeypatch, tmp_path):
 def test_missing_compiler_is_explained(monkeypatch, tmp_path):
     monkeypatch.setattr(standin, "CACHE", tmp_path)
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(standin.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # the module the stand-in looks the compiler up with
     with pytest.raises(RuntimeError, match="needs a C compiler: apt-get install gcc"):
         standin.build()

@@ -26,8 +26,9 @@ def test_children_and_grandchildren_are_found() -> None:
         deadline = time.monotonic() + 10
         while not children_of(child.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        (grandchild,) = children_of(child.pid) or [None]
-        assert grandchild is not None
+        children = children_of(child.pid)
+        assert children is not None and len(children) == 1, children
+        (grandchild,) = children
         assert child.pid in (children_of(os.getpid()) or [])
         assert descendants_of(child.pid) == [grandchild]
     finally:

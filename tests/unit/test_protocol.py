@@ -8,12 +8,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputop.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION, Bye, Event, Hello, ProtocolError, Window, decode, encode
+from gputop.protocol import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    Bye,
+    Event,
+    Hello,
+    Message,
+    ProtocolError,
+    Window,
+    decode,
+    encode,
+)
 from gputop.sketch import legacy_hist_to_sketch, sketch_bucket, sketch_quantile_s, sketch_quantiles_s, sketch_value_s
 
 
 def test_every_message_type_round_trips() -> None:
-    messages = [
+    messages: list[Message] = [
         Hello(run_id="r", rank=1, world_size=2, device="cuda:0", device_uuid="GPU-abc", loader_pin_memory=True),
         Window(run_id="r", rank=1, seq=3, t0=1.0, t1=1.5, steps=4, step_sketch={40: 4}, comm_s=0.01, overlap_s=0.002),
         Event(run_id="r", rank=1, t=2.0, kind="error", message="ddp_stats: KeyError"),
@@ -29,7 +40,8 @@ def test_none_means_not_measured_and_is_left_off_the_wire() -> None:
     frame = encode(Window(run_id="r", rank=0, seq=1, t0=0.0, t1=0.5))
     obj = json.loads(frame)
     assert "comm_s" not in obj and "mem_peak_bytes" not in obj
-    assert decode(frame).comm_s is None
+    decoded = decode(frame)
+    assert isinstance(decoded, Window) and decoded.comm_s is None
 
 
 @pytest.mark.parametrize(

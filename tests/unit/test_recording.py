@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_merged_windows_report_what_the_full_recording_reports(tmp_path) -> None
     assert [f["cause"] for f in full["findings"]] == [f["cause"] for f in merged["findings"]]
 
 
-def _assert_same_ranks(full: dict, merged: dict) -> None:
+def _assert_same_ranks(full: dict[str, Any], merged: dict[str, Any]) -> None:
     """Every per-rank figure of the report equal (floats within 2%: p50/p95 become step-weighted means)."""
     for a, b in zip(full["runs"][0]["ranks"], merged["runs"][0]["ranks"], strict=True):
         for key, value in a.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from gputop.cli import parse_args
 from gputop.doctor.in_force import check_settings
 from gputop.reporter import node_sampler, stacks
 from gputop.settings import config_file
+from gputop.settings.setting import positive_number
 from tests.support.processes import run_script
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -40,12 +42,13 @@ class TestPrecedence:
 
     def test_each_source_in_turn(self) -> None:
         everywhere = settings.Setting(key="x_s", meaning="", default=1.0, kind="seconds", env="GPUTOP_X_S",
-                                      parse=float, flags=("--x",), from_file=float)  # fmt: skip
+                                      parse=float, flags=("--x",), from_file=positive_number)  # fmt: skip
         env, flags, file = {"GPUTOP_X_S": "2"}, {"x_s": 3.0}, {"x_s": 4.0}
         assert everywhere.reading(env, flags, file).value == 3.0
         assert everywhere.reading(env, {}, file).value == 2.0
         assert everywhere.reading({}, {}, file).value == 4.0
         assert everywhere.reading({}, {"x_s": None}, {}).value == 1.0  # argparse's None: the flag was not given
+        each: tuple[tuple[Mapping[str, str], Mapping[str, object], Mapping[str, object]], ...]
         each = ((env, flags, file), (env, {}, file), ({}, {}, file), ({}, {}, {}))
         assert [everywhere.reading(*sources).source for sources in each] == ["flag", "env", "file", "default"]
 

@@ -190,7 +190,7 @@ def test_merged_windows_keep_a_thinned_run_of_the_same_steps() -> None:
     assert by_number[40] == ws[3].ready_s[-1]
     assert merged.ready_forward_s == ()  # no forwards timed: none made up
     assert (
-        ready_steps_kept([(5, 0.1, -1.0)] * 40) == [(5, 0.1, -1.0)] * READY_STEPS_KEPT
+        ready_steps_kept([(5, 0.1, -1.0, -1)] * 40) == [(5, 0.1, -1.0, -1)] * READY_STEPS_KEPT
     )  # one number many times: no loop
     timed = windows(0, jitter(1, 100), forward_s=[n / 1e4 for n in range(1, 101)])
     both = merge_windows(timed)

@@ -37,7 +37,7 @@ def window_fields(draw: st.DrawFn) -> dict[str, Any]:
         "step_time_sum_s": sum(step_times),
         "step_time_p50_s": draw(maybe_duration),
         "step_time_p95_s": draw(maybe_duration),
-        "step_time_max_s": max(step_times) if step_times and draw(st.booleans()) else None,
+        "step_time_max_s": max(step_times) if bool(step_times) and draw(st.booleans()) else None,
         "step_sketch": sketch,
         "slow_steps": tuple(sorted(((d, draw(durations)) for d in step_times[:3]), reverse=True)),
         "loader_wait_s": draw(durations),

@@ -80,7 +80,8 @@ def test_run_history_holds_the_charts_seconds_however_long_the_run() -> None:
     store.ingest(late, now)
     after = store.snapshot(now).runs[0].history
     index = int(late.t1 - after.first_s)
-    assert after.samples_per_s[index] == history.samples_per_s[index] + 64
+    before = history.samples_per_s[index]
+    assert before is not None and after.samples_per_s[index] == before + 64
     timed = 10  # the second's own two windows of five steps
     step_s = history.step_time_s[index]
     assert step_s is not None
