@@ -61,7 +61,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 check: $(VENV)/.dev-installed
 	$(BIN)/ruff check gputop tests demos benchmarks
 	$(BIN)/ruff format --check gputop tests demos benchmarks
-	$(BIN)/mypy gputop
+	$(BIN)/mypy gputop tests
 	$(BIN)/lint-imports
 
 # Every GPU-side claim checked on a real GPU (benchmarks/gpu_check.py); exits 2 where there is none.
