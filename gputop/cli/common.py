@@ -9,12 +9,14 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gputop.address import Address, resolve
 
 if TYPE_CHECKING:
     from gputop.collect.recording import Recorder
+    from gputop.export.prometheus import PrometheusExporter
+    from gputop.model.source import SnapshotSource
 
 EXIT_ERROR = 1
 
@@ -42,7 +44,7 @@ def listen_address(args: argparse.Namespace) -> Address:
     return address
 
 
-def start_prometheus(args: argparse.Namespace, source: Any) -> Any:
+def start_prometheus(args: argparse.Namespace, source: SnapshotSource) -> PrometheusExporter | None:
     """The Prometheus endpoint over the source's snapshots, started; None when not asked for."""
     if not args.prometheus:
         return None

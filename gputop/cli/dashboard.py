@@ -6,18 +6,19 @@ import argparse
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gputop import settings
 from gputop.cli.common import listen_address, start_prometheus
 
 if TYPE_CHECKING:
     from gputop.collect.live import LiveSource
+    from gputop.model.source import SnapshotSource
 
 REMEMBERED = (settings.REFRESH_S.key, settings.THEME.key)  # what a flag here sets for the next start too
 
 
-def run_dashboard(source: Any, args: argparse.Namespace, notice: str | None = None) -> int:
+def run_dashboard(source: SnapshotSource, args: argparse.Namespace, notice: str | None = None) -> int:
     """Show a started source until the user quits; the caller owns the source's start and stop.
 
     ``--refresh`` and ``--theme`` given here are remembered in the config file (gputop.settings.config_file)

@@ -7,11 +7,12 @@ import concurrent.futures
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gputop.cli.common import listen_address, log_to_stderr, open_recorder, sigterm_interrupts, start_prometheus
 
 if TYPE_CHECKING:
+    from gputop.collect.live import LiveSource
     from gputop.protocol import CaptureRequest, CaptureResult
 
 ALERT_CHECK_S = 1.0  # how often `record --on-finding` diagnoses: the dashboard refreshes twice as often
@@ -60,7 +61,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def record_with_alerts(
-    source: Any,
+    source: LiveSource,
     seconds: float,
     command: str,
     hold_s: float,

@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gputop.cli.common import UsageError, UserError
+
+if TYPE_CHECKING:
+    from gputop.collect.store import Store
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -25,7 +28,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def load(path: Path) -> tuple[Any, float, list[str]]:
+def load(path: Path) -> tuple[Store, float, list[str]]:
     """A recording's store and last time, with a note for each damaged line skipped; one line if unreadable."""
     from gputop.collect import recording
 

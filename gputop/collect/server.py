@@ -19,7 +19,7 @@ import contextlib
 import os
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gputop import auth
 from gputop.address import Address, AddressError, default_socket_path, ensure_private_dir
@@ -28,6 +28,9 @@ from gputop.collect.connection import Connection, DisconnectListener, Intake, Me
 from gputop.collect.store import Store
 from gputop.processes.procfs import name_this_thread
 from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
+
+if TYPE_CHECKING:
+    import ssl
 
 
 class Collector:
@@ -51,7 +54,7 @@ class Collector:
         self._ready = threading.Event()
         self._server: asyncio.base_events.Server | None = None
         self.captures = CaptureRelay()  # profiler capture requests down to ranks, results back
-        self._ssl: Any = None
+        self._ssl: ssl.SSLContext | None = None
         self._intake = Intake(
             store=store,
             captures=self.captures,
@@ -98,7 +101,7 @@ class Collector:
         """Tell the run's connected ranks the findings shown for it now (they log them); any thread."""
         self.captures.notify_findings_from_thread(run_id, findings, self._loop)
 
-    def _ssl_context(self) -> Any:
+    def _ssl_context(self) -> ssl.SSLContext | None:
         if not (self.address.is_tcp and self.security.tls_server):
             return None
         import ssl
