@@ -34,10 +34,13 @@ older ``pytorch_lightning`` package.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gputop
 from gputop.reporter import add_loader_wait
+
+if TYPE_CHECKING:
+    from gputop.reporter.reporter import Reporter
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -139,7 +142,7 @@ class GputopCallback(Callback):  # type: ignore[misc, unused-ignore]
             self._paused_s = None
 
 
-def _reporter() -> Any:
+def _reporter() -> Reporter | None:
     from gputop.reporter import _get
 
     return _get()

@@ -27,12 +27,15 @@ import contextlib
 import sys
 import time
 from types import FrameType, SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 import gputop
 from gputop.reporter import add_loader_wait
+
+if TYPE_CHECKING:
+    from gputop.reporter.reporter import Reporter
 
 FRAMES_SEARCHED = 12  # the Trainer's frame is 3 to 4 up from a callback: CallbackHandler.call_event, on_train_begin
 
@@ -105,7 +108,7 @@ def _loader_settings(args: Any) -> SimpleNamespace:
     )
 
 
-def _reporter() -> Any:
+def _reporter() -> Reporter | None:
     from gputop.reporter import _get
 
     return _get()

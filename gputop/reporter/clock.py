@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -67,6 +67,12 @@ def input_numel(args: Any, kwargs: Any) -> int:
         return -1
 
 
+class GpuSteps(Protocol):
+    """What times a step on the GPU (``RankCuda``): told at every step's end."""
+
+    def record_step(self) -> None: ...
+
+
 class StepClock:
     """Collects step marks and loader waits from the training thread."""
 
@@ -74,7 +80,7 @@ class StepClock:
         self.marks: deque[tuple[Any, ...]] = deque(maxlen=MAX_PENDING_STEPS)  # StepMark fields, in order
         self.errors = 0  # failures swallowed on the training thread
         # Set by the reporter when the model is on one CUDA device: a RankCuda, which keeps the step events.
-        self.gpu_steps: Any = None
+        self.gpu_steps: GpuSteps | None = None
         # Forwards of the watched model (its pre-hook counts them), and the count at the last step mark:
         # the stack sampler tells "after the optimizer step" from "before it" by whether they differ.
         self.forwards = 0
@@ -225,8 +231,9 @@ class StepClock:
         """
         if now is None:
             now = _perf()
-        if self.gpu_steps is not None:
-            self._record_gpu_step()
+        gpu_steps = self.gpu_steps
+        if gpu_steps is not None:
+            self._record_gpu_step(gpu_steps)
         last = self._last_mark_s
         self._last_mark_s = now
         end = self.forward_end_s
@@ -245,9 +252,9 @@ class StepClock:
         self._optimizer_s = 0.0
         self.forwards_at_mark = self.forwards
 
-    def _record_gpu_step(self) -> None:
+    def _record_gpu_step(self, gpu_steps: GpuSteps) -> None:
         try:
-            self.gpu_steps.record_step()
+            gpu_steps.record_step()
         except Exception:
             self.errors += 1
             self.gpu_steps = None  # keep timing steps without GPU events

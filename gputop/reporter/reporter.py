@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from gputop import settings
@@ -82,7 +83,7 @@ class Reporter(ReporterThread):
         # Every CUDA device a watched model was on, kept until the reporter thread drops their events at exit.
         self._cuda_devices: dict[int, RankCuda] = {}
         self._train_forwards = 0  # forwards with autograd on: micro-batches, counted on the training thread
-        self._grad_enabled: Any = None  # torch.is_grad_enabled, once a model is watched
+        self._grad_enabled: Callable[[], bool] | None = None  # torch.is_grad_enabled, once a model is watched
         # Set by the reporter thread when the dashboard asks for a profile; the training thread's step marks drive it.
         self._capture: ProfilerCapture | None = None
         # The collectives torch.distributed's Python API issues, timed once a model is watched in a process group.

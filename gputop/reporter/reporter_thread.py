@@ -21,6 +21,7 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gputop import __version__
@@ -78,7 +79,7 @@ class ReporterThread:
     _probes: tuple[Probe, ...]  # replaced whole (never mutated) by the training thread
     _train_tid: int
     _train_ident: int
-    _grad_enabled: Any
+    _grad_enabled: Callable[[], bool] | None  # torch.is_grad_enabled, once a model is watched
     _train_forwards: int
     _cuda_devices: dict[int, RankCuda]
     # Set here when the dashboard asks for a profile; the training thread's step marks drive it.
@@ -95,7 +96,7 @@ class ReporterThread:
         self._failed_probes: set[str] = set()
         self._reasons_said: set[tuple[str, str]] = set()  # (probe, why not measured), each sent once
         self._train_forwards_sent = 0  # _train_forwards at the last window
-        self._ddp_settings_learned: Any = None  # the DDP probe's settings last put into the hello
+        self._ddp_settings_learned: object = None  # the DDP probe's settings last put into the hello (by identity)
         self._clock_errors_reported = 0
         self._refusal_said = False
         self._stop = threading.Event()
