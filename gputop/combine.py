@@ -164,7 +164,7 @@ OWN_PHASES: tuple[Phase, ...] = tuple(p for p in PHASES if p.name not in ("expos
 EXPOSED_COMM = next(p for p in PHASES if p.name == "exposed_comm")
 
 
-def phase_seconds(figures: Any) -> dict[str, float | None]:
+def phase_seconds(figures: object) -> dict[str, float | None]:
     """A step split into its phases, seconds a step (None: not measured); an unmeasured optional phase is left out.
 
     ``figures``: anything with the phases' ``seconds`` attributes (``RankStats``).

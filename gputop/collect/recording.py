@@ -78,7 +78,7 @@ class Recorder:
         self.merge_after_s, self.merge_s = merge_after_s, merge_s
         self._pending: dict[tuple[str, int], list[tuple[Window, float]]] = {}  # windows waiting to be merged
         self._pending_stacks: dict[tuple[str, int], list[tuple[Stacks, float]]] = {}  # and stack samples
-        header: dict[str, Any] = {
+        header: dict[str, object] = {
             "type": "recording",
             "version": RECORDING_VERSION,
             "gputop_version": __version__,
@@ -146,7 +146,7 @@ class Recorder:
         with self._lock:
             self._file.close()
 
-    def _write(self, obj: dict[str, Any]) -> None:
+    def _write(self, obj: dict[str, object]) -> None:
         line = json.dumps(obj, separators=(",", ":")) + "\n"
         with self._lock:
             if not self._file.closed:

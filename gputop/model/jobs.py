@@ -6,14 +6,12 @@ or "pod trainer-0" finds it under that name, not only under gputop's run id.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gputop.protocol import Hello
 
 JOB_FIELDS = ("slurm_job_id", "slurm_step_id", "slurm_nodelist", "k8s_pod", "k8s_namespace", "elastic_run_id")
 
 
-def job_ids(hello: Hello) -> dict[str, Any]:
+def job_ids(hello: Hello) -> dict[str, str]:
     """The job-id fields a rank reported (absent ones left out)."""
     return {name: getattr(hello, name) for name in JOB_FIELDS if getattr(hello, name) is not None}
 

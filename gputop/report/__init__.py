@@ -222,7 +222,7 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2)
 
 
-def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+def _fmt(value: object, unit: str = "", digits: int = 1) -> str:
     if value is None:
         return "N/A"
     if isinstance(value, float):
