@@ -18,12 +18,17 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.pipeline import LivePipeline
 from gputop.export.metrics import Family, families
 from gputop.model.snapshot import Snapshot
+
+if TYPE_CHECKING:  # prometheus-client is optional: imported when the exporter starts
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import Metric
 
 REFRESH_S = 2.0  # two scrapers (an HA pair) within this share one computation
 
@@ -44,7 +49,7 @@ class PrometheusExporter:
         self._pipeline = LivePipeline(diagnoser=Diagnoser())  # used under self._lock
         self._lock = threading.Lock()  # prometheus-client may serve two scrapes at once
         self._refreshed_at = -float("inf")  # monotonic time of the last computation
-        self._server: Any = None
+        self._server: WSGIServer | None = None
         self.last_refresh_s = 0.0  # how long the last refresh took (figures + findings + families)
 
     def start(self) -> None:
@@ -74,7 +79,7 @@ class PrometheusExporter:
         self._families = families(update.figures, update.findings, gpu_hostname=self.gpu_hostname)
         self.last_refresh_s = time.perf_counter() - started
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         """Called by prometheus-client on each scrape: refresh if due, then encode the families."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
