@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from gputop.model.join import assign_ranks, child_pids_by_rank_pid, on_host_of
 from gputop.model.samples import GpuReading, GpuSample
 from gputop.model.snapshot import Snapshot
+
+
+class Unobserved(TypedDict):
+    """A process on a GPU that no rank reports, as the summary lists it."""
+
+    pid: int
+    name: str | None
+    max_used_bytes: int | None  # the most it held in any sample; None: never read
 
 
 @dataclass
@@ -37,7 +45,7 @@ class _Acc:
     other_namespace: set[int] = field(default_factory=set)  # PIDs NVML gave for its ranks' own processes
     na: dict[str, str] = field(default_factory=dict)
     ranks: set[tuple[str, int, str]] = field(default_factory=set)
-    unobserved: dict[int, dict[str, Any]] = field(default_factory=dict)
+    unobserved: dict[int, Unobserved] = field(default_factory=dict)
 
 
 LINKS = ("pcie_rx", "pcie_tx", "nvlink_rx", "nvlink_tx")
@@ -85,7 +93,7 @@ def summarize_gpus(samples: Sequence[GpuSample], snapshot: Snapshot | None = Non
                 acc.ranks.update((rv.run_id, rv.rank, rv.hello.hostname) for rv in assignment.ranks)
                 acc.other_namespace.update(p.pid for p in assignment.from_other_namespace)
                 for proc in assignment.unobserved:
-                    blank = {"pid": proc.pid, "name": proc.name, "max_used_bytes": None}
+                    blank: Unobserved = {"pid": proc.pid, "name": proc.name, "max_used_bytes": None}
                     seen = acc.unobserved.setdefault(proc.pid, blank)
                     if proc.used_bytes is not None:
                         seen["max_used_bytes"] = max(seen["max_used_bytes"] or 0, proc.used_bytes)
