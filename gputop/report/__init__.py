@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding, diagnose
@@ -136,18 +136,38 @@ def build(
     }
 
 
-def idle_entry(idle: tuple[float, int] | None, price_per_hour: float | None) -> dict[str, Any] | None:
+class _IdleEntry(TypedDict):
+    gpu_hours_per_hour: float
+    gpus: int
+
+
+class IdleEntry(_IdleEntry, total=False):
+    """A run's ``idle_gpus`` in the report."""
+
+    money_per_hour: float  # only at a price
+
+
+class CostEntry(TypedDict):
+    """A run's ``gputop_cost`` in the report; None: not accounted for."""
+
+    cpu_share_pct: float | None
+    reporter_cpu_pct_per_rank: float | None
+    hook_us_per_step: float | None
+    sent_bytes_per_s: float | None
+
+
+def idle_entry(idle: tuple[float, int] | None, price_per_hour: float | None) -> IdleEntry | None:
     """The run's idle GPU-hours every hour (``gputop.diagnose.waste.idle_gpus``), in money at a price."""
     if idle is None:
         return None
     hours, gpus = idle
-    out: dict[str, Any] = {"gpu_hours_per_hour": round(hours, 3), "gpus": gpus}
+    out: IdleEntry = {"gpu_hours_per_hour": round(hours, 3), "gpus": gpus}
     if price_per_hour is not None:
         out["money_per_hour"] = round(hours * price_per_hour, 2)
     return out
 
 
-def idle_text(idle: dict[str, Any] | None) -> str | None:
+def idle_text(idle: IdleEntry | None) -> str | None:
     """ "its 4 GPUs sit idle 1.3 GPU-hours every hour (3.25 an hour at the price given)"."""
     if idle is None:
         return None
@@ -158,7 +178,7 @@ def idle_text(idle: dict[str, Any] | None) -> str | None:
     return text
 
 
-def cost_entry(cost: GputopCost) -> dict[str, Any]:
+def cost_entry(cost: GputopCost) -> CostEntry:
     """What gputop cost a run, in the report's units."""
     hook = cost.hook_s_per_step
     return {
@@ -169,7 +189,7 @@ def cost_entry(cost: GputopCost) -> dict[str, Any]:
     }
 
 
-def cost_text(cost: dict[str, Any], process_cpu_pct: float | None) -> str | None:
+def cost_text(cost: CostEntry, process_cpu_pct: float | None) -> str | None:
     """ "gputop's own cost: 0.21% of the ranks' CPU ..." or None when no reporter accounted for itself."""
     if cost["cpu_share_pct"] is None and cost["hook_us_per_step"] is None:
         return None
