@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding
@@ -93,12 +93,25 @@ def _causes(findings: Sequence[Finding], run_id: str) -> dict[str, Finding]:
     return out
 
 
+class _Speed(TypedDict):
+    before_ms: float | None
+    after_ms: float | None
+    speedup_x: float | None
+    band_pct: float | None
+
+
+class Speed(_Speed, total=False):
+    """A run's step time before and after (``step`` in the JSON); None: a side timed no step."""
+
+    beyond_noise: bool  # only where both sides were timed
+
+
 def compare_runs(
     before: RunFigures, after: RunFigures, before_findings: Sequence[Finding], after_findings: Sequence[Finding]
 ) -> dict[str, Any]:
     """One run before and after, as plain data (what ``--format json`` prints)."""
     old, new = step_time(before), step_time(after)
-    speed: dict[str, Any] = {"before_ms": None, "after_ms": None, "speedup_x": None, "band_pct": None}
+    speed: Speed = {"before_ms": None, "after_ms": None, "speedup_x": None, "band_pct": None}
     if old is not None and new is not None and new.mean_s > 0:
         ratio = old.mean_s / new.mean_s
         relative = math.hypot(old.band_s / old.mean_s, new.band_s / new.mean_s) if old.mean_s else 0.0
@@ -185,9 +198,7 @@ def _round2(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def headline(
-    speed: dict[str, Any], phases: list[dict[str, Any]], was: dict[str, Finding], now: dict[str, Finding]
-) -> str:
+def headline(speed: Speed, phases: list[dict[str, Any]], was: dict[str, Finding], now: dict[str, Finding]) -> str:
     """ "steps 1.31x faster (182 -> 139 ms, +-2%); loader wait 37% -> 2%; data_loading cleared"."""
     parts = []
     if speed["speedup_x"] is not None:
