@@ -8,6 +8,12 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
+# The unit and dashboard tiers run in this many pytest-xdist workers: their tests are independent, and a third of
+# their time is spent waiting on the dashboard's refreshes.  The real jobs of tests/integration run one at a time:
+# their verdicts are timings, and two jobs at once on two cores would change what they measure.
+WORKERS ?= 3
+# FAST_TIER=0: `make test` runs tests/integration alone (CI, which runs the fast tier on Python 3.10 and 3.13 first).
+FAST_TIER ?= 1
 GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
@@ -39,15 +45,19 @@ demo: $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps
 
-# Everything: tests/unit, tests/tui and tests/integration (torchrun, Prometheus, namespaces, installs).
+# Everything: tests/unit and tests/tui in parallel, then tests/integration (real DDP jobs, Prometheus, namespaces,
+# installs) one test at a time.
 test: system-deps $(VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+ifneq ($(FAST_TIER),0)
+	$(BIN)/python -m pytest -n $(WORKERS) tests/unit tests/tui $(PYTEST_ARGS)
+endif
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 # The unit and dashboard tiers: no training job, no Prometheus, no namespaces; under a minute on
 # two cores (docs/performance.md).  Only a C compiler from the system, for the NVML stand-in.
 test-fast: $(VENV)/.installed
 	@bash scripts/system-deps cc
-	$(BIN)/python -m pytest tests/unit tests/tui $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) tests/unit tests/tui $(PYTEST_ARGS)
 
 # ruff (lint + format), mypy, and the import contracts in pyproject.toml ([tool.importlinter]).
 # They read the source: no torch, Lightning or Transformers needed, so this is seconds on a fresh clone

@@ -17,7 +17,7 @@ from gputop.diagnose import diagnose
 from gputop.model.figures import Figures, summarize
 from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,7 +29,7 @@ pytestmark = [
 
 def run_accelerate_job(collector: Collector, *args: str) -> tuple[Figures, str]:
     """Run accelerate_job.py with ``args`` to its end; the whole run's figures and what the job printed."""
-    out = finish(torchrun("accelerate_job.py", "--cpu", *args, port=collector.address.port), timeout_s=180)
+    out = finish(launch("accelerate_job.py", "--cpu", *args, port=collector.address.port), timeout_s=180)
     assert wait_for(lambda: [v.status for v in snapshot_of(collector).all_ranks()] == [DONE, DONE], timeout_s=30), out
     return summarize(snapshot_of(collector), span_s=None), out
 

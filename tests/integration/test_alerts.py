@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.support.collectors import wait_for
-from tests.support.processes import free_port, needs_torch
+from tests.support.processes import LAUNCH_RANKS, free_port, needs_torch
 
 
 @needs_torch
@@ -33,8 +33,8 @@ def test_record_on_finding_runs_the_command_with_the_finding_on_stdin(tmp_path) 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     job = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "gputop.demos.train", "--scenario", "slow_loader", "--seconds", "10"],
+        [sys.executable, str(LAUNCH_RANKS), "2", "-m", "gputop.demos.train",
+         "--scenario", "slow_loader", "--seconds", "10"],
         env={**__import__("os").environ, "GPUTOP_PORT": str(port)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]

@@ -38,7 +38,7 @@ from gputop.protocol import CaptureRequest, CaptureResult, OpTime, SampledFrame,
 from gputop.settings import config_file
 from tests.support.collectors import wait_for
 from tests.support.diagnose_fixtures import RankSpec, make_snapshot
-from tests.support.processes import JOBS, free_port, needs_torch
+from tests.support.processes import JOBS, LAUNCH_RANKS, free_port, needs_torch
 
 # Rank 1 waits 40% of each step for data; rank 0 waits for it in the all-reduce: a warn straggler on rank 1.
 SLOW_LOADER = [
@@ -294,7 +294,7 @@ def test_the_flag_is_in_the_help_of_record() -> None:
 
 
 def _rank_pids(recording: Path) -> list[int]:
-    """The ranks' pids, from the hellos in the recording (torchrun starts each rank in a session of its own)."""
+    """The ranks' pids, from the hellos in the recording (a rank left behind would be one of these)."""
     pids = []
     with contextlib.suppress(OSError):
         for line in recording.read_text().splitlines():
@@ -336,7 +336,7 @@ def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_
     env.pop("GPUTOP_SOCKET", None)
     record_cmd = [sys.executable, "-m", "gputop", "record", "--port", str(port), "--seconds", "900",
                   "-o", str(recording), "--on-finding", str(hook), "--alert-after", "2"]  # fmt: skip
-    job_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    job_cmd = [sys.executable, str(LAUNCH_RANKS), "2",
                str(JOBS / "ddp_job.py"), "--steps", "1000000", "--batch-size", "256", "--hidden", "1024",
                "--metric-ms", "30", "--stop-file", str(tmp_path / "stop")]  # fmt: skip
     # Files, not pipes: nothing can block on a full pipe, and no child left behind holds one open.
@@ -363,7 +363,7 @@ def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_
         finally:
             if job is not None and job.poll() is None:
                 _stop(job, signal.SIGTERM, 30)
-            for pid in _rank_pids(recording):  # ranks torchrun left behind, in sessions of their own
+            for pid in _rank_pids(recording):  # any rank left behind
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             _stop(record, signal.SIGINT, 60)  # the recorder closes the recording whole on SIGINT

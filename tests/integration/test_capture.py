@@ -19,7 +19,7 @@ from gputop.tui.app import GputopApp
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.widgets.captures import CapturePanel
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 # ~25 steps a second per rank on 2 shared cores: long enough to be asked, stopped by the test.
 ENDLESS = ("--steps", "1000000", "--delay-ms", "10")
@@ -27,7 +27,7 @@ ENDLESS = ("--steps", "1000000", "--delay-ms", "10")
 
 @pytest.fixture
 def endless_job(collector, tmp_path) -> Iterator[subprocess.Popen[str]]:
-    job = torchrun("ddp_job.py", *ENDLESS, port=collector.address.port, env={"GPUTOP_TRACE_DIR": str(tmp_path)})
+    job = launch("ddp_job.py", *ENDLESS, port=collector.address.port, env={"GPUTOP_TRACE_DIR": str(tmp_path)})
     try:
         assert wait_for(lambda: _live_ranks(collector) == 2, timeout_s=90), "the job never reported 2 live ranks"
         yield job
@@ -93,7 +93,7 @@ def test_a_failing_capture_says_why_and_training_goes_on(collector, tmp_path) ->
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     steps = 300
-    job = torchrun("ddp_job.py", "--steps", str(steps), "--delay-ms", "10", port=collector.address.port,
+    job = launch("ddp_job.py", "--steps", str(steps), "--delay-ms", "10", port=collector.address.port,
                    env={"GPUTOP_TRACE_DIR": str(not_a_folder)})  # fmt: skip
     try:
         assert wait_for(lambda: _live_ranks(collector) == 2, timeout_s=90)
@@ -109,7 +109,7 @@ def test_a_failing_capture_says_why_and_training_goes_on(collector, tmp_path) ->
 async def test_the_detail_screen_profiles_every_rank_and_shows_the_top_operators(tmp_path) -> None:
     source = LiveSource(Address(port=0), sample_interval_s=1.0)
     source.start()
-    job = torchrun("ddp_job.py", *ENDLESS, port=source.address.port, env={"GPUTOP_TRACE_DIR": str(tmp_path)})
+    job = launch("ddp_job.py", *ENDLESS, port=source.address.port, env={"GPUTOP_TRACE_DIR": str(tmp_path)})
     try:
         app = GputopApp(source, refresh_s=0.2)
         async with app.run_test(size=(140, 60)) as pilot:

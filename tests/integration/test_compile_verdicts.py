@@ -11,14 +11,14 @@ from gputop.diagnose.thresholds import RECOMPILE_WARN_FRAC
 from gputop.model.figures import summarize
 from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
 
 def compiled_job(collector: Collector, *args: str) -> tuple[list[Finding], str]:
     """Run compile_job.py with ``args``; the whole run's findings and what was measured, for the assert messages."""
-    finish(torchrun("compile_job.py", *args, port=collector.address.port), timeout_s=300)
+    finish(launch("compile_job.py", *args, port=collector.address.port), timeout_s=300)
     assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
     figures = summarize(snapshot_of(collector), span_s=None)
     measured = "; ".join(

@@ -1,4 +1,4 @@
-"""Real 2-rank torchrun (gloo) jobs reporting to a real collector."""
+"""Real 2-rank DDP (gloo) jobs reporting to a real collector."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gputop.collect.store import Store
 from gputop.model.snapshot import DONE
 from gputop.model.sums import rank_stats
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
@@ -30,7 +30,7 @@ def _all_done(collector: Collector, ranks: int = 2) -> bool:
 
 def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Collector) -> None:
     """Steps equal what the script ran; a 20 ms per-batch dataset shows >= 15 ms of loader wait per step."""
-    out = finish(torchrun("ddp_job.py", "--steps", "40", "--delay-ms", "20", port=collector.address.port))
+    out = finish(launch("ddp_job.py", "--steps", "40", "--delay-ms", "20", port=collector.address.port))
     assert "rank 0 steps 40" in out and "rank 1 steps 40" in out
     assert wait_for(lambda: _all_done(collector))
     (run,) = snapshot_of(collector).runs
@@ -63,7 +63,7 @@ def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(
     """
     steps = 120 // accumulate
     args = ("--steps", str(steps), "--delay-ms", "10", "--accumulate", str(accumulate))
-    out = finish(torchrun("ddp_job.py", *args, port=collector.address.port))
+    out = finish(launch("ddp_job.py", *args, port=collector.address.port))
     assert wait_for(lambda: _all_done(collector))
     (run,) = snapshot_of(collector).runs
     for view in run.ranks:
@@ -79,7 +79,7 @@ def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(
 @pytest.mark.parametrize("order", ["before", "after"])
 def test_manual_marks_beside_the_optimizer_hook_count_each_step_once(collector: Collector, order: str) -> None:
     """gputop.step() before or after optimizer.step(), from the first step on: 40 steps are 40, not 41."""
-    out = finish(torchrun("ddp_job.py", "--steps", "40", "--manual", order, port=collector.address.port))
+    out = finish(launch("ddp_job.py", "--steps", "40", "--manual", order, port=collector.address.port))
     assert "rank 1 steps 40" in out
     assert wait_for(lambda: _all_done(collector))
     counted = {
@@ -98,7 +98,7 @@ def test_collector_started_late_still_counts_every_step() -> None:
     assert port is not None
     probe.stop()  # keep the port number, free the port: the job starts with nobody listening
 
-    job = torchrun("ddp_job.py", "--steps", "150", "--delay-ms", "20", port=port)
+    job = launch("ddp_job.py", "--steps", "150", "--delay-ms", "20", port=port)
     time.sleep(3.0)
     late = Collector(Store(), Address(port=port))
     late.start()
@@ -130,7 +130,7 @@ def test_recorder_killed_and_restarted_mid_run_job_exits_zero(tmp_path) -> None:
 
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     recorder = record(first)
-    job = torchrun("ddp_job.py", "--steps", "250", "--delay-ms", "20", port=port)
+    job = launch("ddp_job.py", "--steps", "250", "--delay-ms", "20", port=port)
     assert wait_for(lambda: first.exists() and first.read_text().count('"type":"window"') >= 4, timeout_s=60)
     recorder.send_signal(signal.SIGKILL)
     recorder.wait()
@@ -153,7 +153,7 @@ def test_recorder_killed_and_restarted_mid_run_job_exits_zero(tmp_path) -> None:
 
 def test_watching_costs_nothing_when_disabled(collector: Collector) -> None:
     """GPUTOP_DISABLE=1 makes watch/track no-ops: the job runs and nothing connects."""
-    out = finish(torchrun("ddp_job.py", "--steps", "10", port=collector.address.port, env={"GPUTOP_DISABLE": "1"}))
+    out = finish(launch("ddp_job.py", "--steps", "10", port=collector.address.port, env={"GPUTOP_DISABLE": "1"}))
     assert "rank 1 steps 10" in out
     time.sleep(0.5)
     assert snapshot_of(collector).runs == ()
@@ -163,7 +163,7 @@ def test_dataloader_workers_never_report(collector: Collector) -> None:
     """Forked DataLoader workers inherit the reporter but stay silent; the ranks report them and their CPU."""
     # ~2 s of loader-bound steps: several windows close while the (per-epoch) workers are alive.
     # At 150 × 5 ms the job ended within one window and a slow start could miss the workers entirely.
-    finish(torchrun("ddp_job.py", "--steps", "200", "--delay-ms", "20", "--workers", "2", port=collector.address.port))
+    finish(launch("ddp_job.py", "--steps", "200", "--delay-ms", "20", "--workers", "2", port=collector.address.port))
     assert wait_for(lambda: _all_done(collector))
     views = snapshot_of(collector).all_ranks()
     assert sorted(v.hello.pid for v in views) == sorted({v.hello.pid for v in views})
@@ -177,7 +177,7 @@ def test_dataloader_workers_never_report(collector: Collector) -> None:
 def test_gradient_accumulation_accounts_for_every_micro_batch(collector: Collector) -> None:
     """4 micro-batches per optimizer step under no_sync(): DDP times one; the step's phases count all four."""
     finish(
-        torchrun("ddp_job.py", "--steps", "40", "--accumulate", "4", "--batch-size", "64", port=collector.address.port)
+        launch("ddp_job.py", "--steps", "40", "--accumulate", "4", "--batch-size", "64", port=collector.address.port)
     )
     assert wait_for(lambda: _all_done(collector))
     for view in snapshot_of(collector).runs[0].ranks:

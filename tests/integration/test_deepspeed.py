@@ -17,7 +17,7 @@ from gputop.collect.server import Collector
 from gputop.model.figures import summarize
 from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,7 +31,7 @@ pytestmark = [
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_a_zero_engine_reports_steps_loader_wait_and_its_collectives(collector: Collector, stage: int) -> None:
-    finish(torchrun("deepspeed_job.py", "--steps", "40", "--stage", str(stage), "--delay-ms", "5",
+    finish(launch("deepspeed_job.py", "--steps", "40", "--stage", str(stage), "--delay-ms", "5",
                     port=collector.address.port), timeout_s=300)  # fmt: skip
     assert wait_for(lambda: [v.status for v in snapshot_of(collector).all_ranks()] == [DONE, DONE], timeout_s=30)
     figures = summarize(snapshot_of(collector), span_s=None)

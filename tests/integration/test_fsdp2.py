@@ -22,7 +22,7 @@ from gputop.export.metrics import families
 from gputop.model.figures import Figures, summarize
 from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
@@ -32,7 +32,7 @@ def run_fsdp2(*args: str) -> tuple[Figures, list[Finding], str]:
     collector = Collector(Store(), Address(port=0))
     collector.start()
     try:
-        finish(torchrun("fsdp2_job.py", *args, port=collector.address.port), timeout_s=240)
+        finish(launch("fsdp2_job.py", *args, port=collector.address.port), timeout_s=240)
         assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
         figures = summarize(snapshot_of(collector), span_s=None)
     finally:

@@ -2,7 +2,7 @@
 
 The fast tests talk to the server in-process (the SDK's ``Client`` on an
 ``MCPServer``) over fixed data; the slow one launches ``gputop mcp --port P``
-with the SDK's own stdio client while a real 2-rank torchrun job reports to it.
+with the SDK's own stdio client while a real 2-rank DDP job reports to it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from gputop.mcp.server import LiveFindings, build_server
 from gputop.model.source import FixedSource
 from tests.support import tui_fixtures
 from tests.support.diagnose_fixtures import RankSpec, make_snapshot
-from tests.support.processes import JOBS, free_port, needs_torch
+from tests.support.processes import JOBS, LAUNCH_RANKS, free_port, needs_torch
 from tests.support.recordings import write_run
 
 TOOLS = {"list_runs", "get_findings", "get_rank", "get_recording_report", "capture_profile"}
@@ -222,7 +222,7 @@ def test_the_mcp_server_never_imports_torch() -> None:
     assert "'torch'" not in loaded.stdout and "'textual'" not in loaded.stdout
 
 
-# -- the real thing: the SDK's stdio client, `gputop mcp`, and a torchrun job with a straggler ------------------
+# -- the real thing: the SDK's stdio client, `gputop mcp`, and a DDP job with a straggler ------------------
 
 # Rank 1 computes a 30-ms Python metric after each optimizer step (a few ms of model work): rank 0 waits for it in
 # the all-reduce most of each step, far past the 10% line (test_verdicts_on_real_jobs names it from a recording).
@@ -232,14 +232,12 @@ FINDING_DEADLINE_S = 180.0
 
 
 @contextlib.contextmanager
-def torchrun_tree(*args: str, port: int, log: IO[bytes], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """A torchrun job in its own session, output to ``log`` (no pipe to hold open); on the way out, every process
-    of it is gone: torchrun is asked to stop its ranks, then whatever is left of the tree (ranks run in sessions
-    of their own, so its process group alone could orphan them) is killed."""
+def job_tree(*args: str, port: int, log: IO[bytes], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A 2-rank job in its own session, output to ``log`` (no pipe to hold open); on the way out, every process
+    of it is gone: its launcher is asked to stop its ranks, then whatever is left of the tree is killed."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPUTOP_PORT": str(port), **env}
     full_env.pop("GPUTOP_SOCKET", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(JOBS / "ddp_job.py"), *args]  # fmt: skip
+    cmd = [sys.executable, str(LAUNCH_RANKS), "2", str(JOBS / "ddp_job.py"), *args]  # fmt: skip
     proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     tree: dict[int, psutil.Process] = {}
@@ -292,7 +290,7 @@ async def test_a_live_straggler_is_named_by_get_findings_over_stdio(tmp_path: Pa
         async with stdio_client(params, errlog=server_log) as (read, write), ClientSession(read, write) as session:
             with anyio.fail_after(60):
                 await session.initialize()  # answered once the collector listens: the job may start
-            with torchrun_tree(*STRAGGLER_JOB, port=port, log=job_log, env={"GPUTOP_TRACE_DIR": str(tmp_path)}):
+            with job_tree(*STRAGGLER_JOB, port=port, log=job_log, env={"GPUTOP_TRACE_DIR": str(tmp_path)}):
                 straggler = None
                 deadline = time.monotonic() + FINDING_DEADLINE_S
                 while straggler is None and time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import needs_torch, torchrun
+from tests.support.processes import launch, needs_torch
 from tests.support.prometheus_server import Prometheus
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "prometheus.md"
@@ -69,7 +69,7 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
     job = None
     try:
         prometheus.wait_ready()
-        job = torchrun("ddp_job.py", "--steps", "100000", "--delay-ms", "10", port=port)  # stopped below
+        job = launch("ddp_job.py", "--steps", "100000", "--delay-ms", "10", port=port)  # stopped below
         deadline = time.monotonic() + 90
         result: list[dict[str, object]] = []
         while time.monotonic() < deadline and len(result) < 2:

@@ -15,7 +15,7 @@ import pytest
 
 from gputop.model.sums import rank_stats
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import finish, needs_torch, torchrun
+from tests.support.processes import finish, launch, needs_torch
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,7 +29,7 @@ pytestmark = [
 
 def test_trainer_asked_for_fsdp_on_cpu_runs_ddp_and_reports_ddp(collector, tmp_path) -> None:
     steps = 30
-    out = finish(torchrun("hf_trainer_fsdp_job.py", str(steps), str(tmp_path), port=collector.address.port), 300)
+    out = finish(launch("hf_trainer_fsdp_job.py", str(steps), str(tmp_path), port=collector.address.port), 300)
     assert "rank 0 fsdp enabled False wrapped in DistributedDataParallel" in out, out[-2000:]
     assert wait_for(lambda: all(v.status == "done" for v in snapshot_of(collector).all_ranks()))
     ranks = snapshot_of(collector).all_ranks()

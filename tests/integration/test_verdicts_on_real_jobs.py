@@ -20,14 +20,14 @@ from gputop.export.metrics import families
 from gputop.model.figures import summarize
 from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
-from tests.support.processes import JOBS, finish, needs_torch, torchrun
+from tests.support.processes import JOBS, finish, launch, needs_torch
 
 pytestmark = [pytest.mark.slow, needs_torch]
 
 
 def run_and_diagnose(collector: Collector, *args: str, job: str = "ddp_job.py") -> tuple[list[Finding], str]:
     """Run ``job`` with ``args``; the whole run's findings (as `gputop report` sees them) and a summary."""
-    finish(torchrun(job, *args, port=collector.address.port), timeout_s=240)
+    finish(launch(job, *args, port=collector.address.port), timeout_s=240)
     assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
     figures = summarize(snapshot_of(collector), span_s=None)
     findings = diagnose(figures)
@@ -154,7 +154,7 @@ def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_res
     from gputop.model.figures import SPAN_S
 
     # torch's Flight Recorder on, as a user debugging hangs turns it on: gloo records too in torch 2.13.
-    job = torchrun("ddp_job.py", "--steps", "60", "--hang-at", "30", "--hang-s", "25", port=collector.address.port,
+    job = launch("ddp_job.py", "--steps", "60", "--hang-at", "30", "--hang-s", "25", port=collector.address.port,
                    env={"TORCH_FR_BUFFER_SIZE": "200"})  # fmt: skip
     try:
         hang: Finding | None = None
@@ -322,7 +322,7 @@ def test_programs_outside_the_job_that_take_the_cores_are_the_finding_not_its_sy
         # One DataLoader worker a rank: in the main process, the batches' making is CPU work on the starved
         # training thread that the rules cannot tell from a loader that sleeps (a disk), and read 25-28% as
         # data_loading on top on 2026-11-26; a starved worker is a symptom they read as one.
-        finish(torchrun("ddp_job.py", "--steps", "120", "--batch-size", "512", "--hidden", "2048", "--workers", "1",
+        finish(launch("ddp_job.py", "--steps", "120", "--batch-size", "512", "--hidden", "2048", "--workers", "1",
                         port=live.address.port), timeout_s=240)  # fmt: skip
         assert wait_for(lambda: all(v.status == DONE for v in live.snapshot().all_ranks()), timeout_s=30)
         snapshot = live.snapshot()

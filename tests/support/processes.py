@@ -16,6 +16,7 @@ from typing import IO
 import pytest
 
 JOBS = Path(__file__).parent / "jobs"
+LAUNCH_RANKS = Path(__file__).parent / "launch_ranks.py"
 # Found, not imported: importing torch costs seconds, and the tests that need it run it in their jobs.
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -36,13 +37,29 @@ def run_script(code: str, port: int | None, **env: str) -> subprocess.CompletedP
 
 def torchrun(script: str, *args: str, port: int | None, nproc: int = 2, env: dict[str, str] | None = None,
              **popen: object) -> subprocess.Popen[str]:  # fmt: skip
-    """Start a real `torchrun --standalone` job reporting to ``port``."""
+    """Start a real `torchrun --standalone` job reporting to ``port``: its agent, its rendezvous, its ranks."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return _start(launcher, script, args, port, env, popen)
+
+
+def launch(script: str, *args: str, port: int | None, nproc: int = 2, env: dict[str, str] | None = None,
+           **popen: object) -> subprocess.Popen[str]:  # fmt: skip
+    """Start ``nproc`` real ranks of a job reporting to ``port``, launched directly as srun launches them.
+
+    The same ranks, process group and DDP as under torchrun without its agent's
+    start-up (~2.5 s a job here: ``launch_ranks.py``).  Tests of what gputop does
+    with torchrun itself (its run id, its agent's signals) use ``torchrun``.
+    """
+    return _start([sys.executable, str(LAUNCH_RANKS), str(nproc)], script, args, port, env, popen)
+
+
+def _start(launcher: list[str], script: str, args: tuple[str, ...], port: int | None, env: dict[str, str] | None,
+           popen: dict[str, object]) -> subprocess.Popen[str]:  # fmt: skip
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("GPUTOP_SOCKET", None)
     if port is not None:
         full_env["GPUTOP_PORT"] = str(port)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(JOBS / script), *args]  # fmt: skip
+    cmd = [*launcher, str(JOBS / script), *args]
     return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)  # type: ignore[call-overload]
 
 
