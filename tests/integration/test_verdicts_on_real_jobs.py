@@ -67,32 +67,6 @@ def test_workers_with_a_cpu_heavy_transform_on_too_few_cores_are_named_cpu_overs
     assert not any("not CPU-bound" in f.suggestion or "likely I/O" in f.suggestion for f in findings), summary
 
 
-def test_a_checkpoint_save_every_20_steps_on_rank_0_is_a_stall_of_rank_0(collector: Collector) -> None:
-    """Rank 0 stops 400 ms after every 20th step; rank 1 waits for it in the all-reduce.
-
-    Each stop is about 15 ordinary steps long, so the stalls are a third of the
-    run, far past the 5% line; the finding names rank 0, not the rank that waited.
-    A stall is any step of 3x the median, so a rank descheduled that long on a loaded
-    machine stalls too: CI counted 8 where there were 5 saves (4-ms steps then, ~25 ms
-    now, which takes a longer hiccup; 8 again here beside five other jobs). So the
-    saves are checked by their count and their time, each of them in the stalls.
-    """
-    findings, summary = run_and_diagnose(
-        collector, "--steps", "101", "--batch-size", "512", "--hidden", "2048", "--stall-every", "20"
-    )
-    top = findings[0]
-    assert top.cause == "stall" and top.severity in ("warn", "critical"), summary
-    assert top.ranks == (0,), summary
-    stopped = re.search(r"stops (\d+) ms every 20 steps \((\d+) of 101\)", top.title)
-    assert stopped, summary
-    # 5 saves in 101 steps; DDP's first iteration (bucket rebuild) and a descheduled step can add more.
-    stall_ms, count = int(stopped[1]), int(stopped[2])
-    assert 5 <= count <= 15, summary
-    assert count * stall_ms >= 0.95 * 5 * 400, summary  # the five saves' 2 s are all in the stalls
-    assert "outside the loader" in top.title, summary
-    assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary
-
-
 def test_a_checkpoint_every_10_steps_names_the_rank_that_stops_and_the_one_that_waits_and_no_rotation(
     collector: Collector,
 ) -> None:
@@ -103,13 +77,24 @@ def test_a_checkpoint_every_10_steps_names_the_rank_that_stops_and_the_one_that_
     and the stops, counted step by step among jitter, read as a rotation.  The
     14 stops are ~15 ordinary steps each, ~60% of the run, far past the 20%
     critical line; what a rotation of the ordinary steps can reach is jitter.
+
+    The stops are counted and timed too.  A stall is any step of 3x the median,
+    so a rank descheduled that long on a loaded machine stalls as well (CI once
+    counted 8 where a run had 5 saves): the saves are checked by their count and
+    their time, each of them in the stalls.
     """
     findings, summary = run_and_diagnose(
         collector, "--steps", "150", "--batch-size", "512", "--hidden", "2048", "--stall-every", "10"
     )
     top = findings[0]
-    assert top.cause == "stall" and top.ranks == (0,), summary
-    assert re.search(r"^rank 0 stops \d+ ms every 10 steps", top.title), summary
+    assert top.cause == "stall" and top.severity in ("warn", "critical") and top.ranks == (0,), summary
+    stopped = re.search(r"^rank 0 stops (\d+) ms every 10 steps \((\d+) of 150\)", top.title)
+    assert stopped, summary
+    # 14 saves in 150 steps; DDP's first iteration (bucket rebuild) and a descheduled step can add more.
+    stall_ms, count = int(stopped[1]), int(stopped[2])
+    assert 14 <= count <= 30, summary
+    assert count * stall_ms >= 0.95 * 14 * 400, summary  # the saves' 5.6 s are all in the stalls
+    assert "outside the loader" in top.title, summary
     assert "rank 1 waits for it" in top.title and top.extra["waiting_ranks"] == [1], summary
     rotations = [f for f in findings if f.extra.get("phase") == "rotating" and f.severity != "info"]
     assert not rotations, summary
