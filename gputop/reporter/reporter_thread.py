@@ -194,9 +194,8 @@ class ReporterThread:
         self._learn_ddp_settings()  # its buckets and gradient bytes size DDP's row among the collectives
         exchange = ddp_exchange(fields, self._facts.get("ddp_buckets"), self._facts.get("ddp_gradient_bytes"),
                                 self._facts.get("ddp_group") or "world")  # fmt: skip
-        if exchange is not None and not any(c.kind == "all_reduce" and c.group == exchange.group for c in
-                                            (c for timed in collectives for c in timed)):  # fmt: skip
-            collectives.append((exchange,))  # not where a Python comm hook's all-reduces were timed already
+        if exchange is not None and not self._exchange_tapped(exchange.group, collectives):
+            collectives.append((exchange,))
         if any(collectives):
             fields["collectives"] = merge_collectives(collectives)
         if self.clock.times_phases and "comm_s" not in fields:
@@ -218,6 +217,18 @@ class ReporterThread:
         self.trainer_log.recent.append(window)
         self._write_logs()
         return t1
+
+    def _exchange_tapped(self, group: str, collectives: list[Any]) -> bool:
+        """Whether the collective tap timed DDP's gradient exchange itself: a Python comm hook's all-reduces.
+
+        Then DDP's own row would count it twice.  Without such a hook (DDP's reducer
+        all-reduces in C++, out of the tap's sight) an all-reduce the tap saw on the
+        same group is the script's own (a loss averaged for the log, a stop flag),
+        and DDP's row is added beside it: one row, both counted.
+        """
+        if not self._facts.get("ddp_python_comm_hook"):
+            return False
+        return any(c.kind == "all_reduce" and c.group == group for timed in collectives for c in timed)
 
     def _window_probes(self) -> tuple[Probe, ...]:
         """The model's probes, then the process probe, made on this thread at the first window."""

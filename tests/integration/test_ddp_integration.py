@@ -189,3 +189,31 @@ def test_gradient_accumulation_accounts_for_every_micro_batch(collector: Collect
         assert stats.forward_s == pytest.approx(stats.micro_batches * one.forward_s)
         assert stats.backward_s == pytest.approx(stats.micro_batches * one.backward_s)
         assert stats.comm_s == one.comm_s  # one all-reduce per step either way
+
+
+GRADIENT_BYTES = 4 * (64 * 128 + 128 + 128 * 10 + 10)  # ddp_job.py's model at --hidden 128, float32
+
+
+@pytest.mark.parametrize("flag", ["--loss-all-reduce", "--comm-hook"])
+def test_the_gradient_exchange_is_counted_once_beside_the_scripts_own_all_reduces(
+    collector: Collector, flag: str
+) -> None:
+    """DDP's exchange is its row in the collectives, however the script all-reduces beside it.
+
+    ``--loss-all-reduce``: the script averages its loss each step (4 bytes); the tap times that, DDP's reducer
+    all-reduces the gradients in C++ out of its sight, and the row holds both (it held only the loss's once:
+    an all-reduce seen on the group was taken for a comm hook's).  ``--comm-hook``: torch's Python
+    ``allreduce_hook`` all-reduces the gradients where the tap sees it, and DDP's row would count them twice.
+    """
+    # ~2 s of steps: the tap times collectives once the collector has answered (from the reporter's first tick).
+    finish(launch("ddp_job.py", "--steps", "150", "--delay-ms", "10", flag, port=collector.address.port))
+    assert wait_for(lambda: _all_done(collector))
+    for view in snapshot_of(collector).all_ranks():
+        stats = rank_stats(view.windows)
+        rows = [c for c in stats.collectives if c.kind == "all_reduce" and c.group == "world"]
+        seen = [c.to_dict() for c in stats.collectives]
+        assert len(rows) == 1, seen
+        # Every step's gradients, once (the first windows, before DDP has said how it is built, may add a little).
+        assert GRADIENT_BYTES <= rows[0].bytes < 1.5 * GRADIENT_BYTES, (GRADIENT_BYTES, seen)
+        if flag == "--loss-all-reduce":
+            assert rows[0].calls >= 1.5, seen  # a bucket's each step, and the loss's once the tap is on

@@ -118,6 +118,9 @@ class DdpProbe:
         iteration = int(data["iteration"])
         if self.settings is None and iteration >= SETTLED_ITERATIONS:
             self.settings = ddp_settings(data)
+            hooks = getattr(self.model, "_comm_hooks", None)  # the Python comm hooks (not the built-in C++ ones)
+            if isinstance(hooks, list):
+                self.settings["ddp_python_comm_hook"] = bool(hooks)
         if data.get("is_multi_device_module"):
             self.not_measured = MULTI_DEVICE
             return {}

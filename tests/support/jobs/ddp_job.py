@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
     )
+    parser.add_argument("--loss-all-reduce", action="store_true", help="average the loss over the ranks each step")
+    parser.add_argument("--comm-hook", action="store_true", help="DDP's exchange through torch's Python allreduce_hook")
     parser.add_argument(
         "--stop-file", help="every 20 steps the ranks agree (one all-reduce) whether this file exists; then stop"
     )
@@ -95,6 +97,10 @@ def main() -> None:
         nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)),
         find_unused_parameters=args.find_unused,
     )
+    if args.comm_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.allreduce_hook)  # dist.all_reduce from Python: the tap sees it
     if not args.no_watch:
         reporter = gputop.watch(model)
         fake_uuids = os.environ.get("TEST_FAKE_DEVICE_UUIDS")
@@ -120,6 +126,9 @@ def main() -> None:
             continue
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
+        if args.loss_all_reduce:  # the global loss for the log, as many scripts average it
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
         if args.manual == "before":
             gputop.step()
         optimizer.step()
