@@ -34,7 +34,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _free_port() -> int:
+def _free_port() -> int:  # processes.free_port's twin: this script imports nothing of the tests (nor pytest)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -51,6 +51,11 @@ def _stop(ranks: list[subprocess.Popen[bytes]], sig: int = signal.SIGTERM) -> No
         except subprocess.TimeoutExpired:
             rank.kill()
             rank.wait()
+
+
+def _exit_status(code: int) -> int:
+    """A rank's exit code as a shell reports it: a rank killed by signal N is 128 + N."""
+    return code if code >= 0 else 128 - code
 
 
 def main(argv: list[str]) -> int:
@@ -89,9 +94,9 @@ def main(argv: list[str]) -> int:
         if failed and not stopping:
             print(f"launch_ranks: a rank exited {failed[0]}; stopping the others", file=sys.stderr, flush=True)
             _stop(ranks)
-            return failed[0] if failed[0] > 0 else 128 - failed[0]
+            return _exit_status(failed[0])
         if all(code is not None for code in codes):
-            return next((code if code > 0 else 128 - code for code in codes if code), 0)
+            return next((_exit_status(code) for code in codes if code), 0)
         time.sleep(0.05)
 
 
