@@ -239,10 +239,30 @@ def serve(
     price_per_hour: float | None = None,
     refresh_s: float = REFRESH_S,
 ) -> None:
-    """Answer an MCP client on stdin/stdout until it closes them; the caller owns the source's start and stop."""
+    """Answer an MCP client on stdin/stdout until it closes them; the caller owns the source's start and stop.
+
+    The protocol's event loop runs in a thread of its own and this one only waits for it, so a KeyboardInterrupt
+    (Ctrl-C, or SIGTERM made one) lands here and ends ``serve`` at once. Raised inside the loop it could land in
+    one of the SDK's tasks, whose task group then cancels the others and waits for its stdin reader: a blocking
+    read in a worker thread that nothing cancels while the client holds the pipe open, so the server never left
+    (one SIGTERM in ~50 in the suite). The caller leaves with ``os._exit`` after its own cleanup, that reader
+    still blocked.
+    """
     live = LiveFindings(source, refresh_s=refresh_s)
     live.start()
+    ended: list[BaseException] = []
+
+    def answer() -> None:
+        try:
+            anyio.run(build_server(live, read_report, price_per_hour=price_per_hour).run_stdio_async)
+        except BaseException as exc:  # said by the waiting thread, which owns the exit
+            ended.append(exc)
+
+    protocol = threading.Thread(target=answer, name="gputop-mcp-stdio", daemon=True)
     try:
-        anyio.run(build_server(live, read_report, price_per_hour=price_per_hour).run_stdio_async)
+        protocol.start()
+        protocol.join()
     finally:
         live.stop()
+    if ended:
+        raise ended[0]
