@@ -33,7 +33,7 @@ MAX_CAPTURE_STEPS = 20
 CAPTURE_EVERY_S = 300.0
 MAX_CAPTURE_WAIT_S = 300.0
 
-HISTORY_WINDOWS = 60  # a rank's history by default: its newest windows (0.5 s each from a default reporter)
+HISTORY_WINDOWS = 60  # a rank's history by default: its newest windows (1 s each from a default reporter)
 
 
 class BadArgument(ValueError):

@@ -136,7 +136,7 @@ def window_waits_s(w: Window) -> float | None:
 
 
 # Windows with steps, all slow since the first stall, that make a new level: two, so that one long stop
-# alone in the newest window (a checkpoint's step, 1.5 s in a 0.5-s window) is not one.
+# alone in the newest window (a checkpoint's step, 1.5 s in a 1-s window) is not one.
 LEVEL_SHIFT_WINDOWS = 2
 
 

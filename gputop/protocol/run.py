@@ -45,7 +45,7 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     pid: Count = 0
     name: Text = ""  # the script, for humans
     started_t: float = 0.0  # unix time the reporter started
-    window_s: float = 0.5
+    window_s: float = 0.5  # what a hello without it meant: reporters sent 0.5-s windows until 2026-11-28
     gputop_version: Text = ""
     torch_version: Text | None = None
     backend: Text | None = None  # "nccl", "gloo", None when not distributed
@@ -114,7 +114,7 @@ Collectives = Annotated[tuple[CollectiveTimes, ...], Meta(max_length=COLLECTIVES
 # the garbage collector need not walk it.  A dashboard keeps 150,000 of them, and
 # walking them stalled every thread for 0.3-0.8 s (a keypress waited that long).
 class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
-    """What one rank did during one reporting window (default 0.5 s).
+    """What one rank did during one reporting window (default 1 s).
 
     Times are seconds, memory is bytes.  ``loader_wait_s`` and
     ``step_time_sum_s`` are totals over the steps that ended in the window, so

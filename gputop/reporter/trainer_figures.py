@@ -1,7 +1,7 @@
 """The figures a rank logs into its trainer's logger (TensorBoard, W&B, CSV): its own recent step breakdown.
 
 Computed in the rank from its last windows (``RECENT_WINDOWS``, 10 s at the
-default 0.5-s window), merged by the rules the dashboard's span follows
+default 1-s window), merged by the rules the dashboard's span follows
 (``gputop.combine``, which the reporter and the model both import): loader wait
 as a share of step time, each phase in milliseconds a step, exposed
 communication as communication not hidden behind backward.
@@ -20,7 +20,7 @@ from typing import Any
 from gputop.combine import merge_windows, window_loader_wait_frac, window_phase_seconds
 from gputop.protocol import FindingsNotice, Window
 
-RECENT_WINDOWS = 20
+RECENT_WINDOWS = 10
 
 
 def figures(windows: Sequence[Window], rank: int) -> dict[str, float]:

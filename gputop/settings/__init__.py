@@ -38,7 +38,7 @@ from gputop.settings.setting import Setting as Setting
 from gputop.settings.setting import SettingError as SettingError
 from gputop.settings.setting import Source as Source
 
-DDP_SAMPLE_RATE_CUDA = 10  # DDP's own default is 100: too few timed iterations for a 0.5 s window
+DDP_SAMPLE_RATE_CUDA = 10  # DDP's own default is 100: too few timed iterations for a 1-s window
 DDP_SAMPLE_RATE_CPU = 1  # timing a CPU iteration costs nothing next to it
 STACKS_HZ_RANGE = (0.5, 200.0)
 NICE_RANGE = (0, 19)  # what nice(2) accepts as a lowered priority; 0: not lowered
@@ -138,7 +138,7 @@ RUN_ID: Setting[str | None] = Setting(
 WINDOW_S: Setting[float] = Setting(
     key="window_s",
     meaning="how often each rank sends a summary",
-    default=0.5,
+    default=1.0,
     kind="seconds",
     env="GPUTOP_WINDOW_S",
     parse=kinds.number,

@@ -23,6 +23,11 @@ from tests.support.processes import finish, launch, needs_torch
 pytestmark = [pytest.mark.slow, needs_torch]
 
 
+# Windows of a quarter second: these jobs last a second or two, and what is checked is how windows split and
+# account for steps (several of them, without gaps), which holds at any window length.
+SHORT = {"GPUTOP_WINDOW_S": "0.25"}
+
+
 def _all_done(collector: Collector, ranks: int = 2) -> bool:
     views = snapshot_of(collector).all_ranks()
     return len(views) == ranks and all(v.status == DONE for v in views)
@@ -30,7 +35,7 @@ def _all_done(collector: Collector, ranks: int = 2) -> bool:
 
 def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Collector) -> None:
     """Steps equal what the script ran; a 20 ms per-batch dataset shows >= 15 ms of loader wait per step."""
-    out = finish(launch("ddp_job.py", "--steps", "40", "--delay-ms", "20", port=collector.address.port))
+    out = finish(launch("ddp_job.py", "--steps", "40", "--delay-ms", "20", port=collector.address.port, env=SHORT))
     assert "rank 0 steps 40" in out and "rank 1 steps 40" in out
     assert wait_for(lambda: _all_done(collector))
     (run,) = snapshot_of(collector).runs
@@ -63,7 +68,7 @@ def test_ddp_timings_cover_every_iteration_once_and_match_ddps_own_average(
     """
     steps = 120 // accumulate
     args = ("--steps", str(steps), "--delay-ms", "10", "--accumulate", str(accumulate))
-    out = finish(launch("ddp_job.py", *args, port=collector.address.port))
+    out = finish(launch("ddp_job.py", *args, port=collector.address.port, env=SHORT))
     assert wait_for(lambda: _all_done(collector))
     (run,) = snapshot_of(collector).runs
     for view in run.ranks:

@@ -154,7 +154,7 @@ class TestWithoutAGpu:
         assert listed["GPUTOP_TOKEN"] == ["env", "set"]
         assert listed["GPUTOP_SOCKET"][0] == "env" and listed["GPUTOP_SOCKET"][1].endswith("nobody.sock")
         assert listed["gpu_hour_price"] == ["file", "2.5"]
-        assert listed["GPUTOP_WINDOW_S"] == ["default", "0.5"]
+        assert listed["GPUTOP_WINDOW_S"] == ["default", "1"]
 
 
 class TestAgainstTheStandIn:

@@ -85,7 +85,7 @@ def test_log_to_writes_the_breakdown_and_the_runs_findings_into_a_summary_writer
             writer.add_scalar("loss", loss.item(), i + 1)
             if i == 400 or (i > 100 and gputop.figures().get("gputop/finding/data_loading") == 0.0):
                 break
-        time.sleep(1.2)  # one more window, so the last figures are written
+        time.sleep(2.5)  # two more of the default 1-s windows, so the last figures are written
         writer.close()
     """
     env = {**os.environ, "GPUTOP_PORT": str(collector.address.port)}

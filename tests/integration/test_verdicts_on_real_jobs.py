@@ -26,7 +26,12 @@ pytestmark = [pytest.mark.slow, needs_torch]
 
 
 def run_and_diagnose(collector: Collector, *args: str, job: str = "ddp_job.py") -> tuple[list[Finding], str]:
-    """Run ``job`` with ``args``; the whole run's findings (as `gputop report` sees them) and a summary."""
+    """Run ``job`` with ``args``; the whole run's findings (as `gputop report` sees them) and a summary.
+
+    A share is only called against its line with a band, which needs 3 windows or more: a job here runs for
+    5 s or more, several of the default 1-s windows (80 steps of ~37 ms, 3 s, left a straggler "too few
+    windows yet to call").
+    """
     finish(launch(job, *args, port=collector.address.port), timeout_s=240)
     assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
     figures = summarize(snapshot_of(collector), span_s=None)
@@ -193,7 +198,7 @@ def test_a_metric_after_the_optimizer_step_on_rank_1_is_a_straggler_outside_the_
     the stack samples name the function.
     """
     findings, summary = run_and_diagnose(
-        collector, "--steps", "80", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30"
+        collector, "--steps", "160", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30"
     )
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (1,), summary
@@ -218,7 +223,7 @@ def test_a_metric_on_a_rank_drawn_each_step_is_a_rotating_straggler_not_communic
     waits for changes, each the slowest in about half the steps, and no one rank is blamed.
     """
     findings, summary = run_and_diagnose(
-        collector, "--steps", "80", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30",
+        collector, "--steps", "160", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30",
         "--metric-rank", "-1",
     )  # fmt: skip
     top = findings[0]
@@ -236,7 +241,7 @@ def test_a_slow_optimizer_step_on_rank_1_is_named_as_the_phase_its_time_goes_to(
     users asked for, shown by every view through the one phase list.
     """
     findings, summary = run_and_diagnose(
-        collector, "--steps", "80", "--batch-size", "256", "--hidden", "1024", "--optimizer-ms", "30"
+        collector, "--steps", "160", "--batch-size", "256", "--hidden", "1024", "--optimizer-ms", "30"
     )
     figures = summarize(snapshot_of(collector), span_s=None)
     optimizer_ms = {r.rank: 1e3 * (r.stats.optimizer_s or 0.0) for r in figures.all_ranks()}

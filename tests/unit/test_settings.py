@@ -161,7 +161,7 @@ class TestDoctorListing:
         assert lines["GPUTOP_PORT"] == ["env", "29470"]
         assert lines["GPUTOP_TOKEN"] == ["env", "set"]
         assert lines["gpu_hour_price"] == ["file", "2.5"]
-        assert lines["GPUTOP_WINDOW_S"] == ["default", "0.5"]
+        assert lines["GPUTOP_WINDOW_S"] == ["default", "1"]
         assert "hunter2" not in repr(check)
 
     def test_a_value_that_stops_reporting_is_a_problem_one_passed_over_a_note(self, tmp_path: Path) -> None:
