@@ -23,10 +23,12 @@ from typing import Literal
 
 from gputop.combine import phase_seconds
 from gputop.diagnose.findings import Finding
+from gputop.diagnose.rules.hang import step_clock
+from gputop.diagnose.thresholds import HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
 from gputop.diagnose.waste import idle_gpus
 from gputop.model.figures import Figures, RankFigures
 from gputop.model.frames import span_frames
-from gputop.model.snapshot import LOST
+from gputop.model.snapshot import LIVE, LOST
 
 Kind = Literal["gauge", "counter"]
 MAX_RANK_SERIES = 4096  # ranks exported per scrape; a 1,024-rank job is ~35k series in all
@@ -97,6 +99,12 @@ METRICS: tuple[Spec, ...] = (
     _rank("gputop_dataloader_workers_cpu_ratio", f"The rank's DataLoader workers' CPU, 1 = one core {SPAN}"),
     _rank("gputop_reporter_cpu_ratio", f"gputop's own reporter thread's CPU in the rank, 1 = one core {SPAN}"),
     _rank("gputop_windows_dropped", "Windows the rank dropped because its backlog was full", "counter"),
+    _rank("gputop_seconds_since_step", "Seconds since the rank's last step ended, while it reports (the hang clock)"),
+    _rank(
+        "gputop_hang_line_seconds",
+        f"Seconds without a step that read as hung for the rank: {HANG_STEP_FACTOR:g} usual steps, "
+        f"{HANG_LONGEST_FACTOR:g}x the longest lately, {HANG_MIN_S:g} s at least (the hang rule's line)",
+    ),
     _rank(
         "gputop_rank_top_frame_ratio",
         f"Share of the training thread's stack samples at its most sampled place {SPAN}",
@@ -214,6 +222,10 @@ def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str
         labels = _rank_labels(r)
         for name, samples in _rank_values(r).items():
             out[name] += [(labels + extra, float(v)) for extra, v in samples if v is not None]
+        # The hang clock of a rank that reports: a finished or lost one has none, so no rule calls it hung.
+        if r.status == LIVE and (clock := step_clock(r)) is not None:
+            out["gputop_seconds_since_step"].append((labels, max(figures.snapshot.t - clock.last_step_t, 0.0)))
+            out["gputop_hang_line_seconds"].append((labels, clock.line_s))
     for a in figures.assignments:
         g = a.gpu
         labels = (str(g.index), g.uuid, g.name, a.hostname or gpu_hostname)  # a node's GPUs: its host

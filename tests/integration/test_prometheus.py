@@ -55,6 +55,19 @@ def test_the_shipped_scrape_config_alert_rules_and_grafana_queries_are_valid(tmp
     )
 
 
+def test_the_job_rules_name_a_straggler_and_a_hang_where_gputops_own_rules_do() -> None:
+    """promtool's unit tests of the shipped job rules (tests/prometheus/): a straggler named with its rank and host
+    at gputop's lines, a hung run and not a finished one, loader- and communication-bound runs graded."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: apt-get install prometheus (.ci/run installs it)")
+    rules = DOCS.parent / "prometheus" / "gputop-job-rules.yml"
+    tests = Path(__file__).resolve().parents[1] / "prometheus" / "gputop-job-rules.test.yml"
+    for args in (["check", "rules", str(rules)], ["test", "rules", str(tests)]):
+        done = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.slow
 @needs_torch
 def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> None:

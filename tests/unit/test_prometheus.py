@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gputop.diagnose import diagnose
+from gputop.diagnose.thresholds import HANG_MIN_S, LOADER_WAIT_CRITICAL_FRAC, STRAGGLER_WAIT_WARN_FRAC
 from gputop.export.metrics import METRICS, families
+from gputop.export.rules import rule_groups, rules_yaml
 from gputop.model.figures import summarize
 from tests.support.diagnose_fixtures import RankSpec, cuda_hello, gpu_reading, make_snapshot
 
@@ -62,3 +64,26 @@ def test_a_value_not_measured_is_left_out_not_zero() -> None:
     assert by_name["gputop_loader_wait_ratio"].samples == ()
     assert by_name["gputop_memory_allocated_bytes"].samples == ()
     assert len(by_name["gputop_step_time_mean_seconds"].samples) == 1
+
+
+def test_the_hang_clock_is_exported_for_the_ranks_that_report_with_the_hang_rules_own_line() -> None:
+    """What the job rules call a hang on: seconds since each reporting rank's last step, and its line."""
+    snapshot = make_snapshot([RankSpec(rank=0, step_s=0.1), RankSpec(rank=1, step_s=0.1, status="lost")])
+    figures = summarize(snapshot)
+    by_name = {f.spec.name: f for f in families(figures, [], gpu_hostname="h")}
+    since = {dict(zip(f.spec.labels, labels, strict=True))["rank"]: v
+             for f in [by_name["gputop_seconds_since_step"]] for labels, v in f.samples}  # fmt: skip
+    lines = [v for _, v in by_name["gputop_hang_line_seconds"].samples]
+    assert since.keys() == {"0"}, "a lost rank has no clock: the rules must not call a dead job hung"
+    live = next(r for r in figures.all_ranks() if r.rank == 0)
+    last_step_t = max(w.t1 for w in live.view.windows if w.steps)
+    assert since["0"] == pytest.approx(snapshot.t - last_step_t)
+    assert lines == [pytest.approx(HANG_MIN_S)]  # 10 steps of 0.1 s are under the floor
+
+
+def test_the_shipped_job_rules_are_what_gputop_generates_from_its_thresholds() -> None:
+    shipped = DOCS.parent / "prometheus" / "gputop-job-rules.yml"
+    assert shipped.read_text() == rules_yaml(), "regenerate: python -m gputop.export.rules > " + str(shipped)
+    alerts = {rule["alert"]: rule for group in rule_groups()["groups"] for rule in group["rules"] if "alert" in rule}
+    assert alerts["GputopJobStraggler"]["expr"].endswith(f"> {STRAGGLER_WAIT_WARN_FRAC:g}")
+    assert alerts["GputopJobLoaderBoundCritical"]["expr"].endswith(f"> {LOADER_WAIT_CRITICAL_FRAC:g}")

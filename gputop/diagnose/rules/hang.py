@@ -32,7 +32,8 @@ from gputop.model.snapshot import LIVE, LOST
 from gputop.protocol import Collective
 
 # How far back the usual and the longest step are read: long enough to include
-# a periodic evaluation or checkpoint, short enough to follow the job.
+# a periodic evaluation or checkpoint, short enough to follow the job: 4 minutes
+# of the default 1-s windows.
 LOOKBACK_WINDOWS = 240
 
 
@@ -98,6 +99,31 @@ class Stops:
         return sorted({total for _, _, total in self.stuck})
 
 
+@dataclass(frozen=True)
+class StepClock:
+    """A rank's hang clock: when its last step ended, and how long without one reads as hung for this job."""
+
+    last_step_t: float  # unix time: the end of the newest window in which a step ended
+    step_total: int  # its step count then
+    line_s: float  # the line: several usual steps, twice the longest lately, never under HANG_MIN_S
+
+
+def step_clock(rank: RankFigures) -> StepClock | None:
+    """The rank's clock from its recent windows; None before its first step (nothing to compare with).
+
+    The Prometheus exporter publishes it (seconds since the step, and the line) so that the cluster's rules
+    call a hang where this rule does.
+    """
+    stepped = [w for w in rank.view.windows[-LOOKBACK_WINDOWS:] if w.steps > 0]
+    if not stepped:
+        return None
+    medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
+    usual = statistics.median(medians) if medians else 0.0
+    longest = max((w.step_time_max_s or 0.0 for w in stepped), default=0.0)
+    line = max(HANG_MIN_S, HANG_STEP_FACTOR * usual, HANG_LONGEST_FACTOR * longest)
+    return StepClock(stepped[-1].t1, stepped[-1].step_total, line)
+
+
 def stopped_ranks(judged: list[RankFigures], now_t: float, ended: bool) -> Stops | None:
     """Each judged rank's time since its last step against its line; None while any still steps or starts."""
     if not judged:
@@ -106,17 +132,14 @@ def stopped_ranks(judged: list[RankFigures], now_t: float, ended: bool) -> Stops
     silent: list[int] = []
     line_s = 0.0
     for rank in judged:
-        stepped = [w for w in rank.view.windows[-LOOKBACK_WINDOWS:] if w.steps > 0]
-        if not stepped:
+        clock = step_clock(rank)
+        if clock is None:
             return None  # still starting: nothing to compare with
-        medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
-        usual = statistics.median(medians) if medians else 0.0
-        longest = max((w.step_time_max_s or 0.0 for w in stepped), default=0.0)
-        line = max(HANG_MIN_S, HANG_STEP_FACTOR * usual, HANG_LONGEST_FACTOR * longest)
+        line = clock.line_s
         line_s = max(line_s, line)
-        idle = (rank.view.windows[-1].t1 if ended else now_t) - stepped[-1].t1
+        idle = (rank.view.windows[-1].t1 if ended else now_t) - clock.last_step_t
         if idle >= line:
-            stuck.append((rank, idle, stepped[-1].step_total))
+            stuck.append((rank, idle, clock.step_total))
         elif ended:
             silent.append(rank.rank)
         else:
