@@ -20,14 +20,19 @@ SCRAPE_INTERVAL_S = 1
 class Prometheus:
     """Runs ``prometheus`` with one scrape job over ``targets``; ``query()`` asks its HTTP API."""
 
-    def __init__(self, targets: list[str], folder: Path, port: int, *, netns: str | None = None) -> None:
+    def __init__(
+        self, targets: list[str], folder: Path, port: int, *, netns: str | None = None, rules: Path | None = None
+    ) -> None:
+        """``rules``: a rule file Prometheus loads and evaluates at the scrape interval."""
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail("the `prometheus` binary is missing: apt-get install prometheus (.ci/run installs it)")
         config = folder / "prometheus.yml"
         config.write_text(
             f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n  scrape_timeout: {SCRAPE_INTERVAL_S}s\n"
-            f"scrape_configs:\n  - job_name: gputop\n    static_configs:\n      - targets: {json.dumps(targets)}\n"
+            f"  evaluation_interval: {SCRAPE_INTERVAL_S}s\n"
+            + (f"rule_files:\n  - {json.dumps(str(rules))}\n" if rules is not None else "")
+            + f"scrape_configs:\n  - job_name: gputop\n    static_configs:\n      - targets: {json.dumps(targets)}\n"
         )
         self.url = f"http://127.0.0.1:{port}"
         cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
