@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent = commands.add_parser(
         "agent",
         help="send this host's GPU readings to a dashboard or recorder on another machine "
-        "(local rank 0 starts one by itself; this is for a DaemonSet or a Slurm prolog)",
+        "(local rank 0 starts one by itself; this is for a DaemonSet or a Slurm prolog); with --prometheus, "
+        "be this node's exporter instead: its ranks report here, Prometheus scrapes them and its GPUs",
     )
     agent.add_argument(
         "--addr", metavar="HOST:PORT", default=None,
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--hostname", default=None,
         help="the host name this node's ranks report (default: this machine's; a DaemonSet pod passes its node's)",
     )  # fmt: skip
+    add_prometheus(agent)
+    add_address(agent)  # with --prometheus: where this node's ranks report (default: the per-user socket)
 
     report = commands.add_parser(
         "report",

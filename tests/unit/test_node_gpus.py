@@ -337,3 +337,18 @@ def test_an_agent_started_by_hand_says_once_that_it_cannot_reach_the_collector(
     for attempt in range(3):
         assert not link.send(gpus_frame(sample, "node-a"), time.monotonic() + 100 * attempt)
     assert len(said) == 1 and said[0].startswith(f"cannot reach tcp://127.0.0.1:{port}"), said
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--listen", "127.0.0.1:1"], "where this node's ranks report to an exporting agent: add --prometheus"),
+        (["--prometheus", "127.0.0.1:0", "--addr", "127.0.0.1:1"], "with --prometheus the agent is the collector"),
+    ],
+)
+def test_the_agents_two_roles_are_not_mixed_up(args: list[str], said: str) -> None:
+    """Sender of a node's GPUs (--addr) or the node's exporter (--prometheus, its ranks reporting to it): a flag
+    of the other role is a one-line usage error, not an agent quietly doing something else."""
+    done = subprocess.run([sys.executable, "-m", "gputop", "agent", *args], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2 and said in done.stderr and done.stderr.count("\n") == 1, done.stderr
