@@ -20,6 +20,7 @@ from gputop.cli.capture import cmd_capture
 from gputop.cli.common import EXIT_ERROR, EXIT_USAGE, UsageError, UserError
 from gputop.cli.dashboard import cmd_attach
 from gputop.cli.demo import cmd_demo
+from gputop.cli.fleet import cmd_fleet
 from gputop.cli.mcp import cmd_mcp
 from gputop.cli.parser import build_parser
 from gputop.cli.record import cmd_record
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     command = args.command
     handler = {"attach": cmd_attach, "mcp": cmd_mcp, "record": cmd_record, "report": cmd_report, "replay": cmd_replay,
-               "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor,
+               "capture": cmd_capture, "agent": cmd_agent, "doctor": cmd_doctor, "fleet": cmd_fleet,
                "demo": cmd_demo}[command]  # fmt: skip
     try:
         return handler(args)

@@ -99,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_prometheus(agent)
     add_address(agent)  # with --prometheus: where this node's ranks report (default: the per-user socket)
 
+    fleet = commands.add_parser(
+        "fleet",
+        help="the runs a cluster's Prometheus knows through gputop's job rules: each run's slowest ranks and "
+        "the alerts at work (docs/prometheus.md)",
+    )
+    fleet.add_argument("url", metavar="URL", help="the Prometheus server, http://HOST:9090")
+    fleet.add_argument("--job", metavar="RUN", help="only this run (its `run` label)")
+    fleet.add_argument("--format", choices=("text", "json"), default="text")
+
     report = commands.add_parser(
         "report",
         help="summarise a recording: per rank, per GPU, findings; or compare two (--compare BEFORE AFTER)",

@@ -237,6 +237,9 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
             if len(scores) == 4:
                 named = prometheus.query('ALERTS{alertname="GputopJobStraggler"}')
         per_node = prometheus.query("count by (instance) (gputop_rank_up)")
+        # What a user reads of it: `gputop fleet` over the same Prometheus, from the head.
+        command = head.command(sys.executable, "-m", "gputop", "fleet", prometheus.url, "--format", "json")
+        fleet = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=60)
         stop.touch()
         outputs = [finish(node, timeout_s=180) for node in nodes]
     finally:
@@ -260,8 +263,14 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
     assert score.keys() == {"0", "1", "2", "3"}, said
     # Far from the 10% line: the others wait for rank 3's 30 ms most of each step.
     assert score["3"] > 0.3 and all(score[r] < 0.1 for r in "012"), said
+    assert fleet.returncode == 0, fleet.stderr
+    (seen,) = json.loads(fleet.stdout)["runs"]
+    assert seen["run"] == alert["metric"]["run"] and seen["ranks"] == 4, seen
+    assert (seen["slowest"][0]["rank"], seen["slowest"][0]["hostname"]) == ("3", "node-b"), seen
+    named_by_fleet = {(a["rank"], a["hostname"]) for a in seen["alerts"] if a["cause"] == "straggler"}
+    assert named_by_fleet == {("3", "node-b")}, seen  # at the warn line and the critical one
     # Each node's agent exported its own 2 ranks only, and left cleanly on SIGTERM.
     assert sorted(int(n["value"][1]) for n in per_node) == [2, 2], per_node
     assert [agent.returncode for agent in agents] == [0, 0], said
     assert all("steps" in out for out in outputs)
-    print(f"straggler scores over two node exporters: {said}")
+    print(f"straggler scores over two node exporters: {said}; gputop fleet: {seen}")

@@ -55,6 +55,18 @@ def test_the_shipped_scrape_config_alert_rules_and_grafana_queries_are_valid(tmp
     )
 
 
+def test_fleet_says_in_one_line_that_a_prometheus_scrapes_no_gputop(tmp_path: Path) -> None:
+    prometheus = Prometheus([], tmp_path, PROMETHEUS_PORT + 10)
+    try:
+        prometheus.wait_ready()
+        fleet = subprocess.run([sys.executable, "-m", "gputop", "fleet", prometheus.url], capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+    finally:
+        prometheus.stop()
+    assert fleet.returncode == 1 and fleet.stderr.count("\n") == 1, fleet.stderr
+    assert f"{prometheus.url} has no gputop series: is it scraping gputop's exporters?" in fleet.stderr
+
+
 def test_the_job_rules_name_a_straggler_and_a_hang_where_gputops_own_rules_do() -> None:
     """promtool's unit tests of the shipped job rules (tests/prometheus/): a straggler named with its rank and host
     at gputop's lines, a hung run and not a finished one, loader- and communication-bound runs graded."""
@@ -104,6 +116,11 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
         with urllib.request.urlopen(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=5) as response:
             exposition = response.read().decode()
         assert "# TYPE gputop_steps_total counter" in exposition
+        # gputop's series without the job rules: `gputop fleet` says what to load, in one line.
+        fleet = subprocess.run([sys.executable, "-m", "gputop", "fleet", prometheus.url], capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert fleet.returncode == 1 and fleet.stderr.count("\n") == 1, fleet.stderr
+        assert "has gputop's series but not the job rules: load gputop-job-rules.yml" in fleet.stderr
     finally:
         if job is not None:
             stop_job(job)

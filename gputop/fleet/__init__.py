@@ -1,0 +1,1 @@
+"""The fleet: the runs a cluster's Prometheus knows through gputop's job rules (``gputop fleet``)."""
