@@ -240,6 +240,8 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
         # What a user reads of it: `gputop fleet` over the same Prometheus, from the head.
         command = head.command(sys.executable, "-m", "gputop", "fleet", prometheus.url, "--format", "json")
         fleet = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=60)
+        command = head.command(sys.executable, "-m", "gputop", "fleet", prometheus.url, "--job", "no-such-run")
+        no_run = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=60)
         stop.touch()
         outputs = [finish(node, timeout_s=180) for node in nodes]
     finally:
@@ -264,6 +266,9 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
     # Far from the 10% line: the others wait for rank 3's 30 ms most of each step.
     assert score["3"] > 0.3 and all(score[r] < 0.1 for r in "012"), said
     assert fleet.returncode == 0, fleet.stderr
+    assert no_run.returncode == 1 and no_run.stderr == (
+        f"gputop: no run 'no-such-run' in {prometheus.url}: `gputop fleet {prometheus.url}` lists the runs\n"
+    ), no_run.stderr
     (seen,) = json.loads(fleet.stdout)["runs"]
     assert seen["run"] == alert["metric"]["run"] and seen["ranks"] == 4, seen
     assert (seen["slowest"][0]["rank"], seen["slowest"][0]["hostname"]) == ("3", "node-b"), seen
