@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.collectors import wait_for
 from tests.support.processes import launch, needs_torch
 from tests.support.prometheus_server import Prometheus
 
@@ -128,3 +130,52 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
         recorder.terminate()
         out, _ = recorder.communicate(timeout=30)
     assert "Prometheus metrics on :32091/metrics" in out, out
+
+
+def _steps_by_rank(port: int) -> dict[str, float]:
+    """Each rank's gputop_steps_total in the exporter's /metrics ({} while it is not up)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    steps = {}
+    for line in text.splitlines():
+        if line.startswith("gputop_steps_total{") and (rank := re.search(r'rank="(\d+)"', line)):
+            steps[rank[1]] = float(line.rsplit(" ", 1)[1])
+    return steps
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_node_agent_that_restarts_gets_its_ranks_back_with_their_step_counters_going_on(tmp_path: Path) -> None:
+    """`gputop agent --prometheus` stopped and started again under a running job, as a DaemonSet rolls: the ranks
+    reconnect to the new agent on their own, and their step counters carry on from where they were (a counter
+    that went back would read to Prometheus as a reset, and rate() would jump)."""
+    port, exporter = 32095, 32096
+    agent_cmd = [sys.executable, "-m", "gputop", "agent", "--port", str(port), "--prometheus", f"127.0.0.1:{exporter}"]
+
+    def start_agent() -> subprocess.Popen[str]:
+        return subprocess.Popen(agent_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    agent = start_agent()
+    job = None
+    try:
+        job = launch("ddp_job.py", "--steps", "100000", "--delay-ms", "10", port=port)  # stopped below
+        assert wait_for(lambda: len(_steps_by_rank(exporter)) == 2, timeout_s=90), "the first agent saw no ranks"
+        before = _steps_by_rank(exporter)
+        agent.terminate()
+        assert agent.wait(timeout=30) == 0, agent.communicate()[1]
+        agent = start_agent()
+
+        def moved_on() -> bool:
+            now = _steps_by_rank(exporter)
+            return now.keys() == before.keys() and all(now[r] > before[r] for r in now)
+
+        assert wait_for(moved_on, timeout_s=60), f"before {before}, after {_steps_by_rank(exporter)}"
+    finally:
+        if job is not None:
+            stop_job(job)
+        agent.terminate()
+        _, said = agent.communicate(timeout=30)
+    assert agent.returncode == 0, said
