@@ -29,7 +29,10 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed"),
 ]
 
-STEPS = 30
+# ~3 s of steps: several of the default 1-s windows close while the ranks train. At 30 steps (1 s) a rank
+# could send one window only, its exit flush, and rank 0's once came without its collectives (CI, 2026-11-28
+# 16:52; why that exit window lacked them is not yet known).
+STEPS = 90
 
 
 def run_lightning_fsdp(*args: str) -> tuple[Figures, str]:
