@@ -25,15 +25,16 @@ from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Stacks, W
 HISTORY_WINDOWS = 1200  # 20 minutes of the default 1-s windows per rank (10 of 0.5-s ones)
 # Windows kept across all ranks (a rank's newest 40 are 1.2-KiB objects, the older
 # ones 0.45 KiB encoded: ``WindowHistory``): at 125 ranks or fewer each keeps all
-# 1,200; at 1,024 each keeps 146 windows (146 s at the default 1-s window), so the dashboard's memory stays flat however
-# many ranks report.  The run's step-time and throughput history is kept apart,
+# 1,200; at 1,024 each keeps 146 windows (146 s at the default 1-s window), so the
+# dashboard's memory stays flat however many ranks report.  The run's step-time and throughput history is kept apart,
 # per second, for as long as its chart shows (``RunHistory``, CHART_SECONDS).
 WINDOW_BUDGET = 150_000
-MIN_HISTORY_WINDOWS = 60  # 60 s of 1-s windows, 30 s of 0.5-s ones: the figures' 10-s span with room to scroll back
+# 60 s of 1-s windows, 30 s of 0.5-s ones: the figures' 10-s span with room to scroll back.
+MIN_HISTORY_WINDOWS = 60
 # A second joins the run's history once its windows are in: they are a second long
 # or less and arrive within moments of their end.  Shown sooner, the newest second
-# would show part of its windows, then all of them: the chart would change twice, and a
-# scrolling chart repaints every line when it changes.
+# would show part of its windows, then all of them: the chart would change twice,
+# and a scrolling chart repaints every line when it changes.
 RUN_SECOND_SETTLE_S = 1.0
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100

@@ -86,7 +86,8 @@ class Prometheus:
 
 def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]:
     """Every run the job rules have recorded (or the one asked for), slowest ranks and alerts included."""
-    only = f'{{run="{_escape(run)}"}}' if run else ""
+    matcher = f'run="{_escape(run)}"' if run else ""
+    only = f"{{{matcher}}}" if run else ""
     medians = prometheus.query(f"run:gputop_step_seconds:median{only}")
     if not medians:
         if not prometheus.query("count(gputop_step_time_mean_seconds)"):
@@ -97,7 +98,7 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
                 "(python -m gputop.export.rules) into its rule_files"
             )
         raise FleetError(f"no run {run!r} in {prometheus.url}: `gputop fleet {prometheus.url}` lists the runs")
-    runs = {r["metric"].get("run", ""): FleetRun(r["metric"].get("run", ""), step_s=_value(r)) for r in medians}
+    runs = {_run(r): FleetRun(_run(r), step_s=_value(r)) for r in medians}
     for name, attribute in (
         ("run:gputop_steps_per_second", "steps_per_s"),
         ("run:gputop_loader_wait:ratio", "loader_wait"),
@@ -105,18 +106,17 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
         ("run:gputop_idle_gpu_hours_per_hour", "idle_gpu_hours_per_hour"),
     ):
         for r in prometheus.query(f"{name}{only}"):
-            if (entry := runs.get(r["metric"].get("run", ""))) is not None:
+            if (entry := runs.get(_run(r))) is not None:
                 setattr(entry, attribute, _value(r))
     for r in prometheus.query(f"count by (run) (gputop_step_time_mean_seconds{only})"):
-        if (entry := runs.get(r["metric"].get("run", ""))) is not None:
+        if (entry := runs.get(_run(r))) is not None:
             entry.ranks = int(_value(r) or 0)
     for r in prometheus.query(f"run:gputop_slowest_ranks:top{WORST_RANKS}{only}"):
-        if (entry := runs.get(r["metric"].get("run", ""))) is not None and (score := _value(r)) is not None:
+        if (entry := runs.get(_run(r))) is not None and (score := _value(r)) is not None:
             entry.slowest.append(SlowRank(r["metric"].get("rank", ""), r["metric"].get("Hostname", ""), score))
-    alerts_of = f'ALERTS{{alertname=~"Gputop.*"{"," + only[1:-1] if only else ""}}}'
-    for r in prometheus.query(alerts_of):
+    for r in prometheus.query(f'ALERTS{{alertname=~"Gputop.*"{", " + matcher if run else ""}}}'):
         labels = r["metric"]
-        if (entry := runs.get(labels.get("run", ""))) is not None:
+        if (entry := runs.get(_run(r))) is not None:
             entry.alerts.append(
                 FiringAlert(labels.get("alertname", ""), labels.get("alertstate", ""), labels.get("severity", ""),
                             labels.get("cause", ""), labels.get("rank", ""), labels.get("Hostname", ""))
@@ -125,6 +125,10 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
         entry.slowest.sort(key=lambda s: -s.score)
         entry.alerts.sort(key=lambda a: (a.state != "firing", a.severity != "critical", a.name, a.rank))
     return sorted(runs.values(), key=lambda e: (not any(a.state == "firing" for a in e.alerts), e.run))
+
+
+def _run(sample: dict[str, Any]) -> str:
+    return str(sample["metric"].get("run", ""))
 
 
 def _value(sample: dict[str, Any]) -> float | None:

@@ -24,8 +24,9 @@ DONE: Final = "done"  # said bye: the process finished
 # how far back the dashboard's histories reach: 4 minutes of the default 1-s windows.
 VIEW_HISTORY_WINDOWS = 240
 # How many newest windows a live view copies of every other rank: at least twice
-# the figures' 10-s span for windows down to 0.5 s.  The figures read only their span, so a refresh copies
-# 40 windows a rank, not 240, and only the focused ranks carry their history.
+# the figures' 10-s span for windows down to 0.5 s.  The figures read only their
+# span, so a refresh copies 40 windows a rank, not 240, and only the focused ranks
+# carry their history.
 SPAN_COPY_WINDOWS = 40
 
 

@@ -135,10 +135,9 @@ def stopped_ranks(judged: list[RankFigures], now_t: float, ended: bool) -> Stops
         clock = step_clock(rank)
         if clock is None:
             return None  # still starting: nothing to compare with
-        line = clock.line_s
-        line_s = max(line_s, line)
+        line_s = max(line_s, clock.line_s)
         idle = (rank.view.windows[-1].t1 if ended else now_t) - clock.last_step_t
-        if idle >= line:
+        if idle >= clock.line_s:
             stuck.append((rank, idle, clock.step_total))
         elif ended:
             silent.append(rank.rank)
