@@ -19,7 +19,18 @@ from dataclasses import dataclass, field
 
 from gputop.collect.window_history import WindowHistory
 from gputop.model.samples import GpuSample, HostSample
-from gputop.model.snapshot import CHART_SECONDS, DONE, LIVE, LOST, RankView, RunHistory, RunView, Snapshot, Status
+from gputop.model.snapshot import (
+    CHART_SECONDS,
+    DONE,
+    LIVE,
+    LOST,
+    STEPPED_KEPT,
+    RankView,
+    RunHistory,
+    RunView,
+    Snapshot,
+    Status,
+)
 from gputop.protocol import Bye, CaptureResult, Event, Hello, Message, Stacks, Window
 
 HISTORY_WINDOWS = 1200  # 20 minutes of the default 1-s windows per rank (10 of 0.5-s ones)
@@ -64,6 +75,7 @@ class _Rank:
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=HISTORY_EVENTS))
     captures: deque[CaptureResult] = field(default_factory=lambda: deque(maxlen=HISTORY_CAPTURES))
     stacks: deque[Stacks] = field(default_factory=lambda: deque(maxlen=HISTORY_STACKS))
+    stepped: deque[Window] = field(default_factory=lambda: deque(maxlen=STEPPED_KEPT))  # its newest with a step
     connected: bool = True
     done: bool = False
     lost_reason: str = ""
@@ -197,6 +209,8 @@ class Store:
                 return  # a backlog window seen before, re-sent after a reconnect
             rank.last_seq = message.seq
             rank.windows.append(message)
+            if message.steps > 0:
+                rank.stepped.append(message)
             run = self._run_seconds.get(message.run_id)
             if run is None:
                 run = self._run_seconds[message.run_id] = _RunSeconds()
@@ -347,6 +361,8 @@ class Store:
                     events=tuple(state.events),
                     captures=tuple(state.captures),
                     stacks=tuple(state.stacks),
+                    # A rank stopped for longer than its copied windows reach keeps its last steps in view.
+                    stepped=tuple(state.stepped) if _stopped_before(windows, state.stepped) else (),
                 )
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
@@ -392,3 +408,8 @@ class Store:
         if silent_s > self.lost_after_s:
             return LOST, f"silent for {silent_s:.0f} s"
         return LIVE, ""
+
+
+def _stopped_before(windows: tuple[Window, ...], stepped: deque[Window]) -> bool:
+    """The rank's newest window with a step is older than every window copied of it."""
+    return bool(stepped) and (not windows or stepped[-1].t1 < windows[0].t1)

@@ -28,6 +28,9 @@ VIEW_HISTORY_WINDOWS = 240
 # span, so a refresh copies 40 windows a rank, not 240, and only the focused ranks
 # carry their history.
 SPAN_COPY_WINDOWS = 40
+# How many of each rank's newest windows with a step the store keeps apart from its history, so a rank stopped
+# for longer than a view's windows (or the history) reach still has a last step: as many as a view copies.
+STEPPED_KEPT = SPAN_COPY_WINDOWS
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class RankView:
     # Where its training thread was, oldest first: one message a second from a reporter that samples its stack
     # (``gputop.model.frames`` reads them); empty from older reporters or with GPUTOP_STACKS=0.
     stacks: tuple[Stacks, ...] = ()
+    # Its newest windows with a step, when ``windows`` has none (a rank stopped for longer than they reach
+    # back): what its hang clock reads its last step and usual step from (``STEPPED_KEPT`` at most).
+    stepped: tuple[Window, ...] = ()
 
     @property
     def key(self) -> str:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import SPAN_S, summarize
+from gputop.model.snapshot import SPAN_COPY_WINDOWS
 from gputop.protocol import Hello, Window
 
 T0 = 1_000_000.0
 
 
 def hangs(stepping_s: float, idle_s: float, *, step_s: float = 0.05, longest_s: float | None = None,
-          idle_cpu_pct: float = 2.0) -> list[Finding]:  # fmt: skip
+          idle_cpu_pct: float = 2.0, history: int | None = None) -> list[Finding]:  # fmt: skip
     """Hang findings, live, for 2 ranks stepping every ``step_s`` for ``stepping_s`` and then not for ``idle_s``.
 
-    Their reporters keep sending (empty) windows meanwhile, as a hung rank's do.
+    Their reporters keep sending (empty) windows meanwhile, as a hung rank's do.  ``history``: the newest
+    windows a view copies of each rank (a live view's ``SPAN_COPY_WINDOWS``; None, a recording's all).
     """
     store = Store()
     for rank in (0, 1):
@@ -35,13 +39,21 @@ def hangs(stepping_s: float, idle_s: float, *, step_s: float = 0.05, longest_s: 
             )  # fmt: skip
             store.ingest(window, t + 0.5)
         t += 0.5
-    return [f for f in diagnose(summarize(store.snapshot(t), span_s=SPAN_S)) if f.cause == "hang"]
+    return [f for f in diagnose(summarize(store.snapshot(t, history=history), span_s=SPAN_S)) if f.cause == "hang"]
 
 
 def test_ranks_blocked_past_the_line_are_hung() -> None:
     (hang,) = hangs(20.0, 8.0)
     assert hang.severity == "critical" and hang.ranks == (0, 1)
     assert "not finished a step for 8 s" in hang.title and "hung" in hang.title
+
+
+@pytest.mark.parametrize("history", [SPAN_COPY_WINDOWS, None], ids=["live", "recording"])
+def test_a_hang_longer_than_the_windows_a_view_reaches_back_is_still_a_hang(history: int | None) -> None:
+    """Ten minutes without a step: the live view copies each rank's newest 40 windows (20 s here), and the
+    rule read its usual step from 4 minutes of windows; neither may lose the last step, or the hang clears."""
+    (hang,) = hangs(20.0, 600.0, history=history)
+    assert "not finished a step for 600 s" in hang.title, hang.title
 
 
 def test_a_pause_shorter_than_the_floor_is_not_a_hang() -> None:

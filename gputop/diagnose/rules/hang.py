@@ -31,9 +31,11 @@ from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
 from gputop.model.snapshot import LIVE, LOST
 from gputop.protocol import Collective
 
-# How far back the usual and the longest step are read: long enough to include
-# a periodic evaluation or checkpoint, short enough to follow the job: 4 minutes
-# of the default 1-s windows.
+# How far back from a rank's last step its usual and its longest step are read: long
+# enough to include a periodic evaluation or checkpoint, short enough to follow the
+# job: 4 minutes of the default 1-s windows where the view has them (a recording);
+# a live view copies a rank's newest 40 windows (SPAN_COPY_WINDOWS), and a rank
+# stopped for longer than those reach is read from its 40 newest with a step.
 LOOKBACK_WINDOWS = 240
 
 
@@ -114,7 +116,13 @@ def step_clock(rank: RankFigures) -> StepClock | None:
     The Prometheus exporter publishes it (seconds since the step, and the line) so that the cluster's rules
     call a hang where this rule does.
     """
-    stepped = [w for w in rank.view.windows[-LOOKBACK_WINDOWS:] if w.steps > 0]
+    windows = rank.view.windows
+    # Anchored at its last step, not at now: a rank stopped for longer than the lookback keeps its clock.
+    last = next((i for i in range(len(windows) - 1, -1, -1) if windows[i].steps > 0), None)
+    if last is None:  # stopped for longer than its copied windows reach: the store kept its last steps apart
+        stepped = list(rank.view.stepped)
+    else:
+        stepped = [w for w in windows[max(last + 1 - LOOKBACK_WINDOWS, 0) : last + 1] if w.steps > 0]
     if not stepped:
         return None
     medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
