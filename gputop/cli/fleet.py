@@ -1,25 +1,48 @@
-"""``gputop fleet URL``: the runs a cluster's Prometheus knows through gputop's job rules, printed once."""
+"""``gputop fleet URL``: the runs a cluster's Prometheus knows through gputop's job rules.
+
+In a terminal, without ``--format``: the live view (``gputop.tui.fleet_app``).
+Piped, or with ``--format``: printed once.  Either way Prometheus is read once
+first, so an unreachable server, a missing rule or an unknown run is the same
+one-line error and exit 1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import sys
 
 from gputop.cli.common import UserError
-from gputop.fleet.query import FleetError, FleetRun, Prometheus, read_fleet
+from gputop.fleet.query import FleetError, FleetRun, Prometheus, read_fleet, read_scraping
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    """Read Prometheus once; then the live view in a terminal, else print what was read."""
     try:
-        runs = read_fleet(Prometheus(args.url), args.job)
+        prometheus = Prometheus(args.url)
+        runs = read_fleet(prometheus, args.job)
     except FleetError as exc:
         raise UserError(str(exc)) from None
+    if args.format is None and sys.stdout.isatty():
+        return _live(prometheus, runs, args)
     if args.format == "json":
         print(json.dumps({"prometheus": args.url, "runs": [dataclasses.asdict(r) for r in runs]}, indent=2))
     else:
         print("\n".join(line for run in runs for line in run_lines(run)))
     return 0
+
+
+def _live(prometheus: Prometheus, runs: list[FleetRun], args: argparse.Namespace) -> int:
+    """The live view, from the runs just read; the theme is the dashboard's unless ``--theme`` says."""
+    from textual.theme import BUILTIN_THEMES
+
+    from gputop import settings
+    from gputop.tui.fleet_app import run_fleet
+
+    theme = args.theme if args.theme in BUILTIN_THEMES else settings.THEME.default  # the file's may be unknown here
+    scraping = read_scraping(prometheus)
+    return run_fleet(prometheus, run=args.job, interval_s=args.interval, runs=runs, scraping=scraping, theme=theme)
 
 
 def run_lines(run: FleetRun) -> list[str]:

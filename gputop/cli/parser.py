@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gputop import __version__
+from gputop import __version__, settings
 from gputop.cli.options import (
     add_address,
     add_alert_after,
@@ -19,6 +19,7 @@ from gputop.cli.options import (
     capture_steps,
     positive,
     rank_list,
+    theme_name,
 )
 
 
@@ -102,11 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
     fleet = commands.add_parser(
         "fleet",
         help="the runs a cluster's Prometheus knows through gputop's job rules: each run's slowest ranks and "
-        "the alerts at work (docs/prometheus.md)",
+        "the alerts at work, live in a terminal (docs/prometheus.md)",
+        description="In a terminal: a live view of the runs, refreshed at Prometheus's scrape interval, where "
+        "enter on a slow rank opens its node's exporter, read every 2 s. Piped, or with --format: printed once.",
     )
     fleet.add_argument("url", metavar="URL", help="the Prometheus server, http://HOST:9090")
     fleet.add_argument("--job", metavar="RUN", help="only this run (its `run` label)")
-    fleet.add_argument("--format", choices=("text", "json"), default="text")
+    fleet.add_argument(
+        "--format", choices=("text", "json"), default=None,
+        help="print once in this format instead of the live view (the default when stdout is no terminal: text)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--interval", type=positive, default=None, metavar="S",
+        help="the live view reads Prometheus every S seconds (default: its scrape interval of gputop's "
+        "exporters, else 15)",
+    )  # fmt: skip
+    fleet.add_argument(
+        "--theme", dest=settings.THEME.key, type=theme_name, default=None,
+        help="the live view's Textual theme (default: the dashboard's, from the config file)",
+    )  # fmt: skip
 
     report = commands.add_parser(
         "report",

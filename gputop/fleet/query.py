@@ -1,15 +1,19 @@
-"""What ``gputop fleet`` reads from a Prometheus server: each run, its slowest ranks and the alerts at work.
+"""What ``gputop fleet`` reads from a Prometheus server: each run, its slowest ranks, the alerts at work, and
+how often all that changes.
 
-Only Prometheus's HTTP API (``/api/v1/query``, instant queries) over the series
-gputop's exporters publish and the job rules record (docs/prometheus.md): no
-collector, no rank connects here.  Each failure is one sentence a user can act
-on: the server is not there, it is not Prometheus, the job rules are not
-loaded, or there is no run (of that id).
+Only Prometheus's HTTP API (``/api/v1/query``, instant queries, and
+``/api/v1/targets`` for the scrape interval) over the series gputop's exporters
+publish and the job rules record (docs/prometheus.md): no collector, no rank
+connects here.  Each failure is one sentence a user can act on: the server is
+not there, it is not Prometheus, the job rules are not loaded, or there is no
+run (of that id).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,6 +22,9 @@ from typing import Any
 
 TIMEOUT_S = 10.0
 WORST_RANKS = 3  # the job rules' run:gputop_slowest_ranks:top3
+# When Prometheus does not say how often it scrapes gputop: the interval of Prometheus's example
+# configuration and of most installs (its built-in default, 1 m, is rarely left in place).
+DEFAULT_INTERVAL_S = 15.0
 
 
 class FleetError(Exception):
@@ -29,6 +36,7 @@ class SlowRank:
     rank: str
     hostname: str
     score: float  # the share of each step the others wait for it (gputop:straggler_excess:ratio)
+    instance: str = ""  # the exporter Prometheus scraped it from (its host:port): where its node's detail is
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,13 @@ class FiringAlert:
     cause: str
     rank: str  # "" when the alert is the run's, not a rank's
     hostname: str
+    instance: str = ""  # the exporter of the series it fired on; "" when the rule aggregated it away
 
 
 @dataclass
 class FleetRun:
     run: str
-    ranks: int = 0  # ranks with a step time in the last scrape
+    ranks: int = 0  # ranks its exporters export (reporting, finished or lost) in the last scrape
     step_s: float | None = None  # the run's median step
     steps_per_s: float | None = None
     loader_wait: float | None = None
@@ -64,16 +73,20 @@ class Prometheus:
         self.url = f"{parsed.scheme}://{parsed.netloc}{parsed.path.rstrip('/')}"
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        """An instant query's samples: each a dict with ``metric`` (the labels) and ``value`` ([time, "text"])."""
+        data = self.get("/api/v1/query", {"query": promql})
+        return list(data.get("result", [])) if data.get("resultType") == "vector" else []
+
+    def get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        """The ``data`` of one API answer; a FleetError (one line) when there is none."""
+        address = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
         try:
             with urllib.request.urlopen(address, timeout=TIMEOUT_S) as response:
                 answer = json.load(response)
         except urllib.error.HTTPError as exc:
             raise FleetError(f"{self.url} answered HTTP {exc.code} to a query: is it Prometheus?") from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            said = reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
-            raise FleetError(f"cannot reach Prometheus at {self.url}: {said}") from None
+            raise FleetError(f"cannot reach Prometheus at {self.url}: {unreachable_reason(exc)}") from None
         except ValueError:
             raise FleetError(f"{self.url} did not answer in JSON: is it Prometheus?") from None
         if not isinstance(answer, dict) or answer.get("status") != "success":
@@ -81,24 +94,35 @@ class Prometheus:
                 f"{self.url} refused the query: {answer.get('error') if isinstance(answer, dict) else answer}"
             )
         data = answer.get("data", {})
-        return list(data.get("result", [])) if data.get("resultType") == "vector" else []
+        return data if isinstance(data, dict) else {}
+
+
+def unreachable_reason(exc: OSError) -> object:
+    """Why a connection failed, as the system says it: "Connection refused", "timed out"."""
+    reason = getattr(exc, "reason", exc)
+    return reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
 
 
 def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]:
     """Every run the job rules have recorded (or the one asked for), slowest ranks and alerts included."""
     matcher = f'run="{_escape(run)}"' if run else ""
     only = f"{{{matcher}}}" if run else ""
+    # A run is known by its median step or, when none of its ranks stepped in the exporters' span (a hang),
+    # by its ranks that report: the run that most needs a look must not drop out of the view.
     medians = prometheus.query(f"run:gputop_step_seconds:median{only}")
-    if not medians:
-        if not prometheus.query("count(gputop_step_time_mean_seconds)"):
+    reporting = prometheus.query(f"run:gputop_ranks_reporting{only}")
+    if not medians and not reporting:
+        if not prometheus.query("count(gputop_rank_up)"):
             raise FleetError(f"{prometheus.url} has no gputop series: is it scraping gputop's exporters?")
-        if not prometheus.query("count(run:gputop_step_seconds:median)"):
+        if not prometheus.query("count(run:gputop_step_seconds:median) or count(run:gputop_ranks_reporting)"):
             raise FleetError(
                 f"{prometheus.url} has gputop's series but not the job rules: load gputop-job-rules.yml "
                 "(python -m gputop.export.rules) into its rule_files"
             )
         raise FleetError(f"no run {run!r} in {prometheus.url}: `gputop fleet {prometheus.url}` lists the runs")
-    runs = {_run(r): FleetRun(_run(r), step_s=_value(r)) for r in medians}
+    runs = {_run(r): FleetRun(_run(r)) for r in reporting}
+    for r in medians:
+        runs.setdefault(_run(r), FleetRun(_run(r))).step_s = _value(r)
     for name, attribute in (
         ("run:gputop_steps_per_second", "steps_per_s"),
         ("run:gputop_loader_wait:ratio", "loader_wait"),
@@ -108,18 +132,22 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
         for r in prometheus.query(f"{name}{only}"):
             if (entry := runs.get(_run(r))) is not None:
                 setattr(entry, attribute, _value(r))
-    for r in prometheus.query(f"count by (run) (gputop_step_time_mean_seconds{only})"):
+    for r in prometheus.query(f"count by (run) (gputop_rank_up{only})"):
         if (entry := runs.get(_run(r))) is not None:
             entry.ranks = int(_value(r) or 0)
     for r in prometheus.query(f"run:gputop_slowest_ranks:top{WORST_RANKS}{only}"):
+        labels = r["metric"]
         if (entry := runs.get(_run(r))) is not None and (score := _value(r)) is not None:
-            entry.slowest.append(SlowRank(r["metric"].get("rank", ""), r["metric"].get("Hostname", ""), score))
+            entry.slowest.append(
+                SlowRank(labels.get("rank", ""), labels.get("Hostname", ""), score, labels.get("instance", ""))
+            )
     for r in prometheus.query(f'ALERTS{{alertname=~"Gputop.*"{", " + matcher if run else ""}}}'):
         labels = r["metric"]
         if (entry := runs.get(_run(r))) is not None:
             entry.alerts.append(
                 FiringAlert(labels.get("alertname", ""), labels.get("alertstate", ""), labels.get("severity", ""),
-                            labels.get("cause", ""), labels.get("rank", ""), labels.get("Hostname", ""))
+                            labels.get("cause", ""), labels.get("rank", ""), labels.get("Hostname", ""),
+                            labels.get("instance", ""))
             )  # fmt: skip
     for entry in runs.values():
         entry.slowest.sort(key=lambda s: -s.score)
@@ -132,11 +160,95 @@ def _run(sample: dict[str, Any]) -> str:
 
 
 def _value(sample: dict[str, Any]) -> float | None:
+    """A sample's value; None for none, or for NaN (a rule over no data): shown N/A, never as a number."""
     try:
-        return float(sample["value"][1])
+        value = float(sample["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
+    return None if math.isnan(value) else value
 
 
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@dataclass(frozen=True)
+class Scraping:
+    """How Prometheus scrapes gputop's exporters: how often (the fleet's figures change no faster), and where."""
+
+    interval_s: float
+    said: str  # where the interval comes from, or why it is the default, in words
+    known: bool  # read from Prometheus; False: DEFAULT_INTERVAL_S, worth asking again later
+    metrics_urls: dict[str, str] = field(default_factory=dict)  # instance -> the URL Prometheus scrapes it at
+
+
+def read_scraping(prometheus: Prometheus) -> Scraping:
+    """The scrape interval of the jobs that carry gputop's series (the smallest), from the active targets.
+
+    Never raises: a server that cannot say gives ``DEFAULT_INTERVAL_S`` with the reason.
+    """
+    default = f"Prometheus's scrape interval unknown, {DEFAULT_INTERVAL_S:g} s assumed"
+    try:
+        carrying = prometheus.query("count by (job) (gputop_rank_up)")
+        targets = prometheus.get("/api/v1/targets", {"state": "active"}).get("activeTargets", [])
+    except FleetError as exc:
+        return Scraping(DEFAULT_INTERVAL_S, f"{default}: {exc}", known=False)
+    jobs = {str(sample["metric"].get("job", "")) for sample in carrying}
+    ours = [t for t in targets if isinstance(t, dict) and t.get("labels", {}).get("job") in jobs]
+    urls = {str(t["labels"].get("instance", "")): str(t["scrapeUrl"]) for t in ours if t.get("scrapeUrl")}
+    if not jobs:
+        return Scraping(DEFAULT_INTERVAL_S, f"{default}: no scrape job carries gputop's series yet", known=False)
+    intervals = [
+        (seconds, str(t["labels"]["job"])) for t in ours if (seconds := parse_duration(t.get("scrapeInterval")))
+    ]
+    if not intervals:
+        said = f"{default}: its targets API does not give one (an older Prometheus)"
+        return Scraping(DEFAULT_INTERVAL_S, said, known=False, metrics_urls=urls)
+    seconds, job = min(intervals)
+    return Scraping(seconds, f"the scrape interval of job {job!r}", known=True, metrics_urls=urls)
+
+
+_DURATION_UNITS_S = {"y": 365 * 86400.0, "w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3}
+_DURATION_PART = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
+
+
+def parse_duration(text: object) -> float | None:
+    """Seconds in a Prometheus duration ("15s", "1m30s", "500ms"); None for anything else, or zero."""
+    if not isinstance(text, str) or not text:
+        return None
+    parts = _DURATION_PART.findall(text)
+    if "".join(number + unit for number, unit in parts) != text:
+        return None
+    seconds = sum(int(number) * _DURATION_UNITS_S[unit] for number, unit in parts)
+    return seconds or None
+
+
+# Why a run's figure is N/A: which of the job rules' series had no sample for it, and what would give it one.
+MISSING = {
+    "step_s": "median step: run:gputop_step_seconds:median has no sample for it",
+    "steps_per_s": "steps/s: no rank of the run exports gputop_steps_per_second (no step in the exporter's span)",
+    "loader_wait": "loader: no rank of the run reports loader wait (iterate the loader with gputop.track(loader))",
+    "exposed_comm": "comm: no rank of the run reports exposed communication (DDP's logger or the model's hooks "
+    "have not timed a step: gputop.watch(model))",
+    "idle_gpu_hours_per_hour": "idle GPU-h/h: no GPU is joined to the run's ranks (a CPU run, or its nodes' GPUs "
+    "not exported: gputop_gpu_rank_info)",
+}
+
+
+# A run whose ranks report but took no step in their exporters' span has no per-step figure at all.
+STOPPED = "no rank of the run took a step in its exporters' last 10 s (a hang or a long stop: see its alerts)"
+PER_STEP = ("step_s", "loader_wait", "exposed_comm")
+
+
+def stopped(run: FleetRun) -> bool:
+    """The run's ranks report, and none of them stepped lately."""
+    return run.step_s is None and run.steps_per_s == 0
+
+
+def missing_reasons(run: FleetRun) -> dict[str, str]:
+    """Why each of the run's figures Prometheus had no value for is N/A, by attribute name."""
+    return {
+        name: f"{why.split(':')[0]}: {STOPPED}" if stopped(run) and name in PER_STEP else why
+        for name, why in MISSING.items()
+        if getattr(run, name) is None
+    }

@@ -67,3 +67,10 @@ def test_the_node_sampler_loads_nvml_code_but_no_reporter_dashboard_or_torch() -
     assert "gputop.collect.gpu" in loaded
     assert not top_level(loaded) & {"torch", "textual", "rich"}
     assert not {m for m in loaded if m.startswith(("gputop.reporter", "gputop.tui", "gputop.diagnose"))}
+
+
+def test_printing_the_fleet_once_loads_no_screen() -> None:
+    """`gputop fleet URL --format json` in a pipe or a cron job: the reads load neither Textual nor the model."""
+    loaded = modules_after("import gputop.cli.fleet, gputop.fleet.node")
+    assert not top_level(loaded) & {"torch", "textual", "rich"}
+    assert not {m for m in loaded if m.startswith(("gputop.tui", "gputop.model", "gputop.diagnose"))}

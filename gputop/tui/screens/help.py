@@ -53,7 +53,7 @@ finding's evidence reads, so the numbers behind it are easy to find.
 
 
 class HelpScreen(ModalScreen[None]):
-    """Keys and column meanings; any of esc, q or ? closes it."""
+    """Keys and column meanings (the dashboard's, or ``text``: another app's); any of esc, q or ? closes it."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Back"),
@@ -61,6 +61,10 @@ class HelpScreen(ModalScreen[None]):
         Binding("question_mark", "dismiss", "Back", show=False),
     ]
 
+    def __init__(self, text: str = HELP) -> None:
+        super().__init__()
+        self.text = text
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body"):
-            yield Markdown(HELP)
+            yield Markdown(self.text)
