@@ -25,7 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from gputop.protocol import Hello, Window, encode, hist_bucket
+from gputop.protocol import Hello, Window, encode
+from gputop.sketch import sketch_bucket
 
 RECORD_PORT = 32300
 METRICS_PORT = 32301
@@ -50,7 +51,7 @@ def window(rank: int, seq: int, t1: float) -> bytes:
         Window(
             run_id="scale", rank=rank, seq=seq, t0=t1 - WINDOW_S, t1=t1, steps=5, step_total=5 * seq,
             step_time_sum_s=5 * step_s, step_time_p50_s=step_s, step_time_p95_s=step_s * 1.1,
-            step_time_max_s=step_s * 1.2, step_hist={hist_bucket(step_s): 5}, gpu_step_time_p50_s=step_s * 0.8,
+            step_time_max_s=step_s * 1.2, step_sketch={sketch_bucket(step_s): 5}, gpu_step_time_p50_s=step_s * 0.8,
             loader_wait_s=0.02, loader_batches=5, samples=160, forward_s=0.03, backward_s=0.05, comm_s=0.02,
             overlap_s=0.01, ddp_iteration=5 * seq, ddp_steps=5, mem_allocated_bytes=20 << 30,
             mem_reserved_bytes=24 << 30, mem_peak_bytes=30 << 30, mem_total_bytes=80 << 30, alloc_retries=0,
