@@ -15,11 +15,13 @@ T0 = 1_000_000.0
 
 
 def hangs(stepping_s: float, idle_s: float, *, step_s: float = 0.05, longest_s: float | None = None,
-          idle_cpu_pct: float = 2.0, history: int | None = None) -> list[Finding]:  # fmt: skip
+          idle_cpu_pct: float = 2.0, history: int | None = None, window_s: float = 0.5,
+          long_step_at_s: float | None = None) -> list[Finding]:  # fmt: skip
     """Hang findings, live, for 2 ranks stepping every ``step_s`` for ``stepping_s`` and then not for ``idle_s``.
 
     Their reporters keep sending (empty) windows meanwhile, as a hung rank's do.  ``history``: the newest
     windows a view copies of each rank (a live view's ``SPAN_COPY_WINDOWS``; None, a recording's all).
+    ``long_step_at_s``: ``longest_s`` is one step then (seconds from the start), not every step.
     """
     store = Store()
     for rank in (0, 1):
@@ -27,18 +29,19 @@ def hangs(stepping_s: float, idle_s: float, *, step_s: float = 0.05, longest_s: 
     t, seq, total = T0, 0, 0
     while t < T0 + stepping_s + idle_s:
         stepping = t < T0 + stepping_s
-        steps = int(0.5 / step_s) if stepping else 0
+        steps = int(window_s / step_s) if stepping else 0
+        long_here = long_step_at_s is None or t <= T0 + long_step_at_s < t + window_s
         total += steps
         seq += 1
         for rank in (0, 1):
             window = Window(
-                run_id="job", rank=rank, seq=seq, t0=t, t1=t + 0.5, steps=steps, step_total=total,
+                run_id="job", rank=rank, seq=seq, t0=t, t1=t + window_s, steps=steps, step_total=total,
                 step_time_sum_s=steps * step_s, step_time_p50_s=step_s if steps else None,
-                step_time_max_s=(longest_s or step_s) if steps else None,
+                step_time_max_s=(longest_s if longest_s and long_here else step_s) if steps else None,
                 cpu_pct=95.0 if stepping else idle_cpu_pct,
             )  # fmt: skip
-            store.ingest(window, t + 0.5)
-        t += 0.5
+            store.ingest(window, t + window_s)
+        t += window_s
     return [f for f in diagnose(summarize(store.snapshot(t, history=history), span_s=SPAN_S)) if f.cause == "hang"]
 
 
@@ -64,6 +67,14 @@ def test_a_job_whose_long_steps_take_longer_is_given_longer() -> None:
     """A job that saves for 4 s now and then: 8 s without a step is within twice its longest step."""
     assert hangs(20.0, 7.0, longest_s=4.0) == []
     assert hangs(20.0, 9.0, longest_s=4.0) != []
+
+
+def test_the_longest_step_is_read_over_minutes_whatever_the_window() -> None:
+    """A 4-s save 100 s before the stop is within the lookback at 0.25-s windows as at 1-s ones (it was read
+    over 240 windows: a minute at 0.25 s), so 7 s without a step is still within twice it."""
+    for window_s in (0.25, 1.0):
+        assert hangs(120.0, 7.0, longest_s=4.0, long_step_at_s=20.0, window_s=window_s) == [], window_s
+        assert hangs(120.0, 9.0, longest_s=4.0, long_step_at_s=20.0, window_s=window_s) != [], window_s
 
 
 def test_ranks_busy_on_the_cpu_meanwhile_are_a_warning_not_hung() -> None:

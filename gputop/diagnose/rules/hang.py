@@ -33,10 +33,10 @@ from gputop.protocol import Collective
 
 # How far back from a rank's last step its usual and its longest step are read: long
 # enough to include a periodic evaluation or checkpoint, short enough to follow the
-# job: 4 minutes of the default 1-s windows where the view has them (a recording);
-# a live view copies a rank's newest 40 windows (SPAN_COPY_WINDOWS), and a rank
-# stopped for longer than those reach is read from its 40 newest with a step.
-LOOKBACK_WINDOWS = 240
+# job.  A time, whatever the rank's window: a recording has all of it; a live view
+# copies a rank's newest 40 windows (SPAN_COPY_WINDOWS), and a rank stopped for
+# longer than those reach is read from its 40 newest with a step.
+LOOKBACK_S = 240.0
 
 
 def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
@@ -122,7 +122,10 @@ def step_clock(rank: RankFigures) -> StepClock | None:
     if last is None:  # stopped for longer than its copied windows reach: the store kept its last steps apart
         stepped = list(rank.view.stepped)
     else:
-        stepped = [w for w in windows[max(last + 1 - LOOKBACK_WINDOWS, 0) : last + 1] if w.steps > 0]
+        since, first = windows[last].t1 - LOOKBACK_S, last
+        while first > 0 and windows[first - 1].t1 >= since:  # back to the lookback's start, not the run's
+            first -= 1
+        stepped = [w for w in windows[first : last + 1] if w.steps > 0]
     if not stepped:
         return None
     medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
