@@ -7,7 +7,12 @@ gputop really serves.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -139,12 +144,6 @@ def test_the_fleet_help_lists_every_key() -> None:
 
 def test_on_a_terminal_the_command_opens_the_live_view(prometheus: PrometheusAPI) -> None:
     """What decides it: stdout is a terminal and no --format was given; q leaves with 0."""
-    import contextlib
-    import pty
-    import subprocess
-    import sys
-    import threading
-
     master, slave = pty.openpty()
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "30"}
     command = [sys.executable, "-m", "gputop", "fleet", prometheus.url]
