@@ -312,6 +312,19 @@ class TestParallelism:
         assert "steps of 4.0 ms" in finding.title, finding.title
         assert only(findings, "stall").severity in ("warn", "critical")
 
+    def test_tiny_steps_are_judged_without_their_wait_for_a_cpu(self) -> None:
+        """Two ranks taking turns on one core: 16-ms steps of which the training thread waits for the core
+        about half. The wait is allocation's; the step's own work, ~8 ms at batch 2, is still tiny."""
+        specs = two_ranks(step_s=0.016, comm_frac=0.05, cpu_pct=50.0, cpu_starved_frac=0.5)
+        snapshot = make_snapshot(specs, hello={"loader_batch_size": 2})
+        stats = summarize(snapshot, span_s=SPAN_S).runs[0].ranks[0].stats
+        assert stats.main_cpu_wait_frac is not None and stats.main_cpu_wait_frac > 0.3, stats.main_cpu_wait_frac
+        findings = findings_of(snapshot)
+        assert "parallelism" in {f.cause for f in findings}, [f.title for f in findings]
+        # Without the wait the same steps are not tiny.
+        quiet = make_snapshot(two_ranks(step_s=0.016, comm_frac=0.05), hello={"loader_batch_size": 2})
+        assert by_cause(findings_of(quiet), "parallelism") == []
+
     @pytest.mark.parametrize(("util", "severity"), [(50.5, None), (49.5, "warn"), (24.5, "critical")])
     def test_low_gpu_util_with_low_waits(self, util: float, severity: str | None) -> None:
         specs = [RankSpec(rank=i, hello=cuda_hello(i)) for i in range(2)]

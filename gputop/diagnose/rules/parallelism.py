@@ -180,11 +180,21 @@ def gpu_step_sign(ranks: list[RankFigures]) -> Sign | None:
     return Sign(evidence, "warn", 1 - ratio, frozenset(r.rank for r, _ in ratios), launch_bound=True)
 
 
+def working_step_s(rank: RankFigures) -> float:
+    """The steady step less the training thread's wait for a CPU: the step's own work.
+
+    Two ranks that take turns on one core each step twice as long as they work: the wait is allocation's
+    (named by its own finding), not more work per step, and a tiny step stays tiny behind it.
+    """
+    return steady_step_s(rank) * (1.0 - (rank.stats.main_cpu_wait_frac or 0.0))
+
+
 def tiny_step_sign(ranks: list[RankFigures]) -> tuple[Sign | None, float | None]:
-    """3. Tiny steps at a small batch: fixed per-step overhead dominates; and the small-batch ranks' median step.
-    Below the warn line, the share of the step that is fixed overhead grows as the step shrinks."""
+    """3. Tiny steps at a small batch: fixed per-step overhead dominates; and the small-batch ranks' median step
+    (its own work: ``working_step_s``).  Below the warn line, the share of the step that is fixed overhead grows
+    as the step shrinks."""
     small = [r for r in ranks if small_batch(r)]
-    step = median([steady_step_s(r) for r in small])
+    step = median([working_step_s(r) for r in small])
     severity = grade_below(step, TINY_STEP_WARN_S, TINY_STEP_CRITICAL_S)
     if severity is None or step is None or not small:
         return None, step
