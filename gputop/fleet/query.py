@@ -54,6 +54,7 @@ class FiringAlert:
 class FleetRun:
     run: str
     ranks: int = 0  # ranks its exporters export (reporting, finished or lost) in the last scrape
+    lost: int = 0  # of those, ranks their exporter lost (silent, or gone without a bye: gputop_rank_up 0)
     step_s: float | None = None  # the run's median step
     steps_per_s: float | None = None
     loader_wait: float | None = None
@@ -135,6 +136,9 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
     for r in prometheus.query(f"count by (run) (gputop_rank_up{only})"):
         if (entry := runs.get(_run(r))) is not None:
             entry.ranks = int(_value(r) or 0)
+    for r in prometheus.query(f"count by (run) (gputop_rank_up{only} == 0)"):
+        if (entry := runs.get(_run(r))) is not None:
+            entry.lost = int(_value(r) or 0)
     for r in prometheus.query(f"run:gputop_slowest_ranks:top{WORST_RANKS}{only}"):
         labels = r["metric"]
         if (entry := runs.get(_run(r))) is not None and (score := _value(r)) is not None:

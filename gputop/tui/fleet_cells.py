@@ -56,12 +56,12 @@ def alert_style(alert: FiringAlert, palette: Palette) -> str:
 
 
 def run_cells(run: FleetRun, palette: Palette) -> list[Text]:
-    """One run's row: its name, ranks reporting, figures and its worst alert."""
+    """One run's row: its name, its ranks (those lost in red), figures and its worst alert."""
     worst = run.alerts[0] if run.alerts else None  # read_fleet sorts them: firing, then critical, first
     idle = NA if run.idle_gpu_hours_per_hour is None else f"{run.idle_gpu_hours_per_hour:.1f}"
     return [
         _cell(run.run, "bold"),
-        _cell(str(run.ranks)),
+        _cell(f"{run.ranks} ({run.lost} lost)", palette.bad) if run.lost else _cell(str(run.ranks)),
         _cell(fmt_s(run.step_s)),
         _cell(fmt_rate(run.steps_per_s)),
         _loader(run.loader_wait, palette),

@@ -248,7 +248,7 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
         command = head.command(sys.executable, "-m", "gputop", "fleet", prometheus.url, "--job", "no-such-run")
         no_run = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=60)
         # Then node-b disappears from the network, as at a power loss: see _lose_node_b.
-        lost = _lose_node_b(node_b, prometheus, targets[1], nodes) if named else None
+        lost = _lose_node_b(head, node_b, prometheus, targets[1], nodes) if named else None
     finally:
         stop.touch()
         prometheus.stop()
@@ -293,6 +293,9 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
     assert lost.stale_after_s is not None, f"node-b's series or its alert were still there 20 s after it left: {lost}"
     assert lost.hostnames_left == {"node-a"}, lost
     assert lost.peers in ("lost", "hung"), f"node-a's ranks, waiting for node-b, were neither lost nor hung: {lost}"
+    # What `gputop fleet` says of the run meanwhile: node-a's 2 ranks, both lost (node-b's are gone).
+    if lost.peers == "lost":
+        assert (lost.fleet.get("ranks"), lost.fleet.get("lost")) == (2, 2), lost
     assert lost.hang_cleared_after_s is not None, f"a hang clock or alert outlived the job by 30 s: {lost}"
 
 
@@ -308,10 +311,13 @@ class NodeLoss:
     peers_after_s: float | None = None
     up: dict[str, str] = field(default_factory=dict)  # node-a's ranks' gputop_rank_up, last read
     clocks: list[str] = field(default_factory=list)  # their seconds since a step, last read
+    fleet: dict[str, Any] = field(default_factory=dict)  # the run as `gputop fleet --format json` read it then
     hang_cleared_after_s: float | None = None  # from the job's end: no clock, no hang alert
 
 
-def _lose_node_b(node_b: Host, prometheus: Prometheus, target: str, jobs: list[subprocess.Popen[str]]) -> NodeLoss:
+def _lose_node_b(
+    head: Host, node_b: Host, prometheus: Prometheus, target: str, jobs: list[subprocess.Popen[str]]
+) -> NodeLoss:
     """Take node-b off the network (a power loss: no reset reaches its peers), then end the job as its
     scheduler would, and note what the head's Prometheus said meanwhile."""
     loss = NodeLoss()
@@ -336,6 +342,9 @@ def _lose_node_b(node_b: Host, prometheus: Prometheus, target: str, jobs: list[s
         elif loss.up == {"0": "0", "1": "0"} and not loss.clocks:
             loss.peers = "lost"
         loss.peers_after_s = time.monotonic() - started
+    command = head.command(sys.executable, "-m", "gputop", "fleet", prometheus.url, "--format", "json")
+    fleet = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=60)
+    loss.fleet = json.loads(fleet.stdout)["runs"][0] if fleet.returncode == 0 else {"error": fleet.stderr}
     ended = time.monotonic()
     for job in jobs:  # torchrun passes SIGTERM to its ranks; node-b's, cut off, go all the same
         job.send_signal(signal.SIGTERM)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gputop.cli.fleet import run_lines
 from gputop.fleet.query import (
     DEFAULT_INTERVAL_S,
     FleetError,
@@ -172,3 +173,12 @@ def test_a_hung_run_with_no_step_in_its_span_is_listed_with_its_alert(api: Prome
     # Its per-step figures are N/A because no rank stepped, not for want of a hook.
     assert missing_reasons(hung)["step_s"].startswith("median step: no rank of the run took a step"), hung
     assert other.step_s == 0.05
+
+
+def test_a_runs_lost_ranks_are_counted_and_printed(api: PrometheusAPI) -> None:
+    """Ranks their exporter lost (silent, or gone without a bye: gputop_rank_up 0) are said beside the count."""
+    record_two_rank_run(api, "10.0.0.7:9465")
+    api.answers["count by (run) (gputop_rank_up == 0)"] = [sample(1, run="run-a")]
+    (run,) = read_fleet(Prometheus(api.url))
+    assert (run.ranks, run.lost) == (2, 1)
+    assert run_lines(run)[0].startswith("run run-a: 2 ranks (1 lost), step 50.0 ms"), run_lines(run)
