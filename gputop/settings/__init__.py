@@ -137,11 +137,11 @@ RUN_ID: Setting[str | None] = Setting(
 )
 WINDOW_S: Setting[float] = Setting(
     key="window_s",
-    meaning="how often each rank sends a summary",
+    meaning="how often each rank sends a summary (0.25-3 s: the figures read 10 s of them)",
     default=1.0,
     kind="seconds",
     env="GPUTOP_WINDOW_S",
-    parse=kinds.number,
+    parse=kinds.window_seconds,
     if_bad="training started with it reports nothing",
 )
 DDP_SAMPLE_RATE: Setting[int | None] = Setting(
