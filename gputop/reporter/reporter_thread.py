@@ -142,8 +142,10 @@ class ReporterThread:
                     if next_window_s < now:  # the process was suspended; don't burst
                         next_window_s = now + self.window_s
                 self._stacks.send(now)
-                self.tap.on = self.sender.connected  # nothing is timed while no collector listens
                 self.sender.pump(now)
+                # Nothing is timed while no collector listens; read after the pump, which makes the connection:
+                # connected and idle, the next tick is the next window's, and a second would go untimed.
+                self.tap.on = self.sender.connected
                 self._serve_commands(now)
                 self._tend_node_sampler()
             except Exception as exc:  # a bug here must not end reporting for the run

@@ -9,9 +9,15 @@ from typing import Any
 
 import pytest
 
+from gputop.address import Address
+from gputop.collect.server import Collector
+from gputop.collect.store import Store
+from gputop.model.snapshot import DONE
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.probes.collectives import CollectiveProbe
+from tests.support.collectors import snapshot_of, wait_for
+from tests.support.processes import run_script
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -157,3 +163,39 @@ def test_an_fsdp2_mixed_precision_policy_is_read_as_the_precision_the_model_comp
     mixed = fully_shard(torch.nn.Linear(4, 4), mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     assert model_facts(plain)["param_dtype"] == "float32"
     assert model_facts(mixed)["param_dtype"] == "bfloat16"
+
+
+def test_collectives_are_timed_from_the_tick_the_collector_is_reached_not_a_window_later() -> None:
+    """A one-rank job that all-reduces 20 times between 0.5 and ~0.9 s, under the 1-s default window: the
+    connection is made within the first ticks, and its collectives must be in its only window, the exit
+    flush. The tap was switched on at the tick after the connection, which, connected and idle, is the
+    next window's: a job's first second (and a second after each reconnection) went untimed."""
+    collector = Collector(Store(), Address(port=0))
+    collector.start()
+    try:
+        done = run_script(
+            """
+            import os, time
+            import torch, torch.distributed as dist
+            import gputop
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            gputop.watch(torch.nn.Linear(4, 4))  # a watched model's process group gets the tap
+            time.sleep(0.5)  # connected by now: the reporter ticks every 0.25 s until it is
+            for _ in range(20):
+                dist.all_reduce(torch.ones(1024))
+                time.sleep(0.02)
+                gputop.step()
+            print("steps", 20)
+            """,
+            collector.address.port,
+            GPUTOP_WINDOW_S="1",
+        )
+        assert done.returncode == 0 and "steps 20" in done.stdout, done.stderr[-2000:]
+        assert wait_for(lambda: [v.status for v in snapshot_of(collector).all_ranks()] == [DONE], timeout_s=30)
+        (view,) = snapshot_of(collector).all_ranks()
+    finally:
+        collector.stop()
+    calls = sum(c.calls for w in view.windows for c in w.collectives if c.kind == "all_reduce")
+    seen = [(w.steps, [(c.kind, c.group, c.calls) for c in w.collectives]) for w in view.windows]
+    said = f"{len(view.windows)} window(s) of (steps, collectives): {seen}"
+    assert calls == 20, said
