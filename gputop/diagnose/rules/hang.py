@@ -120,14 +120,14 @@ def step_clock(rank: RankFigures) -> StepClock | None:
     # Anchored at its last step, not at now: a rank stopped for longer than the lookback keeps its clock.
     last = next((i for i in range(len(windows) - 1, -1, -1) if windows[i].steps > 0), None)
     if last is None:  # stopped for longer than its copied windows reach: the store kept its last steps apart
-        stepped = list(rank.view.stepped)
-    else:
-        since, first = windows[last].t1 - LOOKBACK_S, last
-        while first > 0 and windows[first - 1].t1 >= since:  # back to the lookback's start, not the run's
-            first -= 1
-        stepped = [w for w in windows[first : last + 1] if w.steps > 0]
-    if not stepped:
-        return None
+        windows = rank.view.stepped
+        last = len(windows) - 1
+        if last < 0:
+            return None
+    since, first = windows[last].t1 - LOOKBACK_S, last
+    while first > 0 and windows[first - 1].t1 >= since:  # back to the lookback's start, not the run's
+        first -= 1
+    stepped = [w for w in windows[first : last + 1] if w.steps > 0]
     medians = [w.step_time_p50_s for w in stepped if w.step_time_p50_s is not None]
     usual = statistics.median(medians) if medians else 0.0
     longest = max((w.step_time_max_s or 0.0 for w in stepped), default=0.0)
