@@ -40,6 +40,10 @@ from gputop.settings.setting import Source as Source
 
 DDP_SAMPLE_RATE_CUDA = 10  # DDP's own default is 100: too few timed iterations for a 1-s window
 DDP_SAMPLE_RATE_CPU = 1  # timing a CPU iteration costs nothing next to it
+# A window's bounds.  The figures read a 10-s span (gputop.model.figures.SPAN_S) and a live view copies each
+# rank's newest 40 windows (SPAN_COPY_WINDOWS): under 0.25 s those no longer cover the span; a share is called
+# with a band of 3 windows or more, so over 3 s a span never holds enough.  A test keeps these in step.
+WINDOW_S_RANGE = (0.25, 3.0)
 STACKS_HZ_RANGE = (0.5, 200.0)
 NICE_RANGE = (0, 19)  # what nice(2) accepts as a lowered priority; 0: not lowered
 
@@ -141,7 +145,7 @@ WINDOW_S: Setting[float] = Setting(
     default=1.0,
     kind="seconds",
     env="GPUTOP_WINDOW_S",
-    parse=kinds.window_seconds,
+    parse=kinds.number_in_range(*WINDOW_S_RANGE, "seconds"),
     if_bad="training started with it reports nothing",
 )
 DDP_SAMPLE_RATE: Setting[int | None] = Setting(

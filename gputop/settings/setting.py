@@ -159,20 +159,6 @@ def number(value: str) -> float:
         raise ValueError("is not a number") from None
 
 
-# A window's bounds.  The figures read a 10-s span (gputop.model.figures.SPAN_S) and a live view copies each
-# rank's newest 40 windows (SPAN_COPY_WINDOWS): under 0.25 s those no longer cover the span; a share is called
-# with a band of 3 windows or more, so over 3 s a span never holds enough.  A test keeps these in step.
-MIN_WINDOW_S = 0.25
-MAX_WINDOW_S = 3.0
-
-
-def window_seconds(value: str) -> float:
-    seconds = number(value)
-    if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
-        raise ValueError(f"is outside {MIN_WINDOW_S:g}-{MAX_WINDOW_S:g} seconds")
-    return seconds
-
-
 def port(value: str) -> int:
     try:
         chosen = int(value)
@@ -202,6 +188,17 @@ def in_range(low: float, high: float, unit: str) -> Callable[[str], float]:
         if not low <= chosen <= high:  # also NaN
             raise ValueError(f"is not {low:g}-{high:g} {unit}")
         return chosen
+
+    return parse
+
+
+def number_in_range(low: float, high: float, unit: str) -> Callable[[str], float]:
+    """A number (else "is not a number") from ``low`` to ``high``."""
+    within = in_range(low, high, unit)
+
+    def parse(value: str) -> float:
+        number(value)
+        return within(value)
 
     return parse
 
