@@ -17,6 +17,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,33 +131,36 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
         ("run:gputop_exposed_comm:min_ratio", "exposed_comm"),
         ("run:gputop_idle_gpu_hours_per_hour", "idle_gpu_hours_per_hour"),
     ):
-        for r in prometheus.query(f"{name}{only}"):
-            if (entry := runs.get(_run(r))) is not None:
-                setattr(entry, attribute, _value(r))
-    for r in prometheus.query(f"count by (run) (gputop_rank_up{only})"):
-        if (entry := runs.get(_run(r))) is not None:
-            entry.ranks = int(_value(r) or 0)
-    for r in prometheus.query(f"count by (run) (gputop_rank_up{only} == 0)"):
-        if (entry := runs.get(_run(r))) is not None:
-            entry.lost = int(_value(r) or 0)
-    for r in prometheus.query(f"run:gputop_slowest_ranks:top{WORST_RANKS}{only}"):
+        for entry, r in _per_run(prometheus, f"{name}{only}", runs):
+            setattr(entry, attribute, _value(r))
+    for entry, r in _per_run(prometheus, f"count by (run) (gputop_rank_up{only})", runs):
+        entry.ranks = int(_value(r) or 0)
+    for entry, r in _per_run(prometheus, f"count by (run) (gputop_rank_up{only} == 0)", runs):
+        entry.lost = int(_value(r) or 0)
+    for entry, r in _per_run(prometheus, f"run:gputop_slowest_ranks:top{WORST_RANKS}{only}", runs):
         labels = r["metric"]
-        if (entry := runs.get(_run(r))) is not None and (score := _value(r)) is not None:
+        if (score := _value(r)) is not None:
             entry.slowest.append(
                 SlowRank(labels.get("rank", ""), labels.get("Hostname", ""), score, labels.get("instance", ""))
             )
-    for r in prometheus.query(f'ALERTS{{alertname=~"Gputop.*"{", " + matcher if run else ""}}}'):
+    for entry, r in _per_run(prometheus, f'ALERTS{{alertname=~"Gputop.*"{", " + matcher if run else ""}}}', runs):
         labels = r["metric"]
-        if (entry := runs.get(_run(r))) is not None:
-            entry.alerts.append(
-                FiringAlert(labels.get("alertname", ""), labels.get("alertstate", ""), labels.get("severity", ""),
-                            labels.get("cause", ""), labels.get("rank", ""), labels.get("Hostname", ""),
-                            labels.get("instance", ""))
-            )  # fmt: skip
+        entry.alerts.append(
+            FiringAlert(labels.get("alertname", ""), labels.get("alertstate", ""), labels.get("severity", ""),
+                        labels.get("cause", ""), labels.get("rank", ""), labels.get("Hostname", ""),
+                        labels.get("instance", ""))
+        )  # fmt: skip
     for entry in runs.values():
         entry.slowest.sort(key=lambda s: -s.score)
         entry.alerts.sort(key=lambda a: (a.state != "firing", a.severity != "critical", a.name, a.rank))
     return sorted(runs.values(), key=lambda e: (not any(a.state == "firing" for a in e.alerts), e.run))
+
+
+def _per_run(prometheus: Prometheus, promql: str, runs: dict[str, FleetRun]) -> Iterator[tuple[FleetRun, Any]]:
+    """Each sample the query answers, with the run it belongs to; a sample of a run not listed is skipped."""
+    for sample in prometheus.query(promql):
+        if (entry := runs.get(_run(sample))) is not None:
+            yield entry, sample
 
 
 def _run(sample: dict[str, Any]) -> str:

@@ -10,13 +10,18 @@ would.  The tests/integration tier runs the real ``prometheus`` instead.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import math
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
+
+from gputop.export.prometheus import PrometheusExporter
+from tests.support import tui_fixtures as fx
 
 JSON = dict[str, Any]
 
@@ -131,3 +136,15 @@ def record_two_rank_run(api: PrometheusAPI, exporter: str, *, run: str = "run-a"
     api.answers.setdefault("count by (run) (gputop_rank_up)", []).append(sample(2, run=run))
     api.answers["count by (job) (gputop_rank_up)"] = [sample(2, job="gputop")]
     api.targets = [target("gputop", exporter, interval=interval)]
+
+
+@contextlib.contextmanager
+def exporting_two_ranks() -> Iterator[str]:
+    """gputop's own exporter over a 2-rank run on node-a (rank 1 waits for data); its instance (host:port)."""
+    snapshot = fx.two_ranks()
+    exporter = PrometheusExporter(lambda: snapshot, "127.0.0.1", 0)
+    exporter.start()
+    try:
+        yield f"127.0.0.1:{exporter.port}"
+    finally:
+        exporter.stop()

@@ -21,22 +21,17 @@ from textual.binding import Binding
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
-from gputop.export.prometheus import PrometheusExporter
 from gputop.fleet.query import Prometheus
 from gputop.tui.fleet_app import FLEET_HELP, FleetApp
 from gputop.tui.screens.fleet_node import FleetNodeScreen
-from tests.support import tui_fixtures as fx
-from tests.support.prometheus_api import PrometheusAPI, record_two_rank_run
+from tests.support.prometheus_api import PrometheusAPI, exporting_two_ranks, record_two_rank_run
 
 
 @pytest.fixture
 def exporter() -> Iterator[str]:
     """gputop's exporter over a 2-rank run on node-a; its instance (host:port)."""
-    snapshot = fx.two_ranks()
-    served = PrometheusExporter(lambda: snapshot, "127.0.0.1", 0)
-    served.start()
-    yield f"127.0.0.1:{served.port}"
-    served.stop()
+    with exporting_two_ranks() as instance:
+        yield instance
 
 
 @pytest.fixture

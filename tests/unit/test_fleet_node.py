@@ -15,22 +15,18 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from gputop.export.metrics import FINDING_LABELS, GPU_LABELS, METRICS, RANK_LABELS
-from gputop.export.prometheus import PrometheusExporter
 from gputop.fleet import node
 from gputop.fleet.node import NodeFinding, metrics_url, parse_node_page, read_node
 from gputop.fleet.query import FleetError
-from tests.support import tui_fixtures as fx
 from tests.support.processes import free_port
+from tests.support.prometheus_api import exporting_two_ranks
 
 
 @pytest.fixture
 def gputop_exporter() -> Iterator[str]:
     """gputop's own exporter over a 2-rank run on node-a (rank 1 waits for data); its metrics page's URL."""
-    snapshot = fx.two_ranks()
-    exporter = PrometheusExporter(lambda: snapshot, "127.0.0.1", 0)
-    exporter.start()
-    yield f"http://127.0.0.1:{exporter.port}/metrics"
-    exporter.stop()
+    with exporting_two_ranks() as instance:
+        yield f"http://{instance}/metrics"
 
 
 def test_every_rank_and_gpu_gputop_exports_is_read_with_its_figures(gputop_exporter: str) -> None:
