@@ -69,6 +69,7 @@ def test_an_accelerate_loop_reports_both_ranks_steps_loader_wait_and_ddp_phases(
         assert stats.optimizer_s is not None and stats.optimizer_s > 0, summary  # AcceleratedOptimizer's inner step
 
 
+@pytest.mark.alone
 def test_an_accelerate_loop_waiting_on_its_data_is_named_loader_bound(collector: Collector) -> None:
     """One sample of each batch sleeps 80 ms against steps of ~20 ms: about four fifths of each step is waiting.
 

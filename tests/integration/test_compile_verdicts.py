@@ -13,7 +13,7 @@ from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
 from tests.support.processes import finish, launch, needs_torch
 
-pytestmark = [pytest.mark.slow, needs_torch]
+pytestmark = [pytest.mark.slow, pytest.mark.alone, needs_torch]
 
 
 def compiled_job(collector: Collector, *args: str) -> tuple[list[Finding], str]:

@@ -92,6 +92,7 @@ def test_fsdp2_collectives_reach_the_report_and_the_exporter(healthy: tuple[Figu
     assert len(exposed) == 4 and all(v > 0 for v in exposed), series["gputop_collective_seconds"]  # 2 ranks x 2 parts
 
 
+@pytest.mark.alone
 def test_an_fsdp2_rank_with_extra_work_each_step_is_named_the_straggler() -> None:
     _, findings, summary = run_fsdp2("--steps", "50", "--extra-ms", "80", "--extra-rank", "1")
     stragglers = [f for f in findings if f.cause == "straggler" and f.severity in ("warn", "critical")]

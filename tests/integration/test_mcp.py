@@ -266,6 +266,7 @@ async def call(session: ClientSession, tool: str, arguments: dict[str, Any] | No
 
 @needs_torch
 @pytest.mark.slow
+@pytest.mark.alone
 async def test_a_live_straggler_is_named_by_get_findings_over_stdio(tmp_path: Path) -> None:
     """The SDK's stdio client starts `gputop mcp --port P`; a 2-rank job whose rank 1 is slow reports to it.
 

@@ -2,7 +2,8 @@
 
 A run is right when its top finding names the case's cause and, where the case
 says which, the ranks that have it; the right cause on the wrong ranks is
-counted apart; a run whose premise never happened is neither.
+counted apart; a healthy run whose live view showed a warning is wrong; a run
+whose premise never happened is neither.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from gputop.demos.scenarios import SCENARIOS
+from gputop.diagnose.findings import Cause, Finding, Severity
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("diagnosis_accuracy", ROOT / "benchmarks" / "diagnosis_accuracy.py")
@@ -136,3 +142,69 @@ def test_a_case_whose_premise_needs_a_gpu_is_void_on_the_cpu(tmp_path: Path) -> 
     result = bench.result_of(case, 1, gpu, 20.0)
     assert not result.on_cpu and bench.premise_missing(case, result.steps, tmp_path / "none") == ""
     assert result.right
+
+
+HEALTHY_DEMO = bench.Case("demo_healthy", bench.HEALTHY, "the healthy demo", demo="healthy")
+
+
+def test_a_healthy_run_that_showed_a_warning_live_is_wrong_though_its_report_is_clean() -> None:
+    """What a newcomer saw was the warning, not the clean report written at the end."""
+    clean = bench.result_of(HEALTHY_DEMO, 1, report(), 20.0)
+    alarmed = replace(clean, shown_live=("communication",))
+    assert clean.right and bench.scored(clean) == bench.HEALTHY
+    assert not alarmed.right and not alarmed.cause_right and not alarmed.ranks_wrong
+    assert bench.scored(alarmed) == bench.SHOWN_LIVE
+    summary = bench.summary([clean, alarmed])
+    assert summary["right"] == 1 and summary["shown_live"] == ["demo_healthy run 1: communication"]
+    assert bench.confusion_markdown([clean, alarmed]).splitlines()[0].endswith(f"| {bench.SHOWN_LIVE} |")
+    assert "✗ (shown live: communication)" in bench.runs_markdown([alarmed])
+    assert "healthy runs with a warning shown live: 1;" in bench.summary_text(summary)
+
+
+def test_a_healthy_run_wrong_in_its_report_counts_under_its_top_not_the_live_column() -> None:
+    result = replace(
+        bench.result_of(HEALTHY_DEMO, 1, report(finding("straggler", [1])), 20.0), shown_live=("straggler",)
+    )
+    assert not result.right and bench.scored(result) == "straggler"
+
+
+def test_the_live_view_of_a_healthy_run_keeps_warnings_and_any_straggler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warn/critical causes at any refresh, and a straggler even at info: a healthy rank called slow."""
+
+    def shown(cause: Cause, severity: Severity) -> Finding:
+        return Finding(cause=cause, severity=severity, title=f"{cause} {severity}", suggestion="")
+
+    refreshes = [
+        (0.5, [shown("memory", "info")]),
+        (1.0, [shown("communication", "warn"), shown("straggler", "info")]),
+        (1.5, []),
+    ]
+    monkeypatch.setattr(bench, "live_view", lambda path: iter(refreshes))
+    assert bench.live_alarms(Path("run.jsonl")) == ("communication", "straggler (info)")
+    monkeypatch.setattr(bench, "live_view", lambda path: iter([(0.5, [shown("memory", "info")])]))
+    assert bench.live_alarms(Path("run.jsonl")) == ()
+
+
+def test_the_demo_cases_run_the_bundled_script_with_their_scenario() -> None:
+    demos = {c.name: c for c in bench.CASES if c.demo}
+    assert {n: (c.expected, c.ranks) for n, c in demos.items()} == {
+        "demo_healthy": (bench.HEALTHY, None),
+        "demo_slow_loader": ("data_loading", (0, 1)),
+        "demo_straggler": ("straggler", (1,)),
+        "demo_rotating": ("straggler", ()),
+        "demo_comm_bound": ("communication", (0, 1)),
+        "demo_small_batch": ("parallelism", (0, 1)),
+        "demo_oversubscribed": ("allocation", (0, 1)),
+        "demo_healthy_minute": (bench.HEALTHY, None),
+    }
+    assert all(c.demo in SCENARIOS and not c.unseen for c in demos.values())
+    assert demos["demo_healthy_minute"].seconds == 60.0
+    cmd = bench.job_command(demos["demo_straggler"], 14.0)
+    assert bench.DEMO_TRAIN.is_file() and cmd[-5:] == [
+        str(bench.DEMO_TRAIN),
+        "--scenario",
+        "straggler",
+        "--seconds",
+        "14.0",
+    ]
+    assert "--case" in bench.job_command(bench.case_of("healthy_convnet"), 14.0)
