@@ -9,7 +9,14 @@ the ranks the case's cause is on, and the right cause on other ranks is counted
 in a column of its own), the flip rate (cases whose K identical runs disagree),
 and, for cases whose cause switches on mid-run, how long after the onset the
 live dashboard (the recording replayed through the persistent diagnoser) first
-shows it.  A run whose case never set up what it tests is void, with why.
+shows it.  A healthy case's run is also replayed so: one whose live view showed a
+warning at any refresh, or called a rank slow at all, is not right, whatever its
+report says, since that warning is what its user saw.  A run whose case never set
+up what it tests is void, with why.
+
+The corpus holds the bundled demo's scenarios too (``gputop demo``'s training
+script, gputop/demos/train.py, as cases named demo_<scenario>), so a newcomer's
+first look at each is checked on fresh runs.
 
 Run: .venv/bin/python benchmarks/diagnosis_accuracy.py [--runs 3] [--cases a,b] [--seconds 14] [--out results.json]
      [--keep DIR]  (keeps each run's recording and job log, for `gputop report` or `gputop replay`)
@@ -48,15 +55,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import gputop.demos
 from gputop.address import Address
 from gputop.collect import recording
 from gputop.collect.live import LiveSource
 from gputop.collect.store import Store
+from gputop.diagnose.findings import Finding
 from gputop.diagnose.persistence import Diagnoser
 from gputop.model.figures import summarize
 from gputop.model.snapshot import VIEW_HISTORY_WINDOWS
 
 JOBS = Path(__file__).resolve().parent / "jobs" / "accuracy"
+DEMO_TRAIN = Path(gputop.demos.__file__).resolve().parent / "train.py"  # the script `gputop demo` runs under torchrun
 ONSET_FILE_ENV = "GPUTOP_BENCH_ONSET_FILE"  # as in jobs/accuracy/common.py
 HEALTHY = "healthy"  # the top-cause column when no warn/critical finding shows
 REFRESH_S = 0.5  # the dashboard's default refresh: the replay diagnoses this often
@@ -68,6 +78,8 @@ class Case:
     expected: str  # a finding cause, or "healthy"
     about: str
     script: str = "job.py"
+    demo: str = ""  # the bundled demo's scenario the case runs (DEMO_TRAIN), in place of a corpus job
+    seconds: float | None = None  # training time, whatever the run's --seconds (a first minute is a minute)
     onset: bool = False  # the cause switches on mid-run; the job writes when
     unseen: bool = False  # written after the rules, to score them on jobs they were not tuned on
     # The step the case's own ranks (``ranks``; every rank where it names none) must reach for its cause to
@@ -271,6 +283,32 @@ CASES: tuple[Case, ...] = (
         premise_step=30,
         ranks=None,
     ),
+    # The bundled demo's scenarios, run by its own training script (DEMO_TRAIN, sized to the machine as `gputop
+    # demo` sizes it): what a newcomer sees first.  Not unseen: the rules were tuned with the demos in view.
+    Case("demo_healthy", HEALTHY, "demo: CIFAR convnet, batch 64, 0.25-MB buckets", demo="healthy"),
+    # Every rank's input takes 60 ms a batch: each waits for its own, so a right finding names both.
+    Case(
+        "demo_slow_loader",
+        "data_loading",
+        "demo: 60 ms to load each batch, in the main process",
+        demo="slow_loader",
+        ranks=ALL_RANKS,
+    ),
+    Case("demo_straggler", "straggler", "demo: rank 1's input takes 60 ms a batch", demo="straggler", ranks=(1,)),
+    # A rank drawn at random works 80 ms more each step: the others wait for a different one each time.
+    Case("demo_rotating", "straggler", "demo: a random rank works 80 ms more each step", demo="rotating", ranks=()),
+    # One model, one all-reduce both ranks wait in; every rank's step is too small; every rank oversubscribes.
+    Case("demo_comm_bound", "communication", "demo: 4 x 2048-wide MLP, batch 8", demo="comm_bound", ranks=ALL_RANKS),
+    Case("demo_small_batch", "parallelism", "demo: 2 x 32-wide MLP, batch 2", demo="small_batch", ranks=ALL_RANKS),
+    Case(
+        "demo_oversubscribed",
+        "allocation",
+        "demo: twice as many torch threads as cores",
+        demo="oversubscribed",
+        ranks=ALL_RANKS,
+    ),
+    # A newcomer's first minute of the healthy demo must show no warning: a minute, whatever --seconds says.
+    Case("demo_healthy_minute", HEALTHY, "demo: the healthy scenario's first minute", demo="healthy", seconds=60.0),
 )
 
 
@@ -286,6 +324,8 @@ class RunResult:
     wall_s: float
     onset_to_finding_s: float | None = None  # onset cases: when the expected cause first showed live
     before_onset: tuple[str, ...] = ()  # onset cases: warn/critical causes the live view showed before the onset
+    # Healthy cases (quiet): what the live view showed at any refresh (see live_alarms); not right unless empty.
+    shown_live: tuple[str, ...] = ()
     error: str = ""
     # Under a condition that takes CPUs: allocation named first, with the case's own cause still listed.
     allocation_first: bool = False
@@ -300,8 +340,12 @@ class RunResult:
 
     @property
     def cause_right(self) -> bool:
-        """The cause a user reads first is the case's (or allocation, with the case's own cause listed)."""
-        return not self.void and (self.top == self.expected or self.allocation_first)
+        """The cause a user reads first is the case's (or allocation, with the case's own cause listed).
+
+        A healthy run whose live view showed a warning is not right even if its report is clean: the warning
+        is what its user read first.
+        """
+        return not self.void and not self.shown_live and (self.top == self.expected or self.allocation_first)
 
     @property
     def ranks_right(self) -> bool:
@@ -365,6 +409,7 @@ def neighbour(condition: str, seconds: float) -> Iterator[None]:
 
 def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "quiet") -> RunResult:
     """Run one case once under torchrun beside a recorder; report the recording."""
+    seconds = seconds if case.seconds is None else case.seconds
     rec_path = work / f"{case.name}.{run}.jsonl"
     onset_path = work / f"{case.name}.{run}.onset"
     log_path = work / f"{case.name}.{run}.log"
@@ -374,10 +419,7 @@ def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "
     code: int | None = None
     try:
         source.start()
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(JOBS / case.script), "--seconds", str(seconds)]  # fmt: skip
-        if case.script == "job.py":
-            cmd += ["--case", case.name]
+        cmd = job_command(case, seconds)
         env = {**os.environ, "GPUTOP_PORT": str(source.address.port), "PYTHONUNBUFFERED": "1",
                ONSET_FILE_ENV: str(onset_path)}  # fmt: skip
         env.pop("GPUTOP_SOCKET", None)
@@ -399,11 +441,30 @@ def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "
         why = "timed out" if code is None else f"exit {code}"
         return RunResult(case.name, case.expected, run, "error", "", (), (), wall_s, error=f"{why}: {tail}",
                          ranks_expected=case.ranks)  # fmt: skip
-    report = gputop_report(rec_path)
+    return read_run(case, run, rec_path, onset_path, wall_s, condition)
+
+
+def job_command(case: Case, seconds: float) -> list[str]:
+    """torchrun's command for one run: the case's corpus job, or the bundled demo's script as a file."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    if case.demo:
+        return [*torchrun, str(DEMO_TRAIN), "--scenario", case.demo, "--seconds", str(seconds)]
+    which = ["--case", case.name] if case.script == "job.py" else []
+    return [*torchrun, str(JOBS / case.script), "--seconds", str(seconds), *which]
+
+
+def read_run(case: Case, run: int, rec_path: Path, onset_path: Path, wall_s: float, condition: str) -> RunResult:
+    """A recorded run scored: its report, its premise, and what the live view showed where the case asks.
+
+    The live view is replayed for an onset case (how soon its cause showed) and for a healthy one (whether a
+    warning ever showed); under a condition that takes CPUs a healthy case expects allocation (Case.under), and
+    a warning is then its right answer, not a false alarm.
+    """
     onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
-    result = result_of(case, run, report, wall_s, condition)
+    shown = live_alarms(rec_path) if case.expected == HEALTHY else ()
+    result = result_of(case, run, gputop_report(rec_path), wall_s, condition)
     void = premise_missing(case, result.steps, onset_path, on_cpu=result.on_cpu)
-    return replace(result, onset_to_finding_s=onset_s, before_onset=before, void=void)
+    return replace(result, onset_to_finding_s=onset_s, before_onset=before, shown_live=shown, void=void)
 
 
 def rescore(case: Case, folder: Path, run: int, condition: str) -> RunResult | None:
@@ -416,11 +477,7 @@ def rescore(case: Case, folder: Path, run: int, condition: str) -> RunResult | N
     rec_path = folder / f"{case.name}.{run}.jsonl"
     if not rec_path.exists():
         return None
-    onset_path = folder / f"{case.name}.{run}.onset"
-    onset_s, before = time_to_finding(rec_path, onset_path, case.expected) if case.onset else (None, ())
-    result = result_of(case, run, gputop_report(rec_path), 0.0, condition)
-    void = premise_missing(case, result.steps, onset_path, on_cpu=result.on_cpu)
-    return replace(result, onset_to_finding_s=onset_s, before_onset=before, void=void)
+    return read_run(case, run, rec_path, folder / f"{case.name}.{run}.onset", 0.0, condition)
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -471,33 +528,53 @@ def result_of(case: Case, run: int, report: dict[str, Any], wall_s: float, condi
     )
 
 
-def time_to_finding(rec_path: Path, onset_path: Path, cause: str) -> tuple[float | None, tuple[str, ...]]:
-    """Replay the recording as the dashboard sees it live, refresh by refresh.
+def live_view(rec_path: Path) -> Iterator[tuple[float, list[Finding]]]:
+    """The recording as the dashboard shows it live: each refresh's time and the findings it shows.
 
-    Returns the seconds from the onset to the cause first showing (warn or
-    critical, after the diagnoser's persistence), None if it never did, and
-    the causes shown before the onset (false alarms on the healthy part).
+    Replayed every REFRESH_S through one persistent Diagnoser, as the dashboard
+    diagnoses, so a finding shows only once it has held and not for a blip.
     """
-    try:
-        onset_t = float(onset_path.read_text())
-    except (OSError, ValueError):
-        return None, ()
     entries = sorted(recording.read(rec_path), key=lambda e: e.t)
     store, diagnoser = Store(), Diagnoser()
-    before: set[str] = set()
     t, i = (entries[0].t if entries else 0.0), 0
     while i < len(entries):
         t += REFRESH_S
         while i < len(entries) and entries[i].t <= t:
             recording.apply(store, entries[i])
             i += 1
-        shown = {f.cause for f in diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
-                 if f.severity != "info"}  # fmt: skip
+        yield t, diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
+
+
+def warnings_in(findings: list[Finding]) -> set[str]:
+    """The causes a refresh shows as warn or critical: what the panel flags."""
+    return {f.cause for f in findings if f.severity != "info"}
+
+
+def time_to_finding(rec_path: Path, onset_path: Path, cause: str) -> tuple[float | None, tuple[str, ...]]:
+    """Seconds from the onset to the cause first showing live (warn or critical), None if it never did, and the
+    causes shown before the onset (false alarms on the healthy part)."""
+    try:
+        onset_t = float(onset_path.read_text())
+    except (OSError, ValueError):
+        return None, ()
+    before: set[str] = set()
+    for t, findings in live_view(rec_path):
         if t < onset_t:
-            before |= shown
-        elif cause in shown:
+            before |= warnings_in(findings)
+        elif cause in warnings_in(findings):
             return round(t - onset_t, 1), tuple(sorted(before))
     return None, tuple(sorted(before))
+
+
+def live_alarms(rec_path: Path) -> tuple[str, ...]:
+    """What a healthy run's live view showed at any refresh: each warn/critical cause, and "straggler (info)"
+    for a straggler finding below warn, since even an info line that calls a healthy rank slow sends a
+    newcomer looking for a fault that is not there."""
+    shown: set[str] = set()
+    for _, findings in live_view(rec_path):
+        shown |= warnings_in(findings)
+        shown |= {"straggler (info)" for f in findings if f.cause == "straggler" and f.severity == "info"}
+    return tuple(sorted(shown))
 
 
 # -- the tables ----------------------------------------------------------------------------
@@ -519,6 +596,8 @@ def summary(everything: list[RunResult]) -> dict[str, Any]:
         "allocation_first": allocation_first,
         # Counted apart, not right: the right cause pinned on other ranks than the ones that have it.
         "ranks_wrong": [f"{r.case} run {r.run}: {ranks_slip_text(r)}" for r in results if r.ranks_wrong],
+        # Not right either: a healthy run whose live view showed a warning, with what it showed.
+        "shown_live": [f"{r.case} run {r.run}: {', '.join(r.shown_live)}" for r in results if r.shown_live],
         "cases": len(by_case),
         "flipped_cases": flipped,
         "flip_rate": round(len(flipped) / len(by_case), 3) if by_case else None,
@@ -546,8 +625,8 @@ def confusion_markdown(everything: list[RunResult]) -> str:
     if not results:
         return "(no run scored: every run was void)"
     expected = list(dict.fromkeys(r.expected for r in results))
-    others = {scored(r) for r in results} - set(expected) - {RANKS_WRONG}
-    found = expected + sorted(others) + ([RANKS_WRONG] if any(r.ranks_wrong for r in results) else [])
+    columns = {scored(r) for r in results}
+    found = expected + sorted(columns - set(expected) - set(APART)) + [c for c in APART if c in columns]
     counts = Counter((r.expected, scored(r)) for r in results)
     first = Counter(r.expected for r in results if r.allocation_first and r.right)
     lines = ["| expected \\ top finding | " + " | ".join(found) + " |", "|---" * (len(found) + 1) + "|"]
@@ -559,17 +638,25 @@ def confusion_markdown(everything: list[RunResult]) -> str:
     if RANKS_WRONG in found:
         lines.append(f"\n*{RANKS_WRONG}*: the expected cause on top (or listed under allocation first), but "
                      "naming other ranks than the case's; not counted right.")  # fmt: skip
+    if SHOWN_LIVE in found:
+        lines.append(f"\n*{SHOWN_LIVE}*: a healthy run whose report is clean, but whose live view showed a "
+                     "warning, or called a rank slow, at some refresh; not counted right.")  # fmt: skip
     return "\n".join(lines)
 
 
 RANKS_WRONG = "right cause, wrong ranks"  # the confusion table's column for the ranks slip
+SHOWN_LIVE = "healthy, warning shown live"  # its column for a healthy run whose live view alarmed
+APART = (RANKS_WRONG, SHOWN_LIVE)  # columns of a wrong verdict that no cause names, last in the table
 
 
 def scored(result: RunResult) -> str:
     """The column a run counts in: its expected cause when right (allocation first included), the ranks slip's
-    own column when the cause is right but its ranks are not, else its top."""
+    own column when the cause is right but its ranks are not, the live alarm's when a healthy run's report is
+    clean but its live view was not, else its top."""
     if result.ranks_wrong:
         return RANKS_WRONG
+    if result.shown_live and result.top == HEALTHY:
+        return SHOWN_LIVE
     return result.expected if result.right else result.top
 
 
@@ -579,10 +666,6 @@ def runs_markdown(results: list[RunResult]) -> str:
         "|---" * 7 + "|",
     ]
     for r in results:
-        # The ranks named go with the finding they were read from: the top one, or the case's own under it.
-        mark = f" (allocation first, own cause listed: {r.expected} {ranks_text(r.named)})" * r.allocation_first
-        mark = f" ✗ ({RANKS_WRONG}: {ranks_slip_text(r)})" if r.ranks_wrong else mark if r.right else " ✗"
-        mark = f" (void: {r.void})" if r.void else mark
         named = f" {ranks_text(r.named)}" if r.top_title and not r.allocation_first else ""
         title = r.error or (f"{r.top}{named}: {r.top_title}" if r.top_title else r.top)
         onset = (
@@ -591,10 +674,43 @@ def runs_markdown(results: list[RunResult]) -> str:
             else ("missed" if r.onset_to_finding_s is None else f"{r.onset_to_finding_s:g}")
         )
         steps = "/".join(map(str, r.steps))
-        title = title.replace("|", "/") + mark
+        title = title.replace("|", "/") + verdict_mark(r)
         expected = r.expected if r.ranks_expected is None else f"{r.expected} {ranks_text(r.ranks_expected)}"
         lines.append(f"| {r.case} | {expected} | {r.run} | {title} | {steps} | {r.wall_s:g} | {onset} |")
     return "\n".join(lines)
+
+
+def summary_text(total: dict[str, Any]) -> str:
+    """The lines under the confusion table: the runs not scored or not right and why, then the counts."""
+    lines = []
+    if total["void"]:
+        lines.append(f"void (the case's premise did not happen, not scored): {'; '.join(total['void'])}")
+    if total["ranks_wrong"]:
+        lines.append(f"{RANKS_WRONG} (not counted right): {'; '.join(total['ranks_wrong'])}")
+    if total["shown_live"]:
+        lines.append(f"healthy runs with a warning shown live (not counted right): {'; '.join(total['shown_live'])}")
+    lines.append(
+        f"right (the cause, and the ranks it names): {total['right']}/{total['runs']} runs; "
+        f"{RANKS_WRONG}: {len(total['ranks_wrong'])}; healthy runs with a warning shown live: "
+        f"{len(total['shown_live'])}; flip rate: {len(total['flipped_cases'])}/{total['cases']} "
+        f"cases ({', '.join(total['flipped_cases']) or 'none'}); onset to finding: {total['onset_to_finding_s']} s"
+        f"{'; missed ' + str(total['onset_missed']) if total['onset_missed'] else ''}"
+    )
+    return "\n".join(lines)
+
+
+def verdict_mark(r: RunResult) -> str:
+    """What follows a run's top finding in the runs table: void, right, or why not."""
+    if r.void:
+        return f" (void: {r.void})"
+    if r.ranks_wrong:
+        return f" ✗ ({RANKS_WRONG}: {ranks_slip_text(r)})"
+    if r.shown_live:
+        return f" ✗ (shown live: {', '.join(r.shown_live)})"
+    if not r.right:
+        return " ✗"
+    # The ranks named go with the finding they were read from: the top one, or the case's own under it.
+    return f" (allocation first, own cause listed: {r.expected} {ranks_text(r.named)})" * r.allocation_first
 
 
 def main() -> int:
@@ -630,6 +746,7 @@ def main() -> int:
                 results.append(result)
                 verdict = "void" if result.void else "ok" if result.right else "WRONG"
                 verdict += " RANKS" if result.ranks_wrong else ""
+                verdict += f", shown live: {', '.join(result.shown_live)}" if result.shown_live else ""
                 print(f"{case.name} run {run}: {result.top} ({verdict}) {result.top_title or result.error}",
                       file=sys.stderr, flush=True)  # fmt: skip
     total = summary(results)
@@ -638,14 +755,7 @@ def main() -> int:
     print(f"\n{started:%Y-%m-%d %H:%M} UTC, {machine}; condition {args.condition}; load at the end {load[0]:.1f}")
     print(f"command: {' '.join(['.venv/bin/python', *sys.argv])}\n")
     print(confusion_markdown(results), "\n")
-    if total["void"]:
-        print(f"void (the case's premise did not happen, not scored): {'; '.join(total['void'])}")
-    if total["ranks_wrong"]:
-        print(f"{RANKS_WRONG} (not counted right): {'; '.join(total['ranks_wrong'])}")
-    print(f"right (the cause, and the ranks it names): {total['right']}/{total['runs']} runs; "
-          f"{RANKS_WRONG}: {len(total['ranks_wrong'])}; flip rate: {len(total['flipped_cases'])}/{total['cases']} "
-          f"cases ({', '.join(total['flipped_cases']) or 'none'}); onset to finding: {total['onset_to_finding_s']} s"
-          f"{'; missed ' + str(total['onset_missed']) if total['onset_missed'] else ''}\n")  # fmt: skip
+    print(summary_text(total), "\n")
     print(runs_markdown(results))
     if args.out is not None:
         payload = {"started_utc": started.isoformat(), "machine": machine, "command": sys.argv,
