@@ -373,11 +373,11 @@ def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_
     assert record.returncode == 0, said
 
     events = [json.loads(line) for line in alerts.read_text().splitlines()]
-    # The --on-finding command heard of the straggler once, however long it lasted, with what a user acts on; a
-    # finished run keeps the diagnosis of its last span, so it never heard it clear (tests/unit/test_alerts.py does).
+    # The --on-finding command heard of the straggler first once it had held, with what a user acts on.  (Not
+    # that it never cleared: profiling rank 1 makes stops, and the last span may rightly read a stall instead.
+    # Heard once and never cleared at the end of a run: tests/unit/test_recorded_verdicts.py, on a recorded job.)
     straggling = [e for e in events if e["finding"]["cause"] == "straggler"]
-    heard = [e["event"] for e in straggling]
-    assert heard and heard[0] == "raised" and heard.count("raised") == 1 and "cleared" not in heard, heard
+    assert straggling and straggling[0]["event"] == "raised", [e["event"] for e in straggling]
     raised = straggling[0]
     assert raised["held_s"] >= 2 and raised["finding"]["severity"] in ("warn", "critical"), raised
     assert raised["finding"]["evidence"] and raised["finding"]["suggestion"], raised

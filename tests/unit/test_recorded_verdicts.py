@@ -13,6 +13,7 @@ fails here after a rule change names the run, what was measured and what was fou
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import cache
 
 import pytest
@@ -21,10 +22,12 @@ from gputop import report
 from gputop.collect import recording
 from gputop.collect.store import Store
 from gputop.diagnose import Diagnoser, diagnose
+from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.findings import Finding
+from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
 from gputop.export.metrics import families
 from gputop.model.figures import Figures, summarize
-from gputop.model.snapshot import VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.model.snapshot import SPAN_COPY_WINDOWS, Snapshot
 from tests.support.record_runs import BUSY_LOOP, path_of
 
 REFRESH_S = 0.5  # the dashboard's default refresh: a live view diagnoses this often
@@ -216,28 +219,55 @@ def test_each_demo_is_read_as_the_cause_it_reproduces(scenario: str, cause: str)
         assert top.ranks == () and top.extra["phase"] == "rotating", summary
 
 
-def test_the_healthy_demos_first_minute_shows_no_warning_at_any_refresh_nor_in_its_report() -> None:
-    """A newcomer's first screen: the healthy demo's minute, replayed refresh by refresh as the dashboard reads it.
+def replay_live(name: str, *, alerts: AlertTracker | None = None, past_end_s: float = 0.0) -> Iterator[LiveUpdate]:
+    """The recording as a live view reads it: fed in at its own pace, one refresh every REFRESH_S of its time.
 
-    No warning or critical finding at any refresh (after the diagnoser's persistence, as shown), no straggler
-    line of any severity (nothing calls a healthy rank slow), and the report of the whole run warns of nothing.
+    Each refresh is what the dashboard, `gputop record --on-finding` and the exporter compute from a live
+    snapshot (``LivePipeline``: the span's figures, the persistent diagnoser, the alerts); ``past_end_s`` goes on
+    refreshing after the last entry, as a live view does after a run has finished.
     """
-    name = "demo_healthy_minute"
     entries = sorted(recording.read(path_of(name)), key=lambda e: e.t)
-    store, diagnoser = Store(), Diagnoser()
-    shown: list[str] = []
+    store, pipeline = Store(), LivePipeline(diagnoser=Diagnoser(), alerts=alerts)
     t, i = entries[0].t, 0
-    while i < len(entries):
+    while t < entries[-1].t + past_end_s:
         t += REFRESH_S
         while i < len(entries) and entries[i].t <= t:
             recording.apply(store, entries[i])
             i += 1
-        figures = summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS))
-        for finding in diagnoser.update(figures):
-            if finding.severity in ("warn", "critical") or finding.cause == "straggler":
-                shown.append(f"{t - entries[0].t:.1f} s: [{finding.severity}] {finding.cause}: {finding.title}")
+        yield pipeline.update(store.snapshot(t, history=SPAN_COPY_WINDOWS))
+
+
+def test_the_healthy_demos_first_minute_shows_no_warning_at_any_refresh_nor_in_its_report() -> None:
+    """A newcomer's first screen: the healthy demo's minute, replayed refresh by refresh as the dashboard reads it.
+
+    No warning or critical finding at any refresh, no straggler line of any severity (nothing calls a healthy
+    rank slow), and the report of the whole run warns of nothing.
+    """
+    name = "demo_healthy_minute"
+    shown = [
+        f"{update.figures.t:.1f}: [{f.severity}] {f.cause}: {f.title}"
+        for update in replay_live(name)
+        for f in update.findings
+        if f.severity in ("warn", "critical") or f.cause == "straggler"
+    ]
     _, figures, findings, summary = recorded(name)
     stepped_s = [(r.stats.steps or 0) * (r.stats.step_time_mean_s or 0) for r in figures.all_ranks()]
     assert len(stepped_s) == 2 and min(stepped_s) > 55, summary  # both ranks stepped for the minute
     assert shown == [], f"shown live: {shown[:3]}; whole run: {summary}"
     assert [f for f in findings if f.severity != "info"] == [], summary
+
+
+def test_on_finding_hears_of_a_finding_once_however_long_it_lasts_and_not_of_a_finished_run_clearing() -> None:
+    """`record --on-finding` on the slow-loader demo (the alerts wait 2 s): raised once, with what a user acts on.
+
+    A finished run keeps the diagnosis of its last span (the dashboard shows how it ended), so its findings do
+    not clear when its ranks say bye: 20 s of refreshes after the run's end bring no second alert.  Clearing
+    and worsening are tests/unit/test_alerts.py's.
+    """
+    alerts = [a for update in replay_live("demo_slow_loader", alerts=AlertTracker(hold_s=2.0), past_end_s=20.0)
+              for a in update.alerts]  # fmt: skip
+    said = [(a.kind, a.finding.cause, round(a.held_s, 1)) for a in alerts]
+    loader = [a for a in alerts if a.finding.cause == "data_loading"]
+    assert [a.kind for a in loader] == ["raised"], said
+    assert loader[0].held_s >= 2 and loader[0].finding.severity in ("warn", "critical"), said
+    assert loader[0].finding.evidence and loader[0].finding.suggestion, said
