@@ -9,9 +9,9 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # The unit and dashboard tiers run in this many pytest-xdist workers: their tests are independent, and a third of
-# their time is spent waiting on the dashboard's refreshes.  Of tests/integration, the plumbing runs two at a time;
-# the handful marked `alone` (a verdict or a share of time on a job run now) one at a time, with nothing beside them:
-# another job on two cores would change what they measure (tests/integration/__init__.py).
+# their time is spent waiting on the dashboard's refreshes.  Of tests/integration, the plumbing runs in as many (three
+# kept two cores 96% busy, two 83%); the handful marked `alone` (a verdict or a share of time on a job run now) one
+# at a time, with nothing beside them: another job would change what they measure (tests/integration/__init__.py).
 WORKERS ?= 3
 # FAST_TIER=0: `make test` runs tests/integration alone (CI, which runs the fast tier on Python 3.10 and 3.13 first).
 FAST_TIER ?= 1
@@ -47,12 +47,12 @@ system-deps:
 	@bash scripts/system-deps
 
 # Everything: tests/unit and tests/tui in parallel, then tests/integration (real DDP jobs, Prometheus, namespaces,
-# installs): its plumbing two at a time, then the jobs marked alone one at a time.
+# installs): its plumbing in $(WORKERS) workers, then the jobs marked alone one at a time.
 test: system-deps $(VENV)/.installed
 ifneq ($(FAST_TIER),0)
 	$(BIN)/python -m pytest -n $(WORKERS) tests/unit tests/tui $(PYTEST_ARGS)
 endif
-	$(BIN)/python -m pytest -n 2 -m 'not alone' tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) -m 'not alone' tests/integration $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m alone tests/integration $(PYTEST_ARGS)
 
 # The unit and dashboard tiers: no training job, no Prometheus, no namespaces; under a minute on

@@ -2,7 +2,7 @@
 
 Most of these check plumbing (what arrives, what is installed, what is left
 behind, what a command prints), which holds however slowly their job runs:
-`make test` runs them two at a time.  A test that asserts a verdict on a job it
+`make test` runs them three at a time.  A test that asserts a verdict on a job it
 runs now, or a share of time measured on two cores, is marked ``alone`` and runs
 after them with nothing beside it: another job would change what it measures
 (gputop would rightly name that job as sharing the CPUs).  Those are a handful

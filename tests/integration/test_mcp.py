@@ -225,7 +225,7 @@ def test_the_mcp_server_never_imports_torch() -> None:
 # -- the real thing: the SDK's stdio client, `gputop mcp`, and a DDP job with a straggler ------------------
 
 # Rank 1 computes a 30-ms Python metric after each optimizer step (a few ms of model work): rank 0 waits for it in
-# the all-reduce most of each step, far past the 10% line (test_verdicts_on_real_jobs names it from a recording).
+# the all-reduce most of each step, far past the 10% line (tests/unit/test_recorded_verdicts.py reads a recording).
 STRAGGLER_JOB = ("--steps", "1000000", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30")
 # The job's start (torch's import on 2 busy cores), the straggler rule's 20-s live warm-up, then the span: ~40 s.
 FINDING_DEADLINE_S = 180.0

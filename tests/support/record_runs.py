@@ -55,6 +55,10 @@ RUN_LIST = (
          "--metric-rank", "-1")),
     Run("straggler_slow_optimizer",
         ("ddp_job.py", "--steps", "160", "--batch-size", "256", "--hidden", "1024", "--optimizer-ms", "30")),
+    Run("stall_checkpoint_every_10_rank0",
+        ("ddp_job.py", "--steps", "150", "--batch-size", "512", "--hidden", "2048", "--stall-every", "10")),
+    Run("compile_four_lengths", ("compile_job.py", "--shapes", "4", "--every", "4", "--steps", "48")),
+    Run("compile_steady", ("compile_job.py", "--shapes", "1", "--steps", "60")),
     Run("healthy_symmetric_accumulation",
         ("ddp_job.py", "--steps", "60", "--batch-size", "64", "--hidden", "2048", "--accumulate", "4")),
     *(Run(f"demo_{scenario}", ("demo", scenario, "8"))

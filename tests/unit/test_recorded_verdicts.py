@@ -25,6 +25,7 @@ from gputop.diagnose import Diagnoser, diagnose
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
+from gputop.diagnose.thresholds import RECOMPILE_WARN_FRAC
 from gputop.export.metrics import families
 from gputop.model.figures import Figures, summarize
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, Snapshot
@@ -182,6 +183,63 @@ def test_a_slow_optimizer_step_on_rank_1_is_named_as_the_phase_its_time_goes_to(
         for labels, value in family.samples
     }
     assert 1e3 * max(v for (_, phase), v in exported.items() if phase == "optimizer") > 25, exported
+
+
+def test_a_checkpoint_every_10_steps_names_the_rank_that_stops_and_the_one_that_waits_and_no_rotation() -> None:
+    """Rank 0 stops 400 ms after every 10th of 150 steps; rank 1 waits in the all-reduce: one culprit, one victim.
+
+    Issue #35 saw "ranks 0, 1 stop 414 ms every 10 steps" beside "the slowest rank rotates: rank 1 in 31%, rank 0
+    in 11%": the victim named as a culprit and the stops, counted step by step among jitter, read as a rotation.
+    The 14 stops are ~15 ordinary steps each, ~60% of the run, far past the 20% critical line.  The stops are
+    counted and timed too: each of the saves is in the stalls.
+    """
+    _, _, findings, summary = recorded("stall_checkpoint_every_10_rank0")
+    top = findings[0]
+    assert top.cause == "stall" and top.severity in ("warn", "critical") and top.ranks == (0,), summary
+    stopped = re.search(r"^rank 0 stops (\d+) ms every 10 steps \((\d+) of 150\)", top.title)
+    assert stopped, summary
+    # 14 saves in 150 steps; DDP's first iteration (bucket rebuild) and a descheduled step can add more.
+    stall_ms, count = int(stopped[1]), int(stopped[2])
+    assert 14 <= count <= 30, summary
+    assert count * stall_ms >= 0.95 * 14 * 400, summary  # the saves' 5.6 s are all in the stalls
+    assert "outside the loader" in top.title, summary
+    assert "rank 1 waits for it" in top.title and top.extra["waiting_ranks"] == [1], summary
+    rotations = [f for f in findings if f.extra.get("phase") == "rotating" and f.severity != "info"]
+    assert not rotations, summary
+    assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary
+
+
+def compiled(name: str) -> tuple[tuple[Finding, ...], str]:
+    _, figures, findings, summary = recorded(name)
+    compiles = "; ".join(
+        f"rank {r.rank}: {r.stats.compiles} compiles, {r.stats.recompiles} recompiles, "
+        f"{r.stats.compile_s or 0:.1f} s compiling ({100 * (r.stats.recompile_frac or 0):.0f}% of the run)"
+        for r in figures.all_ranks()
+    )
+    return findings, f"{compiles}; {summary}"
+
+
+def test_a_compiled_job_fed_four_sequence_lengths_gets_the_recompile_finding_on_top() -> None:
+    """``dynamic=False`` and a new length every 4 steps: three recompiles, each far longer than the 48 steps.
+
+    Each recompile takes 0.1-0.3 s with a warm inductor cache and 3-8 s with a cold one, against steps of a few
+    ms: recompiling was 15% of a 60-step run at the least (a warm cache), 60% cold; asserted at twice the 5%
+    warn line.
+    """
+    findings, summary = compiled("compile_four_lengths")
+    top = next(f for f in findings if f.severity != "info" and f.cause != "allocation")
+    assert top.cause == "recompile" and top.severity in ("warn", "critical"), summary
+    assert top.magnitude > 2 * RECOMPILE_WARN_FRAC, summary
+    assert "'forward' (compile_job.py:" in top.title and "3 times" in top.title, summary
+    assert "size mismatch" in top.title and "dynamic=True" in top.suggestion, summary
+    assert not any(f.cause == "stall" and f.severity != "info" for f in findings), summary
+
+
+def test_a_steady_compiled_job_gets_no_recompile_or_stall_finding() -> None:
+    """One length: one compile at the start, shown as compile time, no finding (0 recompiles, the line is 2)."""
+    findings, summary = compiled("compile_steady")
+    assert not any(f.cause in ("recompile", "stall") for f in findings), summary
+    assert "0 recompiles" in summary and "1 compiles" in summary, summary
 
 
 def test_symmetric_gradient_accumulation_names_no_slow_rank() -> None:
