@@ -13,7 +13,6 @@ import importlib.util
 import pytest
 
 from gputop.collect.server import Collector
-from gputop.diagnose import diagnose
 from gputop.model.figures import Figures, summarize
 from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
@@ -67,22 +66,3 @@ def test_an_accelerate_loop_reports_both_ranks_steps_loader_wait_and_ddp_phases(
         assert stats.comm_s is not None and stats.comm_s > 0, summary
         assert stats.exposed_comm_s is not None and stats.exposed_comm_frac is not None, summary
         assert stats.optimizer_s is not None and stats.optimizer_s > 0, summary  # AcceleratedOptimizer's inner step
-
-
-@pytest.mark.alone
-def test_an_accelerate_loop_waiting_on_its_data_is_named_loader_bound(collector: Collector) -> None:
-    """One sample of each batch sleeps 80 ms against steps of ~20 ms: about four fifths of each step is waiting.
-
-    Far past the 10% line, over 60 steps (~6 s, a dozen windows a rank, enough for the band):
-    data_loading is the top warning, on both ranks.
-    """
-    figures, _ = run_accelerate_job(collector, "--steps", "60", "--delay-ms", "80")
-    findings = diagnose(figures)
-    summary = f"measured {measured(figures)}; found " + " | ".join(
-        f"[{f.severity}] {f.cause}: {f.title}" for f in findings
-    )
-    for rank in figures.all_ranks():
-        assert rank.stats.loader_wait_frac is not None and rank.stats.loader_wait_frac > 0.5, summary
-    top = findings[0]
-    assert top.cause == "data_loading" and top.severity in ("warn", "critical"), summary
-    assert set(top.ranks) == {0, 1}, summary

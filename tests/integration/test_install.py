@@ -154,7 +154,7 @@ def test_the_sdist_with_torch_runs_the_demo(dists: Dists, tmp_path: Path) -> Non
     run(bin_ / "pip", "install", "--quiet", "--no-compile", requirement, TORCH_SPEC, cwd=tmp_path, timeout_s=300)
 
     record = tmp_path / "demo.jsonl"
-    demo = ("demo", "--headless", "--seconds", "8", "--format", "json", "--record", record)
+    demo = ("demo", "--headless", "--seconds", "4", "--format", "json", "--record", record)
     proc = run(bin_ / "gputop", *demo, cwd=tmp_path)
     cores = len(os.sched_getaffinity(0))
     assert f"demo 'healthy': 2 ranks x 1 compute thread on {cores} CPU" in proc.stderr, proc.stderr

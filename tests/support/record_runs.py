@@ -8,9 +8,10 @@ record` does, written to ``tests/data/runs/NAME.jsonl.gz``.  Record on a quiet
 machine (nothing else running: `ps` first), then run the test file: a run whose
 verdict the test does not read is either a rule that changed (the test says
 which) or a run that went wrong (record it again and say why in the commit).
-Record them all again when the wire or the recording format changes in a way
-that old recordings can no longer be read by; that they can is part of what the
-tests check.
+They are old recordings too, which today's gputop must still read: a change
+that breaks them breaks users' recordings as well.  Record one again when its
+job changes, or to see whether a verdict holds on a fresh run (the accuracy
+benchmark asks that of every one, many times).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ RUN_LIST = (
         ("ddp_job.py", "--steps", "150", "--batch-size", "512", "--hidden", "2048", "--stall-every", "10")),
     Run("compile_four_lengths", ("compile_job.py", "--shapes", "4", "--every", "4", "--steps", "48")),
     Run("compile_steady", ("compile_job.py", "--shapes", "1", "--steps", "60")),
+    Run("fsdp2_straggler_extra_work_rank1", ("fsdp2_job.py", "--steps", "50", "--extra-ms", "80", "--extra-rank", "1")),
+    Run("accelerate_loader_bound", ("accelerate_job.py", "--cpu", "--steps", "60", "--delay-ms", "80")),
     Run("healthy_symmetric_accumulation",
         ("ddp_job.py", "--steps", "60", "--batch-size", "64", "--hidden", "2048", "--accumulate", "4")),
     *(Run(f"demo_{scenario}", ("demo", scenario, "8"))

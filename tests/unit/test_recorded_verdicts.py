@@ -242,6 +242,33 @@ def test_a_steady_compiled_job_gets_no_recompile_or_stall_finding() -> None:
     assert "0 recompiles" in summary and "1 compiles" in summary, summary
 
 
+def test_an_fsdp2_rank_with_extra_work_each_step_is_named_the_straggler() -> None:
+    """FSDP2 (fully_shard per block) where rank 1 does 80 ms of extra work each step: the others wait for it.
+
+    Named by where its time goes, as under DDP: the others' waits in FSDP2's all-gathers and reduce-scatters are
+    theirs, not time outside the model, and no one calls rank 0 slow.
+    """
+    _, _, findings, summary = recorded("fsdp2_straggler_extra_work_rank1")
+    stragglers = [f for f in findings if f.cause == "straggler" and f.severity in ("warn", "critical")]
+    assert stragglers and stragglers[0].ranks == (1,), summary
+    assert "rank 1 is slow: it takes" in stragglers[0].title and "in `busy`" in stragglers[0].title, summary
+    assert not any(f.cause == "straggler" and 0 in f.ranks for f in findings), summary
+
+
+def test_an_accelerate_loop_waiting_on_its_data_is_named_loader_bound() -> None:
+    """Accelerate's plain loop where one sample of each batch sleeps 80 ms against steps of ~20 ms.
+
+    About four fifths of each step is waiting, through Accelerate's DataLoaderShard and its one batch ahead:
+    data_loading is the top warning, on both ranks.
+    """
+    _, figures, findings, summary = recorded("accelerate_loader_bound")
+    for rank in figures.all_ranks():
+        assert rank.stats.loader_wait_frac is not None and rank.stats.loader_wait_frac > 0.5, summary
+    top = findings[0]
+    assert top.cause == "data_loading" and top.severity in ("warn", "critical"), summary
+    assert set(top.ranks) == {0, 1}, summary
+
+
 def test_symmetric_gradient_accumulation_names_no_slow_rank() -> None:
     """4 micro-batches under no_sync() per optimizer step on both ranks alike: no rank is slow.
 
