@@ -131,6 +131,12 @@ CASES: tuple[Case, ...] = (
     Case("communication_embedding_table", "communication", "250k x 64 dense EmbeddingBag, batch 32", ranks=ALL_RANKS),
     Case("straggler_slow_loader_rank1", "straggler", "rank 1's worker reads 6 ms a sample", ranks=(1,)),
     Case("straggler_extra_compute_rank1", "straggler", "rank 1 computes an 80-ms metric each step", ranks=(1,)),
+    Case(
+        "straggler_slow_optimizer_rank1",
+        "straggler",
+        "rank 1's optimizer step keeps parameter statistics, 40 ms",
+        ranks=(1,),
+    ),
     # Batch 2 and 4 on every rank: each rank's step is too small, so a right finding names both.
     Case("parallelism_tiny_mlp", "parallelism", "16-32-4 MLP, batch 2", ranks=ALL_RANKS),
     Case("parallelism_tiny_bag_of_words", "parallelism", "1000 x 16 EmbeddingBag, batch 4", ranks=ALL_RANKS),

@@ -180,6 +180,43 @@ def straggler_extra_compute_rank1(seconds: float) -> None:
                 return
 
 
+class BookkeepingSGD(torch.optim.SGD):
+    """SGD whose step also keeps each parameter's norm for a while, as scripts that log inside the optimizer do."""
+
+    def __init__(self, params: Iterator[nn.Parameter], keep_for_s: float, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.keep_for_s = keep_for_s
+        self.norms: list[float] = []
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]  # torch's own signature
+        loss = super().step(closure)
+        started = time.perf_counter()
+        while time.perf_counter() - started < self.keep_for_s:
+            self.norms = [*self.norms, *(float(p.detach().norm()) for g in self.param_groups for p in g["params"])]
+            self.norms = self.norms[-4096:]
+        return loss
+
+
+def straggler_slow_optimizer_rank1(seconds: float) -> None:
+    """Rank 1's optimizer step keeps parameter statistics for 40 ms (in the step, timed by its hooks); rank 0 waits."""
+    rank = start()
+    x_all, y_all = torch.randn(4096, 128), torch.randint(0, 10, (4096,))
+    model = nn.parallel.DistributedDataParallel(mlp(width=256, features=128))
+    gputop.watch(model)
+    opt = BookkeepingSGD(model.parameters(), keep_for_s=0.04 if rank == 1 else 0.0, lr=0.01)
+    deadline, steps = Deadline(seconds), 0
+    loader = DataLoader(torch.utils.data.TensorDataset(x_all, y_all), batch_size=64, shuffle=True)
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
 def allocation_threads_oversubscribed(seconds: float) -> None:
     """torch.set_num_threads(3) in each of 2 ranks on a 2-core machine: 6 compute threads for 2 cores."""
     rank = start(threads=3)

@@ -26,6 +26,7 @@ from input_cases import (
     data_loading_stream_main_process,
     straggler_extra_compute_rank1,
     straggler_slow_loader_rank1,
+    straggler_slow_optimizer_rank1,
 )
 from stack_cases import (
     accelerate_loader_bound,
@@ -66,6 +67,7 @@ CASES: dict[str, Callable[[float], None]] = {
         communication_embedding_table,
         straggler_slow_loader_rank1,
         straggler_extra_compute_rank1,
+        straggler_slow_optimizer_rank1,
         parallelism_tiny_mlp,
         parallelism_tiny_bag_of_words,
         allocation_threads_oversubscribed,
