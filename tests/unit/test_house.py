@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import gputop.diagnose.rules
@@ -22,3 +24,54 @@ def test_no_function_in_the_rules_is_longer_than_a_screen() -> None:
                     long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
     assert len(list(RULES.glob("*.py"))) > 10  # the rules are where this looks
     assert not long, long
+
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def gputop_names_imported(path: Path) -> list[tuple[str, str, int]]:
+    """Each ``from gputop.X import name`` in a file, anywhere in it (functions import lazily): module, name, line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        (node.module, alias.name, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gputop"
+        for alias in node.names
+    ]
+
+
+def module_level_names(statements: list[ast.stmt]) -> Iterator[str]:
+    """The names a module's own statements bind, in its try/if/with blocks too (read, not run: no torch needed)."""
+    for node in statements:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield node.name
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            yield from (n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            yield from ((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+            blocks += [handler.body for handler in getattr(node, "handlers", [])]
+            for block in blocks:
+                yield from module_level_names(block)
+
+
+def test_every_name_a_benchmark_imports_from_gputop_is_there() -> None:
+    """The benchmarks are run by hand, not by `make test`, and mypy does not read them (their jobs import torch
+    and each other as scripts): `benchmarks/scale.py` imported a helper removed from gputop and stayed broken
+    until a session ran it.  Each name they import from gputop must be a submodule or bound in the module."""
+    missing = []
+    files = sorted(BENCHMARKS.rglob("*.py"))
+    for path in files:
+        for module_name, name, line in gputop_names_imported(path):
+            spec = importlib.util.find_spec(module_name)
+            assert spec is not None and spec.origin, f"{path}:{line}: no module {module_name}"
+            tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+            if (
+                name not in set(module_level_names(tree.body))
+                and importlib.util.find_spec(f"{module_name}.{name}") is None
+            ):
+                missing.append(f"{path.relative_to(BENCHMARKS.parent)}:{line}: {module_name}.{name}")
+    assert len(files) > 20  # the benchmarks and their jobs are where this looks
+    assert not missing, missing
