@@ -13,37 +13,10 @@ from gputop.collect.server import Collector
 from gputop.diagnose import diagnose
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import summarize
-from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
 from tests.support.processes import JOBS, finish, launch, needs_torch
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone, needs_torch]
-
-
-def run_and_diagnose(collector: Collector, *args: str, job: str = "ddp_job.py") -> tuple[list[Finding], str]:
-    """Run ``job`` with ``args``; the whole run's findings (as `gputop report` sees them) and a summary.
-
-    A share is only called against its line with a band, which needs 3 windows or more: a job here runs for
-    5 s or more, several of the default 1-s windows (80 steps of ~37 ms, 3 s, left a straggler "too few
-    windows yet to call").
-    """
-    finish(launch(job, *args, port=collector.address.port), timeout_s=240)
-    assert wait_for(lambda: all(v.status == DONE for v in snapshot_of(collector).all_ranks()), timeout_s=30)
-    figures = summarize(snapshot_of(collector), span_s=None)
-    findings = diagnose(figures)
-    measured = "; ".join(
-        f"rank {r.rank}: step {1e3 * (r.stats.step_time_mean_s or 0):.0f} ms, "
-        f"cpu wait {100 * (r.stats.cpu_starved_frac or 0):.0f}% wanting {r.stats.cpu_demand_cores or 0:.2f} CPUs, "
-        f"workers' cpu wait {100 * (r.stats.workers_cpu_starved_frac or 0):.0f}%, "
-        f"loader {100 * (r.stats.loader_wait_frac or 0):.0f}%, "
-        f"exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%, "
-        f"p50 {1e3 * (r.stats.step_time_p50_s or 0):.1f} ms, stalls {r.stats.stall_steps} "
-        f"of {1e3 * (r.stats.stall_mean_s or 0):.0f} ms ({100 * (r.stats.stall_frac or 0):.0f}%, "
-        f"in comm {100 * (r.stats.stall_in_comm_frac or 0):.0f}%)"
-        for r in figures.all_ranks()
-    )
-    said = " | ".join(f"[{f.severity}] {f.cause}: {f.title}" for f in findings)
-    return findings, f"measured {measured}; found {said}"
 
 
 BLOCKED_LINE = "            stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce"
