@@ -56,10 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import gputop.demos
+from gputop import settings
 from gputop.address import Address
 from gputop.collect import recording
 from gputop.collect.live import LiveSource
-from gputop.collect.store import Store
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.persistence import Diagnoser
 from gputop.model.figures import summarize
@@ -69,7 +69,7 @@ JOBS = Path(__file__).resolve().parent / "jobs" / "accuracy"
 DEMO_TRAIN = Path(gputop.demos.__file__).resolve().parent / "train.py"  # the script `gputop demo` runs under torchrun
 ONSET_FILE_ENV = "GPUTOP_BENCH_ONSET_FILE"  # as in jobs/accuracy/common.py
 HEALTHY = "healthy"  # the top-cause column when no warn/critical finding shows
-REFRESH_S = 0.5  # the dashboard's default refresh: the replay diagnoses this often
+REFRESH_S = settings.REFRESH_S.default  # the dashboard's default refresh: the replay diagnoses this often
 
 
 @dataclass(frozen=True)
@@ -540,14 +540,8 @@ def live_view(rec_path: Path) -> Iterator[tuple[float, list[Finding]]]:
     Replayed every REFRESH_S through one persistent Diagnoser, as the dashboard
     diagnoses, so a finding shows only once it has held and not for a blip.
     """
-    entries = sorted(recording.read(rec_path), key=lambda e: e.t)
-    store, diagnoser = Store(), Diagnoser()
-    t, i = (entries[0].t if entries else 0.0), 0
-    while i < len(entries):
-        t += REFRESH_S
-        while i < len(entries) and entries[i].t <= t:
-            recording.apply(store, entries[i])
-            i += 1
+    diagnoser = Diagnoser()
+    for t, store in recording.refreshes(rec_path, REFRESH_S):
         yield t, diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
 
 

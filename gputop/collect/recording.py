@@ -277,6 +277,24 @@ def apply(store: Store, entry: Entry) -> None:
         store.disconnected(*entry.value)
 
 
+def refreshes(path: Path, every_s: float, *, past_end_s: float = 0.0) -> Iterator[tuple[float, Store]]:
+    """The recording as a live view reads it: fed into one store at its own pace, and handed over every
+    ``every_s`` of its time, with that time, until ``past_end_s`` after its last entry (a view goes on
+    refreshing after a run has ended).  The same store each time, filled further: read it before the next."""
+    stats = ReadStats()
+    entries = sorted(read(path, stats), key=lambda e: e.t)
+    if not entries:
+        return
+    store = Store(lost_after_s=stats.lost_after_s)
+    t, i = entries[0].t, 0
+    while t < entries[-1].t + past_end_s:
+        t += every_s
+        while i < len(entries) and entries[i].t <= t:
+            apply(store, entries[i])
+            i += 1
+        yield t, store
+
+
 def load(path: Path, stats: ReadStats | None = None) -> tuple[Store, float]:
     """A store holding the whole recording, and the time of its last entry."""
     stats = stats if stats is not None else ReadStats()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from gputop.address import Address
 from gputop.collect import recording
 from gputop.collect.live import LiveSource
-from tests.support.processes import JOBS, LAUNCH_RANKS
+from tests.support.processes import finish, gputop, launch
 
 RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
 BUSY_LOOP = "while True: pass"  # the program outside the job in ``allocation_outside_programs``
@@ -91,27 +90,21 @@ def record(run: Run) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     if run.args[0] == "demo":  # the demo records itself, as a user's `gputop demo --record` does
         _, scenario, seconds = run.args
-        cmd = [sys.executable, "-m", "gputop", "demo", "--headless", "--scenario", scenario, "--seconds", seconds,
-               "--format", "json", "--record", str(out)]  # fmt: skip
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=600)
+        demo = gputop("demo", "--headless", "--scenario", scenario, "--seconds", seconds, "--format", "json",
+                      "--record", str(out), timeout_s=600)  # fmt: skip
+        assert demo.returncode == 0, demo.stderr[-3000:]
         return out
     recorder = recording.Recorder(out, source="tests/support/record_runs.py")
     source = LiveSource(Address(port=0), sample_interval_s=1.0, recorder=recorder)
     source.start()
     try:
-        env = {"GPUTOP_PORT": str(source.address.port), "PYTHONUNBUFFERED": "1"}
         with busy_loops(run.busy_loops):
-            cmd = [sys.executable, str(LAUNCH_RANKS), "2", str(JOBS / run.args[0]), *run.args[1:]]
-            subprocess.run(cmd, check=True, env={**_without_socket(), **env}, stdout=subprocess.DEVNULL, timeout=600)
+            finish(launch(run.args[0], *run.args[1:], port=source.address.port), timeout_s=600)
             time.sleep(1.5)  # the ranks' last windows and byes, and a host sample after them
     finally:
         source.stop()
         recorder.close()
     return out
-
-
-def _without_socket() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "GPUTOP_SOCKET"}
 
 
 def main() -> int:

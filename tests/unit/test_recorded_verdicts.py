@@ -18,9 +18,8 @@ from functools import cache
 
 import pytest
 
-from gputop import report
+from gputop import report, settings
 from gputop.collect import recording
-from gputop.collect.store import Store
 from gputop.diagnose import Diagnoser, diagnose
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.findings import Finding
@@ -30,8 +29,6 @@ from gputop.export.metrics import families
 from gputop.model.figures import Figures, summarize
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, Snapshot
 from tests.support.record_runs import BUSY_LOOP, path_of
-
-REFRESH_S = 0.5  # the dashboard's default refresh: a live view diagnoses this often
 
 
 @cache
@@ -305,20 +302,14 @@ def test_each_demo_is_read_as_the_cause_it_reproduces(scenario: str, cause: str)
 
 
 def replay_live(name: str, *, alerts: AlertTracker | None = None, past_end_s: float = 0.0) -> Iterator[LiveUpdate]:
-    """The recording as a live view reads it: fed in at its own pace, one refresh every REFRESH_S of its time.
+    """The recording as a live view reads it: fed in at its own pace, a refresh every 0.5 s (the dashboard's).
 
     Each refresh is what the dashboard, `gputop record --on-finding` and the exporter compute from a live
     snapshot (``LivePipeline``: the span's figures, the persistent diagnoser, the alerts); ``past_end_s`` goes on
     refreshing after the last entry, as a live view does after a run has finished.
     """
-    entries = sorted(recording.read(path_of(name)), key=lambda e: e.t)
-    store, pipeline = Store(), LivePipeline(diagnoser=Diagnoser(), alerts=alerts)
-    t, i = entries[0].t, 0
-    while t < entries[-1].t + past_end_s:
-        t += REFRESH_S
-        while i < len(entries) and entries[i].t <= t:
-            recording.apply(store, entries[i])
-            i += 1
+    pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=alerts)
+    for t, store in recording.refreshes(path_of(name), settings.REFRESH_S.default, past_end_s=past_end_s):
         yield pipeline.update(store.snapshot(t, history=SPAN_COPY_WINDOWS))
 
 

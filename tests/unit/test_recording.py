@@ -94,3 +94,13 @@ def _assert_same_ranks(full: dict[str, Any], merged: dict[str, Any]) -> None:
                 assert other == pytest.approx(value, rel=0.02, abs=1e-9), key
             elif key != "windows":
                 assert other == value, key
+
+
+def test_refreshes_feed_the_recording_at_its_own_pace_and_go_on_past_its_end(tmp_path) -> None:
+    """A live view's refreshes over a recording: each sees what had arrived by its time, and no more."""
+    path = tmp_path / "run.jsonl"
+    write_run(path, windows=4)  # hello at 100.0, windows received at 101.0, 101.5, 102.0, 102.5, bye at 103.0
+    seen = [(t, sum(len(v.windows) for v in store.snapshot(t).all_ranks()))
+            for t, store in recording.refreshes(path, 0.5, past_end_s=1.0)]  # fmt: skip
+    assert [t for t, _ in seen] == pytest.approx([100.5 + 0.5 * i for i in range(8)])
+    assert [n for _, n in seen] == [0, 1, 2, 3, 4, 4, 4, 4]
