@@ -150,6 +150,24 @@ def test_mesh_dimensions_name_their_groups(dist: Any, tap: CollectiveTap) -> Non
     assert "torch.distributed.tensor" in sys.modules
 
 
+def test_the_default_group_has_one_name_however_a_collective_reaches_it(dist: Any, tap: CollectiveTap) -> None:
+    """pytorch/examples' FSDP2 example shards on an unnamed 1-D mesh: FSDP2 all-gathers on the default group's
+    object, DTensor's functional collectives take ``(mesh, 0)``, a script passes nothing.  One group, one row."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    probe = CollectiveProbe(tap)
+    tap.on = True
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4), group=mesh.get_group(0))
+    funcol.wait_tensor(funcol.all_reduce(torch.ones(4), "sum", (mesh, 0)))
+    funcol.wait_tensor(funcol.all_reduce(torch.ones(4), "sum", mesh.get_group(0).group_name))
+    (collective,) = probe.read([])["collectives"]
+    assert (collective.kind, collective.group, collective.calls) == ("all_reduce", "world", 4)
+
+
 def test_an_fsdp2_mixed_precision_policy_is_read_as_the_precision_the_model_computes_in(dist: Any) -> None:
     """FSDP2 keeps fp32 shards and casts them for compute: MixedPrecisionPolicy is mixed precision on."""
     import torch

@@ -63,8 +63,14 @@ class CollectiveProbe:
                     self._names[id(None)] = (None, str(dim_name)[:64])
 
     def group_name(self, group: Any) -> str:
-        """A process group's name on screen: its DeviceMesh dimension where it has one."""
-        if group is None:
+        """A process group's name on screen: its DeviceMesh dimension where it has one.
+
+        One group has one name however a call reaches it: ``None`` and the default group object (FSDP2's
+        all-gathers on a 1-D mesh over every rank), ``(mesh, 0)`` (DTensor's functional collectives) and the
+        group's registered name (a string, as compiled code passes it) all name the default group.
+        """
+        group = resolve_group(group)
+        if group is None or group is _default_group():
             return self._names.get(id(None), (None, "world"))[1]
         known = self._names.get(id(group))
         if known is not None and known[0] is group:
@@ -86,6 +92,20 @@ def _default_group() -> Any:
         return None if c10d is None else c10d._get_default_group()
     except Exception:
         return None
+
+
+def resolve_group(group: Any) -> Any:
+    """The process group object behind what a collective was given: ``(DeviceMesh, dim)`` as the functional
+    collectives take it, or a group's registered name; the value itself where it is neither (or cannot be read)."""
+    try:
+        if isinstance(group, tuple) and len(group) == 2 and hasattr(group[0], "get_group"):
+            return group[0].get_group(group[1])
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if isinstance(group, str) and c10d is not None:
+            return c10d._resolve_process_group(group)
+    except Exception:
+        pass
+    return group
 
 
 def describe_group(group: Any) -> str:
