@@ -90,9 +90,9 @@ COMBINE: dict[str, How] = {
 }
 
 # Fields with a rule of their own, in ``merge_windows``: who and when, the sketches (added bucket by
-# bucket), the slowest steps (the slowest of all, with their numbers), the steps' readiness (thinned by
-# step number, ``ready_steps_kept``), the collectives (added kind by kind and group by group,
-# ``merge_collectives``), and the counts of what the totals and the DDP means cover.
+# bucket), the slowest steps (the slowest of all, with their numbers), the steps' readiness and their own
+# work (thinned by step number, ``ready_steps_kept``), the collectives (added kind by kind and group by
+# group, ``merge_collectives``), and the counts of what the totals and the DDP means cover.
 OWN_RULE = frozenset(
     {
         "v",
@@ -110,6 +110,8 @@ OWN_RULE = frozenset(
         "ready_s",
         "ready_forward_s",
         "ready_input_numel",
+        "work_step_numbers",
+        "work_s",
         "collectives",
         "ddp_steps",
     }
@@ -356,6 +358,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
     pairs = [(step, w.slow_step_numbers[i] if numbered else 0) for w in ws for i, step in enumerate(w.slow_steps)]
     slowest = sorted(pairs, key=lambda pair: pair[0], reverse=True)[:SLOW_STEPS_KEPT]
     ready = ready_steps_kept([step for w in ws for step in ready_steps(w)])
+    work = ready_steps_kept([(n, s, -1.0, -1) for w in ws for n, s in zip(w.work_step_numbers, w.work_s, strict=True)])
     timed = sum(w.timed for w in ws)
     steps = sum(w.steps for w in ws)
     ddp = [w for w in ws if has_ddp_figures(w)]
@@ -375,6 +378,8 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         # Forwards and their inputs only where every step kept has them (none from a window of an older reporter).
         ready_forward_s=tuple(step[2] for step in ready) if all(step[2] >= 0 for step in ready) else (),
         ready_input_numel=tuple(step[3] for step in ready) if all(step[3] >= 0 for step in ready) else (),
+        work_step_numbers=tuple(step[0] for step in work),
+        work_s=tuple(step[1] for step in work),
         step_hist=dict(hist),
         collectives=merge_collectives(w.collectives for w in ws),
         ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,

@@ -27,6 +27,20 @@ which per-rank means cannot: they average a rotation away and show only that
 everyone waits.  It sees what happens on the CPU before the exchange (the
 loader, Python work, forward, and the launches of a GPU forward), not a GPU
 whose kernels run slower.
+
+Where collectives run through the whole step (FSDP2's all-gathers before each
+block, tensor parallelism's all-reduce in each layer, ZeRO), the forward's own
+collectives line the ranks up and readiness says nothing: a rank with extra
+work each step reaches the first all-gather of the next forward last, and the
+others wait there, long before any forward ends.  Every rank leaves each such
+collective together, so a rank's step is the same length as the others' and
+divides into its own work and its waits: the last to arrive at a collective
+waits least, and over the step the rank with the most own work
+(``Window.work_s``: the step less the time it waited in collectives, timed by
+the collective tap, or by CUDA events on the GPU) is the one the others waited
+for.  Where the ranks send it, that is read in place of readiness
+(``SlowestRanks.by_work``); DDP's reducer all-reduces in C++, out of the tap's
+sight, and keeps readiness, which is right there.
 """
 
 from __future__ import annotations
@@ -96,6 +110,8 @@ class SlowestRanks:
     # When the ranks' forwards follow their inputs' sizes (readiness read at the backward's end): the median
     # over the ranks of that rank correlation; None when they do not, or the windows do not say.
     input_driven: float | None = None
+    # Read from each step's own work (the step less its waits in collectives), not from readiness (the module).
+    by_work: bool = False
 
     @property
     def decided_steps(self) -> int:
@@ -139,6 +155,7 @@ class SlowestRanks:
             "one_rank": self.one_rank,
             "stalled_steps": {str(rank): count for rank, count in sorted(self.stalled.items())},
             "input_driven": None if self.input_driven is None else round(self.input_driven, 3),
+            "from": "work" if self.by_work else "readiness",
         }
 
 
@@ -151,7 +168,8 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
     readiness over the steps in which they were not the latest).  None when fewer
     than two ranks say when they were ready (older reporters, one rank).
     """
-    timed = _timed_steps(ranks)
+    by_work = sum(any(w.work_s for w in windows) for _, windows in ranks) >= 2
+    timed = _timed_steps(ranks, by_work)
     if timed is None or step_s <= 0:
         return None
     driven = input_driven(timed)
@@ -180,6 +198,7 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
         steps=len(waits), slowest=slowest, waited_s=sum(waits) / len(waits), waited_se_s=standard_error(waits),
         line_s=line_s, step_s=step_s, stalled=stalled,
         waited_by_rank={rank: total / len(waits) for rank, total in waited.items()}, input_driven=driven,
+        by_work=by_work,
     )  # fmt: skip
 
 
@@ -187,9 +206,15 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
 TimedSteps = dict[int, dict[int, tuple[float, float, int]]]
 
 
-def _timed_steps(ranks: Sequence[tuple[int, Sequence[Window]]]) -> TimedSteps | None:
-    """Each rank's kept steps, newest first until its share of ``MAX_COMPARED_ENTRIES``; None under two ranks."""
-    timed = [(rank, windows) for rank, windows in ranks if any(w.ready_s for w in windows)]
+def _timed_steps(ranks: Sequence[tuple[int, Sequence[Window]]], by_work: bool = False) -> TimedSteps | None:
+    """Each rank's kept steps, newest first until its share of ``MAX_COMPARED_ENTRIES``; None under two ranks.
+
+    ``by_work``: each step's own work stands for its readiness (no forward, no input size: see the module).
+    """
+    if by_work:
+        timed = [(rank, windows) for rank, windows in ranks if any(w.work_s for w in windows)]
+    else:
+        timed = [(rank, windows) for rank, windows in ranks if any(w.ready_s for w in windows)]
     if len(timed) < 2:
         return None
     per_rank = max(MAX_COMPARED_ENTRIES // len(timed), MIN_COMPARED_STEPS)
@@ -197,8 +222,12 @@ def _timed_steps(ranks: Sequence[tuple[int, Sequence[Window]]]) -> TimedSteps | 
     for rank, windows in timed:
         steps = out.setdefault(rank, {})
         for w in reversed(windows):  # newest first, until this rank's share of the budget is spent
-            for number, ready, forward, numel in ready_steps(w):
-                steps.setdefault(number, (ready, forward, numel))
+            if by_work:
+                for number, work in zip(w.work_step_numbers, w.work_s, strict=True):
+                    steps.setdefault(number, (work, -1.0, -1))
+            else:
+                for number, ready, forward, numel in ready_steps(w):
+                    steps.setdefault(number, (ready, forward, numel))
             if len(steps) >= per_rank:
                 break
     return out

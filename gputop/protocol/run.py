@@ -160,6 +160,13 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # longest text is as long as that text, so a forward that takes longer with a larger input is the data's
     # doing, not the machine's.  () where not known; only beside ready_forward_s.
     ready_input_numel: ReadyStepNumbers = ()
+    # For some of the window's steps (by number, thinned as ready_step_numbers are): the step's time less what
+    # the rank waited in collectives during it, its own work.  Where collectives run through the whole step
+    # (FSDP2's all-gathers before each block, TP's all-reduce in each layer, ZeRO), every rank leaves each one
+    # together, so the rank with the most own work is the one the others waited for, whatever its readiness for
+    # a final exchange says.  On CUDA from events on the compute stream (the GPU clock).  () where not timed.
+    work_step_numbers: ReadyStepNumbers = ()
+    work_s: ReadyTimes = ()
     loader_wait_s: Seconds = 0.0
     loader_batches: Count = 0
     # In the optimizer's step (its pre- to post-hook), summed over the same steps as step_time_sum_s;
@@ -217,6 +224,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
             raise ValueError("ready_forward_s must time the steps ready_s names, or none")
         if self.ready_input_numel and len(self.ready_input_numel) != len(self.ready_forward_s):
             raise ValueError("ready_input_numel must size the forwards ready_forward_s times, or none")
+        if len(self.work_s) != len(self.work_step_numbers):
+            raise ValueError("work_s and work_step_numbers must name the same steps")
 
     @property
     def duration_s(self) -> float:

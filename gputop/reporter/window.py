@@ -2,8 +2,9 @@
 
 Exact p50/p95/max of the window's own steps, their sum, the mergeable
 step-time sketch, the slowest steps with their loader wait (for stalls),
-when the rank was ready to exchange gradients in its steps (to tell which
-rank the others waited for), loader wait and batches.  The probes add the rest.
+when the rank was ready to exchange gradients in its steps and, where the
+collective tap times the step's waits, each step's own work (both to tell
+which rank the others waited for), loader wait and batches.  The probes add the rest.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
     durations: list[float] = []
     timed: list[tuple[float, float, int]] = []  # (duration, loader wait, step number) of the timed steps
     ready: list[ReadyStep] = []  # (step number, ready seconds, its last forward's, its input's elements; -1: untimed)
+    work: list[ReadyStep] = []  # (step number, the step less its exposed collectives, -1, -1): phases from hooks
     sketch: dict[int, int] = {}
     loader_wait_s = optimizer_s = 0.0
     batches = optimized = 0
@@ -51,6 +53,8 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
             if mark[4] is not None:
                 optimizer_s += mark[4]
                 optimized += 1
+            if mark[8] is not None:  # the collectives' exposed time, timed by the tap (phases from hooks)
+                work.append((number, max(duration - mark[8], 0.0), -1.0, -1))
         if mark[5] is not None:
             # The last forward's length, when it is this step's: it began after the step did (else untimed).
             forward = mark[9]
@@ -83,6 +87,10 @@ def step_fields(marks: Sequence[StepMark], batch_size: int | None, first_step: i
             fields["ready_forward_s"] = tuple(round(step[2], 6) for step in kept)
             if all(step[3] >= 0 for step in kept):
                 fields["ready_input_numel"] = tuple(step[3] for step in kept)
+    kept_work = ready_steps_kept(work) if work else ()
+    if kept_work:
+        fields["work_step_numbers"] = tuple(step[0] for step in kept_work)
+        fields["work_s"] = tuple(round(step[1], 6) for step in kept_work)
     if durations:
         fields["step_time_p50_s"] = percentile(durations, 0.5)
         fields["step_time_p95_s"] = percentile(durations, 0.95)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 
 from gputop.combine import merge_windows, ready_steps_kept
@@ -235,3 +236,55 @@ def test_a_forwards_input_is_found_by_position_keyword_or_inside_a_batch_and_nev
     assert input_numel(((Sized(8), Sized(1)),), None) == 8 and input_numel(({"x": Sized(9)},), None) == 9
     assert input_numel((), None) == -1 and input_numel(("text",), {}) == -1 and input_numel(([],), {}) == -1
     assert input_numel((Broken(),), {}) == -1
+
+
+def fsdp2_windows(rank: int, waits_s: Sequence[float], seed: int) -> list[Window]:
+    """A rank of an FSDP2-like job, as its reporter builds its windows from the step marks: every step 205 ms
+    long (the ranks leave each collective together), readiness a forward's end that the all-gathers line up
+    alike on every rank, and ``waits_s[k]`` of step k spent blocked in collectives (the tap's exposed time)."""
+    rng = random.Random(seed)
+    out = []
+    for seq, start in enumerate(range(0, len(waits_s), PER_WINDOW)):
+        marks = [
+            StepMark(end_s=0.0, duration_s=0.205 + rng.uniform(-0.002, 0.002), loader_wait_s=0.0, batches=1,
+                     ready_s=0.090 + rng.uniform(-0.002, 0.002), forward_s=0.05, backward_s=0.08,
+                     exposed_comm_s=waits_s[k] + rng.uniform(0.0, 0.002))
+            for k in range(start, min(start + PER_WINDOW, len(waits_s)))
+        ]  # fmt: skip
+        fields = step_fields(marks, None, first_step=start + 1)
+        out.append(Window(run_id="r", rank=rank, seq=seq, t0=seq * 2.0, t1=seq * 2.0 + 2.0, **fields))
+    return out
+
+
+def test_under_fsdp2_the_rank_the_others_wait_for_is_the_one_with_the_most_work_between_its_waits() -> None:
+    """Issue #45: rank 1 does 22 ms of Python work more than rank 0 in each ~205-ms step.  Its forward ends no
+    later than rank 0's (the next step's first all-gather lines them up), so readiness saw a tie in 98% of the
+    steps; rank 0 waits those 22 ms in its collectives, and rank 1 is the slowest in every step."""
+    ranks = [(0, fsdp2_windows(0, [0.047] * 60, seed=1)), (1, fsdp2_windows(1, [0.025] * 60, seed=2))]
+    pattern = slowest_ranks(ranks, 0.205)
+    assert pattern is not None and pattern.by_work, pattern
+    assert pattern.one_rank == 1 and pattern.share(1) == 1.0, pattern.to_dict()
+    assert pattern.waited_by_rank[0] == pytest.approx(0.022, abs=0.003), pattern.to_dict()
+    readiness_only = [(r, [msgspec.structs.replace(w, work_step_numbers=(), work_s=()) for w in ws]) for r, ws in ranks]
+    old = slowest_ranks(readiness_only, 0.205)
+    assert old is not None and not old.by_work and old.one_rank is None  # what readiness told
+
+
+def test_under_fsdp2_ranks_that_wait_alike_have_no_slowest_rank_in_most_steps() -> None:
+    ranks = [(r, fsdp2_windows(r, jitter(10 + r, 60, base_s=0.040, spread_s=0.003), seed=r)) for r in range(4)]
+    pattern = slowest_ranks(ranks, 0.205)
+    assert pattern is not None and pattern.by_work
+    assert pattern.decided_steps < 0.5 * pattern.steps and pattern.one_rank is None, pattern.to_dict()
+
+
+def test_each_steps_own_work_is_kept_thinned_as_readiness_and_crosses_the_wire() -> None:
+    ws = fsdp2_windows(0, [0.03] * 100, seed=3)
+    merged = merge_windows(ws)
+    assert list(merged.work_step_numbers) == [n for n in range(1, 101) if n % 4 == 0]
+    by_number = dict(zip(merged.work_step_numbers, merged.work_s, strict=True))
+    assert by_number[40] == ws[3].work_s[-1] and 0.17 < by_number[40] < 0.18
+    assert decode(encode(ws[0])) == ws[0]
+    with pytest.raises(ValueError, match="work_s"):
+        decode(encode(ws[0]).replace(b'"work_s":[', b'"work_s":[0.5,'))
+    plain = step_fields([StepMark(end_s=0.0, duration_s=0.01, loader_wait_s=0.0, batches=1)] * 5, None)
+    assert "work_s" not in plain  # no collective timed by the tap (DDP, one process): readiness stays the source
