@@ -133,6 +133,9 @@ class Finding:
             "frames": {str(rank): frames for rank, frames in self.extra.get("frames", {}).items()},
             # A straggler's step by step: how often each rank was the one the others waited for (gputop.model.slowest).
             "slowest": self.extra.get("slowest"),
+            # Where the others wait for a straggler: the kind of collective on its group, how much longer than the
+            # straggler they wait in it a step, the culprit and its victims (stacks whose collectives the tap times).
+            "waited_in": self.extra.get("waited_in"),
             # The culprit rank's profile (top operators, trace, its stack samples meanwhile); None: not taken.
             "capture": None if self.capture is None else self.capture.to_dict(),
         }

@@ -27,6 +27,12 @@ How each rule reads the series (docs/prometheus.md, "Rules for a job"):
   step (``gputop_seconds_since_step`` against ``gputop_hang_line_seconds``,
   the hang rule's clock, exported per rank); a finished or lost rank has no
   clock, so a job that ended never reads as hung;
+- per collective: which rank reaches each kind of collective on each group last
+  (it waits least there: ``gputop:collective_last_to_arrive``) and how much
+  longer the typical rank waits in it each step
+  (``run_kind_group:gputop_collective_wait_for_last:seconds``); where
+  collectives run through the step (FSDP2, TP, ZeRO) that is the rank the
+  others wait for, and the collective where they wait;
 - loader-bound and communication-bound: the job's mean loader wait, and the
   exposed communication of the rank that waits least (the exchange's own cost,
   not a wait for a straggler), against the rules' warn and critical lines.
@@ -71,6 +77,18 @@ RECORDING: tuple[tuple[str, str], ...] = (
         " / on (run) group_left run:gputop_step_seconds:median",
     ),
     ("run:gputop_slowest_ranks:top3", "topk by (run) (3, gputop:straggler_excess:ratio)"),
+    # Per kind of collective and group: the last rank to reach it waits least there, and the typical rank waits
+    # for it that much longer each step.  Where collectives run through the step (FSDP2, TP, ZeRO) this names the
+    # rank the others wait for, and where they wait, across every node's exporter.
+    (
+        "run_kind_group:gputop_collective_wait_for_last:seconds",
+        'quantile by (run, kind, group) (0.5, gputop_collective_seconds{part="exposed"})'
+        ' - min by (run, kind, group) (gputop_collective_seconds{part="exposed"})',
+    ),
+    (
+        "gputop:collective_last_to_arrive",
+        'bottomk by (run, kind, group) (1, gputop_collective_seconds{part="exposed"})',
+    ),
     ("run:gputop_loader_wait:ratio", "avg by (run) (gputop_loader_wait_ratio)"),
     # The rank that waits least shows the exchange's own cost; the others add waits for a slower rank.
     ("run:gputop_exposed_comm:min_ratio", "min by (run) (gputop_exposed_comm_ratio)"),

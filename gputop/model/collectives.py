@@ -75,6 +75,31 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes:.0f} B"
 
 
+def last_to_arrive(
+    mine: Sequence[CollectiveFigures], peers: Sequence[tuple[int, Sequence[CollectiveFigures]]]
+) -> dict[tuple[str, str], tuple[int, float]]:
+    """Per kind and group of this rank's collectives with an exposed time: the rank that reaches it last among
+    ``peers`` (this rank among them, by its number) and how much longer than that rank this one waits in it a step.
+
+    The last rank to reach a collective waits least in it, and its peers wait for it there: a rank's wait beyond
+    the least-waiting rank's is its wait for the last.  0 for the last rank itself.
+    """
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    for c in mine:
+        if c.exposed_s is None:
+            continue
+        waits = [
+            (p.exposed_s, rank)
+            for rank, theirs in peers
+            for p in theirs
+            if p.kind == c.kind and p.group == c.group and p.exposed_s is not None
+        ]
+        if len(waits) >= 2:
+            least, last = min(waits)
+            out[(c.kind, c.group)] = (last, max(c.exposed_s - least, 0.0))
+    return out
+
+
 def collective_figures(windows: Sequence[Window]) -> tuple[CollectiveFigures, ...]:
     """The span's collectives a step, the one that held training up the longest first."""
     carrying = [w for w in windows if w.collectives]

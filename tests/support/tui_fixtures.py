@@ -182,8 +182,14 @@ def two_ranks(*, n_windows: int = 40) -> Snapshot:
     return store.snapshot(T0 + n_windows * WINDOW_S)
 
 
-def fsdp2_ranks(*, n_windows: int = 30, gather_exposed_s: float = 0.021) -> Snapshot:
-    """A 2-rank FSDP2 run on the CPU: phases from hooks, all-gathers and reduce-scatters on the mesh's 'dp'."""
+def fsdp2_ranks(
+    *, n_windows: int = 30, gather_exposed_s: float = 0.021, last_gather_exposed_s: float | None = None
+) -> Snapshot:
+    """A 2-rank FSDP2 run on the CPU: phases from hooks, all-gathers and reduce-scatters on the mesh's 'dp'.
+
+    Both ranks wait ``gather_exposed_s`` a step in the all-gathers, or rank 1 reaches them last and waits
+    ``last_gather_exposed_s``."""
+    last_gather_exposed_s = gather_exposed_s if last_gather_exposed_s is None else last_gather_exposed_s
     store = Store(listen=LISTEN)
     for rank in range(2):
         store.ingest(hello("run-f", rank, 2, backend="gloo", device="cpu"), T0)
@@ -193,7 +199,14 @@ def fsdp2_ranks(*, n_windows: int = 30, gather_exposed_s: float = 0.021) -> Snap
             w = window("run-f", rank, seq, step_s=0.100, loader_s=0.001, exposed_s=0.030, cuda=False)
             n = w.steps
             collectives = (
-                CollectiveTimes("all_gather", "dp", 7 * n, 7 * n * 95_000, 0.024 * n, gather_exposed_s * n),
+                CollectiveTimes(
+                    "all_gather",
+                    "dp",
+                    7 * n,
+                    7 * n * 95_000,
+                    0.024 * n,
+                    (gather_exposed_s if rank == 0 else last_gather_exposed_s) * n,
+                ),
                 CollectiveTimes("reduce_scatter", "dp", 4 * n, 4 * n * 183_000, 0.01 * n, 0.009 * n),
             )
             store.ingest(msgspec.structs.replace(w, collectives=collectives, phases_from="hooks"), now)

@@ -36,8 +36,10 @@ async def test_the_detail_screen_says_where_the_training_thread_is() -> None:
 
 
 async def test_the_detail_screen_lists_the_ranks_collectives_a_step() -> None:
-    """An FSDP2 rank: each collective kind on its mesh dimension, with calls, size, time in flight and exposed."""
-    app = GputopApp(FixedSource(fx.fsdp2_ranks(), description="fixed"), diagnoser_factory=None, refresh_s=3600)
+    """An FSDP2 rank: each collective kind on its mesh dimension, with calls, size, time in flight and exposed, and
+    how long of it the rank waited for the one that reached it last (rank 1, in the all-gathers)."""
+    snapshot = fx.fsdp2_ranks(last_gather_exposed_s=0.004)
+    app = GputopApp(FixedSource(snapshot, description="fixed"), diagnoser_factory=None, refresh_s=3600)
     async with app.run_test(size=(160, 48)) as pilot:
         for _ in range(500):
             if app.view is not None:
@@ -51,5 +53,10 @@ async def test_the_detail_screen_lists_the_ranks_collectives_a_step() -> None:
         lines = text.splitlines()
         gather = next(line for line in lines if line.strip().startswith("all_gather"))
         assert gather.split()[:4] == ["all_gather", "dp", "7", "92.8"], gather  # 95,000 B = 92.8 KiB each
-        assert gather.split()[-2:] == ["24ms", "21ms"], gather  # in flight, exposed
+        assert gather.split()[5:] == ["24ms", "21ms", "17ms,", "for", "rank", "1"], gather  # in flight, exposed, for 1
+        await pilot.press("escape", "down", "enter")
+        await pilot.pause()
+        text = str(app.screen.query_one("#detail-collectives", Static).render())
+        gather = next(line for line in text.splitlines() if line.strip().startswith("all_gather"))
+        assert gather.endswith("4ms  last to arrive"), gather  # rank 1's own line
         assert any(line.strip().startswith("reduce_scatter") for line in lines), text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -14,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from gputop.combine import phase_seconds
-from gputop.model.collectives import size_text
+from gputop.model.collectives import last_to_arrive, size_text
 from gputop.model.figures import SPAN_S
 from gputop.model.frames import rank_frames
 from gputop.model.rank_stats import RankStats
@@ -166,21 +167,33 @@ PHASES_FROM = {
 }
 
 
-def _collectives_section(s: RankStats) -> Content | None:
-    """Each kind of collective on each process group, a step: how many, how big, in flight, exposed."""
+def _collectives_section(s: RankStats, rank: int, peers: Sequence[tuple[int, RankStats]]) -> Content | None:
+    """Each kind of collective on each process group, a step: how many, how big, in flight, exposed, and how much
+    of that exposed time this rank waited for the rank that reached it last ("last to arrive": this rank did)."""
     if not s.collectives:
         return None
     source = PHASES_FROM.get(s.phases_from or "", "")
     out = [
         Content.assemble(("collectives, a step", "bold $accent"), (f"   {source}" if source else "", "$text-muted")),
     ]
-    header = f"  {'collective':<16}{'group':<10}{'calls':>7}{'each':>11}{'in flight':>11}{'exposed':>10}"
+    header = (
+        f"  {'collective':<16}{'group':<10}{'calls':>7}{'each':>11}{'in flight':>11}{'exposed':>10}"
+        "  waiting for the last"
+    )
     out.append(Content.styled(header, "$text-muted"))
+    last = last_to_arrive(s.collectives, [(r, p.collectives) for r, p in peers])
     for c in s.collectives:
+        found = last.get((c.kind, c.group))
+        if found is None:
+            waited = NA
+        elif found[0] == rank:
+            waited = "last to arrive"
+        else:
+            waited = f"{fmt_s(found[1])}, for rank {found[0]}"
         out.append(
             Content(
                 f"  {c.kind:<16}{c.group[:9]:<10}{c.calls:>7.3g}{size_text(c.bytes_each):>11}"
-                f"{fmt_s(c.busy_s):>11}{fmt_s(c.exposed_s):>10}"
+                f"{fmt_s(c.busy_s):>11}{fmt_s(c.exposed_s):>10}  {waited}"
             )
         )
     return Content("\n").join(out)
@@ -295,7 +308,8 @@ class RankDetailScreen(Screen[None]):
         frames.display = where is not None
         frames.update(where or "")
         collectives = self.query_one("#detail-collectives", Static)
-        table = _collectives_section(s)
+        peers = [(r.rank, r.stats) for r in view.rank_rows if r.run_id == row.run_id]
+        table = _collectives_section(s, row.rank, peers)
         collectives.display = table is not None
         collectives.update(table or "")
         run = next((r for r in view.snapshot.runs if r.run_id == rank.run_id), None)
