@@ -174,6 +174,8 @@ def slowest_ranks(ranks: Sequence[tuple[int, Sequence[Window]]], step_s: float) 
         return None
     driven = input_driven(timed)
     by_step = _by_step(timed, at_backward_end=driven is not None)
+    if by_work:
+        by_step = _from_the_median(by_step)
     if not by_step:
         return None
     line_s = max(SLOWEST_LINE_FRAC * step_s, NOISE_FACTOR * _noise_s(by_step))
@@ -292,6 +294,22 @@ def _by_step(timed: TimedSteps, at_backward_end: bool) -> list[list[tuple[float,
     # A step only some ranks timed (one kept a coarser stride, a window was lost) compares too few.
     enough = max(2, (len(timed) + 1) // 2)
     return [sorted(readies) for readies in by_step.values() if len(readies) >= enough]
+
+
+def _from_the_median(by_step: list[list[tuple[float, int, float]]]) -> list[list[tuple[float, int, float]]]:
+    """Each step's own work as the distance from that step's median rank: what the ranks share leaves the noise.
+
+    A step's own work varies with everything its ranks share (a busy machine slows every rank's compute alike, a
+    larger batch for all): on 2 shared cores an FSDP2 rank's work varied by a quarter of its median from step to
+    step, which read as noise put the line past any straggler (70-125 ms against a 22-ms one).  Which rank the
+    others waited for, and by how much, is the same from the median; the noise is then what differs between
+    ranks (issue #45: 7-10 ms between two healthy FSDP2 ranks there).
+    """
+    out = []
+    for readies in by_step:
+        middle = median([value for value, _, _ in readies]) or 0.0
+        out.append([(value - middle, rank, before - middle) for value, rank, before in readies])
+    return out
 
 
 def _noise_s(by_step: Sequence[Sequence[tuple[float, int, float]]]) -> float:
