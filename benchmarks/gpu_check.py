@@ -291,15 +291,38 @@ def run_job(
     job_args: Sequence[str] = (),
 ) -> float:
     """A 1-rank torchrun of gpu_job.py; returns its steps/s.  Raises with the job's output if it fails."""
+    printed = job_output(mode, steps=steps, port=port, env=env, unset=unset, job_args=job_args)
+    rate = printed_number(printed, "steps")
+    if rate is None:
+        raise RuntimeError(f"{mode} job printed no steps/s: {printed[-400:]}")
+    return rate
+
+
+def job_output(
+    mode: str,
+    *,
+    steps: int,
+    port: int | None,
+    env: dict[str, str] | None = None,
+    unset: Sequence[str] = (),
+    job_args: Sequence[str] = (),
+) -> str:
+    """A 1-rank torchrun of gpu_job.py; returns what it printed.  Raises with the job's output if it fails."""
     cmd = job_command(mode, steps, job_args)
     out = subprocess.run(cmd, env=job_env(port, env, unset), capture_output=True, text=True, timeout=job_timeout_s())
-    log_job(f"{mode} job, {steps} steps, env {env or {}}: exit {out.returncode}", out.stdout + out.stderr)
+    log_job(f"{mode} job, {steps} steps, env {env or {}}, args {list(job_args)}: exit {out.returncode}",
+            out.stdout + out.stderr)  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"{mode} job exited {out.returncode}: {(out.stdout + out.stderr)[-800:]}")
-    for line in out.stdout.splitlines():
-        if line.startswith("steps "):
-            return float(line.split()[-1])
-    raise RuntimeError(f"{mode} job printed no steps/s: {out.stdout[-400:]}")
+    return out.stdout
+
+
+def printed_number(printed: str, prefix: str, field: int = -1) -> float | None:
+    """The number a job printed on its line starting with ``prefix`` (the line's last word by default)."""
+    for line in printed.splitlines():
+        if line.startswith(prefix + " "):
+            return float(line.split()[field])
+    return None
 
 
 POLL_S = 0.5  # how often job_contexts asks nvidia-smi while the job runs
@@ -707,12 +730,12 @@ class Check:
 
 
 def check_fsdp2() -> list[Row]:
-    """A 1-rank NCCL FSDP2 job: reported, its phases N/A with the reason (not CPU launch time), one context.
+    """A 1-rank NCCL FSDP2 job: reported, its phases from CUDA events, its loss's all-reduce timed, one context.
 
     One GPU runs one NCCL rank (NCCL refuses two ranks on a device) and FSDP2 issues no collective at
     world size 1, so the all-gathers and reduce-scatters themselves wait for a lease of several GPUs;
     the loss all-reduced each step is a collective on CUDA tensors all the same: counted with its bytes,
-    its times N/A until CUDA events time them (docs/communication.md).
+    and timed by events on the compute stream (docs/communication.md).
     """
     smi = read_smi()
     gpu = min(smi, key=lambda r: r.index)
@@ -728,16 +751,109 @@ def check_fsdp2() -> list[Row]:
 
     reasons = [e.value.message for e in read(path) if isinstance(e.value, Event) and e.value.kind == "not_measured"]
     counted = loss is not None and loss["calls_per_step"] >= 1 and loss["bytes_per_step"] > 0
-    na = loss is not None and loss["in_flight_ms"] is None and any(r.startswith("collectives: ") for r in reasons)
-    phases_na = rank["forward_ms"] is None and rank["backward_ms"] is None
+    timed = loss is not None and bool(loss["in_flight_ms"]) and loss["exposed_ms"] is not None
+    phases = rank["phases_from"] == "cuda events" and bool(rank["forward_ms"]) and bool(rank["backward_ms"])
     return [
         Row("FSDP2 on NCCL: contexts", f"the rank's process on GPU {gpu.index} only", on, result),
-        Row("FSDP2 on NCCL: steps and phases", "200 steps; forward/backward N/A (no CPU launch time as GPU time)",
-            f"{rank['steps']} steps; forward {rank['forward_ms']}, backward {rank['backward_ms']} ms",
-            "pass" if rank["steps"] == 200 and phases_na else "fail"),
-        Row("a collective on CUDA tensors (the loss all-reduced)", "counted with its bytes; times N/A with the reason",
-            f"{loss}; reasons: {'; '.join(reasons) or 'none'}", "pass" if counted and na else "fail"),
+        Row("FSDP2 on NCCL: steps and phases", "200 steps; forward/backward from CUDA events (phases_from)",
+            f"{rank['steps']} steps; forward {rank['forward_ms']}, backward {rank['backward_ms']} ms from "
+            f"{rank['phases_from']}", "pass" if rank["steps"] == 200 and phases else "fail"),
+        Row("a collective on CUDA tensors (the loss all-reduced)", "counted with its bytes; in flight and exposed "
+            "timed by events", f"{loss}; reasons: {'; '.join(reasons) or 'none'}",
+            "pass" if counted and timed else "fail"),
     ]  # fmt: skip
+
+
+def recorded_windows(path: Path) -> tuple[list[Any], list[str]]:
+    """A recording's windows, and its ``not_measured`` reasons."""
+    from gputop.collect.recording import read
+    from gputop.protocol import Event, Window
+
+    windows, reasons = [], []
+    for entry in read(path):
+        if isinstance(entry.value, Window):
+            windows.append(entry.value)
+        elif isinstance(entry.value, Event) and entry.value.kind == "not_measured":
+            reasons.append(entry.value.message)
+    return windows, reasons
+
+
+EXPOSED_WAIT_MS = 20.0  # the side-stream delay of cuda-exposed-wait: long beside the job's own ~2-ms step
+EXPOSED_WAIT_STEPS = 150
+
+
+def check_cuda_exposed_wait() -> list[Row]:
+    """A known side-stream delay the compute stream waits for as FSDP2 waits: gputop's exposed time is it.
+
+    ``torch.cuda._sleep`` on a side stream that first waits for the compute stream, then
+    ``current_stream().wait_event(end)`` inside ``tap.waits_for`` (the scope FSDP2's ``wait_for_unshard``
+    runs in), once a step after backward; the delay's own length from events on the side stream.
+    """
+    with recording() as (port, path):
+        printed = job_output("bf16", steps=EXPOSED_WAIT_STEPS, port=port,
+                             job_args=("--wrap", "none", "--exposed-wait-ms", str(EXPOSED_WAIT_MS)))  # fmt: skip
+    delay_ms = printed_number(printed, "side delay_ms")
+    windows, reasons = recorded_windows(path)
+    exposed_s = sum(c.exposed_s or 0.0 for w in windows for c in w.collectives if c.kind == "all_gather")
+    exposed_ms = exposed_s * 1e3 / EXPOSED_WAIT_STEPS  # every step waited once, and every wait was read by the end
+    ok = within(exposed_ms, delay_ms, rel=0.10)
+    return [Row("cuda-exposed-wait: the compute stream's wait for a side-stream delay",
+                "exposed a step within 10% of the delay, as measured by events on the side stream",
+                f"exposed {exposed_ms:.2f} ms a step vs delay {delay_ms} ms; reasons: {'; '.join(reasons) or 'none'}",
+                "pass" if ok else "fail")]  # fmt: skip
+
+
+PHASE_STEPS, PROFILED_FROM = 150, 30  # the profiler and the windows compared: steps 30 on (cuBLAS warmed up)
+
+
+def check_cuda_phases() -> list[Row]:
+    """Forward and backward from gputop's CUDA events against torch.profiler's CUDA kernel time, same steps.
+
+    A GPU-bound plain module (no DDP: its phases are gputop's own), profiled from step 30 on; gputop's
+    windows that start at or after that step, their phases weighted by the steps they average.
+    """
+    job_args = ("--wrap", "none", "--profile-steps", f"{PROFILED_FROM}:{PHASE_STEPS}")
+    with recording() as (port, path):
+        printed = job_output("gpu_bound", steps=PHASE_STEPS, port=port, job_args=job_args)
+    reference = (printed_number(printed, "profiler", 2), printed_number(printed, "profiler", 4))
+    windows, reasons = recorded_windows(path)
+    phased = [w for w in windows if w.phases_from == "cuda events" and w.ddp_steps
+              and w.step_total - w.steps >= PROFILED_FROM]  # fmt: skip
+    steps = sum(w.ddp_steps for w in phased)
+    mine = tuple(sum(getattr(w, name) * w.ddp_steps for w in phased) * 1e3 / steps if steps else None
+                 for name in ("forward_s", "backward_s"))  # fmt: skip
+    said = "; ".join(reasons) or "none"
+    return [
+        Row(f"cuda-phases: {phase} from CUDA events", "within 10% of torch.profiler's CUDA kernel time a step",
+            f"{_ms(measured)} vs {_ms(profiled)} ms over {steps} steps; reasons: {said}",
+            "pass" if within(measured, profiled, rel=0.10) else "fail")
+        for phase, measured, profiled in zip(("forward", "backward"), mine, reference, strict=True)
+    ]  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.2f}"
+
+
+def check_nccl_in_flight() -> list[Row]:
+    """A 1-rank NCCL group, TORCH_NCCL_ENABLE_TIMING=1, an asynchronous all-reduce waited each step: in flight
+    present (NCCL's own durations, read once complete), and nothing synchronised by gputop's threads."""
+    with recording() as (port, path):
+        printed = job_output("bf16", steps=200, port=port, env={"TORCH_NCCL_ENABLE_TIMING": "1"},
+                             job_args=("--wrap", "none", "--async-all-reduce", "--count-syncs"))  # fmt: skip
+    syncs, nccl_ms = printed_number(printed, "syncs"), printed_number(printed, "nccl duration_ms")
+    rank = only_rank(report_of(path))
+    _, reasons = recorded_windows(path)
+    rows = {(c["kind"], c["group"]): c for c in rank.get("collectives") or ()}
+    row = rows.get(("all_reduce", "world"))
+    timed = row is not None and bool(row["in_flight_ms"]) and bool(row["calls_per_step"])
+    each = row["in_flight_ms"] / row["calls_per_step"] if row is not None and timed else None
+    refused = [r for r in reasons if "NCCL's own collective durations" in r]
+    ok = each is not None and each > 0 and syncs == 0 and not refused and within(each, nccl_ms, rel=0.5, abs_=0.05)
+    return [Row("nccl-in-flight: an asynchronous all-reduce's time in flight",
+                "present, within 50% (+0.05 ms) of NCCL's own duration the job read; no synchronize by gputop",
+                f"{row}; {_ms(each)} ms each vs NCCL {nccl_ms} ms; syncs by other threads {syncs}; "
+                f"reasons: {'; '.join(reasons) or 'none'}", "pass" if ok else "fail")]  # fmt: skip
 
 
 CHECKS: dict[str, Check] = {
@@ -749,6 +865,9 @@ CHECKS: dict[str, Check] = {
     "contexts": Check(check_cuda_contexts, 60),  # four jobs watched by nvidia-smi, each held 3 s after
     "rules": Check(check_rules, 75),  # a 20-s demo and three recorded jobs
     "fsdp2": Check(check_fsdp2, 25),  # one recorded FSDP2 job watched by nvidia-smi
+    "cuda-exposed-wait": Check(check_cuda_exposed_wait, 20),  # one recorded job: 150 steps of ~22 ms
+    "cuda-phases": Check(check_cuda_phases, 25),  # one recorded GPU-bound job of 150 steps, 120 of them profiled
+    "nccl-in-flight": Check(check_nccl_in_flight, 15),  # one recorded 200-step job
     "overhead": Check(check_overhead, 130),  # 3 rounds of 4 jobs, alternated
 }
 
@@ -790,7 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, check in CHECKS.items():
-            print(f"{name:15} ~{check.estimate_s:4.0f} s  {(check.run.__doc__ or '').strip().splitlines()[0]}")
+            print(f"{name:17} ~{check.estimate_s:4.0f} s  {(check.run.__doc__ or '').strip().splitlines()[0]}")
         return 0
     problem = why_no_gpu()
     if problem is not None:

@@ -310,8 +310,8 @@ class SpanSums:
         micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
         newest = self.newest
         phases_from = newest["phases_from"].phases_from if "phases_from" in newest else None
-        # DDP times one micro-batch of a step; the hooks time every forward and backward of it.
-        scale = micro if micro is not None and micro > 1.0 and phases_from != "hooks" else 1.0
+        # DDP times one micro-batch of a step; the hooks and the CUDA events time every forward and backward of it.
+        scale = micro if micro is not None and micro > 1.0 and phases_from not in ("hooks", "cuda events") else 1.0
         tracked = self.tracked > 0
         # Fields a probe fills together come from the newest window that probe filled.
         sources = [newest.get(group[0]) for group in NEWEST_GROUPS]

@@ -183,7 +183,8 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # logger does not time the step (any other stack), forward_s … overlap_s come from the same source.
     collectives: Collectives = ()
     # How those phase figures were measured: "ddp" (DDP's logger), "hooks" (module hooks and the timed
-    # collectives); None from older reporters, which only had DDP's.
+    # collectives, on the host's clock), "cuda events" (events at the same marks and around the collectives'
+    # waits on the compute stream: the GPU's clock); None from older reporters, which only had DDP's.
     phases_from: Text | None = None
     # torch.compile, from dynamo's own counters (docs/communication.md#torchcompile): in this window,
     compiles: Count | None = None  # frames compiled (a first compile or a recompile)

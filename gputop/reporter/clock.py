@@ -68,7 +68,7 @@ def input_numel(args: Any, kwargs: Any) -> int:
 
 
 class GpuSteps(Protocol):
-    """What times a step on the GPU (``RankCuda``): told at every step's end."""
+    """What times a step on the GPU (``RankCuda``, or ``CudaTimeline`` around it): told at every step's end."""
 
     def record_step(self) -> None: ...
 
@@ -79,7 +79,8 @@ class StepClock:
     def __init__(self) -> None:
         self.marks: deque[tuple[Any, ...]] = deque(maxlen=MAX_PENDING_STEPS)  # StepMark fields, in order
         self.errors = 0  # failures swallowed on the training thread
-        # Set by the reporter when the model is on one CUDA device: a RankCuda, which keeps the step events.
+        # Set by the reporter when the model is on one CUDA device: a RankCuda, which keeps the step events, or
+        # (off DDP) the CudaTimeline that records them and the step's end on its phase timeline too.
         self.gpu_steps: GpuSteps | None = None
         # Forwards of the watched model (its pre-hook counts them), and the count at the last step mark:
         # the stack sampler tells "after the optimizer step" from "before it" by whether they differ.
@@ -103,7 +104,8 @@ class StepClock:
         self._optimizer_depth = 0
         # Seconds the training thread was blocked in collectives, a running total the collective tap adds to.
         self.comm_exposed_s = 0.0
-        # The phases from hooks, for every stack but DDP (whose logger times them): set by the reporter.
+        # The phases from hooks, for every stack but DDP (whose logger times them) off CUDA: set by the reporter.
+        # On CUDA the hooks would time kernel launches: the CudaTimeline times the phases on the GPU clock there.
         self.times_phases = False
         self._forward_s = 0.0  # this step's forwards, less the exposed collectives inside them
         self._backward_s = 0.0  # this step's backward spans, likewise
@@ -260,7 +262,7 @@ class StepClock:
             self.gpu_steps = None  # keep timing steps without GPU events
 
     def _phased_mark(self, now: float, last: float | None, end: float) -> tuple[Any, ...]:
-        """The step mark with its phases from hooks (``times_phases``: every stack but DDP and CUDA)."""
+        """The step mark with its phases from hooks (``times_phases``: every stack but DDP, off CUDA)."""
         if not self._in_forward:
             self._close_backward(now)
         comm, self._comm_at_mark = self.comm_exposed_s - self._comm_at_mark, self.comm_exposed_s

@@ -1,4 +1,4 @@
-"""The rank's CUDA device: the only reporter code that calls ``torch.cuda``, and every call with that device current.
+"""The rank's CUDA device: where the reporter's ``torch.cuda`` comes from, and every call with that device current.
 
 A CUDA call on a thread that never chose a device runs on device 0 and makes
 a context there if the process has none: ~500 MiB of GPU 0 per rank, enough
@@ -16,10 +16,12 @@ So ``RankCuda`` holds the index of the device the model's parameters are on
 and runs every call inside ``torch.cuda.device(index)``, on whichever thread
 calls it: step events are made and recorded on that device's current stream
 (training thread), queried, timed and dropped there (reporter thread), and
-the allocator's counters are read for it.  Leaving the scope hands the thread
-back the device torch had for it, switching back only to a device that
-already has a context (c10's ``MaybeExchangeDevice``, thread-local), so the
-training thread's ``torch.cuda.current_device()`` is what the script left it.
+the allocator's counters are read for it.  The phase timeline
+(``cuda_timeline``) records on the same device through ``cuda`` and the same
+scope, and its events go with these at ``release``.  Leaving the scope hands
+the thread back the device torch had for it, switching back only to a device
+that already has a context (c10's ``MaybeExchangeDevice``, thread-local), so
+the training thread's ``torch.cuda.current_device()`` is what the script left it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ class RankCuda:
         # Appended by the training thread, taken by the reporter thread (deque ends are atomic under the GIL).
         self._recorded: deque[Any] = deque()
         self._last: Any = None  # the newest completed event: where the next GPU step starts
+        # What else holds events on this device (the phase timeline): dropped with these, in scope, at release.
+        self._releases: list[Callable[[], None]] = []
+
+    @property
+    def cuda(self) -> Any:
+        """``torch.cuda`` or the stand-in: for code that records on this device, always through ``scoped``."""
+        return self._cuda
+
+    def on_release(self, drop: Callable[[], None]) -> None:
+        """Call ``drop`` at ``release``, with the device current: it lets go of the events it holds."""
+        self._releases.append(drop)
+
+    def scoped(self, work: Callable[[], T]) -> T:
+        """``work()`` with the rank's device current on this thread (see ``_scoped``)."""
+        return self._scoped(work)
 
     def _scoped(self, work: Callable[[], T]) -> T:
         """``work()`` with the rank's device current on this thread.
@@ -120,6 +137,8 @@ class RankCuda:
     def _drop_events(self) -> None:
         self._recorded.clear()
         self._last = None
+        for drop in self._releases:
+            drop()
 
 
 def model_cuda_index(model: Any, *, cuda_in_use: bool) -> tuple[int | None, str | None]:

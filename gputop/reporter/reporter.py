@@ -29,16 +29,43 @@ from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
 from gputop.reporter.clock import StepClock, input_numel
 from gputop.reporter.collectives import CollectiveTap
+from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.collectives import CollectiveProbe
 from gputop.reporter.probes.compile import CompileProbe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe
+from gputop.reporter.probes.cuda_phases import CudaPhaseProbe
 from gputop.reporter.probes.ddp import DdpProbe
 from gputop.reporter.probes.gpu_steps import GpuStepProbe
 from gputop.reporter.rank_cuda import RankCuda, model_cuda_index
 from gputop.reporter.reporter_thread import EXIT_FLUSH_S, ReporterThread
 
 DEFAULT_WINDOW_S = settings.WINDOW_S.default
+
+
+def marking_closure(
+    args: Any, kwargs: Any, started: Callable[[], None], done: Callable[[], None]
+) -> tuple[Any, Any] | None:
+    """An optimizer step pre-hook's answer that runs ``started`` and ``done`` around the step's closure, if it has
+    one (``optimizer.step(closure)``: Lightning's forward and backward, LBFGS); None: leave the call as it is.
+
+    ``args`` as torch hands them to a step pre-hook: the optimizer itself first, then step()'s own.
+    """
+    in_kwargs = bool(kwargs) and "closure" in kwargs
+    closure = kwargs["closure"] if in_kwargs else (args[1] if len(args) > 1 else None)
+    if not callable(closure):
+        return None
+
+    def marked_closure(*closure_args: Any, **closure_kwargs: Any) -> Any:
+        started()
+        try:
+            return closure(*closure_args, **closure_kwargs)
+        finally:
+            done()
+
+    if in_kwargs:
+        return tuple(args), {**kwargs, "closure": marked_closure}
+    return (args[0], marked_closure, *args[2:]), kwargs
 
 
 def _forget_in_forked_children(reporter: Reporter) -> None:
@@ -88,6 +115,9 @@ class Reporter(ReporterThread):
         self._capture: ProfilerCapture | None = None
         # The collectives torch.distributed's Python API issues, timed once a model is watched in a process group.
         self.tap = CollectiveTap(self.clock)
+        # The phases on the GPU clock, for a model on one GPU off DDP (the CPU path's hooks would time launches).
+        self._timeline: CudaTimeline | None = None
+        self._timeline_optimizer_hooks = False  # its global optimizer hooks, installed once
         super().__init__(address)  # the reporter thread's half: its sender, windows, stacks, node sampler
 
     # -- training thread ------------------------------------------------------------
@@ -134,7 +164,12 @@ class Reporter(ReporterThread):
         gpu_steps = self._gpu_step_probe(model)
         if gpu_steps is not None:
             probes.append(gpu_steps)
+        phases = self._cuda_phase_probe(model, device, gpu_steps)
+        if phases is not None:
+            probes.append(phases)
         probes += self._collective_probe(model, device)
+        if phases is not None and probes[-1:] and isinstance(probes[-1], CollectiveProbe):
+            phases.name_group = probes[-1].group_name  # its rows under the names the collectives have
         self._probes = (*(p for p in self._probes if p.name not in {q.name for q in probes}), *probes)
         with contextlib.suppress(Exception):
             import torch
@@ -169,11 +204,84 @@ class Reporter(ReporterThread):
         self.clock.gpu_steps = device
         return GpuStepProbe(device)
 
+    def _cuda_phase_probe(self, model: Any, device: str, gpu_steps: GpuStepProbe | None) -> CudaPhaseProbe | None:
+        """The phases on the GPU clock for a model on CUDA off DDP (whose logger times them), or why not; None
+        for a CPU run or DDP.
+
+        The timeline stands in for the step events as the clock's ``gpu_steps`` (it records them too), so the
+        step mark asks nothing it did not ask before; the forward hooks and the optimizer's hooks it needs
+        are installed here, on CUDA only: a CPU run's training thread runs none of this.
+        """
+        if self._timeline is not None:  # a model watched before: its timeline records nothing more
+            self._timeline.close()
+            self._timeline = self.tap.timeline = None
+        if self._facts.get("ddp") or not device.startswith("cuda"):
+            return None
+        rank_cuda = self.clock.gpu_steps
+        if not isinstance(rank_cuda, RankCuda):
+            why = gpu_steps.not_measured if gpu_steps is not None else None
+            why = why or "the model's GPU is not known"
+            return CudaPhaseProbe(None, not_measured=f"{why}; forward, backward and exposed communication need them")
+        first_step = self._step_total + len(self.clock.marks) + 1  # the reporter's count (racy only by a window)
+        timeline = CudaTimeline(rank_cuda, first_step=first_step, nccl_timing=nccl_timing_on())
+        self._timeline = self.tap.timeline = timeline
+        self.clock.gpu_steps = timeline
+        self._hook_timeline(model, timeline)
+        return CudaPhaseProbe(timeline)
+
+    def _hook_timeline(self, model: Any, timeline: CudaTimeline) -> None:
+        """The model's forward hooks for the timeline (first among the pre-hooks: FSDP2's root all-gather wait is
+        then inside the forward it serves), and global optimizer hooks that mark its start and end."""
+        grad_enabled = self._grad_enabled
+        if grad_enabled is None:
+            with contextlib.suppress(Exception):
+                import torch
+
+                grad_enabled = self._grad_enabled = torch.is_grad_enabled
+
+        def forward_started(module: Any, args: Any) -> None:
+            if grad_enabled is None or grad_enabled():
+                timeline.forward_started()
+
+        def forward_done(module: Any, args: Any, output: Any) -> None:
+            if grad_enabled is None or grad_enabled():
+                timeline.forward_done()
+
+        with contextlib.suppress(Exception):
+            self._hook_handles.append(model.register_forward_pre_hook(forward_started, prepend=True))
+        with contextlib.suppress(Exception):
+            self._hook_handles.append(model.register_forward_hook(forward_done))
+        if self._timeline_optimizer_hooks:
+            return
+        optim: Any = sys.modules.get("torch.optim.optimizer")
+        try:
+            self._hook_handles.append(optim.register_optimizer_step_pre_hook(self._on_timeline_optimizer_start))
+            self._hook_handles.append(optim.register_optimizer_step_post_hook(self._on_timeline_optimizer_done))
+            self._timeline_optimizer_hooks = True
+        except Exception:
+            self._failed_probes.add("cuda_optimizer_hooks")
+
+    def _on_timeline_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        timeline = self._timeline
+        if timeline is None or self._forked:
+            return None
+        timeline.optimizer_started()
+        # The closure (Lightning's forward and backward inside optimizer.step(closure)) is not the optimizer's.
+        if timeline.optimizer_depth != 1:
+            return None
+        return marking_closure(args, kwargs, timeline.closure_started, timeline.closure_done)
+
+    def _on_timeline_optimizer_done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        timeline = self._timeline
+        if timeline is not None and not self._forked:
+            timeline.optimizer_done()
+
     def _collective_probe(self, model: Any, device: str) -> list[Probe]:
         """Time the collectives of a distributed job, and the phases from hooks where DDP's logger does not.
 
-        The phases from hooks are CPU time: on CUDA they would time kernel launches, not the GPU's
-        work, so there they stay N/A until CUDA events measure them.
+        The phases from hooks are CPU time: on CUDA they would time kernel launches, not the GPU's work, so
+        there the timeline (``_cuda_phase_probe``) times them on the GPU clock instead, and the tap's CUDA
+        wrappers time the collectives with its events.
         """
         dist = sys.modules.get("torch.distributed")
         try:
@@ -263,22 +371,9 @@ class Reporter(ReporterThread):
         clock.optimizer_started()
         # Lightning (and LBFGS users) run forward and backward inside optimizer.step(closure): time the closure
         # apart, so the optimizer's phase is the update and the closure's time is the step's forward and backward.
-        # ``args`` as torch hands them to a step pre-hook: the optimizer itself first, then step()'s own.
-        in_kwargs = bool(kwargs) and "closure" in kwargs
-        closure = kwargs["closure"] if in_kwargs else (args[1] if len(args) > 1 else None)
-        if not callable(closure) or clock._optimizer_depth != 1:
+        if clock._optimizer_depth != 1:
             return None
-
-        def timed_closure(*closure_args: Any, **closure_kwargs: Any) -> Any:
-            clock.closure_started()
-            try:
-                return closure(*closure_args, **closure_kwargs)
-            finally:
-                clock.closure_done()
-
-        if in_kwargs:
-            return tuple(args), {**kwargs, "closure": timed_closure}
-        return (args[0], timed_closure, *args[2:]), kwargs
+        return marking_closure(args, kwargs, clock.closure_started, clock.closure_done)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each

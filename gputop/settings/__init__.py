@@ -160,7 +160,7 @@ DDP_SAMPLE_RATE: Setting[int | None] = Setting(
 )
 CUDA_EVENTS: Setting[bool] = Setting(
     key="cuda_events",
-    meaning="CUDA events at step marks, for the GPU step time (`0`: none)",
+    meaning="CUDA events at step marks and phase hooks, for the GPU step time and, off DDP, the phases (`0`: none)",
     default=True,
     kind="1 or 0",
     env="GPUTOP_CUDA_EVENTS",

@@ -187,7 +187,8 @@ def test_every_cuda_call_is_made_on_the_models_device_though_the_script_never_ch
     gc.collect()
 
     records = cuda.of("record")
-    assert len(records) == 60 and {c.names for c in records} == {3}  # device 3's stream, not device 0's
+    # Two events a step mark, the GPU step time's and the phase timeline's, both on device 3's stream, not 0's.
+    assert len(records) == 120 and {c.names for c in records} == {3}
     assert {c.thread for c in records} == {"training"}
     harvest = cuda.of("query", "elapsed_time", "destroy", "memory_stats")
     assert {c.thread for c in harvest} == {"gputop-reporter"}
@@ -224,8 +225,12 @@ def test_gpu_step_time_is_off_with_its_reason_on_the_wire_when_the_device_cannot
     def said() -> list[str]:
         return [e.message for v in snapshot_of(collector).all_ranks() for e in v.events if e.kind == "not_measured"]
 
-    assert wait_for(lambda: len(said()) == 1)
-    assert said()[0].startswith(reason)
+    assert wait_for(lambda: any(m.startswith(reason) for m in said()))
+    if devices and devices[0].startswith("cuda"):  # read as a model on CUDA: its phases say why they are N/A too
+        assert wait_for(lambda: len(said()) == 2)
+        assert any(m.startswith("cuda_phases: ") and reason.split(": ", 1)[1] in m for m in said()), said()
+    else:
+        assert len(said()) == 1, said()
     reporter.shutdown()
     assert cuda.of("Event", "record", "query", "elapsed_time") == []  # nothing timed on a guessed device
     assert all(w.gpu_step_time_p50_s is None for v in snapshot_of(collector).all_ranks() for w in v.windows)
@@ -253,3 +258,67 @@ def test_an_event_that_fails_is_still_dropped_with_its_device_current() -> None:
     gc.collect()
     assert len(cuda.of("destroy")) == 2
     assert [c for c in cuda.calls if c.current != 3] == []
+
+
+class OnGpu3(torch.nn.Module):  # type: ignore[name-defined]
+    """A real module, with real hooks and a real optimizer, whose parameters read as being on cuda:3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        return iter([Parameter("cuda:3")])
+
+    def forward(self, x: Any) -> Any:
+        time.sleep(0.004)  # stands for the forward's kernels: the fake GPU reaches each event when the host does
+        return self.linear(x)
+
+
+def test_a_model_on_one_gpu_off_ddp_gets_its_phases_from_cuda_events_on_its_device(collector, started) -> None:
+    cuda = FakeCuda()
+    reporter = Reporter(collector.address, window_s=0.25, cuda=cuda)
+    started.append(reporter)
+    reporter.start()
+    model = OnGpu3()
+    optimizer = torch.optim.SGD(model.linear.parameters(), lr=0.01)
+
+    def loop() -> None:
+        reporter.attach_model(model)
+        for _ in range(40):
+            loss = model(torch.ones(2, 4)).sum()
+            time.sleep(0.008)  # the backward's kernels
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    thread = threading.Thread(target=loop, name="training")
+    thread.start()
+    thread.join(30)
+    reporter.shutdown()
+    gc.collect()
+
+    windows = [w for v in snapshot_of(collector).all_ranks() for w in v.windows if w.phases_from is not None]
+    assert windows and {w.phases_from for w in windows} == {"cuda events"}
+    assert all(0.003 < (w.forward_s or 0) < 0.05 and 0.007 < (w.backward_s or 0) < 0.1 for w in windows), windows
+    assert [c for c in cuda.calls if c.current != 3] == []  # hooks, optimizer marks, harvest, exit: all on GPU 3
+    assert {c.thread for c in cuda.of("query", "elapsed_time", "destroy")} == {"gputop-reporter"}
+    assert len(cuda.of("destroy")) == len(cuda.of("Event"))
+
+
+def test_cuda_events_off_leaves_the_phases_on_cuda_na_with_the_reason(collector, started, monkeypatch) -> None:
+    monkeypatch.setenv("GPUTOP_CUDA_EVENTS", "0")
+    cuda = FakeCuda()
+    reporter = Reporter(collector.address, window_s=0.25, cuda=cuda)
+    started.append(reporter)
+    reporter.start()
+    train(reporter, cuda, Model("cuda:3"), steps=20)
+
+    def said() -> list[str]:
+        return [e.message for v in snapshot_of(collector).all_ranks() for e in v.events if e.kind == "not_measured"]
+
+    off = "cuda_phases: CUDA events are off (GPUTOP_CUDA_EVENTS=0)"
+    assert wait_for(lambda: any(m.startswith(off) for m in said()))
+    reporter.shutdown()
+    assert cuda.of("Event", "record") == []
+    assert all(w.phases_from is None for v in snapshot_of(collector).all_ranks() for w in v.windows)

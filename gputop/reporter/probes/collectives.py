@@ -81,8 +81,8 @@ class CollectiveProbe:
 
 
 CUDA_NOT_TIMED = (
-    "collectives on CUDA tensors are counted with their bytes; their times need CUDA events on the streams, "
-    "which gputop does not record yet, so they are N/A"
+    "collectives on CUDA tensors are counted with their bytes; their times need CUDA events on the model's one GPU "
+    "outside DDP (cuda_phases says why not here), so they are N/A"
 )
 
 

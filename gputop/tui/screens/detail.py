@@ -164,6 +164,7 @@ def _frames_section(rank: RankView, now_t: float) -> Content | None:
 PHASES_FROM = {
     "ddp": "forward, backward and the exchange from DDP's own logger",
     "hooks": "forward and backward from the model's hooks, less the collectives' blocked time",
+    "cuda events": "forward and backward from CUDA events at the model's hooks, less the compute stream's waits",
 }
 
 
