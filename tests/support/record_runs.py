@@ -60,6 +60,8 @@ RUN_LIST = (
     Run("compile_four_lengths", ("compile_job.py", "--shapes", "4", "--every", "4", "--steps", "48")),
     Run("compile_steady", ("compile_job.py", "--shapes", "1", "--steps", "60")),
     Run("fsdp2_straggler_extra_work_rank1", ("fsdp2_job.py", "--steps", "50", "--extra-ms", "80", "--extra-rank", "1")),
+    Run("fsdp2_healthy",
+        ("fsdp2_job.py", "--steps", "80", "--layers", "4", "--dim", "192", "--batch-size", "32", "--seq-len", "16")),
     Run("accelerate_loader_bound", ("accelerate_job.py", "--cpu", "--steps", "60", "--delay-ms", "80")),
     Run("healthy_symmetric_accumulation",
         ("ddp_job.py", "--steps", "60", "--batch-size", "64", "--hidden", "2048", "--accumulate", "4")),

@@ -23,7 +23,9 @@ from gputop.collect import recording
 from gputop.diagnose import Diagnoser, diagnose
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.findings import Finding
+from gputop.diagnose.grading import measured as measured_ranks
 from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
+from gputop.diagnose.rules.rotating import step_pattern
 from gputop.diagnose.thresholds import RECOMPILE_WARN_FRAC
 from gputop.export.metrics import families
 from gputop.model.figures import Figures, summarize
@@ -250,6 +252,21 @@ def test_an_fsdp2_rank_with_extra_work_each_step_is_named_the_straggler() -> Non
     assert stragglers and stragglers[0].ranks == (1,), summary
     assert "rank 1 is slow: it takes" in stragglers[0].title and "in `busy`" in stragglers[0].title, summary
     assert not any(f.cause == "straggler" and 0 in f.ranks for f in findings), summary
+    # Step by step from each step's own work (issue #45: readiness read "the slowest in 2%"), and where rank 0 waits.
+    slowest = stragglers[0].extra["slowest"]
+    assert slowest["from"] == "work" and float(slowest["slowest_share"]["1"]) >= 0.8, summary
+    assert "in all_gather on dp above all" in stragglers[0].title, summary
+    assert stragglers[0].extra["waited_in"]["victims"] == [0], summary
+
+
+def test_a_healthy_fsdp2_job_names_no_rank_the_slowest_in_most_steps() -> None:
+    """The issue's FSDP2 job (4 blocks 192 wide, batch 32 of 16 tokens) with no extra work on either rank: the ranks'
+    own work differs by noise from step to step, so most steps have no slowest rank, and no one rank is named."""
+    _, figures, findings, summary = recorded("fsdp2_healthy")
+    pattern = step_pattern(measured_ranks(figures.runs[0]))
+    assert pattern is not None and pattern.by_work, summary
+    assert pattern.decided_steps < 0.5 * pattern.steps and pattern.one_rank is None, (pattern.to_dict(), summary)
+    assert not any(f.cause == "straggler" and f.severity != "info" for f in findings), summary
 
 
 def test_an_accelerate_loop_waiting_on_its_data_is_named_loader_bound() -> None:
