@@ -62,6 +62,10 @@ def run_lines(run: FleetRun) -> list[str]:
     if run.slowest:
         worst = ", ".join(f"rank {s.rank} on {s.hostname or '?'} {s.score:+.0%}" for s in run.slowest)
         lines.append(f"  slowest ranks (the share of each step the others wait for them): {worst}")
+    if run.waits:
+        waits = ", ".join(f"{w.kind} on {w.group}: rank {w.rank} on {w.hostname or '?'}, "
+                          f"the others {w.wait_s * 1e3:.1f} ms a step" for w in run.waits[:3])  # fmt: skip
+        lines.append(f"  last to arrive (the rank the others wait for in each collective): {waits}")
     for alert in run.alerts:
         where = f" rank {alert.rank} on {alert.hostname}" if alert.rank else ""
         lines.append(f"  [{alert.state}] {alert.severity} {alert.cause}{where} ({alert.name})")

@@ -41,6 +41,19 @@ class SlowRank:
 
 
 @dataclass(frozen=True)
+class CollectiveWait:
+    """A kind of collective on a group of a run: the rank that reaches it last (waits least there), and how much
+    longer the typical rank waits in it a step (the job rules' ``gputop:collective_last_to_arrive`` and
+    ``run_kind_group:gputop_collective_wait_for_last:seconds``)."""
+
+    kind: str
+    group: str
+    rank: str
+    hostname: str
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class FiringAlert:
     name: str
     state: str  # "pending" or "firing"
@@ -63,6 +76,11 @@ class FleetRun:
     idle_gpu_hours_per_hour: float | None = None
     slowest: list[SlowRank] = field(default_factory=list)
     alerts: list[FiringAlert] = field(default_factory=list)
+    waits: list[CollectiveWait] = field(default_factory=list)  # the longest wait first
+
+    def last_in(self, rank: str, hostname: str) -> CollectiveWait | None:
+        """The collective this rank reaches last in which the others wait the longest; None: in none."""
+        return next((w for w in self.waits if (w.rank, w.hostname) == (rank, hostname)), None)
 
 
 class Prometheus:
@@ -150,10 +168,28 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
                         labels.get("cause", ""), labels.get("rank", ""), labels.get("Hostname", ""),
                         labels.get("instance", ""))
         )  # fmt: skip
+    _read_waits(prometheus, only, runs)
     for entry in runs.values():
         entry.slowest.sort(key=lambda s: -s.score)
         entry.alerts.sort(key=lambda a: (a.state != "firing", a.severity != "critical", a.name, a.rank))
     return sorted(runs.values(), key=lambda e: (not any(a.state == "firing" for a in e.alerts), e.run))
+
+
+def _read_waits(prometheus: Prometheus, only: str, runs: dict[str, FleetRun]) -> None:
+    """Each run's collectives with a wait for the last to arrive, that rank named, the longest wait first."""
+    waits: dict[tuple[str, str, str], float] = {}
+    for _, r in _per_run(prometheus, f"run_kind_group:gputop_collective_wait_for_last:seconds{only}", runs):
+        labels = r["metric"]
+        if (wait := _value(r)) is not None and wait > 0:
+            waits[(_run(r), labels.get("kind", ""), labels.get("group", ""))] = wait
+    for entry, r in _per_run(prometheus, f"gputop:collective_last_to_arrive{only}", runs):
+        labels = r["metric"]
+        wait = waits.get((entry.run, labels.get("kind", ""), labels.get("group", "")))
+        if wait is not None:
+            entry.waits.append(CollectiveWait(labels.get("kind", ""), labels.get("group", ""),
+                                              labels.get("rank", ""), labels.get("Hostname", ""), wait))  # fmt: skip
+    for entry in runs.values():
+        entry.waits.sort(key=lambda w: -w.wait_s)
 
 
 def _per_run(prometheus: Prometheus, promql: str, runs: dict[str, FleetRun]) -> Iterator[tuple[FleetRun, Any]]:

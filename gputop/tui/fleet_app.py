@@ -246,8 +246,9 @@ class FleetApp(App[int]):
     def _show_run(self) -> None:
         """The highlighted run's slowest ranks and alerts, and why its N/As are N/A."""
         run, palette = self.highlighted, Palette.from_app(self)
+        slow = [slow_cells(s, palette, run.last_in(s.rank, s.hostname)) for s in run.slowest] if run else []
         for table, rows in (
-            (self.slowest_table, [slow_cells(s, palette) for s in run.slowest] if run else []),
+            (self.slowest_table, slow),
             (self.alerts_table, [alert_cells(a, palette) for a in run.alerts] if run else []),
         ):
             cursor = table.cursor_row

@@ -19,12 +19,12 @@ from gputop.diagnose.thresholds import (
     STRAGGLER_WAIT_WARN_FRAC,
 )
 from gputop.fleet.node import NodeFinding, NodeGpu, NodeRank
-from gputop.fleet.query import FiringAlert, FleetRun, SlowRank
+from gputop.fleet.query import CollectiveWait, FiringAlert, FleetRun, SlowRank
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
 
 RUN_COLUMNS = ("run", "ranks", "step p50", "steps/s", "loader", "comm", "idle GPU-h/h", "worst alert")
-SLOW_COLUMNS = ("rank", "Hostname", "instance", "others wait")
+SLOW_COLUMNS = ("rank", "Hostname", "instance", "others wait", "last to arrive in")
 ALERT_COLUMNS = ("state", "severity", "cause", "rank on host", "alert")
 NODE_RANK_COLUMNS = ("run", "rank", "Hostname", "step", "steps/s", "loader", "comm", "since step", "status")
 NODE_GPU_COLUMNS = ("Hostname", "GPU", "model", "util", "memory", "power", "temp", "ranks")
@@ -73,14 +73,17 @@ def run_cells(run: FleetRun, palette: Palette) -> list[Text]:
     ]
 
 
-def slow_cells(slow: SlowRank, palette: Palette) -> list[Text]:
-    """One of a run's slowest ranks: where it runs and how long the others wait for it each step."""
+def slow_cells(slow: SlowRank, palette: Palette, last_in: CollectiveWait | None = None) -> list[Text]:
+    """One of a run's slowest ranks: where it runs, how long the others wait for it each step, and the collective
+    it reaches last where they wait the longest (N/A: last in none, or no collective timed)."""
     style = palette.level(slow.score, STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC)
+    where = NA if last_in is None else f"{last_in.kind} on {last_in.group} (+{last_in.wait_s * 1e3:.1f} ms)"
     return [
         _cell(slow.rank, "bold"),
         _cell(slow.hostname or NA),
         _cell(slow.instance or NA),
         _cell(score_text(slow.score), style),
+        _cell(where),
     ]
 
 

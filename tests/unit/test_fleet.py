@@ -23,7 +23,7 @@ from gputop.fleet.query import (
     read_scraping,
 )
 from tests.support.processes import free_port
-from tests.support.prometheus_api import PrometheusAPI, record_two_rank_run, sample, target
+from tests.support.prometheus_api import PrometheusAPI, rank_labels, record_two_rank_run, sample, target
 
 
 @pytest.fixture
@@ -182,3 +182,33 @@ def test_a_runs_lost_ranks_are_counted_and_printed(api: PrometheusAPI) -> None:
     (run,) = read_fleet(Prometheus(api.url))
     assert (run.ranks, run.lost) == (2, 1)
     assert run_lines(run)[0].startswith("run run-a: 2 ranks (1 lost), step 50.0 ms"), run_lines(run)
+
+
+def test_the_collective_each_slow_rank_reaches_last_is_read_and_printed(api: PrometheusAPI) -> None:
+    """An FSDP2 run: rank 1 reaches the all-gathers last and the others wait 11 ms a step there; rank 0 reaches
+    the reduce-scatters last by 0.4 ms.  Each is read with its rank, the longest wait first, beside the slow ranks."""
+    record_two_rank_run(api, "10.0.0.7:9465")
+    ranks = {rank: rank_labels("run-a", rank, "10.0.0.7:9465") for rank in (0, 1)}
+    api.answers["gputop:collective_last_to_arrive"] = [
+        sample(0.025, __name__="gputop:collective_last_to_arrive", kind="all_gather", group="dp", part="exposed",
+               **ranks[1]),
+        sample(0.010, __name__="gputop:collective_last_to_arrive", kind="reduce_scatter", group="dp", part="exposed",
+               **ranks[0]),
+    ]  # fmt: skip
+    api.answers["run_kind_group:gputop_collective_wait_for_last:seconds"] = [
+        sample(0.011, __name__="run_kind_group:gputop_collective_wait_for_last:seconds", run="run-a",
+               kind="all_gather", group="dp"),
+        sample(0.0004, __name__="run_kind_group:gputop_collective_wait_for_last:seconds", run="run-a",
+               kind="reduce_scatter", group="dp"),
+    ]  # fmt: skip
+    (run,) = read_fleet(Prometheus(api.url))
+    assert [(w.kind, w.rank, round(w.wait_s, 4)) for w in run.waits] == [
+        ("all_gather", "1", 0.011),
+        ("reduce_scatter", "0", 0.0004),
+    ]
+    last = run.last_in("1", "node-a")
+    assert last is not None and (last.kind, last.group) == ("all_gather", "dp")
+    assert (
+        "last to arrive (the rank the others wait for in each collective): all_gather on dp: rank 1 on node-a, "
+        "the others 11.0 ms a step" in "\n".join(run_lines(run))
+    )
