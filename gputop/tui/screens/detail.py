@@ -187,6 +187,8 @@ def _collectives_section(s: RankStats, rank: int, peers: Sequence[tuple[int, Ran
         found = last.get((c.kind, c.group))
         if found is None:
             waited = NA
+        elif found[0] is None:
+            waited = "- (they arrive together)"
         elif found[0] == rank:
             waited = "last to arrive"
         else:
