@@ -14,11 +14,17 @@ Two figures, each against its target:
    their span, and ``hook_s`` per step.  The median over rounds and ranks with
    stacks on must stay under 0.30% of a core.
 
+``--backward-mark`` also times what marking the backward's start adds to each
+training forward (issue #45: a pre-hook on the autograd node of the watched
+model's output, registered by its forward post-hook, fired when the gradient
+reaches it): a ``Linear(8, 8)`` forward and backward, the mark off and on,
+alternated, best of ``--mark-rounds`` each (no target: it prints the figure).
+
 Over a target it prints a line starting ``REGRESSION:`` and exits 1.  The machine
 must be otherwise idle: on a shared 2-vCPU VM the figures move by ±0.05% with the
 neighbours' load (docs/performance.md, "The reporter's cost (issue #35)").
 
-Run: .venv/bin/python benchmarks/reporter_cost.py [--rounds 3] [--seconds 30]
+Run: .venv/bin/python benchmarks/reporter_cost.py [--rounds 3] [--seconds 30] [--no-job] [--backward-mark]
 """
 
 from __future__ import annotations
@@ -128,6 +134,49 @@ def step_mark_us(calibrations: int) -> list[float]:
     return [calibrate()[0] * 1e6 for _ in range(calibrations)]
 
 
+def backward_mark_us(rounds: int, forwards: int = 2000) -> tuple[float, float, list[float]]:
+    """A training forward and its backward through the watched model's hooks, without and with the backward's
+    start marked (``StepClock.marks_backward``), µs each: the best of ``rounds`` runs of ``forwards``, alternated,
+    and each round's difference (with less without, the two runs next to each other).
+
+    The difference is the mark's whole cost per training forward: finding the output's node, registering the
+    pre-hook on it (the forward post-hook), the pre-hook's call when the gradient reaches it, and its removal
+    with the graph.  One thread (``torch.set_num_threads(1)``), as a rank on 2 cores runs, timed on its own CPU
+    clock (``time.thread_time``): a neighbour that takes the core moves wall time by more than the mark costs.
+    """
+    import torch
+
+    from gputop.address import Address
+    from gputop.reporter.reporter import Reporter
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    reporter = Reporter(Address(port=1))  # not started: its hooks are called as torch calls them
+    reporter.attach_model(model)
+    x = torch.randn(4, 8)
+    perf = time.thread_time
+    best = {False: float("inf"), True: float("inf")}
+    differences = []
+    try:
+        for round_ in range(rounds):
+            took = {}
+            for on in (False, True) if round_ % 2 == 0 else (True, False):
+                reporter.clock.marks_backward = on
+                start = perf()
+                for _ in range(forwards):
+                    model(x).sum().backward()
+                took[on] = (perf() - start) / forwards
+                best[on] = min(best[on], took[on])
+            differences.append((took[True] - took[False]) * 1e6)
+    finally:
+        for handle in reporter._hook_handles:
+            handle.remove()
+        reporter.sender.close()
+    assert reporter.clock.pre_backward[1] > 0, "the pre-hook never fired"
+    return best[False] * 1e6, best[True] * 1e6, differences
+
+
 def spread(values: list[float], digits: int = 3) -> str:
     return f"median {statistics.median(values):.{digits}f} (range {min(values):.{digits}f}-{max(values):.{digits}f})"
 
@@ -139,6 +188,8 @@ def main() -> int:
     parser.add_argument("--skip", type=float, default=5.0, help="seconds of each rank's start-up left out")
     parser.add_argument("--calibrations", type=int, default=15)
     parser.add_argument("--no-job", action="store_true", help="the step mark only (seconds, not minutes)")
+    parser.add_argument("--backward-mark", action="store_true", help="also time the backward's start mark (torch)")
+    parser.add_argument("--mark-rounds", type=int, default=15, help="alternations of the backward mark off and on")
     args = parser.parse_args()
     print(f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     failures = []
@@ -167,6 +218,12 @@ def main() -> int:
             failures.append("no steady windows were recorded (the job did not report)")
         elif (median := statistics.median(on)) > REPORTER_TARGET_PCT:
             failures.append(f"reporter thread {median:.3f}% of a core > {REPORTER_TARGET_PCT:.2f}% target (stacks on)")
+
+    if args.backward_mark:
+        off, on, differences = backward_mark_us(args.mark_rounds)
+        print(f"backward mark: a Linear(8, 8) forward and backward {off:.2f} µs without, {on:.2f} µs with (best of "
+              f"{args.mark_rounds} x 2000 each): +{on - off:.2f} µs per training forward; "
+              f"round by round {spread(differences, 2)} µs")  # fmt: skip
 
     mark = min(marks)  # the code's cost: the best calibration (the others met a neighbour)
     print(f"step mark (optimizer timed + mark): best {mark:.3f} µs, {spread(marks)} µs over {len(marks)} calibrations")

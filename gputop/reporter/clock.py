@@ -67,6 +67,23 @@ def input_numel(args: Any, kwargs: Any) -> int:
         return -1
 
 
+def output_node(output: Any) -> Any:
+    """The autograd node the watched model's output came from: its first tensor with a ``grad_fn``, the output
+    itself or looked into a tuple, list or dict (a ``ModelOutput`` is an ``OrderedDict``); None where no gradient
+    can flow into it (no_grad, a leaf, no tensor).  Duck-typed like ``input_numel``; never raises into training.
+    """
+    try:
+        items = output if isinstance(output, (tuple, list)) else output.values() if isinstance(output, dict) else ()
+        node = getattr(output, "grad_fn", None) if not items else None
+        for item in items:
+            node = getattr(item, "grad_fn", None)
+            if node is not None:
+                break
+        return node
+    except Exception:
+        return None
+
+
 class GpuSteps(Protocol):
     """What times a step on the GPU (``RankCuda``, or ``CudaTimeline`` around it): told at every step's end."""
 
@@ -102,6 +119,15 @@ class StepClock:
         # Optimizers stepping inside each other (a wrapper such as ZeroRedundancyOptimizer steps its
         # inner one): the clock runs from the outermost pre-hook to the outermost post-hook.
         self._optimizer_depth = 0
+        # Where the backward's start is told from the forward's end (``marks_backward``, set by the reporter: phases
+        # from hooks, or DDP's logger, on the CPU), a training forward's post-hook puts a pre-hook on the autograd
+        # node of the model's output, and the gradient reaching it marks the backward's start (``backward_started``).
+        self.marks_backward = False
+        self.backward_pending = False  # a training forward's output is hooked and its backward has not begun
+        # From a forward's end to its backward's start (the script's loss, a metric, a log line: not the model's
+        # work), summed over the backwards the hook saw begin, and how many: one tuple, replaced whole on the
+        # training thread, so the reporter thread reads both together (DDP's probe takes them out of its backward).
+        self.pre_backward: tuple[float, int] = (0.0, 0)
         # Seconds the training thread was blocked in collectives, a running total the collective tap adds to.
         self.comm_exposed_s = 0.0
         # The phases from hooks, for every stack but DDP (whose logger times them) off CUDA: set by the reporter.
@@ -178,6 +204,26 @@ class StepClock:
             self._forward_s += max(now - self._span_t0 - (comm - self._span_comm), 0.0)
             self._in_forward = False
             self._span_t0, self._span_comm, self._span_loader = now, comm, self._loader_wait_s
+
+    def backward_started(self, now: float) -> None:
+        """The gradient reached the watched model's output (the autograd pre-hook the forward's post-hook put there):
+        the backward of the last training forward begins.
+
+        What ran between that forward's end and now was the script's (the loss, a metric computed in Python, a log
+        line), not the model's backward: its length is added to ``pre_backward``, and with phases from hooks the
+        backward span opens here instead, so that time falls outside the phases ("other").  A backward the hook
+        never sees begin (the loss does not use the output's first tensor) is timed from the forward's end, as
+        before.  Only the first pre-hook after a forward counts (several outputs, ``retain_graph``).
+        """
+        if not self.backward_pending:
+            return
+        self.backward_pending = False
+        gap = now - self.forward_end_s
+        if gap >= 0.0:
+            total, count = self.pre_backward
+            self.pre_backward = (total + gap, count + 1)
+        if self.times_phases and not self._in_forward and self._span_t0 is not None:
+            self._span_t0, self._span_comm, self._span_loader = now, self.comm_exposed_s, self._loader_wait_s
 
     def _close_backward(self, now: float) -> None:
         if self._span_t0 is not None and not self._in_forward:

@@ -27,7 +27,7 @@ from gputop import settings
 from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
-from gputop.reporter.clock import StepClock, input_numel
+from gputop.reporter.clock import StepClock, input_numel, output_node
 from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
 from gputop.reporter.probes import Probe
@@ -118,6 +118,9 @@ class Reporter(ReporterThread):
         # The phases on the GPU clock, for a model on one GPU off DDP (the CPU path's hooks would time launches).
         self._timeline: CudaTimeline | None = None
         self._timeline_optimizer_hooks = False  # its global optimizer hooks, installed once
+        # Under DDP only the forwards that synchronise gradients have their backward's start marked: DDP's logger
+        # times no other (``no_sync()`` micro-batches), so no other's gap is taken out of its backward.
+        self._sync_forwards_only = False
         super().__init__(address)  # the reporter thread's half: its sender, windows, stacks, node sampler
 
     # -- training thread ------------------------------------------------------------
@@ -152,8 +155,9 @@ class Reporter(ReporterThread):
         self._facts.update(facts.identity())  # the process group may exist by now
         device = str(self._facts.get("device", ""))
         probes: list[Probe] = []
+        on_cpu = device.startswith("cpu") or not device
         if self._facts.get("ddp"):
-            ddp = DdpProbe(model, on_cpu=device.startswith("cpu") or not device)
+            ddp = DdpProbe(model, on_cpu=on_cpu, clock=self.clock)
             if ddp.rate_error is not None:
                 self._failed_probes.add("ddp_sample_rate")
             probes.append(ddp)
@@ -168,6 +172,11 @@ class Reporter(ReporterThread):
         if phases is not None:
             probes.append(phases)
         probes += self._collective_probe(model, device)
+        # The backward's start, where a phase is timed on the CPU from it: the phases from hooks, DDP's logger (whose
+        # backward starts at its forward's end).  On a GPU the phases are GPU time (CUDA events), which a gap on the
+        # CPU is not; and elsewhere the engine runs the backward on a device thread of its own: no hook there.
+        self.clock.marks_backward = on_cpu and (self.clock.times_phases or bool(self._facts.get("ddp")))
+        self._sync_forwards_only = bool(self._facts.get("ddp"))
         if phases is not None and probes[-1:] and isinstance(probes[-1], CollectiveProbe):
             phases.name_group = probes[-1].group_name  # its rows under the names the collectives have
         self._probes = (*(p for p in self._probes if p.name not in {q.name for q in probes}), *probes)
@@ -403,6 +412,37 @@ class Reporter(ReporterThread):
             clock.forward_length_s = now - clock.forward_start_s
             if clock.times_phases:
                 clock.forward_done(now)
+            if clock.marks_backward and not self._forked:
+                self._hook_backward(module, output)
+
+    def _hook_backward(self, module: Any, output: Any) -> None:
+        """Mark when this training forward's backward begins: a pre-hook on the autograd node of the model's output.
+
+        A pre-hook on that node (``Node.register_prehook``, torch 2.0 on), not a tensor hook: the output tensor is
+        left as it was (no ``_backward_hooks`` on the user's tensor; an in-place op on the output later leaves the
+        node where it is and the gradient still reaches it), and it costs less to register.  It returns None, so the
+        gradient passes unchanged; the node, and the hook with it, go when the graph is freed.
+        """
+        if self._sync_forwards_only and not getattr(module, "require_backward_grad_sync", True):
+            return  # under DDP's no_sync(): DDP times no backward of this micro-batch, there is no gap to take out
+        node = output_node(output)
+        if node is None:
+            return  # no gradient will reach the output (a leaf, no tensor): its backward stays timed as before
+        try:
+            node.register_prehook(self._on_backward_start)
+        except Exception:
+            return
+        self.clock.backward_pending = True
+
+    def _on_backward_start(self, grad_outputs: Any) -> None:
+        """The autograd pre-hook: the gradient reached the watched model's output, its backward begins.  On the CPU
+        the engine runs it on the thread that called backward(), the training thread.  Nothing it raises reaches
+        the backward: a failure turns the mark off, and backwards are timed from the forward's end, as before."""
+        clock = self.clock
+        try:
+            clock.backward_started(time.perf_counter())
+        except Exception:
+            clock.marks_backward = clock.backward_pending = False
 
     def _on_forward(self, module: Any, args: Any, kwargs: Any = None) -> None:
         # Autocast is thread-local and only visible around forward: look now and then.

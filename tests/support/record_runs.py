@@ -53,6 +53,8 @@ RUN_LIST = (
     Run("straggler_rotating",
         ("ddp_job.py", "--steps", "160", "--batch-size", "256", "--hidden", "1024", "--metric-ms", "30",
          "--metric-rank", "-1")),
+    Run("straggler_work_before_backward",
+        ("ddp_job.py", "--steps", "120", "--batch-size", "256", "--hidden", "1024", "--pre-backward-ms", "80")),
     Run("straggler_slow_optimizer",
         ("ddp_job.py", "--steps", "160", "--batch-size", "256", "--hidden", "1024", "--optimizer-ms", "30")),
     Run("stall_checkpoint_every_10_rank0",

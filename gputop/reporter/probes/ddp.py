@@ -13,6 +13,15 @@ CUDA, and a time stays 0 when its timer has no usable pair of events (c10d
 ``CudaTimer::measureDifference``).  A real iteration's forward and backward
 never take 0 ns, so all four at 0 means "DDP did not time this", and the
 window says so instead of reporting "exposed comm 0 ms".
+
+DDP's backward starts at its forward's end: the reducer records
+``kBackwardComputeStart`` in ``prepare_for_backward``, which DDP's forward
+calls on its way out.  Whatever the script runs between ``model(x)`` and
+``loss.backward()`` (a loss or a metric in Python, a log line) is in DDP's
+backward.  On the CPU the probe takes it out: the mean gap between a
+synchronising forward's end and its backward's start, as the clock's autograd
+pre-hook measured it over the same iterations (``StepClock.pre_backward``),
+leaves DDP's backward for the step's "other".
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputop import settings
-from gputop.reporter.clock import StepMark
+from gputop.reporter.clock import StepClock, StepMark
 
 # DDP times forward/backward/comm on every Nth iteration (PyTorch's default is
 # 100).  On CUDA a sampled iteration waits for the previous one's events at the
@@ -78,13 +87,22 @@ class DdpProbe:
 
     name = "ddp_stats"
 
-    def __init__(self, model: Any, *, on_cpu: bool) -> None:
+    def __init__(self, model: Any, *, on_cpu: bool, clock: StepClock | None = None) -> None:
         """Set DDP's sample rate on ``model`` (a DistributedDataParallel).
 
         If DDP refuses (a private API that changed), ``rate_error`` says why and
-        the probe still reads whatever DDP samples at its own rate.
+        the probe still reads whatever DDP samples at its own rate.  ``clock``:
+        the training thread's, whose forward-to-backward gaps leave DDP's
+        backward on the CPU (``_less_pre_backward``); None leaves it as DDP logs it.
         """
         self.model = model
+        # Only on the CPU.  There DDP's timer reads the host clock at its forward's end and when the backward's last
+        # gradient is ready, and the engine runs the backward on the thread that called backward(): the gap the
+        # clock's pre-hook measures (same clock, same thread) is inside DDP's backward exactly.  On CUDA DDP times
+        # the span with CUDA events on the stream, GPU time: the GPU is still running the forward's queued kernels
+        # while the CPU runs the script's code, so a CPU gap is not time the GPU spent outside the backward.
+        self._gaps = clock if on_cpu else None
+        self._gaps_read = clock.pre_backward if clock is not None else (0.0, 0)
         # (iteration, running averages) at the last read, while every iteration is
         # timed from the first: then average x iteration is a running total, and
         # the difference between two reads is the window's own total.
@@ -141,9 +159,26 @@ class DdpProbe:
         """The figures, or {} when all of DDP's times are 0: DDP did not time the iteration(s)."""
         if any(out.get(name) for _, name in DDP_TIMES):
             self.not_measured = None
-            return {**out, "phases_from": "ddp"}
+            return {**self._less_pre_backward(out), "phases_from": "ddp"}
         self.not_measured = ALL_ZERO
         return {}
+
+    def _less_pre_backward(self, out: dict[str, Any]) -> dict[str, Any]:
+        """DDP's backward less the mean gap between a forward's end and its backward's start since the last read.
+
+        Both cover the same iterations: those since the last read (the clock hooks only the forwards that
+        synchronise, the ones DDP times).  Clamped at 0: a gap is never more than DDP's own span, which holds it,
+        but the two reads are a moment apart.  Untouched where no backward's start was seen (an older torch, an
+        output the loss does not use): as DDP logs it.
+        """
+        if self._gaps is None:
+            return out
+        (total, count), (before, counted) = self._gaps.pre_backward, self._gaps_read
+        self._gaps_read = (total, count)
+        backward = out.get("backward_s")
+        if count <= counted or backward is None:
+            return out
+        return {**out, "backward_s": max(backward - (total - before) / (count - counted), 0.0)}
 
     def _window_means(
         self, data: dict[str, Any], iteration: int, since: int, before: dict[str, float]

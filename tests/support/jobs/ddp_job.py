@@ -48,6 +48,19 @@ def compute_metrics(seconds: float) -> float:
     return total
 
 
+def loss_statistics(logits: torch.Tensor, seconds: float) -> float:
+    """A per-batch statistic of the outputs in plain Python, between the forward and ``loss.backward()`` (a
+    calibration score, a log line's histogram): the script's work, not the model's backward.  One plain loop, no
+    generator, so the stack samples find it in this one function."""
+    scores = [((k * 7919) % 1000) / 1000.0 for k in range(4096)]
+    end, total = time.perf_counter() + seconds, float(logits.detach().sum())
+    while time.perf_counter() < end:
+        ranked = sorted(scores, reverse=True)
+        for score in ranked[:512]:
+            total += score * score
+    return total
+
+
 class ClippingSGD(torch.optim.SGD):
     """SGD whose step also does per-parameter bookkeeping in Python (``extra_s`` of it): an optimizer that is slow."""
 
@@ -82,6 +95,10 @@ def main() -> None:
         "--metric-rank", type=int, default=1, help="the rank that computes it; -1: a rank drawn at random each step"
     )
     parser.add_argument("--optimizer-ms", type=float, default=0.0, help="rank 1's optimizer step takes this longer")
+    parser.add_argument(
+        "--pre-backward-ms", type=float, default=0.0, help="Python work this long between the forward and backward()"
+    )
+    parser.add_argument("--pre-backward-rank", type=int, default=1, help="the rank that does it")
     parser.add_argument(
         "--manual", choices=("before", "after"), help="also call gputop.step() before or after optimizer.step()"
     )
@@ -124,7 +141,10 @@ def main() -> None:
             with model.no_sync():
                 nn.functional.cross_entropy(model(x), y).backward()
             continue
-        loss = nn.functional.cross_entropy(model(x), y)
+        logits = model(x)
+        if args.pre_backward_ms and dist.get_rank() == args.pre_backward_rank:
+            loss_statistics(logits, args.pre_backward_ms / 1000.0)  # the others wait for it in the all-reduce
+        loss = nn.functional.cross_entropy(logits, y)
         loss.backward()
         if args.loss_all_reduce:  # the global loss for the log, as many scripts average it
             logged = loss.detach().clone()
