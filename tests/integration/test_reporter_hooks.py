@@ -83,9 +83,12 @@ def test_an_optimizer_closure_is_the_steps_forward_and_backward_not_the_optimize
             handle.remove()
         reporter.sender.close()
     last = reporter.clock.drain()[-1]
-    assert last.optimizer_s is not None and last.optimizer_s < 0.01, last
+    assert last.optimizer_s is not None and last.duration_s is not None, last
     assert last.forward_s is not None and last.forward_s >= 0.01 and last.backward_s is not None, last
     assert last.backward_s >= 0.03, last
+    # The closure's 40 ms are forward and backward, not the optimizer's too: the parts add up within the step (an
+    # identity of the marks; a bound on the update's own time would be one on a loaded machine's scheduling).
+    assert last.optimizer_s + last.forward_s + last.backward_s <= last.duration_s + 1e-9, last
 
 
 # -- the backward's start (issue #45) -------------------------------------------------------------
@@ -128,9 +131,12 @@ def test_the_scripts_work_between_the_forward_and_backward_is_not_the_backward()
         twin_out.sum().backward()
     finally:
         _close(reporter)
-    assert mark.backward_s is not None and mark.backward_s < 0.02, mark
     gap_s, gaps = reporter.clock.pre_backward
     assert gaps == 1 and gap_s >= 0.04, reporter.clock.pre_backward
+    # The step is its forward, the gap and its backward (and what came before the forward): the backward does not
+    # hold the gap.  An identity of the marks, not a bound on how long a backward takes on a loaded machine.
+    assert mark.backward_s is not None and mark.forward_s is not None and mark.duration_s is not None, mark
+    assert mark.forward_s + gap_s + mark.backward_s <= mark.duration_s + 1e-9, (mark, gap_s)
     assert torch.equal(out, twin_out)
     for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
         assert mine.grad is not None and theirs.grad is not None and torch.equal(mine.grad, theirs.grad)
@@ -270,4 +276,5 @@ def test_gradient_accumulation_leaves_each_micro_batchs_gap_out() -> None:
     mark = reporter.clock.drain()[-1]
     gap_s, gaps = reporter.clock.pre_backward
     assert gaps == 3 and gap_s >= 0.045
-    assert mark.backward_s is not None and mark.backward_s < 0.015, mark
+    assert mark.backward_s is not None and mark.forward_s is not None and mark.duration_s is not None, mark
+    assert mark.forward_s + gap_s + mark.backward_s <= mark.duration_s + 1e-9, (mark, gap_s)
