@@ -70,12 +70,14 @@ class CollectiveProbe:
         group's registered name (a string, as compiled code passes it) all name the default group.
         """
         group = resolve_group(group)
-        if group is None or group is _default_group():
-            return self._names.get(id(None), (None, "world"))[1]
         known = self._names.get(id(group))
         if known is not None and known[0] is group:
             return known[1]
-        name = describe_group(group)
+        # Asked once a group (the names are kept): ``learn_meshes`` names the default group's object and None alike.
+        if group is None or group is _default_group():
+            name = self._names.get(id(None), (None, "world"))[1]
+        else:
+            name = describe_group(group)
         self._names[id(group)] = (group, name)
         return name
 
