@@ -458,15 +458,8 @@ class CollectiveTap:
             tensor, timeline = _sent(where, args, kwargs), tap.timeline
             if timeline is None or on_cpu(tensor):
                 return host(*args, **kwargs)
-            key = timeline.begin()  # on the current stream: the compute stream, or the side stream it runs on
-            tap._depth = 1
-            try:
-                result = original(*args, **kwargs)
-            except BaseException:
-                timeline.abandon(key)
-                raise
-            finally:
-                tap._depth = 0
+            # An event on the current stream first: the compute stream, or the side stream it runs on.
+            key, result = tap._issue_on_cuda(timeline, original, args, kwargs)
             try:
                 group = where.group(args, kwargs)
                 records.append((kind, group, tensor_bytes(tensor), None, None, perf()))  # counted; timed by events
@@ -480,6 +473,21 @@ class CollectiveTap:
 
         collective.__gputop_original__ = original  # type: ignore[attr-defined]
         return collective
+
+    def _issue_on_cuda(
+        self, timeline: CudaTimeline, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[int, Any]:
+        """Call a collective after an event on the current stream, the collectives it calls its own: (the event's
+        key, what it returned).  A collective that raises gives its event back to the pool, and raises."""
+        key = timeline.begin()
+        self._depth = 1
+        try:
+            return key, original(*args, **kwargs)
+        except BaseException:
+            timeline.abandon(key)
+            raise
+        finally:
+            self._depth = 0
 
     def _pend_cuda(self, key: int, issued: tuple[str, Any, int]) -> None:
         pending = self._cuda_pending
@@ -525,15 +533,7 @@ class CollectiveTap:
             tensor, timeline = _sent(where, args, kwargs), tap.timeline
             if timeline is None or on_cpu(tensor):
                 return host(*args, **kwargs)
-            key = timeline.begin()
-            tap._depth = 1
-            try:
-                result = original(*args, **kwargs)
-            except BaseException:
-                timeline.abandon(key)
-                raise
-            finally:
-                tap._depth = 0
+            key, result = tap._issue_on_cuda(timeline, original, args, kwargs)
             try:
                 group = where.group(args, kwargs)
                 tap.records.append((kind, group, tensor_bytes(tensor), None, None, perf()))

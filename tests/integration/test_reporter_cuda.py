@@ -26,6 +26,7 @@ import pytest
 from gputop.reporter.rank_cuda import RankCuda, model_cuda_index
 from gputop.reporter.reporter import Reporter
 from tests.support.collectors import snapshot_of, wait_for
+from tests.support.sim_cuda import DeviceScope
 
 torch = pytest.importorskip("torch")  # the reporter watches a real module; only its CUDA is faked
 
@@ -74,21 +75,6 @@ class FakeEvent:
     def __del__(self) -> None:
         if self.device is not None:  # torch destroys only events that were made
             self._cuda.log("destroy", self.device)
-
-
-class DeviceScope:
-    """``torch.cuda.device(i)``: device i current on this thread inside, the previous one after."""
-
-    def __init__(self, cuda: FakeCuda, index: int) -> None:
-        self._cuda, self._index, self._previous = cuda, index, 0
-
-    def __enter__(self) -> None:
-        self._previous = self._cuda.current_device()
-        self._cuda.set_device(self._index)
-
-    def __exit__(self, *exc: object) -> bool:
-        self._cuda.set_device(self._previous)
-        return False
 
 
 class FakeCuda:

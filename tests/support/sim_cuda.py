@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -98,18 +98,26 @@ class SimEvent:
             self.sim.log("destroy", self.device)
 
 
-class DeviceScope:
-    """``torch.cuda.device(i)``: device i current on this thread inside, the previous one after."""
+class Devices(Protocol):
+    """A stand-in ``torch.cuda``'s device of the calling thread."""
 
-    def __init__(self, sim: SimCuda, index: int) -> None:
-        self.sim, self.index, self.previous = sim, index, 0
+    def current_device(self) -> int: ...
+
+    def set_device(self, index: int) -> None: ...
+
+
+class DeviceScope:
+    """``torch.cuda.device(i)``: device i current on this thread inside, the previous one after (any stand-in)."""
+
+    def __init__(self, cuda: Devices, index: int) -> None:
+        self.cuda, self.index, self.previous = cuda, index, 0
 
     def __enter__(self) -> None:
-        self.previous = self.sim.current_device()
-        self.sim.set_device(self.index)
+        self.previous = self.cuda.current_device()
+        self.cuda.set_device(self.index)
 
     def __exit__(self, *exc: object) -> None:
-        self.sim.set_device(self.previous)
+        self.cuda.set_device(self.previous)
 
 
 class SimCuda:
