@@ -57,6 +57,7 @@ class GputopCallback(Callback):  # type: ignore[misc, unused-ignore]
         super().__init__()
         self.log_figures = log_figures
         self._batch_end_s: float | None = None
+        self._comm_at_batch_end_s = 0.0  # the collectives' exposed time so far, at that batch end
         self._paused_s: float | None = None
         self._logged_step = -1
         # Whether the watched model's hooks miss the training forwards, so the callback marks them: None until
@@ -73,6 +74,7 @@ class GputopCallback(Callback):  # type: ignore[misc, unused-ignore]
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._batch_end_s = time.perf_counter()  # the first fetch of an epoch (worker start-up) counts
+        self._comm_at_batch_end_s = _exposed_comm_s()
         try:
             reporter = _reporter()
             loader = _first_loader(getattr(trainer, "train_dataloader", None))
@@ -83,7 +85,10 @@ class GputopCallback(Callback):  # type: ignore[misc, unused-ignore]
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._batch_end_s is not None:
-            add_loader_wait(time.perf_counter() - self._batch_end_s)
+            # From one batch's end to the next one's start, less the collectives the loop ran in between (the
+            # strategy's per-batch broadcast): their exposed time is the exchange's, and counted there.
+            between = _exposed_comm_s() - self._comm_at_batch_end_s
+            add_loader_wait(max(time.perf_counter() - self._batch_end_s - between, 0.0))
             self._batch_end_s = None
         try:
             reporter = _reporter()
@@ -115,6 +120,7 @@ class GputopCallback(Callback):  # type: ignore[misc, unused-ignore]
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.log_figures:
             self._log_figures(trainer)
+        self._comm_at_batch_end_s = _exposed_comm_s()
         self._batch_end_s = time.perf_counter()
 
     def _log_figures(self, trainer: Any) -> None:
@@ -146,6 +152,15 @@ def _reporter() -> Reporter | None:
     from gputop.reporter import _get
 
     return _get()
+
+
+def _exposed_comm_s() -> float:
+    """The exposed time of every collective this rank's clock has counted so far (0 without a reporter)."""
+    try:
+        reporter = _reporter()
+        return float(reporter.clock.comm_exposed_s) if reporter is not None else 0.0
+    except Exception:
+        return 0.0
 
 
 def _first_loader(loaders: Any) -> Any:
