@@ -89,6 +89,13 @@ METRICS: tuple[Spec, ...] = (
         f"Bytes per step the rank sent in each kind of collective on each group {SPAN}",
         extra=("kind", "group"),
     ),
+    _rank("gputop_flops_per_step", f"The model's FLOPs a training step, forward and backward, counted {SPAN}"),
+    _rank("gputop_achieved_flops_per_second", f"FLOP/s the rank's steps achieved on the model's work {SPAN}"),
+    _rank(
+        "gputop_mfu_ratio",
+        f"Model FLOPs utilization: achieved FLOP/s over the device's dense peak for the step's dtypes {SPAN} (beside "
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, joined on UUID)",
+    ),
     _rank("gputop_memory_allocated_bytes", "CUDA memory allocated by tensors (torch.cuda.memory_stats)"),
     _rank("gputop_memory_reserved_bytes", "CUDA memory reserved by PyTorch's caching allocator"),
     _rank("gputop_memory_peak_bytes", "Peak CUDA memory allocated"),
@@ -186,6 +193,9 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         ],
         "gputop_collective_calls": [((c.kind, c.group), c.calls) for c in s.collectives],
         "gputop_collective_bytes": [((c.kind, c.group), c.bytes) for c in s.collectives],
+        "gputop_flops_per_step": [((), s.flops_per_step)],
+        "gputop_achieved_flops_per_second": [((), s.achieved_flops_per_s)],
+        "gputop_mfu_ratio": [((), r.mfu)],
         "gputop_memory_allocated_bytes": [((), s.mem_allocated_bytes)],
         "gputop_memory_reserved_bytes": [((), s.mem_reserved_bytes)],
         "gputop_memory_peak_bytes": [((), s.mem_peak_bytes)],

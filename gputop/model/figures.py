@@ -18,6 +18,8 @@ from functools import cached_property
 
 from gputop.combine import PHASE_NAMES, window_exposed_comm_frac, window_loader_wait_frac, window_step_s
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
+from gputop.model.peaks import effective_peak
+from gputop.model.peaks import mfu as mfu_of
 from gputop.model.rank_stats import RankStats, recent
 from gputop.model.samples import GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
@@ -73,6 +75,30 @@ class RankFigures:
     @property
     def on_cuda(self) -> bool:
         return (self.hello.device or "").startswith("cuda")
+
+    @cached_property
+    def work_peak(self) -> tuple[float | None, str]:
+        """The FLOP/s the rank's device could do for its step's mix of dtypes, and what it is (or why it is N/A).
+
+        A GPU's dense peak from its datasheet, by the name NVML (else torch) gives it (``gputop.model.peaks``); a
+        CPU's, the fp32 matmul the rank measured once on its own threads.  docs/mfu.md.
+        """
+        hello = self.hello
+        if self.on_cuda:
+            name = (self.gpu.name if self.gpu is not None else None) or hello.device_name
+            if not name:
+                return None, "the rank's GPU model is not known"
+            mix = hello.flops_mix or {}
+            return effective_peak(name, mix, bool(hello.tf32_matmul), bool(hello.tf32_cudnn))
+        if hello.cpu_peak_flops:
+            cost = f", measuring it took {hello.cpu_peak_cost_s * 1e3:.0f} ms" if hello.cpu_peak_cost_s else ""
+            return hello.cpu_peak_flops, f"an fp32 matmul on the rank's own threads{cost}"
+        return None, "the rank has not measured its CPU's matmul peak yet (it does so in its first counted step)"
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: the FLOP/s the rank's steps achieved over its device's peak (None: N/A)."""
+        return mfu_of(self.stats.achieved_flops_per_s, self.work_peak[0])
 
     @cached_property
     def own_s(self) -> float | None:

@@ -88,6 +88,10 @@ class RankStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Where forward, backward and comm come from: "ddp" (DDP's logger), "hooks" (module hooks and the timed
     # collectives, any other stack); None when not measured.
     phases_from: str | None = None
+    # The work each step does (docs/mfu.md), over the steps whose FLOPs were counted and did not run under the
+    # counting itself: FLOPs a step (forward and backward), and the FLOP/s they achieved.  None: not counted.
+    flops_per_step: float | None = None
+    achieved_flops_per_s: float | None = None
     # torch.compile over the span, from dynamo's own record (gputop.reporter.probes.compile); None: nothing compiled.
     compiles: int | None = None  # frames compiled: first compiles and recompiles
     recompiles: int | None = None  # of which recompiles (a guard failed: a new shape, a new dtype)

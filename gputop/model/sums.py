@@ -77,6 +77,9 @@ class _Parts(NamedTuple):
     workers_wait_s: float
     workers_run_s: float
     compile_s: float  # torch.compile's time, over the windows that report it
+    # The work of the steps whose FLOPs were counted (docs/mfu.md): their FLOPs and the time they took.
+    flops: float
+    flops_time_s: float
 
 
 # The step's phases a window sums over its timed steps, but the loader's (its own figures, in _Parts):
@@ -115,6 +118,8 @@ def _parts(w: Window) -> tuple[float, ...]:
             workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
             workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
             compile_s=w.compile_s or 0.0,
+            flops=w.flops_sum or 0.0,
+            flops_time_s=w.flops_time_s or 0.0 if w.flops_sum is not None else 0.0,
         )
     )
 
@@ -148,6 +153,7 @@ class SpanSums:
         self.sketch: dict[int, int] = {}
         self.samples = self.samples_seen = 0
         self.cpu_n = self.workers_cpu_n = 0
+        self.flops_steps = 0  # steps whose FLOPs were counted (``_Parts.flops`` holds their FLOPs)
         self.forwards = self.forward_steps = 0  # over the windows that count both
         self.own_steps = self.own_sent_bytes = 0  # over the windows with self-accounting
         self.main_waited = self.waited = self.workers_waited = 0  # windows that measure each wait
@@ -265,6 +271,8 @@ class SpanSums:
                     sketch[bucket] = total
                 else:
                     del sketch[bucket]
+        if w.flops_steps is not None:
+            self.flops_steps += w.flops_steps * sign
         if w.samples is not None:
             self.samples += w.samples * sign
             self.samples_seen += sign
@@ -394,6 +402,8 @@ class SpanSums:
             recompile_frac=(min(sum(self.recompile_parts) / t.span_s, 1.0) if self.compiled and t.span_s > 0 else None),
             graph_breaks=None if (breaks := self.graph_breaks.value) is None else int(breaks),
             collectives=collective_figures(windows),
+            flops_per_step=t.flops / self.flops_steps if self.flops_steps else None,
+            achieved_flops_per_s=t.flops / t.flops_time_s if self.flops_steps and t.flops_time_s > 0 else None,
             phases_from=phases_from or ("ddp" if ddp.means["comm_s"] is not None else None),  # older reporters: DDP
         )
 

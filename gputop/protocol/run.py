@@ -65,6 +65,13 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     param_dtype: Text | None = None  # dtype of most parameters, "float32", "bfloat16", …
     tf32_matmul: bool | None = None
     tf32_cudnn: bool | None = None
+    # The work a step does (gputop/reporter/flops.py, docs/mfu.md): why its FLOPs are N/A or what a figure leaves
+    # out ("" when exact), each dtype's share of the FLOPs counted (the peak MFU is read against), and on a CPU
+    # the FLOP/s a fp32 matmul reached on the rank's own threads, measured once, with what measuring it cost.
+    flops_note: Text | None = None
+    flops_mix: Annotated[dict[Text, Annotated[float, Meta(ge=0.0, le=1.0)]], Meta(max_length=16)] | None = None
+    cpu_peak_flops: Annotated[float, Meta(ge=0.0)] | None = None
+    cpu_peak_cost_s: Seconds | None = None
     cudnn_benchmark: bool | None = None
     torch_threads: Count | None = None
     cpu_count: Count | None = None  # CPUs this process may run on
@@ -172,6 +179,11 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # In the optimizer's step (its pre- to post-hook), summed over the same steps as step_time_sum_s;
     # None: no optimizer hook timed one (an older reporter, or no torch.optim optimizer).
     optimizer_s: Seconds | None = None
+    # The FLOPs of the steps whose work was counted (forward and backward, once per input shape: docs/mfu.md), the
+    # time those steps took and how many they were; steps run under the counting itself are left out.  None: none.
+    flops_sum: Annotated[float, Meta(ge=0.0)] | None = None
+    flops_time_s: Seconds | None = None
+    flops_steps: Count | None = None
     samples: Count | None = None  # steps × batch size, when the batch size is known
     forward_s: float | None = None
     backward_s: float | None = None  # backward compute

@@ -23,6 +23,7 @@ from gputop.model.frames import span_frames
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.jobs import job_ids, job_text
 from gputop.model.snapshot import LOST, Snapshot
+from gputop.model.work import work_entry, work_text
 from gputop.report.gpus import format_gpu_summary_text
 
 
@@ -68,6 +69,7 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
         "comm_exposed_pct": _pct(stats.exposed_comm_frac),
         "phases_from": stats.phases_from,
         "collectives": [c.to_dict() for c in stats.collectives],
+        **work_entry(figures),
         "mem_peak_bytes": stats.mem_peak_bytes,
         "alloc_retries": stats.alloc_retries,
         "ooms": stats.ooms,
@@ -328,6 +330,7 @@ def to_text(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
             for r in run["ranks"]
             if r.get("collectives")
         )
+        out.extend(f"  rank {r['rank']} {work_text(r)}" for r in run["ranks"] if "flops_per_step" in r)
         out.append("")
     if gpu_lines:
         out.extend(gpu_lines)

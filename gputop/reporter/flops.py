@@ -29,6 +29,7 @@ rule: ``import gputop`` in a training script loads no torch until a model is wat
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
@@ -483,6 +484,7 @@ def _counting_mode_class() -> Any:
 
     graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: 0)
     disabled = torch._C._disabled_torch_dispatch_impl
+    no_data = _dataless_tensor_classes()
 
     def init(self: Any) -> None:
         TorchDispatchMode.__init__(self)
@@ -512,18 +514,31 @@ def _counting_mode_class() -> Any:
         self.plans[func] = found
         return found
 
-    def subclassed(self: Any, types: Any) -> bool:
+    def subclassed(self: Any, types: Any) -> int:
         """Whether an operand is a tensor subclass with a ``__torch_dispatch__`` of its own (``types`` may also
-        hold ``torch.Tensor`` itself, whose is disabled)."""
-        return any(getattr(kind, "__torch_dispatch__", disabled) is not disabled for kind in types)
+        hold ``torch.Tensor`` itself, whose is disabled): 0 none, 1 one that computes on tensors it holds,
+        2 one that stands for no data (a fake or functional tensor)."""
+        found = 0
+        for kind in types:
+            if getattr(kind, "__torch_dispatch__", disabled) is not disabled:
+                if issubclass(kind, no_data):
+                    return 2
+                found = 1
+        return found
 
     def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if kwargs is None:
             kwargs = {}
-        if types and self.subclassed(types):
-            # A tensor subclass (DTensor, a float8 or nested tensor): let it run its operators, which come back
-            # here on plain tensors, so a rank counts its own shard's work.
-            return NotImplemented
+        if types:
+            subclass = self.subclassed(types)
+            if subclass == 2:
+                # Shapes without data: DTensor's sharding propagation, a tracer.  No work, and the subclass
+                # refuses a mode it does not know on the stack, so it runs here, where this mode is off it.
+                return func(*args, **kwargs)
+            if subclass:
+                # A tensor subclass (DTensor, a float8 or nested tensor): let it run its operators, which come
+                # back here on plain tensors, so a rank counts its own shard's work.
+                return NotImplemented
         out = func(*args, **kwargs)  # first, and as it is: a counting never changes what runs
         if self.inert:
             return out
@@ -569,6 +584,20 @@ def _counting_mode_class() -> Any:
     }
     _MODE_CLASS = type("_FlopCountingMode", (TorchDispatchMode,), attributes)
     return _MODE_CLASS
+
+
+def _dataless_tensor_classes() -> tuple[type, ...]:
+    """The tensor subclasses that stand for shapes without data (fake and functional tensors)."""
+    import importlib
+
+    found: list[type] = []
+    for module, name in (
+        ("torch._subclasses.fake_tensor", "FakeTensor"),
+        ("torch._subclasses.functional_tensor", "FunctionalTensor"),
+    ):
+        with contextlib.suppress(Exception):  # a torch without it: nothing of that kind reaches the mode
+            found.append(getattr(importlib.import_module(module), name))
+    return tuple(found)
 
 
 def _does_work(namespace: str, name: str) -> bool:

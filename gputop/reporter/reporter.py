@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,10 @@ from gputop import settings
 from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.capture import ProfilerCapture
-from gputop.reporter.clock import StepClock, input_numel, output_node
+from gputop.reporter.clock import MAX_PENDING_STEPS, StepClock, input_numel, output_node
 from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
+from gputop.reporter.flops import FlopCounter, measure_cpu_peak, shape_key
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.collectives import CollectiveProbe
 from gputop.reporter.probes.compile import CompileProbe
@@ -121,6 +123,11 @@ class Reporter(ReporterThread):
         # Under DDP only the forwards that synchronise gradients have their backward's start marked: DDP's logger
         # times no other (``no_sync()`` micro-batches), so no other's gap is taken out of its backward.
         self._sync_forwards_only = False
+        # The work each step does (issue #46): FLOPs counted once per input shape, once a model is watched; each
+        # step's figure is queued at its mark for the reporter thread (``ReporterThread.step_work``).
+        self._flops: FlopCounter | None = None
+        self.step_work: deque[tuple[int | None, bool]] = deque(maxlen=MAX_PENDING_STEPS)
+        self._cpu_peak_wanted = False  # a CPU rank measures its matmul peak once, in a step the counter slows anyway
         super().__init__(address)  # the reporter thread's half: its sender, windows, stacks, node sampler
 
     # -- training thread ------------------------------------------------------------
@@ -176,6 +183,9 @@ class Reporter(ReporterThread):
         # backward starts at its forward's end).  On a GPU the phases are GPU time (CUDA events), which a gap on the
         # CPU is not; and elsewhere the engine runs the backward on a device thread of its own: no hook there.
         self.clock.marks_backward = on_cpu and (self.clock.times_phases or bool(self._facts.get("ddp")))
+        if self._flops is None:
+            self._flops = FlopCounter()
+        self._cpu_peak_wanted = on_cpu and self._facts.get("cpu_peak_flops") is None
         self._sync_forwards_only = bool(self._facts.get("ddp"))
         if phases is not None and probes[-1:] and isinstance(probes[-1], CollectiveProbe):
             phases.name_group = probes[-1].group_name  # its rows under the names the collectives have
@@ -350,6 +360,7 @@ class Reporter(ReporterThread):
             self.manual_steps = True
             if self._hook_marked and self.clock.batches_since_mark == 0:
                 return
+        self._take_work()
         self.clock.mark_step()
         capture = self._capture
         if capture is not None:
@@ -373,16 +384,46 @@ class Reporter(ReporterThread):
         except Exception:
             self._failed_probes.add("optimizer_pre_hook")
 
+    def _take_work(self) -> None:
+        """The step's FLOPs, queued just before its mark (the reporter thread pairs a window's marks with as many)."""
+        counter = self._flops
+        if counter is not None:
+            self.step_work.append(counter.take_step())
+
+    def _end_counting(self) -> None:
+        """The step's forwards and backwards are done: leave a counting, and on a CPU rank measure its matmul peak
+        once, in the step the counting already slowed (it is no steady step's)."""
+        counter = self._flops
+        if counter is None:
+            return
+        counting = counter.counting
+        counter.end()
+        if counting and self._cpu_peak_wanted:
+            self._cpu_peak_wanted = False
+            peak, cost_s, _ = measure_cpu_peak()
+            if peak is not None:
+                self._facts["cpu_peak_flops"], self._facts["cpu_peak_cost_s"] = peak, round(cost_s, 4)
+                self._facts_changed.set()
+
     def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if self._forked:
             return None
         clock = self.clock
+        if clock._optimizer_depth == 0:
+            self._end_counting()
         clock.optimizer_started()
         # Lightning (and LBFGS users) run forward and backward inside optimizer.step(closure): time the closure
         # apart, so the optimizer's phase is the update and the closure's time is the step's forward and backward.
         if clock._optimizer_depth != 1:
             return None
-        return marking_closure(args, kwargs, clock.closure_started, clock.closure_done)
+        return marking_closure(args, kwargs, clock.closure_started, self._on_closure_done)
+
+    def _on_closure_done(self) -> None:
+        """The step's closure returned: its forward and backward are done, and a counting ends with them, before
+        the optimizer's own update runs (which is no work of the model's, and is where Lightning's FSDP2 steps
+        its sharded parameters)."""
+        self.clock.closure_done()
+        self._end_counting()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each
@@ -398,6 +439,7 @@ class Reporter(ReporterThread):
             self.clock.optimizer_done()
             return
         self._hook_marked = True
+        self._take_work()
         self.clock.optimizer_done(True)  # and the step mark, with the clock read that ends the optimizer's step
         capture = self._capture
         if capture is not None:
@@ -455,6 +497,9 @@ class Reporter(ReporterThread):
             clock.forward_start_s = now = time.perf_counter()
             if clock.times_phases:
                 clock.forward_started(now)
+            counter = self._flops
+            if counter is not None and not self._forked:
+                counter.on_forward(shape_key(args, kwargs))
         if clock.forwards % 50 != 1:
             return
         try:

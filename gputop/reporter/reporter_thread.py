@@ -21,6 +21,7 @@ import contextlib
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ from gputop.reporter import facts, flight_recorder, node_sampler
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collectives import CollectiveTap
+from gputop.reporter.flops import FlopCounter
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.rank_cuda import RankCuda
@@ -52,7 +54,7 @@ from gputop.reporter.self_cost import SelfCost
 from gputop.reporter.sender import Sender
 from gputop.reporter.stack_reporting import StackReporting
 from gputop.reporter.trainer_figures import TrainerLog
-from gputop.reporter.window import ddp_exchange, hook_phase_fields, step_fields
+from gputop.reporter.window import ddp_exchange, flops_fields, hook_phase_fields, step_fields
 
 BACKLOG_S = 600.0  # ten minutes of windows wait for a dashboard that starts late
 TICK_S = 0.25  # how often the thread wakes to connect and flush while it has something to (else once per window)
@@ -85,6 +87,10 @@ class ReporterThread:
     # Set here when the dashboard asks for a profile; the training thread's step marks drive it.
     _capture: ProfilerCapture | None
     tap: CollectiveTap  # times collectives while a collector listens (``on``, set here)
+    # Each step's (FLOPs or None, ran under counting), appended at its step mark just before the mark itself: a
+    # window's marks are paired with as many of these, oldest first.  The counter, once a model is watched.
+    step_work: deque[tuple[int | None, bool]]
+    _flops: FlopCounter | None
 
     def __init__(self, address: Address) -> None:
         self.sender = Sender(address, backlog_frames=max(int(BACKLOG_S / self.window_s), 16))
@@ -178,6 +184,7 @@ class ReporterThread:
         marks = self.clock.drain()
         hello = self._hello_or_new()
         fields = step_fields(marks, self._facts.get("loader_batch_size"), first_step=self._step_total + 1)
+        fields.update(flops_fields(marks, self._step_work(len(marks))))
         self._step_total += len(marks)
         fields["step_total"] = self._step_total
         fields["dropped"] = self.sender.dropped
@@ -219,6 +226,24 @@ class ReporterThread:
         self.trainer_log.recent.append(window)
         self._write_logs()
         return t1
+
+    def _step_work(self, steps: int) -> list[tuple[int | None, bool]]:
+        """The work of the window's ``steps`` marks, oldest first; the counter's note and dtype mix into the hello
+        when they changed (read here, on the reporter thread: the training thread only counts)."""
+        work, queue = [], self.step_work
+        for _ in range(steps):
+            try:
+                work.append(queue.popleft())
+            except IndexError:
+                break
+        counter = self._flops
+        if counter is not None:
+            note = counter.figure()[1] or ""
+            mix = counter.mix() or None
+            if self._facts.get("flops_note") != note or self._facts.get("flops_mix") != mix:
+                self._facts["flops_note"], self._facts["flops_mix"] = note, mix
+                self._facts_changed.set()
+        return work
 
     def _exchange_tapped(self, group: str, collectives: list[Any]) -> bool:
         """Whether the collective tap timed DDP's gradient exchange itself: a Python comm hook's all-reduces.

@@ -142,3 +142,21 @@ def ddp_exchange(
         return None
     exposed = max(comm - (fields.get("overlap_s") or 0.0), 0.0)
     return CollectiveTimes("all_reduce", group, buckets * steps, gradient_bytes * steps, comm * steps, exposed * steps)
+
+
+def flops_fields(marks: Sequence[StepMark], work: Sequence[tuple[int | None, bool]]) -> dict[str, Any]:
+    """The FLOPs of the window's steps whose work is known, the time they took and how many they were.
+
+    ``work`` is each step's (FLOPs or None, ran under counting) in the order of ``marks``, one for each: a step
+    whose FLOPs are unknown, whose time is unknown (a reporter's first), or that ran under the counting (its
+    operators paid the counter's toll) is left out of all three.  {} when none is left.
+    """
+    flops_sum, time_s, steps = 0, 0.0, 0
+    for mark, (flops, counted) in zip(marks, work, strict=False):
+        if flops and not counted and mark.duration_s is not None:
+            flops_sum += flops
+            time_s += mark.duration_s
+            steps += 1
+    if not steps:
+        return {}
+    return {"flops_sum": float(flops_sum), "flops_time_s": time_s, "flops_steps": steps}

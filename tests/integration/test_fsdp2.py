@@ -90,3 +90,10 @@ def test_fsdp2_collectives_reach_the_report_and_the_exporter(healthy: tuple[Figu
     series = {f.spec.name: f.samples for f in families(figures, findings, gpu_hostname="h")}
     exposed = [v for labels, v in series["gputop_collective_seconds"] if labels[-3:-1] == ("all_gather", "dp")]
     assert len(exposed) == 4 and all(v > 0 for v in exposed), series["gputop_collective_seconds"]  # 2 ranks x 2 parts
+    # The work each step does (issue #46): counted from the operators each rank ran on its own shards, the FLOP/s
+    # its steps achieved, and MFU against the matmul peak the rank measured on its own threads.
+    for rank in run["ranks"]:
+        assert rank["flops_per_step"] and rank["flops_per_step"] > 1e6, rank
+        assert rank["achieved_flops_per_s"] and rank["peak_flops_per_s"] and 0 < rank["mfu_pct"] < 100, rank
+    assert "rank 0 work a step: " in text and "MFU" in text, text
+    assert all(v and v > 0 for _, v in series["gputop_mfu_ratio"]), series["gputop_mfu_ratio"]

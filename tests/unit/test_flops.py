@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from torch import Tensor, nn  # noqa: E402
+from torch.optim import Optimizer  # noqa: E402
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
@@ -346,6 +347,31 @@ def test_a_tensor_subclass_runs_its_own_operators_and_they_are_counted() -> None
     assert mode.segment.flops == 2 * (2 * 4 * 5 * 3)
 
 
+def test_a_dtensor_optimizer_step_under_the_counting_runs_and_counts_the_local_shard(tmp_path: Any) -> None:
+    """DTensor's sharding propagation runs operators on fake tensors, which refuse a mode they do not know: the
+    mode runs them off its stack.  An optimizer step on sharded parameters inside a counting (Lightning's FSDP2
+    closure runs the step there) once raised "Sharding propagation failed" into training."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        param = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+        grad = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+        weight = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+        mode = flops._counting_mode_class()()
+        with mode:
+            param.add_(grad, alpha=-0.1)
+            torch.mm(param, weight)
+        assert not mode.failure
+        assert mode.segment.flops == 2 * 8 * 4 * 3
+    finally:
+        dist.destroy_process_group()
+
+
 # -- failures never reach training ----------------------------------------------------------------------------
 
 
@@ -485,3 +511,65 @@ def test_the_cpus_peak_is_measured_within_its_budget() -> None:
     assert peak is not None and 0 < peak < 1e14  # less than 100 TFLOP/s: no CPU does more
     assert 0.05 <= cost < 2.0  # the budget, and at most the batch that crossed it
     assert measure_cpu_peak(dtype="no_such_dtype")[0] is None
+
+
+# -- where the reporter's hooks bound a counting ----------------------------------------------------------------
+
+
+class Recording(Optimizer):
+    """Plain gradient descent that records the dispatch mode its update runs under, after the closure returned."""
+
+    modes_in_update: ClassVar[list[object]] = []
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.modes_in_update.append(_get_current_dispatch_mode())
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.add_(param.grad, alpha=-group["lr"])
+        return loss
+
+
+@pytest.mark.parametrize("with_closure", [True, False])
+def test_a_counting_is_over_before_the_optimizers_update_runs(with_closure: bool) -> None:
+    """The counted step is the forward and the backward; the optimizer's update runs as it always does (Lightning's
+    FSDP2 steps sharded parameters there), with or without a closure, and the step's count is the hand count."""
+    from gputop.address import Address
+    from gputop.reporter.reporter import Reporter
+
+    torch.manual_seed(0)
+    dims = [16, 32, 8]
+    model = linear_stack(dims)
+    optimizer = Recording(model.parameters(), lr=1e-3)
+    Recording.modes_in_update = []
+    reporter = Reporter(Address(port=1), window_s=0.5)  # not started: its hooks run as torch calls them
+    try:
+        reporter._install_step_hook()  # what start() does first, without the thread
+        reporter.attach_model(model)
+        x = torch.randn(4, 16)
+
+        def closure() -> Tensor:
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss
+
+        for _ in range(2):
+            if with_closure:
+                optimizer.step(closure)
+            else:
+                closure()
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        assert Recording.modes_in_update == [None, None]
+        assert list(reporter.step_work) == [(linear_hand_count(4, dims), True), (linear_hand_count(4, dims), False)]
+    finally:
+        reporter.shutdown()
+        reporter.sender.close()

@@ -16,10 +16,11 @@ from textual.widgets import Footer, Static
 
 from gputop.combine import phase_seconds
 from gputop.model.collectives import last_to_arrive, size_text
-from gputop.model.figures import SPAN_S
+from gputop.model.figures import SPAN_S, RankFigures
 from gputop.model.frames import rank_frames
 from gputop.model.rank_stats import RankStats
 from gputop.model.snapshot import RankView
+from gputop.model.work import work_entry, work_text
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
 from gputop.tui.view import DashboardView
@@ -124,6 +125,13 @@ def _gpu_section(view: DashboardView, key: str) -> Content | None:
         pids = ", ".join(str(p.pid) for p in row.from_other_namespace)
         lines.append(("processes", f"NVML reports PIDs from another namespace ({pids}): taken as this GPU's ranks'"))
     return _section("GPU (NVML)", lines)
+
+
+def _work_text(figures: RankFigures | None) -> str:
+    """The work a step does: FLOPs, FLOP/s achieved, MFU against the device's peak; N/A with why (docs/mfu.md)."""
+    if figures is None:
+        return NA
+    return work_text(work_entry(figures)).removeprefix("work a step: ")
 
 
 def _cost_text(s: RankStats) -> str:
@@ -287,6 +295,8 @@ class RankDetailScreen(Screen[None]):
                 fmt_s(s.gpu_step_time_p50_s),
                 ("   throughput ", "$text-muted"),
                 f"{fmt_rate(s.steps_per_s)} steps/s, {fmt_rate(s.samples_per_s)} samples/s",
+                ("\nwork a step ", "$text-muted"),
+                _work_text(view.figures.rank(self.key)),
                 ("\nloader wait ", "$text-muted"),
                 fmt_frac(s.loader_wait_frac),
                 ("   exposed comm ", "$text-muted"),
