@@ -54,7 +54,7 @@ _MATRIX_WORK = re.compile(
     r"mm|conv|attention|_sdp|rnn|lstm|gru|linalg|cholesky|triangular|svd|fft|^mv$|addmv|^dot$|vdot|^addr$|"
     r"^ger$|einsum|tensordot|matmul|linear|cdist|euclidean"
 )
-_NOT_MATRIX_WORK = re.compile(r"upsample|grid_sampler|_fused_sdp_choice|convert|_to_copy|^mm_dtype")
+_NOT_MATRIX_WORK = re.compile(r"upsample|grid_sampler|_fused_sdp_choice|convert|_to_copy|^mm_dtype|norm")
 # Namespaces whose operators move or describe data, never compute on it (communication, profiling, FSDP's
 # copies, inductor's buffer bookkeeping); any other namespace but aten's is a library's own kernel (flash_attn,
 # xformers, torchao, mkldnn's fused linear, a script's custom op) whose FLOPs no formula knows.

@@ -335,6 +335,21 @@ def test_only_elementwise_work_is_na_not_zero() -> None:
     assert driven.counter.figure() == (None, flops.NO_WORK)
 
 
+def test_clipping_the_gradients_norm_is_no_uncounted_matrix_work() -> None:
+    """clip_grad_norm_ between the backward and the step (minGPT, the FSDP2 example) runs linalg_vector_norm: a
+    reduction, not a matmul whose FLOPs went uncounted, so the figure is exact, not a lower bound."""
+    torch.manual_seed(0)
+    dims = [16, 32, 8]
+    model = linear_stack(dims)
+    counter = FlopCounter()
+    counter.on_forward(shape_key((torch.randn(4, 16),), {}))
+    model(torch.randn(4, 16)).pow(2).mean().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    counter.end()
+    assert counter.take_step() == (linear_hand_count(4, dims), True)
+    assert counter.figure() == (linear_hand_count(4, dims), "")
+
+
 def test_a_tensor_subclass_runs_its_own_operators_and_they_are_counted() -> None:
     """DTensor-like subclasses: the mode lets the subclass run, and counts what it runs on plain tensors (a rank's
     own shard).  TwoTensor computes every operator on both of its halves: two matmuls."""
