@@ -34,6 +34,7 @@ from gputop.model.jobs import job_text
 from gputop.model.rank_stats import RankStats
 from gputop.model.samples import GpuProcess, GpuReading
 from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
+from gputop.model.work import work_entry
 from gputop.tui.na import na_reasons
 
 
@@ -52,6 +53,7 @@ class RankRow:
     status_reason: str
     na: dict[str, str] = field(default_factory=dict)  # column -> why it is N/A
     slowest: bool = False  # named by the straggler finding on screen
+    mfu: float | None = None  # model FLOPs utilization (docs/mfu.md); None: N/A, ``na["mfu"]`` says why
 
     @property
     def phases(self) -> tuple[tuple[Phase, float | None], ...]:
@@ -77,6 +79,7 @@ class HostRow:
     loader_wait_frac: float | None  # mean over its ranks
     exposed_comm_frac: float | None
     cpu_pct: float | None
+    mfu: float | None  # mean over its ranks that count it
     phases: tuple[tuple[Phase, float | None], ...]  # mean seconds per step over its ranks
     live: int
 
@@ -219,6 +222,15 @@ def _gpu_text(rank: RankFigures) -> str:
     return "-"
 
 
+def _na_with_work(rank: RankFigures) -> dict[str, str]:
+    """The rank's N/A reasons, with the MFU's where it is N/A (docs/mfu.md)."""
+    reasons = na_reasons(rank.view, rank.stats)
+    if rank.mfu is None:
+        entry = work_entry(rank)
+        reasons["mfu"] = f"MFU: {entry['work_note'] or 'not counted'}"
+    return reasons
+
+
 def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
     return [
         RankRow(
@@ -231,8 +243,9 @@ def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
             stats=rank.stats,
             status=rank.status,
             status_reason=rank.view.status_reason,
-            na=na_reasons(rank.view, rank.stats),
+            na=_na_with_work(rank),
             slowest=rank.key in slowest,
+            mfu=rank.mfu,
         )
         for rank in run.ranks
     ]
@@ -280,6 +293,7 @@ def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
                 loader_wait_frac=_mean_of([r.stats.loader_wait_frac for r in ranks]),
                 exposed_comm_frac=_mean_of([r.stats.exposed_comm_frac for r in ranks]),
                 cpu_pct=_mean_of([r.stats.cpu_pct for r in ranks]),
+                mfu=_mean_of([r.mfu for r in ranks]),
                 # A phase some ranks do not measure (the optimizer's, from older reporters) is their mean
                 # where measured; one none measures is left out, as on each rank's own bar.
                 phases=tuple(

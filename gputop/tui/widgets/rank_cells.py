@@ -51,6 +51,7 @@ COLUMNS = (
     Column("loader", "loader", 6),
     Column("comm", "comm", 6),
     Column("mem", "memory", 8),
+    Column("mfu", "MFU", 5, narrow=False),
     Column("cpu", "CPU%", 5, narrow=False),
     Column("status", "state", 5),
 )
@@ -78,6 +79,7 @@ SORT_KEYS = (
     SortKey("exposed comm", "comm", lambda r: r.stats.exposed_comm_frac),
     SortKey("samples/s", "samples", lambda r: r.stats.samples_per_s, descending=False),
     SortKey("memory", "mem", lambda r: r.stats.mem_allocated_bytes),
+    SortKey("MFU", "mfu", lambda r: r.mfu, descending=False),
     SortKey("CPU%", "cpu", lambda r: r.stats.cpu_pct),
 )
 
@@ -124,6 +126,7 @@ def sort_hosts(hosts: Sequence[HostRow], key: SortKey) -> list[HostRow]:
         "comm": lambda h: h.exposed_comm_frac,
         "samples": lambda h: h.samples_per_s,
         "cpu": lambda h: h.cpu_pct,
+        "mfu": lambda h: h.mfu,
     }
     value = values.get(key.column)
 
@@ -147,6 +150,14 @@ def _frac_cell(frac: float | None, palette: Palette, warn_at: float, bad_at: flo
     return Text(fmt_frac(frac), style=palette.level(frac, warn_at, bad_at), justify="right")
 
 
+def _mfu_cell(mfu: float | None, palette: Palette) -> Text:
+    """MFU as a percentage with one decimal under 10% ("2.4%"), none above ("41%"); N/A where not counted."""
+    if mfu is None:
+        return _na(palette)
+    pct = 100.0 * mfu
+    return Text(f"{pct:.1f}%" if pct < 9.95 else f"{pct:.0f}%", justify="right")
+
+
 def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
     """The text of every column for one rank."""
     s = row.stats
@@ -164,6 +175,7 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         "loader": _frac_cell(s.loader_wait_frac, palette, 0.05, 0.20),
         "comm": _frac_cell(s.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(s.cpu_pct), justify="right") if s.cpu_pct is not None else _na(palette),
+        "mfu": _mfu_cell(row.mfu, palette),
     }
     if s.mem_allocated_bytes is None:
         cells["mem"] = _na(palette, "left")
@@ -201,6 +213,7 @@ def host_cells(host: HostRow, folded: bool, palette: Palette) -> dict[str, Text]
         "loader": _frac_cell(host.loader_wait_frac, palette, 0.05, 0.20),
         "comm": _frac_cell(host.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(host.cpu_pct), justify="right") if host.cpu_pct is not None else _na(palette),
+        "mfu": _mfu_cell(host.mfu, palette),
         "mem": Text(""),
         "status": Text(f"{host.live}/{n}"[:5], style=palette.ok if host.live == n else f"bold {palette.bad}"),
         "phases": phase_text(host.phases, 16, palette),
