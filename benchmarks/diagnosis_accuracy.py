@@ -289,6 +289,16 @@ CASES: tuple[Case, ...] = (
         premise_step=30,
         ranks=None,
     ),
+    # Issue #46: a long FSDP2 step whose all-gathers gloo cannot hide (it read "too little work per step at batch
+    # 32" before the work was counted), and a DDP job whose every step does its CPU's worth of matmul work.
+    Case(
+        "fsdp2_all_gathers_unhidden",
+        "communication",
+        "FSDP2, 4 blocks of dim 192, batch 32 x 16 tokens: ~200-ms steps, a quarter of them all-gathers",
+        unseen=True,
+        ranks=ALL_RANKS,
+    ),
+    Case("healthy_compute_bound_mlp", HEALTHY, "1024-wide 4-layer MLP, batch 1024 a rank", unseen=True),
     # The bundled demo's scenarios, run by its own training script (DEMO_TRAIN, sized to the machine as `gputop
     # demo` sizes it): what a newcomer sees first.  Not unseen: the rules were tuned with the demos in view.
     Case("demo_healthy", HEALTHY, "demo: CIFAR convnet, batch 64, 0.25-MB buckets", demo="healthy"),

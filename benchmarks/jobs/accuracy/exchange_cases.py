@@ -102,3 +102,20 @@ def model_config_tiny_buckets(seconds: float) -> None:
     gputop.watch(model)
     data = TensorDataset(torch.randn(1024, 3, 16, 16), torch.randint(0, 10, (1024,)))
     _train(model, DataLoader(data, batch_size=32, shuffle=True), seconds, rank)
+
+
+def healthy_compute_bound_mlp(seconds: float) -> None:
+    """A 1024-wide, 4-layer MLP at batch 1024 a rank: ~17 GFLOP of matmuls a step against 13 MB of gradients.
+
+    Each step does its CPU's worth of work (issue #46): the matmuls run near the core's peak, and the exchange
+    is a few percent of a step this long.  Written first at batch 256, it was not healthy on gloo: the exchange
+    took a real 17-18% of its 85-ms steps, and gputop said so (communication, 3 runs of 3).
+    """
+    rank = start()
+    blocks: list[nn.Module] = []
+    for _ in range(3):
+        blocks += [nn.Linear(1024, 1024), nn.ReLU()]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*blocks, nn.Linear(1024, 10)))
+    gputop.watch(model)
+    data = TensorDataset(torch.randn(16384, 1024), torch.randint(0, 10, (16384,)))
+    _train(model, DataLoader(data, batch_size=1024, sampler=DistributedSampler(data)), seconds, rank)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from exchange_cases import (
     communication_embedding_table,
     communication_wide_mlp,
+    healthy_compute_bound_mlp,
     model_config_find_unused,
     model_config_tiny_buckets,
     parallelism_tiny_bag_of_words,
@@ -31,6 +32,7 @@ from input_cases import (
 from stack_cases import (
     accelerate_loader_bound,
     compile_recompiling_padded_batches,
+    fsdp2_all_gathers_unhidden,
     fsdp2_exposed_all_gather,
     fsdp2_healthy,
     fsdp2_straggler_metric_rank1,
@@ -96,6 +98,9 @@ CASES: dict[str, Callable[[float], None]] = {
         compile_recompiling_padded_batches,
         # Issue #35's tiny batch, added before the rule that names it was written.
         parallelism_mingpt_batch2,
+        # Issue #46's: the work each step does, scored before any rule read it.
+        fsdp2_all_gathers_unhidden,
+        healthy_compute_bound_mlp,
     )
 }
 

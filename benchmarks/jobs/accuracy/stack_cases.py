@@ -200,6 +200,14 @@ def fsdp2_exposed_all_gather(seconds: float) -> None:
     _fsdp2_train(seconds, ModelArgs(n_layers=3, dim=512, max_seq_len=16), batch_size=2, reshard_after_forward=True)
 
 
+def fsdp2_all_gathers_unhidden(seconds: float) -> None:
+    """4 blocks of dim 192 at batch 32 x 16 tokens (issue #46's second case): ~200-ms steps on gloo.
+
+    Not a short step: the blocks' all-gathers cannot hide behind compute on a CPU backend, a quarter of each step.
+    """
+    _fsdp2_train(seconds, ModelArgs(n_layers=4, dim=192, max_seq_len=16), batch_size=32)
+
+
 # -- tensor parallelism -------------------------------------------------------------------------
 
 
