@@ -115,6 +115,18 @@ TINY_STEP_CRITICAL_S = 0.002
 # gputop: only call a step "too little work" when the batch is also small; a
 # long-sequence LLM step at batch 8 is not small, so the step time must agree.
 SMALL_BATCH_SIZE = 32
+# gputop (issue #46): the share of its device's peak FLOP/s a step's compute reaches (MFU over the step less
+# the time other causes take).  At or above ENOUGH the step does its device's worth of work and is never called
+# short, whatever its length: tuned GPU training reads 30-55% (torchtitan, Megatron, MosaicML's published MFU),
+# and on a CPU a 1024-wide MLP at batch 1024 reads ~68% of the rank's measured matmul peak, a 4-block,
+# 192-wide FSDP2 Transformer at batch 32 x 16 tokens 35-50% (docs/diagnosis.md).  Under LITTLE the step does
+# little work for its device, the evidence that names too little work: a 2-block, 32-wide GPT at batch 2 reads
+# ~6% here.
+WORK_ENOUGH_MFU = 0.20
+WORK_LITTLE_MFU = 0.10
+# gputop: a GPU whose kernels run this share of the time (NVML utilization) but whose step reaches under
+# WORK_LITTLE_MFU of its peak runs small kernels: busy launching, not computing.
+GPU_UTIL_BUSY_PCT = 80.0
 
 # --- model_config --------------------------------------------------------------
 

@@ -58,6 +58,9 @@ class RankSpec:
     # With readiness: each step's forward sent beside it, a tenth of the step plus that step's extra, and its
     # input's elements, this many per share of a step of forward (0: none sent, an older reporter's windows).
     input_numel_per_frac: int = 0
+    # The FLOP/s its steps achieve (their counted FLOPs over their time; None: not counted).  MFU reads it against
+    # the hello's peak: ``cpu_peak_flops`` on a CPU, the GPU's datasheet for ``flops_mix`` on CUDA.
+    flops_per_s: float | None = None
     hello: dict[str, Any] = field(default_factory=dict)  # Hello field overrides
     status: str = "live"  # "lost": the rank stops reporting long before the snapshot
 
@@ -109,6 +112,9 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
         forwards: tuple[float, ...] = ()
         if ready and spec.input_numel_per_frac:
             forwards = tuple(step * (0.1 + spec.ready_extra_frac[k % len(spec.ready_extra_frac)]) for k in numbers)
+        work: dict[str, Any] = {}
+        if spec.flops_per_s is not None:
+            work = {"flops_sum": spec.flops_per_s * steps * step, "flops_time_s": steps * step, "flops_steps": steps}
         peak = None
         if spec.mem_peak_frac is not None:
             peak = int(spec.mem_peak_frac * spec.mem_total_bytes)
@@ -153,6 +159,7 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 main_cpu_wait_s=_wait_s(spec.cpu_starved_frac, spec.cpu_pct),
                 cpu_wait_s=_wait_s(spec.cpu_starved_frac, spec.cpu_pct),
                 workers_cpu_wait_s=_wait_s(spec.workers_starved_frac, spec.workers_cpu_pct),
+                **work,
             )
         )
     return out

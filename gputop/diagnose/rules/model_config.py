@@ -17,6 +17,7 @@ from gputop.diagnose.rules.ddp_settings import Problem, ddp_problems
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
+from gputop.model.peaks import peak_flops
 
 FULL_PRECISION = ("float32", "torch.float32", "float64", "torch.float64")
 
@@ -102,7 +103,7 @@ def cuda_problems(rank: RankFigures) -> list[Problem]:
         off(
             "warn" if tensor_cores else "info",
             "autocast_on",
-            "no autocast, float32 parameters",
+            "no autocast, float32 parameters" + _bf16_share_text(rank, gpu_name),
             "with torch.autocast('cuda', dtype=torch.bfloat16): around forward and loss",
         )
     if rank.hello.tf32_matmul is False and ampere and full_precision(rank):
@@ -117,3 +118,15 @@ def cuda_problems(rank: RankFigures) -> list[Problem]:
             "torch.backends.cudnn.benchmark = True (convnets with fixed input shapes)",
         )
     return problems
+
+
+def _bf16_share_text(rank: RankFigures, gpu_name: str | None) -> str:
+    """What the step's counted FLOP/s reach of the GPU's bf16 tensor-core peak, the figure autocast works
+    towards: " (the step reaches 3.1% of its bf16 peak)", or "" where the work or the peak is not known."""
+    achieved = rank.stats.achieved_flops_per_s
+    if achieved is None or not gpu_name:
+        return ""
+    peak, _ = peak_flops(gpu_name, "bfloat16", False)
+    if not peak:
+        return ""
+    return f" (the step reaches {100.0 * achieved / peak:.1f}% of its bf16 peak)"

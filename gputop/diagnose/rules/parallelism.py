@@ -1,12 +1,20 @@
 """parallelism: too little work per step for the device to stay busy.
 
-Four signs, each only where its numbers are measured: the GPU is mostly idle
+Five signs, each only where its numbers are measured: the GPU is mostly idle
 although neither the loader nor the gradient exchange holds it up; the GPU is
 busy for a small part of each wall step; steps are so short, at a small batch,
 that fixed per-step costs (Python, launches, the all-reduce's latency) are most
-of them; or, at a small batch, the gradient exchange is a large share of the
-step only because the step does so little work.  All four call for more work
-per step.
+of them; at a small batch, the gradient exchange is a large share of the
+step only because the step does so little work; or the GPU's kernels run most
+of the time and the step's FLOPs reach a small share of its peak (small,
+launch-bound kernels).  All five call for more work per step.
+
+The work each step does (its counted FLOPs, issue #46) judges them: a step whose
+compute reaches ``WORK_ENOUGH_MFU`` of its device's peak, over the time no other
+cause takes, does its device's worth of work and is never called short, however
+short it is or however large the exchange's share; one under ``WORK_LITTLE_MFU``
+has that MFU in the finding's evidence.  Unmeasured (no count, no peak), the
+signs speak alone, as before.
 
 The fourth tells a tiny step's symptom from a real communication problem by
 what more work per step would do.  The exchange moves the gradients, whose size
@@ -31,6 +39,7 @@ from gputop.diagnose.thresholds import (
     EXPOSED_COMM_CRITICAL_FRAC,
     EXPOSED_COMM_WARN_FRAC,
     GPU_STEP_OVER_WALL_STEP_RATIO,
+    GPU_UTIL_BUSY_PCT,
     GPU_UTIL_LOW_CRITICAL_PCT,
     GPU_UTIL_LOW_WARN_PCT,
     LOADER_WAIT_WARN_FRAC,
@@ -38,6 +47,8 @@ from gputop.diagnose.thresholds import (
     SMALL_BATCH_SIZE,
     TINY_STEP_CRITICAL_S,
     TINY_STEP_WARN_S,
+    WORK_ENOUGH_MFU,
+    WORK_LITTLE_MFU,
 )
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -112,20 +123,33 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
     ranks = measured(run)
     if not ranks:
         return []
+    work = median([x for r in ranks if (x := compute_mfu(r)) is not None])
+    if work is not None and work >= WORK_ENOUGH_MFU:
+        return []  # the steps do their device's worth of work: whatever else holds them up, it is not that
     idle, util = idle_gpu_sign(ranks)
     tiny, step = tiny_step_sign(ranks)
     exchange, exchange_at = (None, None) if exchange_explained else exchange_sign(ranks, tiny_steps=tiny is not None)
-    signs = [sign for sign in (idle, gpu_step_sign(ranks), tiny, exchange) if sign is not None]
+    kernels = small_kernels_sign(ranks)
+    signs = [sign for sign in (idle, gpu_step_sign(ranks), tiny, exchange, kernels) if sign]
     if not signs:
         return []
     fired = sorted(set().union(*(sign.ranks for sign in signs)))
+    named = {e.metric for sign in signs for e in sign.evidence}
+    little = () if work is None or work >= WORK_LITTLE_MFU or "mfu_pct" in named else (little_work_evidence(ranks),)
     return [
         Finding(
             cause="parallelism",
             severity=max((sign.severity for sign in signs), key=SEVERITIES.index),
-            title=parallelism_title(fired, util, step, exchange_at),
+            title=parallelism_title(
+                fired,
+                util,
+                step,
+                exchange_at,
+                little_mfu=work if little else None,
+                small_kernels=kernels is not None and len(signs) == 1,
+            ),
             suggestion=parallelism_suggestion(ranks[0], launch_bound=any(sign.launch_bound for sign in signs)),
-            evidence=tuple(e for sign in signs for e in sign.evidence),
+            evidence=tuple(e for sign in signs for e in sign.evidence) + little,
             ranks=tuple(fired),
             run_id=run.run_id,
             doc=doc_anchor("parallelism"),
@@ -134,6 +158,58 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
             extra={"tiny_steps": tiny is not None or exchange is not None, "exchange_symptom": exchange is not None},
         )
     ]
+
+
+def compute_mfu(rank: RankFigures) -> float | None:
+    """The MFU of the rank's steps while they compute: its MFU over the share of the step no other cause takes
+    (the loader's wait, the exposed exchange, stalls, the wait for a CPU).  None where the work or the peak is
+    not known (docs/mfu.md).  A step that waits half its time for data and computes at 30% of the peak the
+    other half does its device's worth of work when it works."""
+    mfu = rank.mfu
+    if mfu is None:
+        return None
+    s = rank.stats
+    taken = (s.loader_wait_frac or 0.0) + (s.exposed_comm_frac or 0.0) + (s.stall_frac or 0.0)
+    taken += s.main_cpu_wait_frac or 0.0
+    return mfu / max(1.0 - taken, 0.05)
+
+
+def little_work_evidence(ranks: list[RankFigures]) -> Evidence:
+    """The rank whose compute reaches the least of its device's peak, as evidence of how little work a step is."""
+    least = min((r for r in ranks if compute_mfu(r) is not None), key=lambda r: compute_mfu(r) or 0.0)
+    return Evidence("mfu_pct", pct(compute_mfu(least) or 0.0), pct(WORK_LITTLE_MFU), "%", op="<", rank=least.rank)
+
+
+def small_kernels_sign(ranks: list[RankFigures]) -> Sign | None:
+    """5. The GPU's kernels run most of the time (NVML utilization), yet the step's FLOPs reach a small share of
+    its peak: the kernels are small, the step launch-bound.  Not where every matmul runs in float32 without
+    TF32 or autocast: that is the precision's cost (model_config), not the kernels' size."""
+    busy = [
+        r
+        for r in ranks
+        if r.on_cuda
+        and r.gpu_util_pct is not None
+        and r.gpu_util_pct >= GPU_UTIL_BUSY_PCT
+        and (x := compute_mfu(r)) is not None
+        and x < WORK_LITTLE_MFU
+        and not full_precision_matmuls(r)
+    ]
+    if not busy:
+        return None
+    least = min(busy, key=lambda r: compute_mfu(r) or 0.0)
+    mfu, util = compute_mfu(least) or 0.0, least.gpu_util_pct or 0.0
+    evidence = (
+        Evidence("gpu_util_pct", util, GPU_UTIL_BUSY_PCT, "%", op=">=", rank=least.rank),
+        Evidence("mfu_pct", pct(mfu), pct(WORK_LITTLE_MFU), "%", op="<", rank=least.rank),
+    )
+    return Sign(evidence, "warn", 1.0 - mfu / WORK_LITTLE_MFU, frozenset(r.rank for r in busy), launch_bound=True)
+
+
+def full_precision_matmuls(rank: RankFigures) -> bool:
+    """Whether most of the step's counted FLOPs ran in float32 with TF32 off for them (the rank's dtype mix)."""
+    mix = rank.hello.flops_mix or {}
+    fp32 = sum(share for dtype, share in mix.items() if dtype.startswith("float32"))
+    return fp32 > 0.5 and not rank.hello.tf32_matmul and rank.hello.autocast is not True
 
 
 @dataclass(frozen=True)
@@ -278,7 +354,23 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
 
 
 def parallelism_title(
-    ranks: list[int], util_pct: float | None, step_s: float | None, exchange: tuple[int, float, float] | None = None
+    ranks: list[int],
+    util_pct: float | None,
+    step_s: float | None,
+    exchange: tuple[int, float, float] | None = None,
+    little_mfu: float | None = None,
+    small_kernels: bool = False,
+) -> str:
+    if small_kernels:
+        return f"{ranks_text(ranks)}: the GPU runs kernels most of the time but they do little work: small kernels"
+    title = _title(ranks, util_pct, step_s, exchange)
+    if little_mfu is None:
+        return title
+    return f"{title}; its compute reaches {pct(little_mfu):.1f}% of the device's peak FLOP/s"
+
+
+def _title(
+    ranks: list[int], util_pct: float | None, step_s: float | None, exchange: tuple[int, float, float] | None
 ) -> str:
     who = ranks_text(ranks)
     if util_pct is not None and util_pct < GPU_UTIL_LOW_WARN_PCT:
