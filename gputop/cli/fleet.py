@@ -56,6 +56,8 @@ def run_lines(run: FleetRun) -> list[str]:
         figures.append(f"loader {run.loader_wait:.0%}")
     if run.exposed_comm is not None:
         figures.append(f"exposed comm {run.exposed_comm:.0%} (the rank that waits least)")
+    if run.mfu is not None:
+        figures.append(f"MFU {run.mfu:.1%} (the median rank)")
     if run.idle_gpu_hours_per_hour is not None:
         figures.append(f"{run.idle_gpu_hours_per_hour:.1f} idle GPU-hours an hour")
     lines = [f"run {run.run}: " + ", ".join(figures)]

@@ -93,6 +93,8 @@ RECORDING: tuple[tuple[str, str], ...] = (
     # The rank that waits least shows the exchange's own cost; the others add waits for a slower rank.
     ("run:gputop_exposed_comm:min_ratio", "min by (run) (gputop_exposed_comm_ratio)"),
     ("run:gputop_steps_per_second", "avg by (run) (gputop_steps_per_second)"),
+    # The work each step does (docs/mfu.md): the median rank's model FLOPs utilization.
+    ("run:gputop_mfu:median", "quantile by (run) (0.5, gputop_mfu_ratio)"),
     ("run:gputop_ranks_reporting", "count by (run) (gputop_seconds_since_step)"),
     # Seconds every reporting rank has gone past its own hang line (> 0: all stopped).
     ("run:gputop_seconds_past_hang_line:min", "min by (run) (gputop_seconds_since_step - gputop_hang_line_seconds)"),

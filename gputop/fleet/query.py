@@ -74,6 +74,7 @@ class FleetRun:
     loader_wait: float | None = None
     exposed_comm: float | None = None  # the rank that waits least
     idle_gpu_hours_per_hour: float | None = None
+    mfu: float | None = None  # the median rank's model FLOPs utilization
     slowest: list[SlowRank] = field(default_factory=list)
     alerts: list[FiringAlert] = field(default_factory=list)
     waits: list[CollectiveWait] = field(default_factory=list)  # the longest wait first
@@ -148,6 +149,7 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
         ("run:gputop_loader_wait:ratio", "loader_wait"),
         ("run:gputop_exposed_comm:min_ratio", "exposed_comm"),
         ("run:gputop_idle_gpu_hours_per_hour", "idle_gpu_hours_per_hour"),
+        ("run:gputop_mfu:median", "mfu"),
     ):
         for entry, r in _per_run(prometheus, f"{name}{only}", runs):
             setattr(entry, attribute, _value(r))
@@ -274,6 +276,8 @@ MISSING = {
     "loader_wait": "loader: no rank of the run reports loader wait (iterate the loader with gputop.track(loader))",
     "exposed_comm": "comm: no rank of the run reports exposed communication (DDP's logger or the model's hooks "
     "have not timed a step: gputop.watch(model))",
+    "mfu": "MFU: no rank of the run exports gputop_mfu_ratio (its model's FLOPs not counted yet, or its device's "
+    "peak not known: docs/mfu.md)",
     "idle_gpu_hours_per_hour": "idle GPU-h/h: no GPU is joined to the run's ranks (a CPU run, or its nodes' GPUs "
     "not exported: gputop_gpu_rank_info)",
 }

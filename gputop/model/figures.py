@@ -18,13 +18,13 @@ from functools import cached_property
 
 from gputop.combine import PHASE_NAMES, window_exposed_comm_frac, window_loader_wait_frac, window_step_s
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
-from gputop.model.peaks import effective_peak
-from gputop.model.peaks import mfu as mfu_of
 from gputop.model.rank_stats import RankStats, recent
 from gputop.model.samples import GpuReading, GpuSample, HostSample
 from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
 from gputop.model.span import SpanFigures
 from gputop.model.sums import rank_stats
+from gputop.peaks import mfu as mfu_of
+from gputop.peaks import rank_peak
 from gputop.protocol import Hello, Window
 
 # The span the live figures cover: 20 windows, long enough to smooth one slow
@@ -78,22 +78,19 @@ class RankFigures:
 
     @cached_property
     def work_peak(self) -> tuple[float | None, str]:
-        """The FLOP/s the rank's device could do for its step's mix of dtypes, and what it is (or why it is N/A).
-
-        A GPU's dense peak from its datasheet, by the name NVML (else torch) gives it (``gputop.model.peaks``); a
-        CPU's, the fp32 matmul the rank measured once on its own threads.  docs/mfu.md.
-        """
+        """The FLOP/s the rank's device could do for its step's mix of dtypes, and what it is (or why it is N/A):
+        ``gputop.peaks.rank_peak``, a GPU named as NVML (else torch) names it.  docs/mfu.md."""
         hello = self.hello
-        if self.on_cuda:
-            name = (self.gpu.name if self.gpu is not None else None) or hello.device_name
-            if not name:
-                return None, "the rank's GPU model is not known"
-            mix = hello.flops_mix or {}
-            return effective_peak(name, mix, bool(hello.tf32_matmul), bool(hello.tf32_cudnn))
-        if hello.cpu_peak_flops:
-            cost = f", measuring it took {hello.cpu_peak_cost_s * 1e3:.0f} ms" if hello.cpu_peak_cost_s else ""
-            return hello.cpu_peak_flops, f"an fp32 matmul on the rank's own threads{cost}"
-        return None, "the rank has not measured its CPU's matmul peak yet (it does so in its first counted step)"
+        name = (self.gpu.name if self.gpu is not None else None) or hello.device_name
+        return rank_peak(
+            self.on_cuda,
+            name,
+            hello.flops_mix,
+            bool(hello.tf32_matmul),
+            bool(hello.tf32_cudnn),
+            hello.cpu_peak_flops,
+            hello.cpu_peak_cost_s,
+        )
 
     @property
     def mfu(self) -> float | None:

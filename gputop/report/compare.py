@@ -3,7 +3,7 @@
 Each recording is summarised as ``gputop report`` does (the whole run's
 figures, the findings over them); the two are then set against each other:
 the step time (and so steps per second) with its noise band, each phase's
-share, each rank's step, each collective's exposed time a step (where the ranks
+share, the model FLOPs utilization, each rank's step, each collective's exposed time a step (where the ranks
 timed them one by one), and which findings went away, stayed or appeared.
 "steps 1.31x faster (182 -> 139 ms, +-2%); loader wait 37% -> 2%; data_loading
 cleared" is the proof a fix worked, or the news that it did not.
@@ -70,6 +70,7 @@ PHASES: tuple[tuple[str, str, Reader], ...] = (
     ("exposed comm", "%", lambda r: r.stats.exposed_comm_frac),
     ("outside the phases", "ms", lambda r: r.stats.other_s),
     ("cpu wait", "%", lambda r: r.stats.cpu_starved_frac),
+    ("MFU", "%", lambda r: r.mfu),  # the work a step does, over the device's peak (docs/mfu.md)
 )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from gputop import __version__
 from gputop.address import Address
 from gputop.combine import merge_collectives
+from gputop.peaks import rank_peak
 from gputop.processes.procfs import name_this_thread
 from gputop.protocol import (
     Accepts,
@@ -243,6 +244,15 @@ class ReporterThread:
             if self._facts.get("flops_note") != note or self._facts.get("flops_mix") != mix:
                 self._facts["flops_note"], self._facts["flops_mix"] = note, mix
                 self._facts_changed.set()
+            facts = self._facts
+            self.trainer_log.peak_flops = rank_peak(
+                str(facts.get("device", "")).startswith("cuda"),
+                facts.get("device_name"),
+                mix,
+                bool(facts.get("tf32_matmul")),
+                bool(facts.get("tf32_cudnn")),
+                facts.get("cpu_peak_flops"),
+            )[0]
         return work
 
     def _exchange_tapped(self, group: str, collectives: list[Any]) -> bool:

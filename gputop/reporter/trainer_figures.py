@@ -23,12 +23,14 @@ from gputop.protocol import FindingsNotice, Window
 RECENT_WINDOWS = 10
 
 
-def figures(windows: Sequence[Window], rank: int) -> dict[str, float]:
+def figures(windows: Sequence[Window], rank: int, peak_flops: float | None = None) -> dict[str, float]:
     """This rank's step breakdown over ``windows`` (its most recent ones), as logger keys.
 
     The windows are merged as a recording merges them (``gputop.combine``), so each
     figure combines by the rule the dashboard's span uses, and each phase of
-    ``gputop.combine.PHASES`` the rank measures is logged as ``<phase>_ms``.
+    ``gputop.combine.PHASES`` the rank measures is logged as ``<phase>_ms``.  The work
+    a step does where it was counted (docs/mfu.md): ``gflop_per_step``, ``tflops`` (the
+    FLOP/s achieved, in TFLOP/s) and, against ``peak_flops``, ``mfu_pct``.
     """
     if not windows:
         return {}
@@ -49,6 +51,12 @@ def figures(windows: Sequence[Window], rank: int) -> dict[str, float]:
         out["exposed_comm_pct"] = min(merged.exposed_comm_s / step_s, 1.0) * 100
     if merged.cpu_pct is not None:
         out["cpu_pct"] = merged.cpu_pct
+    if merged.flops_sum and merged.flops_steps and merged.flops_time_s:
+        achieved = merged.flops_sum / merged.flops_time_s
+        out["gflop_per_step"] = merged.flops_sum / merged.flops_steps / 1e9
+        out["tflops"] = achieved / 1e12
+        if peak_flops:
+            out["mfu_pct"] = achieved / peak_flops * 100
     return {f"gputop/rank{rank}/{key}": round(value, 4) for key, value in out.items()}
 
 
@@ -67,10 +75,11 @@ class TrainerLog:
         self._next_write_s = 0.0
         self._findings_written: FindingsNotice | None = None
         self._causes_seen: set[str] = set()
+        self.peak_flops: float | None = None  # the device's peak for the rank's step (gputop.peaks.rank_peak)
 
     def figures(self, rank: int) -> dict[str, float]:
         """The rank's breakdown and, once a dashboard said what it finds, its run's findings."""
-        values = figures(tuple(self.recent), rank)
+        values = figures(tuple(self.recent), rank, self.peak_flops)
         notice = self.findings
         if notice is not None:
             worst: dict[str, int] = {}

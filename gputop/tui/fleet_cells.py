@@ -23,7 +23,7 @@ from gputop.fleet.query import CollectiveWait, FiringAlert, FleetRun, SlowRank
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
 
-RUN_COLUMNS = ("run", "ranks", "step p50", "steps/s", "loader", "comm", "idle GPU-h/h", "worst alert")
+RUN_COLUMNS = ("run", "ranks", "step p50", "steps/s", "loader", "comm", "MFU", "idle GPU-h/h", "worst alert")
 SLOW_COLUMNS = ("rank", "Hostname", "instance", "others wait", "last to arrive in")
 ALERT_COLUMNS = ("state", "severity", "cause", "rank on host", "alert")
 NODE_RANK_COLUMNS = ("run", "rank", "Hostname", "step", "steps/s", "loader", "comm", "since step", "status")
@@ -66,6 +66,7 @@ def run_cells(run: FleetRun, palette: Palette) -> list[Text]:
         _cell(fmt_rate(run.steps_per_s)),
         _loader(run.loader_wait, palette),
         _comm(run.exposed_comm, palette),
+        _cell(NA if run.mfu is None else f"{run.mfu:.1%}" if run.mfu < 0.1 else f"{run.mfu:.0%}"),
         _cell(idle),
         _cell(f"{worst.state} {worst.severity} {worst.cause}", alert_style(worst, palette))
         if worst is not None

@@ -64,6 +64,8 @@ def test_trainer_ddp_ranks_report_like_torchrun_and_log_next_to_the_loss(collect
     assert {step for step, _ in loader} <= {step for step, _ in logged["train/loss"]}  # logged at the loss's steps
     assert "train/gputop/rank0/exposed_comm_ms" in logged
     assert "train/gputop/rank0/optimizer_ms" in logged  # the optimizer's own hooks time its step
+    mfu = logged.get("train/gputop/rank0/mfu_pct")  # the work a step does, against the CPU's measured peak
+    assert mfu and all(0 < value < 100 for _, value in mfu), sorted(logged)
 
 
 @needs_torch
@@ -109,5 +111,6 @@ def test_log_to_writes_the_breakdown_and_the_runs_findings_into_a_summary_writer
     # At the rank's step count, so the breakdown lines up with the loss.
     assert max(s for s, _ in steps) <= 401 and all(value >= 4.0 for _, value in steps), steps
     assert "gputop/rank0/loader_wait_pct" in logged and "gputop/rank0/steps_per_s" in logged
+    assert "gputop/rank0/tflops" in logged and "gputop/rank0/gflop_per_step" in logged, sorted(logged)
     finding = [value for _, value in logged["gputop/finding/data_loading"]]
     assert 2.0 in finding and finding[-1] == 0.0, finding  # warn while shown, 0 once cleared

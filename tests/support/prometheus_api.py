@@ -127,6 +127,7 @@ def record_two_rank_run(api: PrometheusAPI, exporter: str, *, run: str = "run-a"
         "run:gputop_steps_per_second": [({"run": run}, 20.0)],
         "run:gputop_loader_wait:ratio": [({"run": run}, 0.23)],
         "run:gputop_idle_gpu_hours_per_hour": [({"run": run}, 0.3)],
+        "run:gputop_mfu:median": [({"run": run}, 0.41)],
         "run:gputop_slowest_ranks:top3": [(ranks[1], 0.21), (ranks[0], -0.02)],
         'ALERTS{alertname=~"Gputop.*"}': [(loader_alert, 1.0), (straggler_alert, 1.0)],
     }

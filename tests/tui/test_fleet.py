@@ -72,7 +72,7 @@ async def test_a_slow_rank_opens_its_node_and_a_lost_prometheus_leaves_the_runs_
         assert app.interval_s == 1.0
         assert "read every 1 s: the scrape interval of job 'gputop'" in text(app.header)
         (run,) = rows(app.runs_table)
-        assert run == ["run-a", "2", "50ms", "20", "23%", "N/A", "0.3", "firing critical data_loading"]
+        assert run == ["run-a", "2", "50ms", "20", "23%", "N/A", "41%", "0.3", "firing critical data_loading"]
         assert "N/A comm: no rank of the run reports exposed communication" in text(app.run_na)
         assert rows(app.slowest_table)[0] == [
             "1",

@@ -76,3 +76,18 @@ def test_each_collectives_exposed_time_before_and_after() -> None:
     assert rows["all_gather on dp"] == {"collective": "all_gather on dp", "before_exposed_ms": 21.0,
                                         "after_exposed_ms": 5.0}  # fmt: skip
     assert rows["reduce_scatter on dp"]["before_exposed_ms"] == rows["reduce_scatter on dp"]["after_exposed_ms"] == 9.0
+
+
+def test_the_work_each_step_does_before_and_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A batch four times larger: the same FLOPs a sample, the step's compute from 6% to 32% of the CPU's peak."""
+    peak = {"cpu_peak_flops": 100e9, "device": "cpu"}
+    small = [RankSpec(rank=r, step_s=0.02, flops_per_s=6e9, hello=peak) for r in (0, 1)]
+    large = [RankSpec(rank=r, step_s=0.03, flops_per_s=32e9, hello=peak) for r in (0, 1)]
+    before, after = record(tmp_path / "b2.jsonl", small), record(tmp_path / "b8.jsonl", large)
+    assert main(["report", "--compare", str(before), str(after)]) == 0
+    text = capsys.readouterr().out
+    assert "MFU 6% → 32%" in text.splitlines()[0], text
+    assert main(["report", "--compare", str(before), str(after), "--format", "json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    mfu = next(p for p in run["phases"] if p["phase"] == "MFU")
+    assert (mfu["before"], mfu["after"]) == (6.0, 32.0)

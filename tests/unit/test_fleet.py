@@ -137,8 +137,9 @@ def test_a_scrape_interval_reads_as_prometheus_writes_durations(text: str | None
 def test_each_figure_prometheus_had_no_value_for_says_why() -> None:
     run = FleetRun("run-a", ranks=2, step_s=0.05, steps_per_s=20.0, loader_wait=0.0, idle_gpu_hours_per_hour=0.3)
     reasons = missing_reasons(run)
-    assert list(reasons) == ["exposed_comm"], reasons  # a measured 0% loader wait is no N/A
+    assert list(reasons) == ["exposed_comm", "mfu"], reasons  # a measured 0% loader wait is no N/A
     assert "gputop.watch(model)" in reasons["exposed_comm"]
+    assert "docs/mfu.md" in reasons["mfu"]
 
 
 def test_printed_once_when_stdout_is_no_terminal(api: PrometheusAPI) -> None:
@@ -147,7 +148,8 @@ def test_printed_once_when_stdout_is_no_terminal(api: PrometheusAPI) -> None:
                           timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == (
-        "run run-a: 2 ranks, step 50.0 ms, 20.0 steps/s, loader 23%, 0.3 idle GPU-hours an hour"
+        "run run-a: 2 ranks, step 50.0 ms, 20.0 steps/s, loader 23%, MFU 41.0% (the median rank), "
+        "0.3 idle GPU-hours an hour"
     )
     assert "rank 1 on node-a +21%" in done.stdout
 

@@ -1,4 +1,4 @@
-"""The GPU peak table and MFU's arithmetic (gputop/model/peaks.py): pure, no torch, no NVML."""
+"""The GPU peak table and MFU's arithmetic (gputop/peaks.py): pure, no torch, no NVML."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gputop.model.peaks import PEAKS, TERA, effective_peak, find_gpu, mfu, normal_name, peak_flops, peak_kind
+from gputop.peaks import PEAKS, TERA, effective_peak, find_gpu, mfu, normal_name, peak_flops, peak_kind
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from gputop.diagnose.rules.ddp_settings import Problem, ddp_problems
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
 from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import RankFigures, RunFigures
-from gputop.model.peaks import peak_flops
+from gputop.peaks import peak_flops
 
 FULL_PRECISION = ("float32", "torch.float32", "float64", "torch.float64")
 

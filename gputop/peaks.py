@@ -11,8 +11,9 @@ A name is matched exactly after normalising what NVML varies (case, spaces and h
 same peaks (A100 SXM4 or PCIe, V100, GH200), never where the memory names the part (an "H100 80GB HBM3" is the
 SXM5 board).  A MIG slice, a vGPU profile or any other name is N/A with its reason: no guess.
 
-Pure: no torch, no NVML (the dashboard side imports it).  The rank's half (its dtype mix, its TF32 settings,
-a CPU's measured peak) is ``gputop.reporter.flops``.
+Pure: no torch, no NVML: the dashboard reads each rank's MFU from it, and a rank its own for its trainer's
+loggers (``rank_peak``).  The rank's half (its dtype mix, its TF32 settings, a CPU's measured peak) is
+``gputop.reporter.flops``.
 """
 
 from __future__ import annotations
@@ -263,3 +264,27 @@ def mfu(achieved_flops_per_s: float | None, peak: float | None) -> float | None:
     if achieved_flops_per_s is None or peak is None or peak <= 0:
         return None
     return achieved_flops_per_s / peak
+
+
+def rank_peak(
+    on_cuda: bool,
+    gpu_name: str | None,
+    mix: Mapping[str, float] | None,
+    tf32_matmul: bool,
+    tf32_conv: bool,
+    cpu_peak_flops: float | None,
+    cpu_peak_cost_s: float | None = None,
+) -> tuple[float | None, str]:
+    """The FLOP/s a rank's device could do for its step's mix of dtypes, and what it is (or why it is N/A).
+
+    A GPU's dense peak from its datasheet, by the name NVML (else torch) gives it; a CPU's, the fp32 matmul the
+    rank measured once on its own threads (docs/mfu.md).
+    """
+    if on_cuda:
+        if not gpu_name:
+            return None, "the rank's GPU model is not known"
+        return effective_peak(gpu_name, mix or {}, tf32_matmul, tf32_conv)
+    if cpu_peak_flops:
+        cost = f", measuring it took {cpu_peak_cost_s * 1e3:.0f} ms" if cpu_peak_cost_s else ""
+        return cpu_peak_flops, f"an fp32 matmul on the rank's own threads{cost}"
+    return None, "the rank has not measured its CPU's matmul peak yet (it does so in its first counted step)"
