@@ -856,6 +856,38 @@ def check_nccl_in_flight() -> list[Row]:
                 f"reasons: {'; '.join(reasons) or 'none'}", "pass" if ok else "fail")]  # fmt: skip
 
 
+MFU_STEPS, MFU_PROFILED = 400, (300, 330)  # the profiler's steps come after every counting and warm-up
+
+
+def check_mfu() -> list[Row]:
+    """MFU against torch.profiler's own FLOP count, and the launch-bound job's MFU with its parallelism finding.
+
+    A matmul-bound bf16 job: gputop's MFU within 15% of the one torch.profiler's FLOPs give over the wall time of
+    its profiled steps, against the same peak (the report's).  A 32-wide MLP at batch 2: under 5%, and the
+    parallelism finding.
+    """
+    rows = []
+    job_args = ("--wrap", "none", "--profile-flops", f"{MFU_PROFILED[0]}:{MFU_PROFILED[1]}")
+    with recording() as (port, path):
+        printed = job_output("gpu_bound", steps=MFU_STEPS, port=port, job_args=job_args)
+    rank = only_rank(report_of(path))
+    flops, step_ms = printed_number(printed, "profiler", 2), printed_number(printed, "profiler", 4)
+    peak, mine = rank.get("peak_flops_per_s"), rank.get("mfu_pct")
+    theirs = 100 * flops / (step_ms / 1e3) / peak if flops and step_ms and peak else None
+    rows.append(Row("mfu: a matmul-bound job against torch.profiler's FLOPs",
+                    "MFU within 15% of the profiler's FLOPs a step over the same steps' time, the same peak",
+                    f"{_ms(mine)}% vs {_ms(theirs)}% ({rank.get('flops_per_step')} vs {flops} FLOP a step, "
+                    f"{rank.get('peak_is')}); {rank.get('work_note') or 'no note'}",
+                    "pass" if within(mine, theirs, rel=0.15) else "fail"))  # fmt: skip
+    report = recorded_job("launch_bound", steps=3000)
+    rank = only_rank(report)
+    small, fired = rank.get("mfu_pct"), "parallelism" in causes(report)
+    rows.append(Row("mfu: a launch-bound batch-2 job", "MFU under 5% and the parallelism finding",
+                    f"MFU {_ms(small)}%; parallelism {'fired' if fired else 'silent'}",
+                    "pass" if small is not None and small < 5 and fired else "fail"))  # fmt: skip
+    return rows
+
+
 CHECKS: dict[str, Check] = {
     "nvml": Check(check_nvml_vs_smi, 20),  # 5 s for the load to start, 10 paired readings a second apart
     "nvml_processes": Check(check_nvml_processes_and_links, 10),
@@ -868,6 +900,7 @@ CHECKS: dict[str, Check] = {
     "cuda-exposed-wait": Check(check_cuda_exposed_wait, 20),  # one recorded job: 150 steps of ~22 ms
     "cuda-phases": Check(check_cuda_phases, 25),  # one recorded GPU-bound job of 150 steps, 120 of them profiled
     "nccl-in-flight": Check(check_nccl_in_flight, 15),  # one recorded 200-step job
+    "mfu": Check(check_mfu, 40),  # a recorded 400-step matmul-bound job, 30 of them profiled; a 3000-step tiny one
     "overhead": Check(check_overhead, 130),  # 3 rounds of 4 jobs, alternated
 }
 

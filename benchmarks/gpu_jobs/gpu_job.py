@@ -26,6 +26,10 @@ The checks of the phases and waits on the GPU clock (docs/gpu.md):
   backward and makes the compute stream wait for it with ``current_stream().wait_event``, inside
   ``tap.waits_for`` as FSDP2's waits run; prints ``side delay_ms X`` (the sleep's own length, from
   events on the side stream, mean over the steps).
+- ``--profile-flops A:B`` runs ``torch.profiler`` with ``with_flops`` over steps A to B-1 and prints
+  ``profiler flops_per_step X step_ms Y``: the FLOPs its own formulas count a step (matmuls, convolutions,
+  and the elementwise mul and add it also counts), and the wall time of those steps, the device synchronised
+  at both ends.
 - ``--async-all-reduce`` all-reduces a 4-MiB tensor each step with ``async_op=True`` and waits on it;
   ``--count-syncs`` counts ``synchronize`` calls (device, stream, event) made by any thread but this one
   and prints ``syncs N``.
@@ -97,6 +101,7 @@ def main() -> None:
                         help="fsdp2: fully_shard each Linear, root; none: the plain module")  # fmt: skip
     parser.add_argument("--user-all-reduce", action="store_true", help="all-reduce the loss each step, as a metric")
     parser.add_argument("--profile-steps", help="A:B: torch.profiler's CUDA time of forward and backward, steps A..B-1")
+    parser.add_argument("--profile-flops", help="A:B: torch.profiler's FLOPs a step over steps A..B-1")
     parser.add_argument("--exposed-wait-ms", type=float, default=0.0, help="a side-stream delay waited on each step")
     parser.add_argument("--async-all-reduce", action="store_true", help="an async 4-MiB all-reduce waited each step")
     parser.add_argument("--count-syncs", action="store_true", help="count synchronize calls of other threads")
@@ -143,6 +148,9 @@ def main() -> None:
     exchanged = torch.ones(1 << 20, device=device)  # 4 MiB
     profiled = range(*map(int, args.profile_steps.split(":"))) if args.profile_steps else range(0)
     profiler = None
+    counted = range(*map(int, args.profile_flops.split(":"))) if args.profile_flops else range(0)
+    flops_profiler: Any = None
+    flops_started = 0.0
     works: list[Any] = []
 
     steps = 0
@@ -150,6 +158,11 @@ def main() -> None:
     for x, y in gputop.track(loader):
         if steps == profiled.start and profiled:
             profiler = start_profiler()
+        if steps == counted.start and counted:
+            torch.cuda.synchronize(device)
+            flops_profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True)
+            flops_profiler.__enter__()
+            flops_started = time.perf_counter()
         with torch.profiler.record_function(BATCH):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=shape["autocast"]):
@@ -172,6 +185,13 @@ def main() -> None:
             profiler.__exit__(None, None, None)
             print_profile(profiler, len(profiled))
             profiler = None
+        if flops_profiler is not None and steps == counted.stop:
+            torch.cuda.synchronize(device)
+            step_ms = (time.perf_counter() - flops_started) * 1e3 / len(counted)
+            flops_profiler.__exit__(None, None, None)
+            flops = sum(e.flops for e in flops_profiler.key_averages() if e.flops) / len(counted)
+            print(f"profiler flops_per_step {flops:.0f} step_ms {step_ms:.3f}", flush=True)
+            flops_profiler = None
         if steps == args.steps:
             break
     torch.cuda.synchronize(device)  # this device's: a bare synchronize() would start a context on the current one
