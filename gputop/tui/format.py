@@ -54,6 +54,16 @@ def fmt_bytes(n_bytes: int | float | None) -> str:
     return f"{n_bytes / GIB:.1f}G"
 
 
+def fmt_flops(flops: float | None) -> str:
+    """FLOPs in three figures and an SI prefix: "79.7M", "11.1G", "6.13T"; N/A when not counted."""
+    if flops is None:
+        return NA
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.3g}{prefix}"
+    return f"{flops:.0f}"
+
+
 def fmt_rate(per_s: float | None) -> str:
     """A throughput: "812", "12.4k"."""
     if per_s is None:

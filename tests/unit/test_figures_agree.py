@@ -89,6 +89,22 @@ class TestSharesOfStepTime:
             (least.stats.exposed_comm_frac or 0) * 100
         )
 
+    def test_the_work_each_step_does(self) -> None:
+        """FLOPs a step, FLOP/s and MFU: the table's cells, the report's figures and the parallelism evidence."""
+        specs = [RankSpec(rank=r, step_s=0.02, flops_per_s=(5e9, 8e9)[r], hello={"cpu_peak_flops": 100e9})
+                 for r in (0, 1)]  # fmt: skip
+        view, data, _ = every_path(make_snapshot(specs, hello={"loader_batch_size": 2}))
+        for row in view.rank_rows:
+            achieved = (5e9, 8e9)[row.rank]
+            rank = report_rank(data, row.rank)
+            assert rank["achieved_flops_per_s"] == pytest.approx(achieved)
+            assert rank["flops_per_step"] == pytest.approx(achieved * 0.02, rel=1e-6)
+            assert rank["mfu_pct"] == pytest.approx(100 * achieved / 100e9)
+            cells = row_cells(row, Palette())
+            assert cells["flops_s"].plain == ("5G", "8G")[row.rank]
+            assert cells["flops"].plain == ("100M", "160M")[row.rank]
+            assert cells["mfu"].plain == ("5.0%", "8.0%")[row.rank]
+
     def test_the_histories_use_the_same_definitions(self) -> None:
         view, _, _ = every_path(make_snapshot(WAITING_RANKS))
         for row in view.rank_rows:

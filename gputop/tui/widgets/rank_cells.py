@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gputop.diagnose.findings import Finding
 from gputop.model.snapshot import DONE, LIVE
-from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
+from gputop.tui.format import NA, fmt_bytes, fmt_flops, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
 from gputop.tui.view import HostRow, RankRow
 
@@ -37,6 +37,7 @@ class Column:
     width: int
     narrow: bool = True  # shown on narrow tables
     wide: bool = True  # shown on wide tables
+    roomy: bool = False  # shown only where the table has room for every column (ROOMY_FROM)
 
 
 COLUMNS = (
@@ -51,6 +52,8 @@ COLUMNS = (
     Column("loader", "loader", 6),
     Column("comm", "comm", 6),
     Column("mem", "memory", 8),
+    Column("flops", "FLOP/step", 9, narrow=False, roomy=True),
+    Column("flops_s", "FLOP/s", 6, narrow=False, roomy=True),
     Column("mfu", "MFU", 5, narrow=False),
     Column("cpu", "CPU%", 5, narrow=False),
     Column("status", "state", 5),
@@ -59,7 +62,9 @@ COLUMNS = (
 
 # The table's width under which host, the wide phase bar and CPU% give way: every wide
 # column with its cell padding, and the vertical scrollbar's 2 cells.
-NARROW_BELOW = sum(c.width + 2 for c in COLUMNS if c.wide and c.key != "run") + 2
+NARROW_BELOW = sum(c.width + 2 for c in COLUMNS if c.wide and not c.roomy and c.key != "run") + 2
+# And from which the work a step does shows in full (FLOPs a step and the FLOP/s achieved, beside the MFU).
+ROOMY_FROM = NARROW_BELOW + sum(c.width + 2 for c in COLUMNS if c.roomy)
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,10 @@ def _mfu_cell(mfu: float | None, palette: Palette) -> Text:
     return Text(f"{pct:.1f}%" if pct < 9.95 else f"{pct:.0f}%", justify="right")
 
 
+def _flops_cell(flops: float | None, palette: Palette) -> Text:
+    return _na(palette) if flops is None else Text(fmt_flops(flops), justify="right")
+
+
 def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
     """The text of every column for one rank."""
     s = row.stats
@@ -176,6 +185,8 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         "comm": _frac_cell(s.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(s.cpu_pct), justify="right") if s.cpu_pct is not None else _na(palette),
         "mfu": _mfu_cell(row.mfu, palette),
+        "flops": _flops_cell(s.flops_per_step, palette),
+        "flops_s": _flops_cell(s.achieved_flops_per_s, palette),
     }
     if s.mem_allocated_bytes is None:
         cells["mem"] = _na(palette, "left")
@@ -214,6 +225,8 @@ def host_cells(host: HostRow, folded: bool, palette: Palette) -> dict[str, Text]
         "comm": _frac_cell(host.exposed_comm_frac, palette, 0.10, 0.30),
         "cpu": Text(fmt_pct(host.cpu_pct), justify="right") if host.cpu_pct is not None else _na(palette),
         "mfu": _mfu_cell(host.mfu, palette),
+        "flops": Text(""),
+        "flops_s": Text(""),
         "mem": Text(""),
         "status": Text(f"{host.live}/{n}"[:5], style=palette.ok if host.live == n else f"bold {palette.bad}"),
         "phases": phase_text(host.phases, 16, palette),

@@ -106,16 +106,16 @@ class RanksLayout:
 
     # -- layout ------------------------------------------------------------------
 
-    def arrange(self, sort_key: SortKey, narrow: bool) -> None:
+    def arrange(self, sort_key: SortKey, narrow: bool, roomy: bool = False) -> None:
         """Choose the columns for the width and order the rows under their hosts."""
-        self._set_columns(sort_key, narrow)
+        self._set_columns(sort_key, narrow, roomy)
         self.entries = ordered_entries(self.rows, self.hosts, sort_key, self.grouped, self.is_folded)
         self.order = [e.key for e in self.entries]
         self.index = {key: i for i, key in enumerate(self.order)}
         if len(self._cells) > 2 * len(self.order) + 256:  # rows that left: forget their cells
             self._cells = {k: v for k, v in self._cells.items() if k in self.index}
 
-    def _wanted_columns(self, narrow: bool) -> tuple[str, ...]:
+    def _wanted_columns(self, narrow: bool, roomy: bool = False) -> tuple[str, ...]:
         several_runs = len({r.run_id for r in self.rows}) > 1
         # Grouped by host, the rank column names the hosts (and carries the fold marks): no host
         # column; narrow, samples/s gives way (the run chart shows the throughput).
@@ -123,11 +123,14 @@ class RanksLayout:
         return tuple(
             c.key
             for c in COLUMNS
-            if (c.narrow if narrow else c.wide) and (c.key != "run" or several_runs) and c.key not in hidden
+            if (c.narrow if narrow else c.wide)
+            and (roomy or not c.roomy)
+            and (c.key != "run" or several_runs)
+            and c.key not in hidden
         )
 
-    def _set_columns(self, sort_key: SortKey, narrow: bool) -> None:
-        columns = self._wanted_columns(narrow)
+    def _set_columns(self, sort_key: SortKey, narrow: bool, roomy: bool) -> None:
+        columns = self._wanted_columns(narrow, roomy)
         sort_column = sort_key.column
         arrow = "↑" if not sort_key.descending else "↓"
         header, widths = [], []

@@ -34,7 +34,7 @@ from textual.strip import Strip
 from gputop.tui.messages import RowHighlighted, RowSelected, SortChanged
 from gputop.tui.palette import Palette
 from gputop.tui.view import HostRow, RankRow
-from gputop.tui.widgets.rank_cells import NARROW_BELOW, NO_HIGHLIGHT, SORT_KEYS, Highlight, SortKey
+from gputop.tui.widgets.rank_cells import NARROW_BELOW, NO_HIGHLIGHT, ROOMY_FROM, SORT_KEYS, Highlight, SortKey
 from gputop.tui.widgets.ranks_layout import CELL_PADDING, RanksLayout, text_key
 
 # Rendered lines kept: every row on a tall screen in its three looks (even, odd, cursor), with room.
@@ -64,6 +64,7 @@ class RanksTable(ScrollView, can_focus=True):
     sort_index: reactive[int] = reactive(0)
     """Which of SORT_KEYS orders the rows."""
     narrow: reactive[bool] = reactive(False)
+    roomy: reactive[bool] = reactive(False)  # room for every column: the work a step does in full
     """Hide the secondary columns (host, CPU%) and draw the phase bar short."""
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
@@ -135,8 +136,12 @@ class RanksTable(ScrollView, can_focus=True):
     def watch_narrow(self) -> None:
         self._apply()
 
+    def watch_roomy(self) -> None:
+        self._apply()
+
     def on_resize(self) -> None:
         self.narrow = self.size.width < NARROW_BELOW
+        self.roomy = self.size.width >= ROOMY_FROM
         self._lines.clear()  # lines are cut to the width
         self._scroll_to_cursor()
 
@@ -160,7 +165,7 @@ class RanksTable(ScrollView, can_focus=True):
         """Lay out the rows again; redraw the screen lines that now show something else."""
         keep = self.selected_key
         layout = self._layout
-        layout.arrange(self.sort_key, self.narrow)
+        layout.arrange(self.sort_key, self.narrow, self.roomy)
         self._cursor = layout.cursor_after(keep, self._cursor)
         self.virtual_size = Size(sum(layout.widths), len(layout.entries) + 1)  # + the header line
         self._scroll_to_cursor()
