@@ -127,6 +127,21 @@ class TestAnswers:
         assert by_kind["all_gather"] == {**gather, "in_flight_ms": 24.0, "exposed_ms": 21.0}
         assert by_kind["reduce_scatter"]["exposed_ms"] == pytest.approx(9.0)
 
+    async def test_get_rank_carries_the_work_each_step_does(self) -> None:
+        """FLOPs a step, FLOP/s achieved and MFU against the CPU's measured peak; N/A with the reason where not
+        counted, for an agent to say why."""
+        counted = [RankSpec(rank=r, flops_per_s=6e9, hello={"cpu_peak_flops": 100e9}) for r in (0, 1)]
+        async with in_process(FixedSource(make_snapshot(counted))) as client:
+            rank = await client.call_tool("get_rank", {"rank": 1})
+        assert rank.structured_content is not None
+        figures = rank.structured_content["figures"]
+        assert figures["mfu_pct"] == pytest.approx(6.0) and figures["achieved_flops_per_s"] == pytest.approx(6e9)
+        assert figures["flops_per_step"] == pytest.approx(6e8)
+        async with in_process(FixedSource(make_snapshot([RankSpec(rank=0)]))) as client:
+            uncounted = (await client.call_tool("get_rank", {"rank": 0})).structured_content
+        assert uncounted is not None and uncounted["figures"]["mfu_pct"] is None
+        assert uncounted["figures"]["work_note"], uncounted["figures"]
+
     async def test_the_recording_report_is_what_report_json_prints(self, tmp_path, capsys) -> None:
         path = tmp_path / "run.jsonl"
         write_run(path, windows=6)
