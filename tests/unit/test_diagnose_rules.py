@@ -460,6 +460,13 @@ class TestParallelismJudgedByTheWork:
         assert mfu.threshold == pytest.approx(100 * th.WORK_LITTLE_MFU)
         assert top.title.endswith("its compute reaches 6.3% of the device's peak FLOP/s"), top.title
 
+    def test_a_tiny_share_of_the_peak_reads_as_a_number_not_as_zero(self) -> None:
+        """A 16-32-4 MLP at batch 2 reaches a few millionths of a core's peak: "0.0047%", never "0.0%"."""
+        specs = [replace(spec, flops_per_s=4.7e-5 * self.CPU_PEAK) for spec in two_ranks(step_s=0.002, comm_frac=0.05)]
+        findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 2, "cpu_peak_flops": self.CPU_PEAK}))
+        title = only(findings, "parallelism").title
+        assert "its compute reaches 0.0047% of the device's peak FLOP/s" in title, title
+
     def test_tiny_steps_that_do_their_devices_worth_are_not_called_tiny(self) -> None:
         specs = [replace(spec, flops_per_s=0.5 * self.CPU_PEAK) for spec in two_ranks(step_s=0.004, comm_frac=0.05)]
         findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 2, "cpu_peak_flops": self.CPU_PEAK}))

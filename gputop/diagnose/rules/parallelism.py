@@ -366,7 +366,9 @@ def parallelism_title(
     title = _title(ranks, util_pct, step_s, exchange)
     if little_mfu is None:
         return title
-    return f"{title}; its compute reaches {pct(little_mfu):.1f}% of the device's peak FLOP/s"
+    share = pct(little_mfu)
+    shown = f"{share:.1f}" if share >= 1 else f"{share:.2g}"  # 8.0%, 0.0047%: never a small share as 0.0%
+    return f"{title}; its compute reaches {shown}% of the device's peak FLOP/s"
 
 
 def _title(
