@@ -467,6 +467,29 @@ class TestParallelismJudgedByTheWork:
         title = only(findings, "parallelism").title
         assert "its compute reaches 0.0047% of the device's peak FLOP/s" in title, title
 
+    def mingpt_like(self, mfu: float, batch: int = 2, loader_frac: float = 0.01) -> list[Finding]:
+        """25-ms steps (not tiny), a 5% exposed exchange (under its line): no sign of time fires."""
+        specs = two_ranks(step_s=0.025, loader_frac=loader_frac, comm_frac=0.07, overlap_frac=0.02)
+        specs = [replace(spec, flops_per_s=mfu * self.CPU_PEAK) for spec in specs]
+        return findings_of(make_snapshot(specs, hello={"loader_batch_size": batch, "cpu_peak_flops": self.CPU_PEAK}))
+
+    def test_a_step_of_little_work_at_a_small_batch_is_named_by_its_work_alone(self) -> None:
+        """pytorch/examples' minGPT-ddp set small, at batch 2: 25-30 ms steps at 2.4% of a core's peak read
+        healthy before the work was counted."""
+        finding = only(self.mingpt_like(0.024), "parallelism")
+        # 2.4% of the peak over the wall step, 2.6% over the 94% of it that computes (5% exchange, 1% loader)
+        assert finding.title == (
+            "ranks 0, 1: too little work per step at batch 2; its compute reaches 2.6% of the device's peak FLOP/s"
+        ), finding.title
+        assert [e.metric for e in finding.evidence] == ["mfu_pct", "batch_size"]
+        assert "batch_size=8" in finding.suggestion
+
+    def test_little_work_is_no_sign_at_a_large_batch_past_its_line_or_behind_another_cause(self) -> None:
+        assert by_cause(self.mingpt_like(0.024, batch=64), "parallelism") == []
+        assert by_cause(self.mingpt_like(0.11), "parallelism") == []
+        findings = self.mingpt_like(0.024, loader_frac=0.3)  # the loader takes the time: its finding, not this
+        assert by_cause(findings, "parallelism") == [] and findings[0].cause == "data_loading"
+
     def test_tiny_steps_that_do_their_devices_worth_are_not_called_tiny(self) -> None:
         specs = [replace(spec, flops_per_s=0.5 * self.CPU_PEAK) for spec in two_ranks(step_s=0.004, comm_frac=0.05)]
         findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 2, "cpu_peak_flops": self.CPU_PEAK}))

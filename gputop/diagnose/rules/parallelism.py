@@ -131,6 +131,9 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
     exchange, exchange_at = (None, None) if exchange_explained else exchange_sign(ranks, tiny_steps=tiny is not None)
     kernels = small_kernels_sign(ranks)
     signs = [sign for sign in (idle, gpu_step_sign(ranks), tiny, exchange, kernels) if sign]
+    # The work alone names the cause where no sign of time does (sign 6): the step is not short, just empty.
+    alone = little_work_sign(ranks) if not signs else None
+    signs = signs or ([alone] if alone else [])
     if not signs:
         return []
     fired = sorted(set().union(*(sign.ranks for sign in signs)))
@@ -145,8 +148,9 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
                 util,
                 step,
                 exchange_at,
-                little_mfu=work if little else None,
+                little_mfu=work if little or alone else None,
                 small_kernels=kernels is not None and len(signs) == 1,
+                little_work=None if alone is None else int(alone.evidence[1].value),
             ),
             suggestion=parallelism_suggestion(ranks[0], launch_bound=any(sign.launch_bound for sign in signs)),
             evidence=tuple(e for sign in signs for e in sign.evidence) + little,
@@ -178,6 +182,26 @@ def little_work_evidence(ranks: list[RankFigures]) -> Evidence:
     """The rank whose compute reaches the least of its device's peak, as evidence of how little work a step is."""
     least = min((r for r in ranks if compute_mfu(r) is not None), key=lambda r: compute_mfu(r) or 0.0)
     return Evidence("mfu_pct", pct(compute_mfu(least) or 0.0), pct(WORK_LITTLE_MFU), "%", op="<", rank=least.rank)
+
+
+def little_work_sign(ranks: list[RankFigures]) -> Sign | None:
+    """6. At a small batch, every rank's compute reaches under ``WORK_LITTLE_MFU`` of its device's peak, and no
+    other cause takes its time (loader wait and exposed exchange under their lines on every rank, so no rank
+    waits for another): the step is simply too little work, however long Python makes it (minGPT's example
+    at batch 2: 25-30 ms steps at 2.4% of a core's peak, under no other line)."""
+    small = [r for r in ranks if small_batch(r)]
+    if not small or len(small) != len(ranks) or not all(waits_are_low(r) for r in small):
+        return None
+    works = [(r, x) for r in small if (x := compute_mfu(r)) is not None]
+    if len(works) != len(small) or any(x >= WORK_LITTLE_MFU for _, x in works):
+        return None
+    least, mfu = min(works, key=lambda item: item[1])
+    batch = min(r.hello.loader_batch_size or 0 for r in small)
+    evidence = (
+        Evidence("mfu_pct", pct(mfu), pct(WORK_LITTLE_MFU), "%", op="<", rank=least.rank),
+        Evidence("batch_size", batch, SMALL_BATCH_SIZE, "", op="<="),
+    )
+    return Sign(evidence, "warn", 1.0 - mfu / WORK_LITTLE_MFU, frozenset(r.rank for r in small))
 
 
 def small_kernels_sign(ranks: list[RankFigures]) -> Sign | None:
@@ -360,10 +384,11 @@ def parallelism_title(
     exchange: tuple[int, float, float] | None = None,
     little_mfu: float | None = None,
     small_kernels: bool = False,
+    little_work: int | None = None,
 ) -> str:
     if small_kernels:
         return f"{ranks_text(ranks)}: the GPU runs kernels most of the time but they do little work: small kernels"
-    title = _title(ranks, util_pct, step_s, exchange)
+    title = _title(ranks, util_pct, step_s, exchange, little_work)
     if little_mfu is None:
         return title
     share = pct(little_mfu)
@@ -372,9 +397,15 @@ def parallelism_title(
 
 
 def _title(
-    ranks: list[int], util_pct: float | None, step_s: float | None, exchange: tuple[int, float, float] | None
+    ranks: list[int],
+    util_pct: float | None,
+    step_s: float | None,
+    exchange: tuple[int, float, float] | None,
+    little_work: int | None,
 ) -> str:
     who = ranks_text(ranks)
+    if little_work is not None:
+        return f"{who}: too little work per step at batch {little_work}"
     if util_pct is not None and util_pct < GPU_UTIL_LOW_WARN_PCT:
         return f"{who}: GPU busy only {util_pct:.0f}% with no input or comm wait: too little work per step"
     if step_s is not None and step_s < TINY_STEP_WARN_S:
