@@ -55,6 +55,16 @@ def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Colle
         assert stats.hook_s_per_step is not None and 0 < stats.hook_s_per_step < (stats.step_time_mean_s or 0)
         assert stats.gputop_cpu_frac is not None and 0 < stats.gputop_cpu_frac < 1
         assert stats.sent_bytes_per_s is not None and stats.sent_bytes_per_s > 0
+        # The work a step does (docs/mfu.md), counted as by hand, and the CPU's peak the rank measured once.
+        assert stats.flops_per_step == ddp_job_flops(batch=8), stats.flops_per_step
+        assert view.hello.cpu_peak_flops is not None and view.hello.cpu_peak_flops > 1e8
+
+
+def ddp_job_flops(batch: int) -> int:
+    """ddp_job.py's model at --hidden 128: forward 2·B·in·out a Linear, backward twice that, less the first
+    Linear's input gradient (the batch needs none)."""
+    forward = 2 * batch * 64 * 128 + 2 * batch * 128 * 10
+    return 3 * forward - 2 * batch * 64 * 128
 
 
 @pytest.mark.parametrize("accumulate", [1, 3], ids=["every-step", "no_sync-accumulation"])
@@ -194,6 +204,7 @@ def test_gradient_accumulation_accounts_for_every_micro_batch(collector: Collect
         assert stats.forward_s == pytest.approx(stats.micro_batches * one.forward_s)
         assert stats.backward_s == pytest.approx(stats.micro_batches * one.backward_s)
         assert stats.comm_s == one.comm_s  # one all-reduce per step either way
+        assert stats.flops_per_step == 4 * ddp_job_flops(batch=64)  # the step's four micro-batches
 
 
 GRADIENT_BYTES = 4 * (64 * 128 + 128 + 128 * 10 + 10)  # ddp_job.py's model at --hidden 128, float32
