@@ -370,7 +370,7 @@ def test_a_dtensor_optimizer_step_under_the_counting_runs_and_counts_the_local_s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined, unused-ignore]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
