@@ -78,6 +78,7 @@ class _Rank:
     stepped: deque[Window] = field(default_factory=lambda: deque(maxlen=STEPPED_KEPT))  # its newest with a step
     connected: bool = True
     done: bool = False
+    done_reason: str = "finished"  # how its bye says it ended: "finished", "ended by SIGTERM", "failed: …"
     lost_reason: str = ""
     last_seq: int = -1
 
@@ -223,6 +224,7 @@ class Store:
             rank.stacks.append(message)
         elif isinstance(message, Bye):
             rank.done = True
+            rank.done_reason = ended_text(message)
 
     def _per_rank_windows(self) -> int | None:
         if self._history_windows is None:
@@ -401,13 +403,22 @@ class Store:
 
     def _status(self, state: _Rank, now: float) -> tuple[Status, str]:
         if state.done:
-            return DONE, "finished"
+            return DONE, state.done_reason
         if not state.connected:
             return LOST, state.lost_reason or "connection closed"
         silent_s = now - state.last_seen_t
         if silent_s > self.lost_after_s:
             return LOST, f"silent for {silent_s:.0f} s"
         return LIVE, ""
+
+
+def ended_text(bye: Bye) -> str:
+    """How a rank ended, as its status says it: "finished", "ended by SIGTERM", "failed: RuntimeError: …"."""
+    if bye.how == "signal":
+        return f"ended by {bye.detail or 'a signal'}"
+    if bye.how == "exception":
+        return f"failed: {bye.detail}" if bye.detail else "failed"
+    return "finished"
 
 
 def _stopped_before(windows: tuple[Window, ...], stepped: deque[Window]) -> bool:

@@ -276,7 +276,7 @@ class Event(_Message, frozen=True, kw_only=True, tag="event"):
 
 
 class Bye(_Message, frozen=True, kw_only=True, tag="bye"):
-    """A rank's reporter shutting down cleanly (the process is exiting)."""
+    """A rank's reporter shutting down cleanly (the process is exiting), and what ended it."""
 
     TYPE: ClassVar[str] = "bye"
 
@@ -287,3 +287,7 @@ class Bye(_Message, frozen=True, kw_only=True, tag="bye"):
     t: float
     step_total: Count = 0
     dropped: Count = 0
+    # "exit": the script ended; "signal": a signal ended it (``detail`` "SIGTERM"); "exception": an uncaught
+    # exception did (``detail`` "RuntimeError: …").  gputop/reporter/ending.py.
+    how: Literal["exit", "signal", "exception"] = "exit"
+    detail: Text = ""

@@ -47,6 +47,7 @@ from gputop.reporter import facts, flight_recorder, node_sampler
 from gputop.reporter.capture import ProfilerCapture, torch_profiler_available
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collectives import CollectiveTap
+from gputop.reporter.ending import Ending
 from gputop.reporter.flops import FlopCounter
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.process import ProcessProbe
@@ -98,6 +99,7 @@ class ReporterThread:
         self._hello: Hello | None = None
         self._process_probe: ProcessProbe | None = None  # psutil: imported on the reporter thread
         self._self_cost = SelfCost(self.sender)
+        self.ending = Ending()  # what ended the process, for the bye (installed by Reporter.start)
         self._seq = 0
         self._step_total = 0
         self._failed_probes: set[str] = set()
@@ -423,6 +425,8 @@ class ReporterThread:
                 t=time.time(),
                 step_total=self._step_total,
                 dropped=self.sender.dropped,
+                how=self.ending.how,
+                detail=self.ending.detail,
             )
             self.sender.enqueue(encode(bye))
             deadline = time.monotonic() + EXIT_FLUSH_S
