@@ -26,15 +26,12 @@ import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from gputop.diagnose.findings import Cause, Finding, FindingKey
-from gputop.model.captures import compare
+from gputop.diagnose.findings import Cause, Finding, FindingCapture, FindingKey
 from gputop.model.figures import Figures
-from gputop.model.frames import RankFrames, rank_frames
+from gputop.model.frames import rank_frames
 from gputop.model.snapshot import LIVE, RankView
-from gputop.protocol import CaptureRequest, CaptureResult, OpTime
+from gputop.protocol import CaptureRequest, CaptureResult
 
 # The causes whose culprit is one rank that still steps.  A hang's rank does not step: see the module's docstring.
 AUTO_CAUSES: tuple[Cause, ...] = ("straggler", "stall")
@@ -55,7 +52,6 @@ FRAMES_WAIT_S = 3.0
 # The result is made on the reporter thread at most a tick (0.25 s) after the last captured step, plus the
 # trace's writing: the samples over the capture start this much before ``t - wall_s``.
 RESULT_LAG_S = 1.0
-TOP_OPS_SHOWN = 3  # operators a finding's one line names
 
 # The run's part (a short hash of its id) keeps two runs' captures apart: the relay and the recording's
 # reader key captures by id, and two jobs' rank 1 can straggle in the same second.
@@ -72,60 +68,6 @@ def captured_for(result: CaptureResult) -> tuple[str, int] | None:
     """The cause and rank an automatic capture was taken for; None for one asked by hand."""
     match = _ID.match(result.id)
     return None if match is None else (match["cause"], int(match["rank"]))
-
-
-@dataclass(frozen=True)
-class FindingCapture:
-    """A capture as its finding carries it: the rank's top operators, its trace, where its thread was."""
-
-    rank: int
-    id: str
-    t: float  # when the rank answered (unix time)
-    ok: bool
-    steps: int = 0
-    wall_s: float = 0.0
-    trace_path: str = ""
-    top_ops: tuple[OpTime, ...] = ()
-    error: str = ""  # why there is no capture (the rank's answer)
-    frames: RankFrames | None = None  # its stack samples over the seconds the capture spans
-
-    def ops_text(self, n: int = TOP_OPS_SHOWN) -> str:
-        """ "aten::addmm 4.1 ms/step, c10d::allreduce_ 2.0 ms/step" (self time, CPU plus device)."""
-        result = CaptureResult(run_id="-", rank=self.rank, id=self.id, t=self.t, ok=self.ok, steps=self.steps,
-                               top_ops=self.top_ops)  # fmt: skip
-        _, rows = compare([result], n)
-        parts = []
-        for row in rows:
-            cells = [c for c in row[1:] if c != "N/A"]
-            parts.append(f"{row[0]} {' + '.join(cells)} ms/step")
-        return ", ".join(parts)
-
-    def text(self) -> str:
-        """One line: what the capture found, or why there is none."""
-        if not self.ok:
-            return f"profile of rank {self.rank} failed: {self.error}"
-        ops = self.ops_text() or "no operators"
-        places = [] if self.frames is None else [place.text() for place in self.frames.top[:2]]
-        where = f"; its thread {', '.join(places)}" if places else ""
-        return f"profile of rank {self.rank}, {self.steps} steps: {ops}{where}; trace {self.trace_path}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "id": self.id,
-            "t": self.t,
-            "ok": self.ok,
-            "steps": self.steps,
-            "wall_s": round(self.wall_s, 4),
-            "trace_path": self.trace_path,
-            "top_ops": [
-                {"name": op.name, "calls": op.calls, "self_cpu_s": op.self_cpu_s, "self_device_s": op.self_device_s}
-                for op in self.top_ops
-            ],
-            "error": self.error,
-            "frames": None if self.frames is None else self.frames.to_dict(),
-            "text": self.text(),
-        }
 
 
 def culprit(finding: Finding) -> int | None:

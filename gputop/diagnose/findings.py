@@ -1,13 +1,14 @@
-"""What a diagnosis says: one finding per cause at work, with its evidence and a fix."""
+"""What a diagnosis says: one finding per cause at work, with its evidence, a fix, what it wastes and its profile."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
-if TYPE_CHECKING:
-    from gputop.diagnose.autocapture import FindingCapture
-    from gputop.diagnose.waste import Waste
+from gputop.diagnose.wording import hours_text
+from gputop.model.captures import compare
+from gputop.model.frames import RankFrames
+from gputop.protocol import CaptureResult, OpTime
 
 Cause = Literal[
     "parallelism",
@@ -29,6 +30,8 @@ SEVERITIES: tuple[Severity, ...] = get_args(Severity)  # worst last, so SEVERITI
 
 FindingKey = tuple[str | None, Cause, tuple[int, ...], tuple[int, ...]]
 
+TOP_OPS_SHOWN = 3  # operators a capture's one line names
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -47,6 +50,108 @@ class Evidence:
         where = f"rank {self.rank} " if self.rank is not None else (f"GPU {self.gpu} " if self.gpu is not None else "")
         band = f" ± {self.spread:.2g}" if self.spread is not None else ""
         return f"{where}{self.metric} {self.value:.3g}{band}{self.unit} {self.op} {self.threshold:.3g}{self.unit}"
+
+
+Unit = Literal["GPU", "core"]
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Device-hours a finding's cause idles: per hour of the run, and over the run so far."""
+
+    unit: Unit
+    devices: float  # what the run holds: GPUs, or busy cores
+    per_hour: float  # device-hours per hour
+    so_far: float  # device-hours over the run so far
+    # The energy that share of the run's GPUs draws, from NVML's power readings: kWh every hour; None
+    # on a CPU run or where no GPU of the run reports its power.
+    kwh_per_hour: float | None = None
+    kwh_so_far: float | None = None
+
+    def text(self, price_per_hour: float | None = None) -> str:
+        """ "wastes about 0.74 GPU-hours an hour (1.9 so far; 1.85 an hour at 2.50 per GPU-hour)".
+
+        ``price_per_hour`` is a GPU-hour's price (``--gpu-hour-price``): a CPU run's core-hours are not priced.
+        """
+        price_per_hour = price_per_hour if self.unit == "GPU" else None
+        unit = f"{self.unit}-hours"
+        out = f"wastes about {hours_text(self.per_hour)} {unit} an hour ({hours_text(self.so_far)} so far"
+        if price_per_hour is not None:
+            out += f"; {price_per_hour * self.per_hour:,.2f} an hour at {price_per_hour:,.2f} per {self.unit}-hour"
+        if self.kwh_per_hour is not None:
+            out += f"; {hours_text(self.kwh_per_hour)} kWh an hour"
+        return out + ")"
+
+    def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
+        price_per_hour = price_per_hour if self.unit == "GPU" else None
+        out: dict[str, Any] = {
+            "unit": self.unit,
+            "devices": round(self.devices, 2),
+            "per_hour": round(self.per_hour, 3),
+            "so_far": round(self.so_far, 3),
+        }
+        if self.kwh_per_hour is not None and self.kwh_so_far is not None:
+            out["kwh_per_hour"] = round(self.kwh_per_hour, 3)
+            out["kwh_so_far"] = round(self.kwh_so_far, 4)
+        if price_per_hour is not None:
+            out["price_per_hour"] = price_per_hour
+            out["money_per_hour"] = round(price_per_hour * self.per_hour, 2)
+            out["money_so_far"] = round(price_per_hour * self.so_far, 2)
+        return out
+
+
+@dataclass(frozen=True)
+class FindingCapture:
+    """A capture as its finding carries it: the rank's top operators, its trace, where its thread was."""
+
+    rank: int
+    id: str
+    t: float  # when the rank answered (unix time)
+    ok: bool
+    steps: int = 0
+    wall_s: float = 0.0
+    trace_path: str = ""
+    top_ops: tuple[OpTime, ...] = ()
+    error: str = ""  # why there is no capture (the rank's answer)
+    frames: RankFrames | None = None  # its stack samples over the seconds the capture spans
+
+    def ops_text(self, n: int = TOP_OPS_SHOWN) -> str:
+        """ "aten::addmm 4.1 ms/step, c10d::allreduce_ 2.0 ms/step" (self time, CPU plus device)."""
+        result = CaptureResult(run_id="-", rank=self.rank, id=self.id, t=self.t, ok=self.ok, steps=self.steps,
+                               top_ops=self.top_ops)  # fmt: skip
+        _, rows = compare([result], n)
+        parts = []
+        for row in rows:
+            cells = [c for c in row[1:] if c != "N/A"]
+            parts.append(f"{row[0]} {' + '.join(cells)} ms/step")
+        return ", ".join(parts)
+
+    def text(self) -> str:
+        """One line: what the capture found, or why there is none."""
+        if not self.ok:
+            return f"profile of rank {self.rank} failed: {self.error}"
+        ops = self.ops_text() or "no operators"
+        places = [] if self.frames is None else [place.text() for place in self.frames.top[:2]]
+        where = f"; its thread {', '.join(places)}" if places else ""
+        return f"profile of rank {self.rank}, {self.steps} steps: {ops}{where}; trace {self.trace_path}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "id": self.id,
+            "t": self.t,
+            "ok": self.ok,
+            "steps": self.steps,
+            "wall_s": round(self.wall_s, 4),
+            "trace_path": self.trace_path,
+            "top_ops": [
+                {"name": op.name, "calls": op.calls, "self_cpu_s": op.self_cpu_s, "self_device_s": op.self_device_s}
+                for op in self.top_ops
+            ],
+            "error": self.error,
+            "frames": None if self.frames is None else self.frames.to_dict(),
+            "text": self.text(),
+        }
 
 
 @dataclass(frozen=True)
@@ -70,7 +175,7 @@ class Finding:
     # the measured phases with the culprit removed, and the step it is part of.
     cost_s: float | None = None
     step_s: float | None = None
-    # What that share of the run's GPUs (cores on a CPU run) comes to in device-hours (gputop.diagnose.waste).
+    # What that share of the run's GPUs (cores on a CPU run) comes to in device-hours (waste.with_waste).
     waste: Waste | None = None
     # The culprit rank's profile, taken when the finding had held for its alert time (gputop.diagnose.autocapture).
     capture: FindingCapture | None = None

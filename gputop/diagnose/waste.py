@@ -4,7 +4,7 @@ A finding's "fixing it: about 58 ms a step" is a share of every step; the run
 holds its devices for every step, so that share of them sits idle for the
 cause: ``devices x cost / step`` device-hours every hour the run goes on, and
 that rate times the hours so far.  One definition, carried on the finding
-(``Finding.waste``), so the dashboard, the report, the alerts and the exporter
+(``Finding.waste``, a ``Waste``), so the dashboard, the report, the alerts and the exporter
 all say the same number; only the price, a user's setting, is applied where
 it is shown.
 
@@ -18,58 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
 
-from gputop.diagnose.findings import Finding
+from gputop.diagnose.findings import Finding, Unit, Waste
 from gputop.model.figures import Figures, RunFigures, mean_gpu_util_pct
 from gputop.model.join import normalize_uuid
-
-Unit = Literal["GPU", "core"]
-
-
-@dataclass(frozen=True)
-class Waste:
-    """Device-hours a finding's cause idles: per hour of the run, and over the run so far."""
-
-    unit: Unit
-    devices: float  # what the run holds: GPUs, or busy cores
-    per_hour: float  # device-hours per hour
-    so_far: float  # device-hours over the run so far
-    # The energy that share of the run's GPUs draws, from NVML's power readings: kWh every hour; None
-    # on a CPU run or where no GPU of the run reports its power.
-    kwh_per_hour: float | None = None
-    kwh_so_far: float | None = None
-
-    def text(self, price_per_hour: float | None = None) -> str:
-        """ "wastes about 0.74 GPU-hours an hour (1.9 so far; 1.85 an hour at 2.50 per GPU-hour)".
-
-        ``price_per_hour`` is a GPU-hour's price (``--gpu-hour-price``): a CPU run's core-hours are not priced.
-        """
-        price_per_hour = price_per_hour if self.unit == "GPU" else None
-        unit = f"{self.unit}-hours"
-        out = f"wastes about {hours_text(self.per_hour)} {unit} an hour ({hours_text(self.so_far)} so far"
-        if price_per_hour is not None:
-            out += f"; {price_per_hour * self.per_hour:,.2f} an hour at {price_per_hour:,.2f} per {self.unit}-hour"
-        if self.kwh_per_hour is not None:
-            out += f"; {hours_text(self.kwh_per_hour)} kWh an hour"
-        return out + ")"
-
-    def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
-        price_per_hour = price_per_hour if self.unit == "GPU" else None
-        out: dict[str, Any] = {
-            "unit": self.unit,
-            "devices": round(self.devices, 2),
-            "per_hour": round(self.per_hour, 3),
-            "so_far": round(self.so_far, 3),
-        }
-        if self.kwh_per_hour is not None and self.kwh_so_far is not None:
-            out["kwh_per_hour"] = round(self.kwh_per_hour, 3)
-            out["kwh_so_far"] = round(self.kwh_so_far, 4)
-        if price_per_hour is not None:
-            out["price_per_hour"] = price_per_hour
-            out["money_per_hour"] = round(price_per_hour * self.per_hour, 2)
-            out["money_so_far"] = round(price_per_hour * self.so_far, 2)
-        return out
 
 
 @dataclass(frozen=True)
@@ -155,11 +107,6 @@ def run_gpu_power_w(figures: Figures, run: RunFigures) -> float | None:
                 if gpu.power_w is not None and (uuid := normalize_uuid(gpu.uuid)) in uuids:
                     readings.setdefault(uuid, []).append(gpu.power_w)
     return sum(sum(w) / len(w) for w in readings.values()) if readings else None
-
-
-def hours_text(hours: float) -> str:
-    """Device-hours in two figures, never in exponent form: 0.49, 2.3, 120."""
-    return f"{hours:.2g}" if hours < 100 else f"{hours:,.0f}"
 
 
 def with_waste(findings: list[Finding], machine: Figures) -> list[Finding]:

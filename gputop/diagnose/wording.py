@@ -1,4 +1,4 @@
-"""How findings read: rank lists and percentages in titles and evidence."""
+"""How findings read: rank lists, percentages and device-hours in titles and evidence."""
 
 from __future__ import annotations
 
@@ -31,3 +31,8 @@ def too_close_text(value: float, se: float | None, line: float, steps: int) -> s
 def pct(frac: float) -> float:
     """A fraction as a percentage, for evidence and titles."""
     return frac * 100.0
+
+
+def hours_text(hours: float) -> str:
+    """Device-hours in two figures, never in exponent form: 0.49, 2.3, 120."""
+    return f"{hours:.2g}" if hours < 100 else f"{hours:,.0f}"

@@ -16,7 +16,8 @@ from gputop.combine import OWN_PHASES
 from gputop.diagnose import Finding, diagnose
 from gputop.diagnose.autocapture import captures_in, with_captures
 from gputop.diagnose.thresholds import MIN_STEPS
-from gputop.diagnose.waste import hours_text, idle_gpus, run_gpu_util_pct
+from gputop.diagnose.waste import idle_gpus, run_gpu_util_pct
+from gputop.diagnose.wording import hours_text
 from gputop.model.collectives import collectives_text, size_text
 from gputop.model.figures import Figures, GputopCost, RankFigures, summarize
 from gputop.model.frames import span_frames

@@ -12,7 +12,7 @@ from gputop import report
 from gputop.cli import main
 from gputop.diagnose.alerts import Alert
 from gputop.diagnose.findings import Finding
-from gputop.diagnose.waste import hours_text
+from gputop.diagnose.wording import hours_text
 from gputop.export.metrics import families
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.samples import GpuSample

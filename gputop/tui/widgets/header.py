@@ -7,7 +7,7 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from gputop.diagnose.waste import hours_text
+from gputop.diagnose.wording import hours_text
 from gputop.tui.format import fmt_pct, fmt_rate, fmt_small_frac, fmt_uptime, fmt_us
 from gputop.tui.strips import Part, PartStyles, cells, draw
 from gputop.tui.view import DashboardView
