@@ -27,6 +27,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 
+from gputop.diagnose.details import StallDetails
 from gputop.diagnose.findings import Cause, Finding, FindingCapture, FindingKey
 from gputop.model.figures import Figures
 from gputop.model.frames import rank_frames
@@ -80,7 +81,7 @@ def culprit(finding: Finding) -> int | None:
 
 def capture_steps(finding: Finding) -> int:
     """A few steps; for a stall that comes every N steps, N+1 of them (one stop falls inside), up to a bound."""
-    period = finding.extra.get("period_steps") if finding.cause == "stall" else None
+    period = finding.details.period_steps if isinstance(finding.details, StallDetails) else None
     if isinstance(period, int) and period > 0:
         return max(CAPTURE_STEPS, min(period + 1, STALL_CAPTURE_MAX_STEPS))
     return CAPTURE_STEPS

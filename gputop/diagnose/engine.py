@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gputop.diagnose.details import StragglerDetails
 from gputop.diagnose.findings import CAUSES, Finding
 from gputop.diagnose.grading import fold_symptoms
 from gputop.diagnose.rules.allocation import allocation_findings
@@ -45,7 +46,7 @@ def diagnose(machine: Figures) -> list[Finding]:
         # A setting that makes the exchange itself costly (forty buckets of a few KiB) explains it before the step's
         # size does: more work per step would hide it, but the setting's fix removes it.
         config = model_config_findings(run)
-        explained = {cause for f in config for cause in f.extra.get("explains", ())}
+        explained = {cause for f in config for cause in f.explains}
         for parallelism in parallelism_findings(run, exchange_explained="communication" in explained):
             parallelism, run_findings = absorb_fixed_costs(parallelism, run_findings)
             run_findings.append(parallelism)
@@ -58,7 +59,7 @@ def diagnose(machine: Figures) -> list[Finding]:
     findings += data_parallel_findings(machine)
     allocation = allocation_findings(machine)
     findings = absorb_cpu_symptoms(findings + allocation, machine)
-    reported = {(str(f.extra.get("hostname", "")), g) for f in allocation for g in f.gpus}
+    reported = {(f.hostname or "", g) for f in allocation for g in f.gpus}
     findings += unobserved_findings(machine, gpus_already_reported=reported)
     return worst_first(with_waste(findings, machine))
 
@@ -88,7 +89,7 @@ def with_input_findings(findings: list[Finding], run: RunFigures, ranks_on_host:
 
 def is_loader_straggler(finding: Finding) -> bool:
     """A straggler finding whose slow rank's time goes to waiting for its own data."""
-    return finding.cause == "straggler" and finding.extra.get("phase") == "loader"
+    return isinstance(finding.details, StragglerDetails) and finding.details.phase == "loader"
 
 
 def worst_first(findings: Iterable[Finding]) -> list[Finding]:

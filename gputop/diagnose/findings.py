@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from gputop.diagnose.details import Details, StragglerDetails
 from gputop.diagnose.wording import hours_text
 from gputop.model.captures import compare
 from gputop.model.frames import RankFrames
@@ -167,7 +168,17 @@ class Finding:
     gpus: tuple[int, ...] = ()
     run_id: str | None = None
     doc: str = ""  # "docs/diagnosis.md#data_loading"
-    extra: dict[str, Any] = field(default_factory=dict)
+    # The host of the ranks it names in a multi-host run (rules.hosts), or of the CPUs or GPUs it is about;
+    # the exporter's Hostname label.
+    hostname: str | None = None
+    # The ranks that wait for the ones it names: a straggler's peers, a stall's or a hang's ranks held up by it.
+    waiting_ranks: tuple[int, ...] = ()
+    # Where the named ranks' training threads were (their stack samples), one per rank.
+    frames: tuple[RankFrames, ...] = ()
+    # The causes whose findings are this one's symptoms (a DDP setting's: communication), by declaration.
+    explains: tuple[Cause, ...] = ()
+    # What only its cause has: a straggler's phase, a stall's period, ... (gputop.diagnose.details).
+    details: Details | None = None
     # For ordering findings of one severity: the share of step time at stake
     # (0..1) where the rule measures one, else how far past its threshold.
     magnitude: float = 0.0
@@ -220,6 +231,7 @@ class Finding:
 
     def to_dict(self, price_per_hour: float | None = None) -> dict[str, Any]:
         """The finding as JSON: the report's and an alert command's; money where a price is given."""
+        straggler = self.details if isinstance(self.details, StragglerDetails) else None
         return {
             "cause": self.cause,
             "severity": self.severity,
@@ -235,12 +247,12 @@ class Finding:
             "worth": self.worth(price_per_hour),
             "waste": None if self.waste is None else self.waste.to_dict(price_per_hour),
             # Where the named ranks' training threads were (their stack samples), by rank: function, file, line.
-            "frames": {str(rank): frames for rank, frames in self.extra.get("frames", {}).items()},
+            "frames": {str(frames.rank): frames.to_dict() for frames in self.frames},
             # A straggler's step by step: how often each rank was the one the others waited for (gputop.model.slowest).
-            "slowest": self.extra.get("slowest"),
+            "slowest": None if straggler is None or straggler.slowest is None else straggler.slowest.to_dict(),
             # Where the others wait for a straggler: the kind of collective on its group, how much longer than the
             # straggler they wait in it a step, the culprit and its victims (stacks whose collectives the tap times).
-            "waited_in": self.extra.get("waited_in"),
+            "waited_in": None if straggler is None or straggler.waited_in is None else straggler.waited_in.to_dict(),
             # The culprit rank's profile (top operators, trace, its stack samples meanwhile); None: not taken.
             "capture": None if self.capture is None else self.capture.to_dict(),
         }

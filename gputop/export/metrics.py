@@ -254,7 +254,7 @@ def families(figures: Figures, findings: Sequence[Finding], *, gpu_hostname: str
     waste_series: dict[tuple[str, ...], float] = {}
     for f in findings:
         hosts = {host_of.get((f.run_id or "", rank), "") for rank in f.ranks}
-        host = f.extra.get("hostname") or (hosts.pop() if len(hosts) == 1 else "")
+        host = f.hostname or (hosts.pop() if len(hosts) == 1 else "")
         rank = str(f.ranks[0]) if len(f.ranks) == 1 else ""
         gpu = str(f.gpus[0]) if len(f.gpus) == 1 else ""
         finding_series[(f.cause, f.severity, f.run_id or "", str(host), rank, gpu)] = 1.0

@@ -18,7 +18,7 @@ import pytest
 
 from gputop import report
 from gputop.cli import parse_args
-from gputop.diagnose import Diagnoser, Evidence, Finding
+from gputop.diagnose import Cause, Diagnoser, Evidence, Finding
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import (
     CAPTURE_MIN_INTERVAL_S,
@@ -30,6 +30,7 @@ from gputop.diagnose.autocapture import (
     captured_for,
     culprit,
 )
+from gputop.diagnose.details import Details, StallDetails
 from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
 from gputop.model.figures import summarize
 from gputop.model.snapshot import RankView, Snapshot
@@ -160,10 +161,15 @@ class TestWhenAndHowOften:
         assert config_file.load() == {"theme": "textual-light", "auto_capture": False}
 
 
-def finding(cause: str, *, ranks: tuple[int, ...], evidence_rank: int | None = None, **extra: object) -> Finding:
+def finding(cause: Cause, *, ranks: tuple[int, ...], evidence_rank: int | None = None,
+            details: Details | None = None) -> Finding:  # fmt: skip
     evidence = (Evidence("x_pct", 50.0, 10.0, "%", rank=evidence_rank),)
     return Finding(cause=cause, severity="warn", title="t", suggestion="s", ranks=ranks, run_id="run",
-                   evidence=evidence, extra=dict(extra))  # fmt: skip
+                   evidence=evidence, details=details)  # fmt: skip
+
+
+def stall_every(period_steps: int | None) -> Finding:
+    return finding("stall", ranks=(0,), details=StallDetails(in_loader=False, period_steps=period_steps))
 
 
 class TestWhichRank:
@@ -175,10 +181,10 @@ class TestWhichRank:
         assert culprit(finding("straggler", ranks=(2,), evidence_rank=0)) == 2  # a waiting rank is not the culprit
 
     def test_a_stall_is_captured_over_one_period_up_to_a_bound(self) -> None:
-        assert capture_steps(finding("stall", ranks=(0,), period_steps=20)) == 21
-        assert capture_steps(finding("stall", ranks=(0,), period_steps=2)) == CAPTURE_STEPS
-        assert capture_steps(finding("stall", ranks=(0,), period_steps=500)) == STALL_CAPTURE_MAX_STEPS
-        assert capture_steps(finding("stall", ranks=(0,), period_steps=None)) == CAPTURE_STEPS
+        assert capture_steps(stall_every(20)) == 21
+        assert capture_steps(stall_every(2)) == CAPTURE_STEPS
+        assert capture_steps(stall_every(500)) == STALL_CAPTURE_MAX_STEPS
+        assert capture_steps(stall_every(None)) == CAPTURE_STEPS
 
     def test_a_hang_is_not_asked_and_a_rank_not_reporting_is_not_asked_yet(self) -> None:
         policy = AutoCapture()

@@ -52,9 +52,9 @@ def test_a_rank_that_blocks_is_named_hung_within_15_s_and_cleared_when_steps_res
         blocked = (JOBS / "ddp_job.py").read_text().splitlines().index(BLOCKED_LINE) + 1
         place = rf"rank 1 is in `main` \((tests/support/jobs/)?ddp_job\.py:{blocked}\), after the optimizer step"
         assert re.search(place, hang.title), hang.title
-        assert hang.extra["frames"][1]["now"]["line"] == blocked
+        assert hang.to_dict()["frames"]["1"]["now"]["line"] == blocked
         # Where it is names the culprit: rank 1, on the lock; rank 0 waits for it, silent or in the all-reduce.
-        assert hang.ranks == (1,) and hang.extra["waiting_ranks"] == [0], hang
+        assert hang.ranks == (1,) and hang.waiting_ranks == (0,), hang
 
         # The recorder is read 3 s after a rank's last step: the title then names who never joined.
         def flight_recorder_text() -> str:

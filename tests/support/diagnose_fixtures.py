@@ -15,6 +15,7 @@ from typing import Any
 
 from gputop.collect.store import Store
 from gputop.diagnose import Finding, diagnose
+from gputop.diagnose.details import StragglerDetails
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.samples import BusyProcess, GpuProcess, GpuReading, GpuSample, HostSample, ProcessReading
 from gputop.model.snapshot import Snapshot
@@ -268,3 +269,9 @@ CUDA_STRAGGLER = [
 def findings_of(snapshot: Snapshot, *, span_s: float = SPAN_S) -> list[Finding]:
     """What the rules find in the snapshot's figures over a span (by default the dashboard's)."""
     return diagnose(summarize(snapshot, span_s=span_s))
+
+
+def straggler_of(finding: Finding) -> StragglerDetails:
+    """A straggler finding's own details: its slow phase, whether it rotates, which rank was the slowest."""
+    assert isinstance(finding.details, StragglerDetails), finding
+    return finding.details

@@ -6,6 +6,7 @@ import pytest
 
 from gputop.collect.store import Store
 from gputop.diagnose import Finding, diagnose
+from gputop.diagnose.details import DataParallelDetails
 from gputop.model.figures import summarize
 from gputop.model.samples import GpuProcess, GpuSample
 from gputop.model.snapshot import Snapshot
@@ -33,7 +34,7 @@ def data_parallel_run(*, first_util: float, first_mem_gib: float, other_util: fl
 
 
 def dp_findings(snapshot: Snapshot) -> list[Finding]:
-    return [f for f in diagnose(summarize(snapshot)) if f.extra.get("rule") == "data_parallel"]
+    return [f for f in diagnose(summarize(snapshot)) if isinstance(f.details, DataParallelDetails)]
 
 
 def test_the_gpu_panel_shows_the_rank_under_each_of_its_gpus() -> None:

@@ -21,6 +21,7 @@ from tests.support.diagnose_fixtures import (
     gpu_reading,
     host_sample,
     make_snapshot,
+    straggler_of,
     two_ranks,
 )
 
@@ -181,7 +182,7 @@ class TestStraggler:
         assert finding.title.startswith(
             "rank 1 is slow: it takes 39% more of each step than the others, waiting for its data"
         )
-        assert finding.extra["phase"] == "loader"
+        assert straggler_of(finding).phase == "loader"
         assert by_cause(findings, "communication") == []  # rank 1 itself hardly waits
         assert by_cause(findings, "data_loading") == []  # one slow rank is not a run-wide input problem
 
@@ -215,11 +216,11 @@ class TestStraggler:
             RankSpec(rank=1, forward_frac=0.305, backward_frac=0.4, comm_frac=0.1, overlap_frac=0.05),
         ]
         finding = only(findings_of(make_snapshot(specs)), "straggler")
-        assert finding.extra["phase"] == "own", finding.title
+        assert straggler_of(finding).phase == "own", finding.title
         assert "more of each step than the others, spread over its phases" in finding.title
         assert "forward" not in finding.title
         specs[1] = RankSpec(rank=1, forward_frac=0.45, backward_frac=0.3, comm_frac=0.15, overlap_frac=0.05)
-        assert only(findings_of(make_snapshot(specs)), "straggler").extra["phase"] == "forward"
+        assert straggler_of(only(findings_of(make_snapshot(specs)), "straggler")).phase == "forward"
 
     @pytest.mark.parametrize(("swing", "severity"), [(0.0, "warn"), (0.08, "info")])
     def test_a_wait_near_the_line_is_decided_by_its_band(self, swing: float, severity: str) -> None:
@@ -256,7 +257,7 @@ class TestStraggler:
         finding = only(findings_of(make_snapshot(specs)), "straggler")
         assert finding.ranks == (2,)
         assert "it takes 30% more of each step than the others, in its backward pass" in finding.title
-        assert finding.extra["waiting_ranks"] == [0, 1, 3]
+        assert finding.waiting_ranks == (0, 1, 3)
         assert "CPU cores" in finding.suggestion and "GPU" not in finding.suggestion  # CPU ranks
 
     def test_a_slow_gpu_rank_is_pointed_at_its_gpu(self) -> None:
@@ -412,7 +413,7 @@ class TestParallelism:
                  replace(shape, rank=1, ready_extra_frac=(0.0, 0.2))]  # fmt: skip
         findings = findings_of(make_snapshot(specs, hello={"loader_batch_size": 16}))
         assert by_cause(findings, "parallelism") == [], findings
-        assert any(f.cause == "straggler" and f.extra.get("phase") == "rotating" for f in findings), findings
+        assert any(f.cause == "straggler" and straggler_of(f).rotating for f in findings), findings
 
     @pytest.mark.parametrize("batch", [16, 64])
     def test_an_exchange_that_would_stay_long_with_more_work_is_communication(self, batch: int) -> None:
@@ -726,7 +727,7 @@ class TestCpuContention:
         findings = findings_of(make_snapshot(specs, hello={"cpu_count": 2}))
         assert only(findings, "allocation").severity in ("warn", "critical")
         straggler = only(findings, "straggler")
-        assert straggler.extra["phase"] == "own" and straggler.severity == "info", straggler.title
+        assert straggler_of(straggler).phase == "own" and straggler.severity == "info", straggler.title
 
     def test_a_rank_doing_extra_work_stays_a_straggler_on_a_starved_host(self) -> None:
         # Both ranks wait 60% for a CPU; rank 1 also computes a metric outside the model (its "other" time):
@@ -738,7 +739,7 @@ class TestCpuContention:
         findings = findings_of(make_snapshot(specs, hello={"cpu_count": 2}))
         assert only(findings, "allocation").severity in ("warn", "critical")
         straggler = only(findings, "straggler")
-        assert straggler.extra["phase"] == "other" and straggler.severity != "info", straggler.title
+        assert straggler_of(straggler).phase == "other" and straggler.severity != "info", straggler.title
 
     def test_a_neighbour_below_half_a_core_is_named_but_not_the_cause(self) -> None:
         hog = BusyProcess(pid=4242, name="python", cpu_pct=40.0, user="alice")

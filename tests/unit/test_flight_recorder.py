@@ -163,7 +163,7 @@ def test_a_hang_names_the_rank_that_never_joined_the_newest_collective() -> None
     assert hang.title.endswith(
         "; Flight Recorder: rank 0 entered gloo:all_reduce #41, rank 1's last was gloo:all_reduce #40"
     ), hang.title
-    assert hang.extra["frames"][0]["collective"] == {"name": "gloo:all_reduce", "seq": 41, "state": "scheduled",
+    assert hang.to_dict()["frames"]["0"]["collective"] == {"name": "gloo:all_reduce", "seq": 41, "state": "scheduled",
                                                      "group": ""}  # fmt: skip
 
 

@@ -39,7 +39,7 @@ from gputop.protocol import (
 from gputop.report import render
 from tests.support.connections import KeptTransport, feed
 from tests.support.diagnose_fixtures import T0 as SPEC_T0
-from tests.support.diagnose_fixtures import RankSpec, make_snapshot
+from tests.support.diagnose_fixtures import RankSpec, make_snapshot, straggler_of
 from tests.support.frames import LOCK, METRIC, T0, hung_run, stacks, with_stacks
 
 
@@ -201,9 +201,9 @@ class TestFindingsNameThePlace:
         )
         # The rank on the lock is the hang; the one in the all-reduce waits for it (without stacks, both named).
         assert named.severity == plain.severity and plain.ranks == (0, 1)
-        assert named.ranks == (1,) and named.extra["waiting_ranks"] == [0]
-        assert named.extra["frames"][1]["now"]["function"] == "wait_for_lock"
-        assert plain.extra["frames"] == {}
+        assert named.ranks == (1,) and named.waiting_ranks == (0,)
+        assert named.to_dict()["frames"]["1"]["now"]["function"] == "wait_for_lock"
+        assert plain.frames == ()
 
     def test_without_ddp_a_backward_is_a_place_and_a_collective_is_a_wait(self) -> None:
         barrier = StackFrame("collective", "train.py", 80, "sync")
@@ -269,14 +269,14 @@ class TestFindingsNameThePlace:
         ]
         snapshot = make_snapshot(specs)
         plain = only(live(snapshot), "straggler")
-        assert plain.extra["phase"] == "other", plain.title
+        assert straggler_of(plain).phase == "other", plain.title
         named = only(live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=(METRIC,))]})), "straggler")
         head, _, tail = plain.title.partition("; the others wait")
         assert named.title == (
             head + "; it spends 38% of each step in `compute_metrics` (train.py:57), after the optimizer step"
             "; the others wait" + tail
         )
-        assert named.severity == plain.severity and named.extra["frames"][1]["top"][0]["share_pct"] == 38.0
+        assert named.severity == plain.severity and named.to_dict()["frames"]["1"]["top"][0]["share_pct"] == 38.0
 
     def test_work_the_others_do_not_do_is_named_when_their_slower_compute_hides_it(self) -> None:
         # Rank 1 computes a metric after each step (21 points more time outside the model than rank 0),
@@ -291,7 +291,7 @@ class TestFindingsNameThePlace:
         metric = SampledFrame("after_step", "train.py", 57, "compute_metrics", 20)
         few = SampledFrame("after_step", "train.py", 57, "compute_metrics", 2)
         named = only(live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=(metric,))]})), "straggler")
-        assert named.ranks == (1,) and named.severity == "info" and named.extra["phase"] == "other"
+        assert named.ranks == (1,) and named.severity == "info" and straggler_of(named).phase == "other"
         assert "it spends 20% of each step in `compute_metrics` (train.py:57), after the optimizer step" in named.title
         assert named.title.endswith(
             "the others wait for it 6% of each step, less than that work: their backward pass takes 15 ms more "
@@ -317,7 +317,7 @@ class TestFindingsNameThePlace:
             SampledFrame("after_step", "train.py", 93, "Metric.update", 4),
         )
         named = only(live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=split)]})), "straggler")
-        assert named.ranks == (1,) and named.extra["phase"] == "other"
+        assert named.ranks == (1,) and straggler_of(named).phase == "other"
         assert (
             "it spends 19% of each step after the optimizer step: 9% in `main` (train.py:119), "
             "6% in `<genexpr>` (train.py:96), 4% in `Metric.update` (train.py:93); the others wait"

@@ -305,7 +305,7 @@ def test_findings_about_another_hosts_gpu_name_the_host() -> None:
     store.add_gpu(GpuSample(t=0.5, unavailable="NVML unavailable: no driver"))  # a head node without GPUs
     findings = diagnose(summarize(store.snapshot(1.0)))
     (stranger,) = [f for f in findings if f.cause == "unobserved" and f.gpus]
-    assert stranger.title.startswith("node-a GPU 0: pid 300") and stranger.extra["hostname"] == "node-a"
+    assert stranger.title.startswith("node-a GPU 0: pid 300") and stranger.hostname == "node-a"
     assert not any(f.title.startswith("No GPU data") for f in findings)  # the nodes' GPUs are data
 
 

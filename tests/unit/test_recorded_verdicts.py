@@ -30,6 +30,7 @@ from gputop.diagnose.thresholds import RECOMPILE_WARN_FRAC
 from gputop.export.metrics import families
 from gputop.model.figures import Figures, summarize
 from gputop.model.snapshot import SPAN_COPY_WINDOWS, Snapshot
+from tests.support.diagnose_fixtures import straggler_of
 from tests.support.record_runs import BUSY_LOOP, path_of
 
 
@@ -133,7 +134,7 @@ def test_a_metric_after_the_optimizer_step_on_rank_1_is_a_straggler_outside_the_
     _, _, findings, summary = recorded("straggler_metric_after_step")
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (1,), summary
-    assert top.extra["phase"] == "other", summary
+    assert straggler_of(top).phase == "other", summary
     assert "outside loader, forward, backward, optimizer and comm" in top.title, summary
     assert "forward pass" not in top.title and "optimizer step takes" not in top.title, summary
     spends = re.search(r"; it spends \d+% of each step ([^;]*)", top.title)
@@ -153,8 +154,8 @@ def test_a_metric_on_a_rank_drawn_each_step_is_a_rotating_straggler_not_communic
     _, _, findings, summary = recorded("straggler_rotating")
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (), summary
-    assert top.extra["phase"] == "rotating" and top.title.startswith("the slowest rank rotates: rank "), summary
-    shares = {rank: float(share) for rank, share in top.extra["slowest"]["slowest_share"].items()}
+    assert straggler_of(top).rotating and top.title.startswith("the slowest rank rotates: rank "), summary
+    shares = {rank: float(share) for rank, share in top.to_dict()["slowest"]["slowest_share"].items()}
     assert set(shares) == {"0", "1"} and all(0.25 < share < 0.75 for share in shares.values()), summary
     assert all(f.severity == "info" for f in findings if f.cause == "communication"), summary
 
@@ -173,7 +174,7 @@ def test_work_between_the_forward_and_backward_on_rank_1_is_outside_the_model_no
     assert (slow.stats.backward_s or 1.0) < 0.020 and (slow.stats.other_s or 0.0) > 0.060, summary
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (1,), summary
-    assert top.extra["phase"] == "other", summary
+    assert straggler_of(top).phase == "other", summary
     assert "outside loader, forward, backward, optimizer and comm" in top.title, summary
     assert "backward pass" not in top.title, summary
     spends = re.search(r"; it spends \d+% of each step ([^;]*)", top.title)
@@ -194,7 +195,7 @@ def test_a_slow_optimizer_step_on_rank_1_is_named_as_the_phase_its_time_goes_to(
     assert optimizer_ms[1] > 25 and optimizer_ms[0] < 10, (optimizer_ms, summary)
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (1,), summary
-    assert top.extra["phase"] == "optimizer", summary
+    assert straggler_of(top).phase == "optimizer", summary
     assert "more of each step than the others, in its optimizer step" in top.title, summary
     assert "optimizer step takes longer than the others'" in top.suggestion, top.suggestion
     entry = {r["rank"]: r for r in report.build(figures, list(findings))["runs"][0]["ranks"]}
@@ -226,8 +227,8 @@ def test_a_checkpoint_every_10_steps_names_the_rank_that_stops_and_the_one_that_
     assert 14 <= count <= 30, summary
     assert count * stall_ms >= 0.95 * 14 * 400, summary  # the saves' 5.6 s are all in the stalls
     assert "outside the loader" in top.title, summary
-    assert "rank 1 waits for it" in top.title and top.extra["waiting_ranks"] == [1], summary
-    rotations = [f for f in findings if f.extra.get("phase") == "rotating" and f.severity != "info"]
+    assert "rank 1 waits for it" in top.title and top.waiting_ranks == (1,), summary
+    rotations = [f for f in findings if f.cause == "straggler" and straggler_of(f).rotating and f.severity != "info"]
     assert not rotations, summary
     assert all(f.severity == "info" for f in findings if f.cause in ("communication", "straggler")), summary
 
@@ -277,10 +278,10 @@ def test_an_fsdp2_rank_with_extra_work_each_step_is_named_the_straggler() -> Non
     assert "rank 1 is slow: it takes" in stragglers[0].title and "in `busy`" in stragglers[0].title, summary
     assert not any(f.cause == "straggler" and 0 in f.ranks for f in findings), summary
     # Step by step from each step's own work (issue #45: readiness read "the slowest in 2%"), and where rank 0 waits.
-    slowest = stragglers[0].extra["slowest"]
+    slowest = stragglers[0].to_dict()["slowest"]
     assert slowest["from"] == "work" and float(slowest["slowest_share"]["1"]) >= 0.8, summary
     assert "in all_gather on dp above all" in stragglers[0].title, summary
-    assert stragglers[0].extra["waited_in"]["victims"] == [0], summary
+    assert stragglers[0].to_dict()["waited_in"]["victims"] == [0], summary
 
 
 def test_a_healthy_fsdp2_job_names_no_rank_the_slowest_in_most_steps() -> None:
@@ -339,7 +340,7 @@ def test_each_demo_is_read_as_the_cause_it_reproduces(scenario: str, cause: str)
     if scenario == "straggler":  # named, with its own slow phase: only rank 1's input is slow
         assert top.ranks == (1,) and "waiting for its data" in top.title, summary
     if scenario == "rotating":  # a different rank each step: no one rank is blamed
-        assert top.ranks == () and top.extra["phase"] == "rotating", summary
+        assert top.ranks == () and straggler_of(top).rotating, summary
 
 
 def replay_live(name: str, *, alerts: AlertTracker | None = None, past_end_s: float = 0.0) -> Iterator[LiveUpdate]:

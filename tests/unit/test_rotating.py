@@ -6,7 +6,7 @@ import re
 
 from gputop.diagnose import Finding, diagnose
 from gputop.model.figures import summarize
-from tests.support.diagnose_fixtures import RankSpec, findings_of, make_snapshot
+from tests.support.diagnose_fixtures import RankSpec, findings_of, make_snapshot, straggler_of
 
 
 def only(findings: list[Finding], cause: str) -> Finding:
@@ -44,7 +44,7 @@ def test_a_rotation_of_batches_of_uneven_size_names_the_data_and_how_to_even_it(
     assert (top.cause, top.ranks) == ("straggler", ()), summary(findings)
     assert "the others wait for it 30% of each step" in top.title, top.title
     assert "the one that drew the largest batch (forward length follows input size, ρ = 1.00)" in top.title
-    assert "group_by_length" in top.suggestion and top.extra["slowest"]["input_driven"] == 1.0
+    assert "group_by_length" in top.suggestion and top.to_dict()["slowest"]["input_driven"] == 1.0
     unsized = [RankSpec(**{**vars(spec), "input_numel_per_frac": 0}) for spec in specs]
     plain = only(findings_of(make_snapshot(unsized)), "straggler")
     assert "largest batch" not in plain.title and "the others wait for it 10% of each step" in plain.title
@@ -59,9 +59,9 @@ def test_a_chronic_stragglers_finding_says_it_was_the_slowest_in_nearly_every_st
                  ready_frac=0.60),
     ]  # fmt: skip
     finding = only(findings_of(make_snapshot(specs)), "straggler")
-    assert finding.ranks == (1,) and finding.extra["phase"] == "loader"
+    assert finding.ranks == (1,) and straggler_of(finding).phase == "loader"
     assert re.search(r"; it was the slowest in 100% of the last \d+ steps$", finding.title), finding.title
-    assert finding.extra["slowest"]["one_rank"] == 1
+    assert finding.to_dict()["slowest"]["one_rank"] == 1
 
 
 def test_a_rotation_is_the_finding_and_the_exchange_its_symptom() -> None:
@@ -74,7 +74,7 @@ def test_a_rotation_is_the_finding_and_the_exchange_its_symptom() -> None:
     ), top.title
     assert "the others wait for it 35% of each step" in top.title and "it shows as communication" in top.title
     assert "No one rank is slow" in top.suggestion and "sequence lengths" in top.suggestion
-    assert top.extra["phase"] == "rotating" and top.extra["slowest"]["rotates"] is True
+    assert straggler_of(top).rotating and top.to_dict()["slowest"]["rotates"] is True
     communication = only(findings, "communication")
     assert communication.severity == "info" and "waiting for the slowest rank" in communication.title
 

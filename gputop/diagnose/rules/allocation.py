@@ -38,7 +38,7 @@ def allocation_findings(machine: Figures) -> list[Finding]:
 def cpu_findings(machine: Figures) -> list[Finding]:
     """Per host and run: the measured CPU wait, with the torch-thread count beside it; one finding each."""
     by_host = ranks_by_host(machine)
-    threads = {(f.extra["hostname"], f.run_id): f for f in oversubscription_findings(machine, by_host)}
+    threads = {(f.hostname, f.run_id): f for f in oversubscription_findings(machine, by_host)}
     findings = []
     for hostname, members in by_host.items():
         for run in {id(run): run for run, _ in members}.values():
@@ -102,7 +102,7 @@ def oversubscription_findings(
                     run_id=run.run_id,
                     doc=doc_anchor("allocation"),
                     magnitude=1 - cores / threads,
-                    extra={"hostname": hostname},
+                    hostname=hostname,
                 )
             )
     return findings
@@ -245,7 +245,7 @@ def gpu_finding(
         gpus=(gpu,),
         run_id=run_id,
         doc=doc_anchor("allocation"),
-        extra={"hostname": hostname} if hostname else {},
+        hostname=hostname or None,
     )
 
 

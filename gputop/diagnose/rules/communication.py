@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gputop.diagnose.details import CommunicationDetails
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import BAND_ERRORS, doc_anchor, grade_band, mean_step_s, measured
 from gputop.diagnose.thresholds import (
@@ -75,11 +76,9 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
             cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),
             step_s=mean_step_s(ranks),
-            extra={
-                "comm_hidden_frac": hidden_frac,
-                "nvlink_bytes_s": nvlink,
-                "collectives": [c.name for c in held_by],
-            },
+            details=CommunicationDetails(
+                hidden_frac=hidden_frac, nvlink_bytes_s=nvlink, collectives=tuple(c.name for c in held_by)
+            ),
         )
     ]
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gputop.diagnose.details import AllocationDetails, StragglerDetails
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, is_measured, mean_step_s
-from gputop.diagnose.rules.rotating import ROTATING
+from gputop.diagnose.rules.rotating import is_rotation
 from gputop.diagnose.thresholds import (
     CPU_DEMAND_OVER_CORES,
     CPU_STARVED_CRITICAL_FRAC,
@@ -282,13 +283,14 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
             ]
         ),
         step_s=mean_step_s(ranks),
-        extra={"hostname": hostname, "cpu_contention": True},
+        hostname=hostname,
+        details=AllocationDetails(cpu_contention=True),
     )
 
 
 def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Sequence[RankFigures] = ()) -> bool:
     """Whether CPU starvation explains a symptom finding on these (starved) ranks; ``everyone``: the run's ranks."""
-    if finding.cause == "straggler" and finding.extra.get("phase") == ROTATING:
+    if is_rotation(finding):
         # Names no rank: CPU taken by others slows whichever starved rank it lands on, a different one each time.
         return len(ranks) >= 2
     mine = [r for r in ranks if r.rank in finding.ranks]
@@ -299,7 +301,7 @@ def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Seque
     if finding.cause == "data_loading":  # starved workers; a sleeping or I/O-bound loader is not explained
         return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
     if finding.cause == "straggler":
-        phase = finding.extra.get("phase")
+        phase = finding.details.phase if isinstance(finding.details, StragglerDetails) else None
         if phase == "loader":
             return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
         if phase not in ("forward", "backward", "own"):
@@ -319,7 +321,7 @@ def absorb_cpu_symptoms(findings: list[Finding], machine: Figures) -> list[Findi
     """
     out = list(findings)
     for index, contention in enumerate(out):
-        if not contention.extra.get("cpu_contention"):
+        if not (isinstance(contention.details, AllocationDetails) and contention.details.cpu_contention):
             continue
         run = next((r for r in machine.runs if r.run_id == contention.run_id), None)
         if run is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from statistics import mean
 
+from gputop.diagnose.details import DataParallelDetails
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.model.figures import Figures, RankFigures
 from gputop.model.join import normalize_uuid, rank_gpu_uuids
@@ -77,5 +78,5 @@ def _rank_finding(rank: RankFigures, by_uuid: dict[str, GpuReading], util_of: di
         run_id=rank.run_id,
         doc=DOC,
         magnitude=max(e.value / e.threshold for e in evidence) - 1.0,
-        extra={"rule": "data_parallel"},
+        details=DataParallelDetails(first_gpu=first.index),
     )

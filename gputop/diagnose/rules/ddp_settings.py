@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gputop.diagnose.findings import Evidence, Severity
+from gputop.diagnose.findings import Cause, Evidence, Severity
 from gputop.diagnose.thresholds import (
     DDP_BIG_GRADIENT_BYTES,
     DDP_MANY_BUCKETS,
@@ -30,7 +30,7 @@ class Problem:
     evidence: Evidence
     what: str
     fix: str
-    explains: tuple[str, ...] = ()  # the symptom findings this setting causes (moved under model_config)
+    explains: tuple[Cause, ...] = ()  # the symptom findings this setting causes (moved under model_config)
 
 
 def ddp_problems(rank: RankFigures) -> list[Problem]:

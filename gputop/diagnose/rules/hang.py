@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from gputop.diagnose.details import HangDetails
 from gputop.diagnose.findings import Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
@@ -73,13 +74,9 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             run_id=run.run_id,
             doc=doc_anchor("hang"),
             magnitude=1.0,
-            extra={
-                "since_step": stops.since[0],
-                "busy_ranks": busy,
-                "lost_ranks": lost,
-                "waiting_ranks": sorted(set(ranks + lost) - set(named)),
-                "frames": {rank: f.to_dict() for rank, f in frames.items()},
-            },
+            waiting_ranks=tuple(sorted(set(ranks + lost) - set(named))),
+            frames=tuple(frames.values()),
+            details=HangDetails(since_step=stops.since[0], busy_ranks=tuple(busy), lost_ranks=tuple(lost)),
         )
     ]
 

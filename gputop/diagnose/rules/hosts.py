@@ -4,8 +4,8 @@ Post-processing of one run's findings, pure.  In a multi-host run the
 straggler rule can name every rank of one host (8 ranks on a node with a slower
 GPU, a throttled CPU or a busy NIC); that is one slow node, not 8 stragglers, and
 the fix is the node's, not each rank's.  Elsewhere a finding about ranks on one
-host says which host ("node-3 rank 25 is slow"), and carries ``hostname`` in
-``extra`` for the exporter's ``Hostname`` label.  A single-host run is left as it was.
+host says which host ("node-3 rank 25 is slow"), and carries it in ``hostname``
+for the exporter's ``Hostname`` label.  A single-host run is left as it was.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
+from gputop.diagnose.details import StragglerDetails
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import RunFigures
 
@@ -39,18 +40,17 @@ def with_hosts(findings: list[Finding], run: RunFigures) -> list[Finding]:
             out.append(finding)
             continue
         (host,) = on
-        extra = {**finding.extra, "hostname": host}
         whole_node = set(finding.ranks) == hosts[host] and len(hosts[host]) >= MIN_RANKS_FOR_A_NODE
-        if finding.cause == "straggler" and whole_node:
-            out.append(_slow_node(finding, host, len(hosts[host]), extra))
+        if isinstance(finding.details, StragglerDetails) and whole_node:
+            out.append(_slow_node(finding, finding.details, host, len(hosts[host])))
         elif finding.title.startswith("rank"):
-            out.append(replace(finding, title=f"{host} {finding.title}", extra=extra))
+            out.append(replace(finding, title=f"{host} {finding.title}", hostname=host))
         else:
-            out.append(replace(finding, extra=extra))
+            out.append(replace(finding, hostname=host))
     return out
 
 
-def _slow_node(finding: Finding, host: str, ranks: int, extra: dict[str, object]) -> Finding:
+def _slow_node(finding: Finding, details: StragglerDetails, host: str, ranks: int) -> Finding:
     # The straggler title reads "ranks 8-15 are slow: rank 9: <phase> ...; the others wait ...".
     detail = finding.title.split(": ", 1)[1] if ": " in finding.title else finding.title
     return replace(
@@ -61,5 +61,6 @@ def _slow_node(finding: Finding, host: str, ranks: int, extra: dict[str, object]
             f"network with another node's (nvidia-smi -q, top, ethtool), or leave it out of the job. "
             + finding.suggestion
         ),
-        extra={**extra, "slow_node": True},
+        hostname=host,
+        details=replace(details, slow_node=True),
     )

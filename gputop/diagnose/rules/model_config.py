@@ -60,7 +60,7 @@ def model_config_findings(run: RunFigures) -> list[Finding]:
             ranks=tuple(ranks),
             run_id=run.run_id,
             doc=doc_anchor("model_config"),
-            extra={"explains": sorted({cause for p in problems for cause in p.explains})},
+            explains=tuple(sorted({cause for p in problems for cause in p.explains})),
         )
     ]
 
@@ -75,7 +75,7 @@ def absorb_config_symptoms(findings: list[Finding]) -> list[Finding]:
     """
     out = list(findings)
     for index, config in enumerate(out):
-        explains = config.extra.get("explains") if config.cause == "model_config" else None
+        explains = config.explains if config.cause == "model_config" else ()
         if not explains:
             continue
         absorbed = [f for f in out if f.run_id == config.run_id and f.cause in explains and f.severity != "info"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from gputop.diagnose.details import ParallelismDetails
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_below, largest_cost, measured
 from gputop.diagnose.rules.rotating import step_pattern
@@ -159,7 +160,9 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
             doc=doc_anchor("parallelism"),
             magnitude=max(sign.magnitude for sign in signs),
             # The exchange's finding is this one's symptom where the steps are tiny (absorb_fixed_costs).
-            extra={"tiny_steps": tiny is not None or exchange is not None, "exchange_symptom": exchange is not None},
+            details=ParallelismDetails(
+                tiny_steps=tiny is not None or exchange is not None, exchange_symptom=exchange is not None
+            ),
         )
     ]
 
@@ -348,11 +351,12 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
     the same (more work per step).  They stay listed, as info, so nothing is
     hidden; their severity and evidence move to the parallelism finding.
     """
-    if not parallelism.extra.get("tiny_steps"):
+    signs = parallelism.details
+    if not isinstance(signs, ParallelismDetails) or not signs.tiny_steps:
         return parallelism, others
     # Steps short in themselves make every rank's jitter a large share too; an exchange that is long only
     # next to a short step says nothing of a slow rank, whose finding stays its own.
-    causes = ("communication",) if parallelism.extra.get("exchange_symptom") else ("communication", "straggler")
+    causes = ("communication",) if signs.exchange_symptom else ("communication", "straggler")
     absorbed = [f for f in others if f.cause in causes]
     if not absorbed:
         return parallelism, others
@@ -366,7 +370,7 @@ def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Fin
         magnitude=max([parallelism.magnitude, *(f.magnitude for f in absorbed)]),
         cost_s=largest_cost([parallelism, *absorbed]),
         step_s=parallelism.step_s or next((f.step_s for f in absorbed if f.step_s), None),
-        title=parallelism.title + ("" if parallelism.extra.get("exchange_symptom") else JITTER_TOO),
+        title=parallelism.title + ("" if signs.exchange_symptom else JITTER_TOO),
     )
     kept = [
         replace(f, severity="info", title=f.title + " (a symptom of tiny steps, see parallelism)")

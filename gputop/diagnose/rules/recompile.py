@@ -17,6 +17,7 @@ what compiling leaves (``stall_beyond_compiles``).
 
 from __future__ import annotations
 
+from gputop.diagnose.details import RecompileDetails
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, measured
 from gputop.diagnose.thresholds import RECOMPILE_CRITICAL_FRAC, RECOMPILE_MIN_COUNT, RECOMPILE_WARN_FRAC
@@ -81,7 +82,7 @@ def recompile_findings(run: RunFigures) -> list[Finding]:
             magnitude=frac,
             cost_s=frac * (stats.step_time_mean_s or 0.0),  # each recompile's time, spread over the steps
             step_s=stats.step_time_mean_s,
-            extra={"function": function, "reason": reason, "recompiles": count, "recompile_s_each": each_s},
+            details=RecompileDetails(function=function, reason=reason, recompiles=count, recompile_s_each=each_s),
         )
     ]
 

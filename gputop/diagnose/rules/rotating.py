@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gputop.diagnose.details import StragglerDetails
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_band
 from gputop.diagnose.thresholds import STRAGGLER_WAIT_CRITICAL_FRAC, STRAGGLER_WAIT_WARN_FRAC
@@ -22,7 +23,6 @@ from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.slowest import ONE_RANK_MIN_PART, SlowestRanks, slowest_ranks
 from gputop.model.statistics import median
 
-ROTATING = "rotating"  # the straggler finding's phase when no one rank is the slowest
 # The ranks a rotation's title names by their share; the rest are counted.
 NAMED_RANKS = 3
 
@@ -85,7 +85,7 @@ def rotating_findings(run: RunFigures, pattern: SlowestRanks | None) -> list[Fin
             magnitude=wait_frac,
             cost_s=pattern.waited_s,  # what the typical rank waits for the slowest, each step
             step_s=step_s,
-            extra={"phase": ROTATING, "slowest": pattern.to_dict()},
+            details=StragglerDetails(rotating=True, slowest=pattern),
         )
     ]
 
@@ -128,7 +128,7 @@ def absorb_rotation_symptoms(findings: list[Finding]) -> list[Finding]:
     """
     out = list(findings)
     for index, rotation in enumerate(out):
-        if rotation.cause != "straggler" or rotation.extra.get("phase") != ROTATING or rotation.severity == "info":
+        if not is_rotation(rotation) or rotation.severity == "info":
             continue  # a rotation too early or too close to call leaves the exchange to be judged on its own
         absorbed = [
             f
@@ -141,3 +141,8 @@ def absorb_rotation_symptoms(findings: list[Finding]) -> list[Finding]:
         if absorbed:
             out = fold_symptoms(out, index, absorbed, "mostly waiting for the slowest rank, see straggler")
     return out
+
+
+def is_rotation(finding: Finding) -> bool:
+    """A straggler finding that blames no one rank: a different one is the slowest from step to step."""
+    return isinstance(finding.details, StragglerDetails) and finding.details.rotating

@@ -20,6 +20,7 @@ place holds at least half the stall's share of the samples.
 
 from __future__ import annotations
 
+from gputop.diagnose.details import StallDetails
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, measured
 from gputop.diagnose.rules.recompile import stall_beyond_compiles
@@ -97,12 +98,9 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             magnitude=frac,
             cost_s=frac * (stats.step_time_mean_s or 0.0),  # each stall's excess, spread over the steps
             step_s=stats.step_time_mean_s,
-            extra={
-                "phase": "loader" if loader else "other",
-                "waiting_ranks": [r.rank for r in waiting],
-                "frames": {} if frames is None else {main.rank: frames.to_dict()},
-                "period_steps": stats.stall_period_steps,  # an automatic capture spans one period
-            },
+            waiting_ranks=tuple(r.rank for r in waiting),
+            frames=() if frames is None else (frames,),
+            details=StallDetails(in_loader=loader, period_steps=stats.stall_period_steps),
         )
     ]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gputop.combine import OWN_PHASES
+from gputop.diagnose.details import StragglerDetails, WaitedIn
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.grading import doc_anchor, grade_above, grade_band, measured
 from gputop.diagnose.rules.data_loading import loader_suggestion
@@ -38,7 +39,6 @@ from gputop.diagnose.thresholds import (
     STRAGGLER_WARMUP_S,
 )
 from gputop.diagnose.wording import pct, ranks_text, too_close_text
-from gputop.model.collectives import CollectiveFigures
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import span_frames
 from gputop.model.slowest import SlowestRanks
@@ -87,38 +87,11 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         magnitude=slow.wait_frac,
         cost_s=slow.wait_frac * (step or 0.0),  # what every other rank waits each step
         step_s=step,
-        extra={
-            "phase": phase.name,
-            "waiting_ranks": [r.rank for r in slow.waiting],
-            "frames": {} if frames is None else {worst.rank: frames.to_dict()},
-            "slowest": None if pattern is None else pattern.to_dict(),
-            "waited_in": None if where is None else where.to_dict(),
-        },
+        waiting_ranks=tuple(r.rank for r in slow.waiting),
+        frames=() if frames is None else (frames,),
+        details=StragglerDetails(phase=phase.name, slowest=pattern, waited_in=where),
     )
     return warming_up([finding], run_age_s)
-
-
-@dataclass(frozen=True)
-class WaitedIn:
-    """The collective where the others wait for the slow rank, and how much longer than it they wait there."""
-
-    collective: CollectiveFigures  # the waiting ranks' typical figures for it, a step
-    extra_s: float  # the waiting ranks' exposed time in it a step, less the slow rank's (the median over them)
-    culprit: int
-    victims: tuple[int, ...]
-
-    def text(self) -> str:
-        """'in all_gather on dp above all (21.3 ms a step more than rank 1)'."""
-        return f"in {self.collective.name} above all ({1e3 * self.extra_s:.1f} ms a step more than rank {self.culprit})"
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "kind": self.collective.kind,
-            "group": self.collective.group,
-            "extra_ms": round(1e3 * self.extra_s, 3),
-            "culprit": self.culprit,
-            "victims": list(self.victims),
-        }
 
 
 def waited_in(worst: RankFigures, waiting: list[RankFigures]) -> WaitedIn | None:
@@ -292,7 +265,8 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
             magnitude=gap,
             cost_s=gap * (worst.stats.step_time_mean_s or 0.0),
             step_s=worst.stats.step_time_mean_s,
-            extra={"phase": "loader", "waiting_ranks": [r.rank for r in ranks if r is not worst]},
+            waiting_ranks=tuple(r.rank for r in ranks if r is not worst),
+            details=StragglerDetails(phase="loader"),
         )
     ]
 

@@ -43,7 +43,7 @@ def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[t
                 gpus=(index,),
                 run_id=runs[0] if len(runs) == 1 else None,
                 doc=doc_anchor("unobserved"),
-                extra={"hostname": assignment.hostname} if assignment.hostname else {},
+                hostname=assignment.hostname or None,
             )
         )
     for run in machine.runs:
