@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from gputop.diagnose.details import Details, StragglerDetails
+from gputop.diagnose.details import DataParallelDetails, Details, StragglerDetails
 from gputop.diagnose.wording import hours_text
 from gputop.model.captures import compare
 from gputop.model.frames import RankFrames
@@ -30,6 +30,8 @@ SEVERITIES: tuple[Severity, ...] = get_args(Severity)  # worst last, so SEVERITI
 
 
 FindingKey = tuple[str | None, Cause, tuple[int, ...], tuple[int, ...]]
+
+DOC_PATH = "docs/diagnosis.md"
 
 TOP_OPS_SHOWN = 3  # operators a capture's one line names
 
@@ -167,7 +169,6 @@ class Finding:
     ranks: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
     run_id: str | None = None
-    doc: str = ""  # "docs/diagnosis.md#data_loading"
     # The host of the ranks it names in a multi-host run (rules.hosts), or of the CPUs or GPUs it is about;
     # the exporter's Hostname label.
     hostname: str | None = None
@@ -190,6 +191,11 @@ class Finding:
     waste: Waste | None = None
     # The culprit rank's profile, taken when the finding had held for its alert time (gputop.diagnose.autocapture).
     capture: FindingCapture | None = None
+
+    @property
+    def doc(self) -> str:
+        """Where docs/diagnosis.md explains it: its cause's section, or its rule's where one rule has its own."""
+        return doc_anchor("data_parallel" if isinstance(self.details, DataParallelDetails) else self.cause)
 
     @property
     def speedup(self) -> float | None:
@@ -256,3 +262,8 @@ class Finding:
             # The culprit rank's profile (top operators, trace, its stack samples meanwhile); None: not taken.
             "capture": None if self.capture is None else self.capture.to_dict(),
         }
+
+
+def doc_anchor(section: str) -> str:
+    """The section of docs/diagnosis.md named ``section``: a cause's ("data_loading"), or one rule's."""
+    return f"{DOC_PATH}#{section}"

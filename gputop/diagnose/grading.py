@@ -1,20 +1,13 @@
-"""When a figure counts as evidence, how it grades into a severity, and a finding's doc link."""
+"""When a figure counts as evidence, and how it grades into a severity."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gputop.diagnose.findings import SEVERITIES, Cause, Finding, Severity
+from gputop.diagnose.findings import SEVERITIES, Finding, Severity
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.model.figures import RankFigures, RunFigures
-
-DOC_PATH = "docs/diagnosis.md"
-
-
-def doc_anchor(cause: Cause) -> str:
-    """The section of docs/diagnosis.md that explains a cause."""
-    return f"{DOC_PATH}#{cause}"
 
 
 def is_measured(rank: RankFigures) -> bool:

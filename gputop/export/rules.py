@@ -45,8 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.diagnose.findings import Cause
-from gputop.diagnose.grading import doc_anchor
+from gputop.diagnose.findings import Cause, doc_anchor
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_CRITICAL_FRAC,
     EXPOSED_COMM_WARN_FRAC,

@@ -65,3 +65,5 @@ def test_a_skewed_first_gpu_suggests_ddp(first_util: float, first_mem_gib: float
     assert finding.severity == "warn" and finding.gpus == (0, 1, 2, 3) and finding.ranks == (0,)
     assert "DistributedDataParallel" in finding.suggestion and "--nproc_per_node=4" in finding.suggestion
     assert "GPU 0 gathers" in finding.title
+    # A model_config finding with a section of its own in docs/diagnosis.md.
+    assert finding.doc == "docs/diagnosis.md#data_parallel"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gputop.diagnose.findings import Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, grade_above
+from gputop.diagnose.grading import grade_above
 from gputop.diagnose.rules.cpu_contention import contention_finding, merge_contention
 from gputop.diagnose.thresholds import (
     HOST_CPU_BUSY_PCT,
@@ -100,7 +100,6 @@ def oversubscription_findings(
                     evidence=tuple(evidence),
                     ranks=tuple(ranks),
                     run_id=run.run_id,
-                    doc=doc_anchor("allocation"),
                     magnitude=1 - cores / threads,
                     hostname=hostname,
                 )
@@ -221,7 +220,6 @@ def idle_gpus_finding(idle: list[GpuAssignment], job_gpus: dict[str, list[GpuAss
         evidence=(Evidence("idle_gpus", len(indexes), 0),),
         gpus=tuple(indexes),
         run_id=owner,
-        doc=doc_anchor("allocation"),
     )
 
 
@@ -244,7 +242,6 @@ def gpu_finding(
         ranks=tuple(ranks),
         gpus=(gpu,),
         run_id=run_id,
-        doc=doc_anchor("allocation"),
         hostname=hostname or None,
     )
 

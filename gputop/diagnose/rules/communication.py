@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gputop.diagnose.details import CommunicationDetails
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import BAND_ERRORS, doc_anchor, grade_band, mean_step_s, measured
+from gputop.diagnose.grading import BAND_ERRORS, grade_band, mean_step_s, measured
 from gputop.diagnose.thresholds import (
     COLLECTIVE_NAMED_PART,
     COLLECTIVES_NAMED,
@@ -71,7 +71,6 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             evidence=evidence,
             ranks=tuple(sorted(r.rank for r in ranks)),
             run_id=run.run_id,
-            doc=doc_anchor("communication"),
             magnitude=mean,
             # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
             cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),

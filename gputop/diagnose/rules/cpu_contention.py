@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from gputop.diagnose.details import AllocationDetails, StragglerDetails
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, is_measured, mean_step_s
+from gputop.diagnose.grading import fold_symptoms, grade_above, is_measured, mean_step_s
 from gputop.diagnose.rules.rotating import is_rotation
 from gputop.diagnose.thresholds import (
     CPU_DEMAND_OVER_CORES,
@@ -272,7 +272,6 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
         evidence=tuple(contention_evidence(load, ranks, median_frac, threshold)),
         ranks=tuple(sorted(r.rank for r in ranks)),
         run_id=run_id,
-        doc=doc_anchor("allocation"),
         magnitude=median_frac,
         # The training thread's own wait for a CPU is step time lost outright.
         cost_s=median(

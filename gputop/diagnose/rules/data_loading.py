@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import BAND_ERRORS, doc_anchor, grade_band, mean_step_s, measured
+from gputop.diagnose.grading import BAND_ERRORS, grade_band, mean_step_s, measured
 from gputop.diagnose.thresholds import (
     CPU_STARVED_WARN_FRAC,
     LOADER_WAIT_CRITICAL_FRAC,
@@ -69,7 +69,6 @@ def data_loading_findings(
             evidence=tuple(evidence),
             ranks=tuple(sorted(r.rank for r in waiting)),
             run_id=run.run_id,
-            doc=doc_anchor("data_loading"),
             magnitude=mean_frac,
             cost_s=sum(r.stats.loader_wait_s or 0.0 for r in ranks) / len(ranks),
             step_s=mean_step_s(ranks),

@@ -26,7 +26,6 @@ from gputop.model.samples import GpuReading
 DP_UTIL_SKEW_PTS = 15.0
 DP_MEM_SKEW_RATIO = 1.25
 GIB = float(1 << 30)
-DOC = "docs/diagnosis.md#data_parallel"
 
 
 def data_parallel_findings(machine: Figures) -> list[Finding]:
@@ -76,7 +75,6 @@ def _rank_finding(rank: RankFigures, by_uuid: dict[str, GpuReading], util_of: di
         ranks=(rank.rank,),
         gpus=tuple(g.index for g in gpus),
         run_id=rank.run_id,
-        doc=DOC,
         magnitude=max(e.value / e.threshold for e in evidence) - 1.0,
         details=DataParallelDetails(first_gpu=first.index),
     )

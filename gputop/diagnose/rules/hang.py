@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from gputop.diagnose.details import HangDetails
 from gputop.diagnose.findings import Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
 from gputop.diagnose.wording import PLACES_NAMED, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -72,7 +71,6 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             evidence=(Evidence("seconds_without_a_step", stops.idle_s, stops.line_s, " s", op=">="),),
             ranks=tuple(named),
             run_id=run.run_id,
-            doc=doc_anchor("hang"),
             magnitude=1.0,
             waiting_ranks=tuple(sorted(set(ranks + lost) - set(named))),
             frames=tuple(frames.values()),

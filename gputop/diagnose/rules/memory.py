@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, grade_above, is_measured
+from gputop.diagnose.grading import grade_above, is_measured
 from gputop.diagnose.thresholds import (
     ALLOC_RETRIES_CRITICAL_PER_STEP,
     ALLOC_RETRIES_WARN,
@@ -109,7 +109,6 @@ def memory_findings(run: RunFigures) -> list[Finding]:
                 evidence=tuple(evidence),
                 ranks=tuple(ranks),
                 run_id=run.run_id,
-                doc=doc_anchor("memory"),
                 magnitude=peak_frac,
             )
         ]
@@ -152,6 +151,5 @@ def unused_memory_findings(run: RunFigures, cuda: list[RankFigures]) -> list[Fin
             evidence=(Evidence("mem_peak_pct", pct(top), pct(MEM_PEAK_UNUSED_FRAC), "%", op="<"),),
             ranks=tuple(r.rank for r in cuda),
             run_id=run.run_id,
-            doc=doc_anchor("memory"),
         )
     ]

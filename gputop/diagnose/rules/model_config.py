@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from gputop.diagnose.findings import Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, fold_symptoms
+from gputop.diagnose.grading import fold_symptoms
 from gputop.diagnose.rules.ddp_settings import Problem, ddp_problems
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
 from gputop.diagnose.wording import ranks_text
@@ -59,7 +59,6 @@ def model_config_findings(run: RunFigures) -> list[Finding]:
             evidence=tuple(p.evidence for p in problems),
             ranks=tuple(ranks),
             run_id=run.run_id,
-            doc=doc_anchor("model_config"),
             explains=tuple(sorted({cause for p in problems for cause in p.explains})),
         )
     ]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from gputop.diagnose.details import ParallelismDetails
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding, Severity
-from gputop.diagnose.grading import doc_anchor, grade_above, grade_below, largest_cost, measured
+from gputop.diagnose.grading import grade_above, grade_below, largest_cost, measured
 from gputop.diagnose.rules.rotating import step_pattern
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_CRITICAL_FRAC,
@@ -157,7 +157,6 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
             evidence=tuple(e for sign in signs for e in sign.evidence) + little,
             ranks=tuple(fired),
             run_id=run.run_id,
-            doc=doc_anchor("parallelism"),
             magnitude=max(sign.magnitude for sign in signs),
             # The exchange's finding is this one's symptom where the steps are tiny (absorb_fixed_costs).
             details=ParallelismDetails(

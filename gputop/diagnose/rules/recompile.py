@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gputop.diagnose.details import RecompileDetails
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, measured
+from gputop.diagnose.grading import grade_above, measured
 from gputop.diagnose.thresholds import RECOMPILE_CRITICAL_FRAC, RECOMPILE_MIN_COUNT, RECOMPILE_WARN_FRAC
 from gputop.diagnose.wording import pct, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -78,7 +78,6 @@ def recompile_findings(run: RunFigures) -> list[Finding]:
             evidence=tuple(evidence),
             ranks=tuple(sorted(r.rank for r in named)),
             run_id=run.run_id,
-            doc=doc_anchor("recompile"),
             magnitude=frac,
             cost_s=frac * (stats.step_time_mean_s or 0.0),  # each recompile's time, spread over the steps
             step_s=stats.step_time_mean_s,

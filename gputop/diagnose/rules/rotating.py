@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from gputop.diagnose.details import StragglerDetails
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_band
+from gputop.diagnose.grading import fold_symptoms, grade_band
 from gputop.diagnose.thresholds import STRAGGLER_WAIT_CRITICAL_FRAC, STRAGGLER_WAIT_WARN_FRAC
 from gputop.diagnose.wording import pct, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -81,7 +81,6 @@ def rotating_findings(run: RunFigures, pattern: SlowestRanks | None) -> list[Fin
             ),
             ranks=(),  # no one rank: a rank list that changed with the rotation would also restart the finding
             run_id=run.run_id,
-            doc=doc_anchor("straggler"),
             magnitude=wait_frac,
             cost_s=pattern.waited_s,  # what the typical rank waits for the slowest, each step
             step_s=step_s,

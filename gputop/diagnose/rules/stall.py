@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from gputop.diagnose.details import StallDetails
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, fold_symptoms, grade_above, measured
+from gputop.diagnose.grading import fold_symptoms, grade_above, measured
 from gputop.diagnose.rules.recompile import stall_beyond_compiles
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
@@ -94,7 +94,6 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             evidence=stall_evidence(main, threshold),
             ranks=tuple(sorted(r.rank for r in named)),
             run_id=run.run_id,
-            doc=doc_anchor("stall"),
             magnitude=frac,
             cost_s=frac * (stats.step_time_mean_s or 0.0),  # each stall's excess, spread over the steps
             step_s=stats.step_time_mean_s,

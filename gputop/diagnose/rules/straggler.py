@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from gputop.combine import OWN_PHASES
 from gputop.diagnose.details import StragglerDetails, WaitedIn
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor, grade_above, grade_band, measured
+from gputop.diagnose.grading import grade_above, grade_band, measured
 from gputop.diagnose.rules.data_loading import loader_suggestion
 from gputop.diagnose.rules.rotating import chronic_text, rotating_findings, step_pattern
 from gputop.diagnose.rules.slow_work import (
@@ -83,7 +83,6 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         evidence=straggler_evidence(slow, phase, others_share, severity),
         ranks=tuple(slow.ranks),
         run_id=run.run_id,
-        doc=doc_anchor("straggler"),
         magnitude=slow.wait_frac,
         cost_s=slow.wait_frac * (step or 0.0),  # what every other rank waits each step
         step_s=step,
@@ -261,7 +260,6 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
             ),
             ranks=(worst.rank,),
             run_id=run.run_id,
-            doc=doc_anchor("straggler"),
             magnitude=gap,
             cost_s=gap * (worst.stats.step_time_mean_s or 0.0),
             step_s=worst.stats.step_time_mean_s,

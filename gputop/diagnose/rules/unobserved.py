@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import doc_anchor
 from gputop.diagnose.rules.allocation import gpu_label, process_text
 from gputop.diagnose.thresholds import MIN_STEPS
 from gputop.diagnose.wording import ranks_text
@@ -42,7 +41,6 @@ def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[t
                 evidence=(Evidence("unreported_processes", len(assignment.unobserved), 0, gpu=index),),
                 gpus=(index,),
                 run_id=runs[0] if len(runs) == 1 else None,
-                doc=doc_anchor("unobserved"),
                 hostname=assignment.hostname or None,
             )
         )
@@ -87,5 +85,4 @@ def info(run_id: str | None, title: str, suggestion: str, *, ranks: Collection[i
         suggestion=suggestion,
         ranks=tuple(sorted(ranks)),
         run_id=run_id,
-        doc=doc_anchor("unobserved"),
     )
