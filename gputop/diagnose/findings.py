@@ -176,7 +176,8 @@ class Finding:
     waiting_ranks: tuple[int, ...] = ()
     # Where the named ranks' training threads were (their stack samples), one per rank.
     frames: tuple[RankFrames, ...] = ()
-    # The causes whose findings are this one's symptoms (a DDP setting's: communication), by declaration.
+    # The causes whose findings it explains, where the finding itself says so (gputop.diagnose.symptoms takes
+    # them in): a DDP setting's communication, or every rank's slow input its slow-input stragglers.
     explains: tuple[Cause, ...] = ()
     # What only its cause has: a straggler's phase, a stall's period, ... (gputop.diagnose.details).
     details: Details | None = None

@@ -10,7 +10,7 @@ and, where the dashboard samples that host, everyone else's busy processes.
 When the ranks are CPU-starved, the exposed communication of CPU (gloo) ranks,
 the loader wait of starved workers and a CPU rank that computes slower are
 symptoms, not causes: compressing gradients or adding workers would not help.
-``absorb_cpu_symptoms`` moves them under this finding.
+``contention_explains`` says which (a row of ``gputop.diagnose.symptoms``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from gputop.diagnose.details import AllocationDetails, StragglerDetails
 from gputop.diagnose.findings import SEVERITIES, Evidence, Finding
-from gputop.diagnose.grading import fold_symptoms, grade_above, is_measured, mean_step_s
+from gputop.diagnose.grading import grade_above, is_measured, mean_step_s
 from gputop.diagnose.rules.rotating import is_rotation
 from gputop.diagnose.thresholds import (
     CPU_DEMAND_OVER_CORES,
@@ -312,29 +312,21 @@ def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Seque
     return False
 
 
-def absorb_cpu_symptoms(findings: list[Finding], machine: Figures) -> list[Finding]:
-    """Fold the symptoms CPU contention explains into its allocation finding, as parallelism does for tiny steps.
+def has_cpu_contention(finding: Finding) -> bool:
+    """An allocation finding that measured its ranks waiting for a CPU (``contention_finding``)."""
+    return isinstance(finding.details, AllocationDetails) and finding.details.cpu_contention
 
-    The symptoms stay listed, as info, so nothing is hidden; their severity and
-    first evidence move to the allocation finding, whose fix is the one that helps.
+
+def contention_explains(contention: Finding, finding: Finding, machine: Figures) -> bool:
+    """A symptom of the run's CPU contention: its ranks' exchange, loader wait or slow compute (``cpu_explains``).
+
+    Compressing gradients or adding workers would not help: the fix that helps
+    is the allocation finding's.
     """
-    out = list(findings)
-    for index, contention in enumerate(out):
-        if not (isinstance(contention.details, AllocationDetails) and contention.details.cpu_contention):
-            continue
-        run = next((r for r in machine.runs if r.run_id == contention.run_id), None)
-        if run is None:
-            continue
-        ranks = [r for r in run.ranks if r.rank in contention.ranks]
-        absorbed = [
-            f
-            for f in out
-            if f.run_id == contention.run_id
-            and f.cause in ("communication", "data_loading", "straggler")
-            and f.severity != "info"
-            and cpu_explains(f, ranks, run.ranks)
-        ]
-        if not absorbed:
-            continue
-        out = fold_symptoms(out, index, absorbed, "a symptom of CPU contention, see allocation")
-    return out
+    run = next((r for r in machine.runs if r.run_id == contention.run_id), None)
+    if run is None:
+        return False
+    ranks = [r for r in run.ranks if r.rank in contention.ranks]
+    return (
+        finding.run_id == contention.run_id and finding.severity != "info" and cpu_explains(finding, ranks, run.ranks)
+    )

@@ -30,7 +30,7 @@ class Problem:
     evidence: Evidence
     what: str
     fix: str
-    explains: tuple[Cause, ...] = ()  # the symptom findings this setting causes (moved under model_config)
+    explains: tuple[Cause, ...] = ()  # the symptoms it causes, of those symptoms.EXPLAINS lets model_config take in
 
 
 def ddp_problems(rank: RankFigures) -> list[Problem]:

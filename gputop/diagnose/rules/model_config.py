@@ -12,7 +12,6 @@ import re
 from collections.abc import Sequence
 
 from gputop.diagnose.findings import Evidence, Finding, Severity
-from gputop.diagnose.grading import fold_symptoms
 from gputop.diagnose.rules.ddp_settings import Problem, ddp_problems
 from gputop.diagnose.thresholds import AMPERE_OR_NEWER_GPU_NAMES, TENSOR_CORE_GPU_NAMES
 from gputop.diagnose.wording import ranks_text
@@ -64,24 +63,14 @@ def model_config_findings(run: RunFigures) -> list[Finding]:
     ]
 
 
-def absorb_config_symptoms(findings: list[Finding]) -> list[Finding]:
-    """Move the findings a wasteful setting causes under it, as stalls and CPU contention do theirs.
+def setting_explains(config: Finding, finding: Finding) -> bool:
+    """A finding a wasteful setting causes: of a cause the setting explains, in its run, past its own line.
 
     Forty gradient buckets of a few KiB each pay an all-reduce's latency forty
     times: the exposed exchange that follows is the setting's cost, and its fix
-    (``bucket_cap_mb``), not compressing gradients, is what helps.  The symptom
-    stays listed, as info, with a pointer; its cost estimate becomes the setting's.
+    (``bucket_cap_mb``), not compressing gradients, is what helps.
     """
-    out = list(findings)
-    for index, config in enumerate(out):
-        explains = config.explains if config.cause == "model_config" else ()
-        if not explains:
-            continue
-        absorbed = [f for f in out if f.run_id == config.run_id and f.cause in explains and f.severity != "info"]
-        if not absorbed:
-            continue
-        out = fold_symptoms(out, index, absorbed, "a symptom of DDP's settings, see model_config")
-    return out
+    return finding.run_id == config.run_id and finding.cause in config.explains and finding.severity != "info"
 
 
 def gpu_name_of(rank: RankFigures) -> str | None:

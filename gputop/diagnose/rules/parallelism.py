@@ -30,6 +30,7 @@ over it (50 MB of gradients for a few ms of compute), communication is the cause
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gputop.diagnose.details import ParallelismDetails
@@ -158,7 +159,7 @@ def parallelism_findings(run: RunFigures, *, exchange_explained: bool = False) -
             ranks=tuple(fired),
             run_id=run.run_id,
             magnitude=max(sign.magnitude for sign in signs),
-            # The exchange's finding is this one's symptom where the steps are tiny (absorb_fixed_costs).
+            # The exchange's finding is this one's symptom where the steps are tiny (tiny_steps_explain).
             details=ParallelismDetails(
                 tiny_steps=tiny is not None or exchange is not None, exchange_symptom=exchange is not None
             ),
@@ -341,43 +342,50 @@ def exchange_sign(ranks: list[RankFigures], *, tiny_steps: bool) -> tuple[Sign |
 JITTER_TOO = "; the all-reduce and rank jitter add up to a large share"
 
 
-def absorb_fixed_costs(parallelism: Finding, others: list[Finding]) -> tuple[Finding, list[Finding]]:
-    """Fold communication and straggler findings of a tiny-step run into its parallelism finding.
+def has_tiny_steps(parallelism: Finding) -> bool:
+    """A parallelism finding whose steps are tiny (or whose exchange more work would hide): it explains fixed costs."""
+    return isinstance(parallelism.details, ParallelismDetails) and parallelism.details.tiny_steps
+
+
+def tiny_steps_explain(parallelism: Finding, finding: Finding) -> bool:
+    """A communication or straggler finding of a tiny-step run: a symptom of too little work per step.
 
     When steps last a few milliseconds at a small batch, the all-reduce's fixed
     latency and a millisecond of scheduling jitter on one rank are large shares
-    of the step: they are symptoms of too little work per step, and the fix is
-    the same (more work per step).  They stay listed, as info, so nothing is
-    hidden; their severity and evidence move to the parallelism finding.
+    of the step, and the fix is the same (more work per step), whatever their
+    grade.  Steps short in themselves make every rank's jitter a large share too;
+    an exchange that is long only next to a short step says nothing of a slow
+    rank, whose finding stays its own.
     """
-    signs = parallelism.details
-    if not isinstance(signs, ParallelismDetails) or not signs.tiny_steps:
-        return parallelism, others
-    # Steps short in themselves make every rank's jitter a large share too; an exchange that is long only
-    # next to a short step says nothing of a slow rank, whose finding stays its own.
-    causes = ("communication",) if signs.exchange_symptom else ("communication", "straggler")
-    absorbed = [f for f in others if f.cause in causes]
-    if not absorbed:
-        return parallelism, others
-    severity = max([parallelism.severity, *(f.severity for f in absorbed)], key=SEVERITIES.index)
+    if not isinstance(parallelism.details, ParallelismDetails) or finding.run_id != parallelism.run_id:
+        return False
+    causes = ("communication",) if parallelism.details.exchange_symptom else ("communication", "straggler")
+    return finding.cause in causes
+
+
+def fold_fixed_costs(findings: Sequence[Finding], index: int, symptoms: Sequence[Finding], note: str) -> list[Finding]:
+    """The findings with the parallelism finding at ``index`` taking in the fixed costs its tiny steps explain.
+
+    Like ``fold_symptoms``, but the evidence its signs already name is not
+    repeated, and its title adds that the all-reduce and rank jitter add up,
+    unless only the exchange was its symptom.  The symptoms stay listed, as
+    info, with ``note``, so nothing is hidden.
+    """
+    parallelism = findings[index]
+    exchange_only = isinstance(parallelism.details, ParallelismDetails) and parallelism.details.exchange_symptom
     named = {e.metric for e in parallelism.evidence}
-    evidence = parallelism.evidence + tuple(e for f in absorbed for e in f.evidence[:1] if e.metric not in named)
     merged = replace(
         parallelism,
-        severity=severity,
-        evidence=evidence,
-        magnitude=max([parallelism.magnitude, *(f.magnitude for f in absorbed)]),
-        cost_s=largest_cost([parallelism, *absorbed]),
-        step_s=parallelism.step_s or next((f.step_s for f in absorbed if f.step_s), None),
-        title=parallelism.title + ("" if signs.exchange_symptom else JITTER_TOO),
+        severity=max([parallelism.severity, *(f.severity for f in symptoms)], key=SEVERITIES.index),
+        evidence=parallelism.evidence + tuple(e for f in symptoms for e in f.evidence[:1] if e.metric not in named),
+        magnitude=max([parallelism.magnitude, *(f.magnitude for f in symptoms)]),
+        cost_s=largest_cost([parallelism, *symptoms]),
+        step_s=parallelism.step_s or next((f.step_s for f in symptoms if f.step_s), None),
+        title=parallelism.title + ("" if exchange_only else JITTER_TOO),
     )
-    kept = [
-        replace(f, severity="info", title=f.title + " (a symptom of tiny steps, see parallelism)")
-        if f in absorbed
-        else f
-        for f in others
-    ]
-    return merged, kept
+    out = [replace(f, severity="info", title=f"{f.title} ({note})") if f in symptoms else f for f in findings]
+    out[index] = merged
+    return out
 
 
 def parallelism_title(

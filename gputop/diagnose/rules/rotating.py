@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from gputop.diagnose.details import StragglerDetails
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import fold_symptoms, grade_band
+from gputop.diagnose.grading import grade_band
 from gputop.diagnose.thresholds import STRAGGLER_WAIT_CRITICAL_FRAC, STRAGGLER_WAIT_WARN_FRAC
 from gputop.diagnose.wording import pct, too_close_text
 from gputop.model.figures import RankFigures, RunFigures
@@ -118,28 +118,20 @@ UNEVEN_INPUTS_SUGGESTION = (
 )
 
 
-def absorb_rotation_symptoms(findings: list[Finding]) -> list[Finding]:
+def rotation_explains(rotation: Finding, communication: Finding) -> bool:
     """A rotation makes every rank wait in the exchange in turn: the communication that waiting explains is its symptom.
 
-    Communication is folded in when what remains of it, with the wait for the
+    Communication is its symptom when what remains of it, with the wait for the
     slowest rank taken out, is under its warn line, and the rotation itself is
-    called (not info: too early in a live run, or too close to its line).
+    called (not info: too early in a live run, or too close to its line, it
+    leaves the exchange to be judged on its own).
     """
-    out = list(findings)
-    for index, rotation in enumerate(out):
-        if not is_rotation(rotation) or rotation.severity == "info":
-            continue  # a rotation too early or too close to call leaves the exchange to be judged on its own
-        absorbed = [
-            f
-            for f in out
-            if f.run_id == rotation.run_id
-            and f.cause == "communication"
-            and f.severity != "info"
-            and f.magnitude - rotation.magnitude <= STRAGGLER_WAIT_WARN_FRAC
-        ]
-        if absorbed:
-            out = fold_symptoms(out, index, absorbed, "mostly waiting for the slowest rank, see straggler")
-    return out
+    return (
+        rotation.severity != "info"
+        and communication.run_id == rotation.run_id
+        and communication.severity != "info"
+        and communication.magnitude - rotation.magnitude <= STRAGGLER_WAIT_WARN_FRAC
+    )
 
 
 def is_rotation(finding: Finding) -> bool:

@@ -9,8 +9,9 @@ sampled, in a collective of the user's own (``dist.all_reduce(loss)``, a barrier
 
 A stall raises means too, so the exposed comm of the ranks that waited, a
 straggler's own time or the loader share can cross their lines because of it.
-``absorb_stall_symptoms`` moves those under the stall when what is left of
-them without the stall's share is below their warn line.
+Those are the stall's symptoms (``stall_explains``, a row of
+``gputop.diagnose.symptoms``) when what is left of them without the stall's
+share is below their warn line.
 
 Where the reporter samples the training thread's stack, a stall outside the
 loader names the place in the user's code that took the stopping rank's time
@@ -21,8 +22,8 @@ place holds at least half the stall's share of the samples.
 from __future__ import annotations
 
 from gputop.diagnose.details import StallDetails
-from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.grading import fold_symptoms, grade_above, measured
+from gputop.diagnose.findings import Cause, Evidence, Finding
+from gputop.diagnose.grading import grade_above, measured
 from gputop.diagnose.rules.recompile import stall_beyond_compiles
 from gputop.diagnose.thresholds import (
     EXPOSED_COMM_WARN_FRAC,
@@ -45,7 +46,7 @@ STALL_PLACE_MIN_PART = 0.5
 # Where a stall outside the loader can be: the user's code between the phases, or the optimizer's step.
 STALL_PLACES = OUTSIDE_PHASES | {"optimizer"}
 
-SYMPTOM_WARN_FRAC = {
+SYMPTOM_WARN_FRAC: dict[Cause, float] = {
     "communication": EXPOSED_COMM_WARN_FRAC,
     "straggler": STRAGGLER_WAIT_WARN_FRAC,
     "data_loading": LOADER_WAIT_WARN_FRAC,
@@ -196,21 +197,10 @@ def stall_suggestion(rank: RankFigures, *, loader: bool) -> str:
     )
 
 
-def absorb_stall_symptoms(findings: list[Finding]) -> list[Finding]:
-    """Move the findings a stall explains under it: kept, as info, with a pointer."""
-    out = list(findings)
-    for index, stall in enumerate(out):
-        if stall.cause != "stall":
-            continue
-        absorbed = [
-            f
-            for f in out
-            if f.run_id == stall.run_id
-            and f.cause in SYMPTOM_WARN_FRAC
-            and f.severity != "info"
-            and f.magnitude - stall.magnitude <= SYMPTOM_WARN_FRAC[f.cause]
-        ]
-        if not absorbed:
-            continue
-        out = fold_symptoms(out, index, absorbed, "mostly the stalls, see stall", name_them=False)
-    return out
+def stall_explains(stall: Finding, finding: Finding) -> bool:
+    """A finding of a ``SYMPTOM_WARN_FRAC`` cause in the stall's run, under its line without the stall's share."""
+    return (
+        finding.run_id == stall.run_id
+        and finding.severity != "info"
+        and finding.magnitude - stall.magnitude <= SYMPTOM_WARN_FRAC[finding.cause]
+    )

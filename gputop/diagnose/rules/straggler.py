@@ -211,6 +211,11 @@ def straggler_evidence(
     )
 
 
+def is_loader_straggler(finding: Finding) -> bool:
+    """A straggler finding whose slow rank's time goes to waiting for its own data."""
+    return isinstance(finding.details, StragglerDetails) and finding.details.phase == "loader"
+
+
 def warming_up(findings: list[Finding], run_age_s: float | None) -> list[Finding]:
     """In a live run's first ``STRAGGLER_WARMUP_S`` seconds nothing is said of a rank's speed, not even as info.
 
