@@ -106,7 +106,7 @@ class ParallelismDetails:
 class AllocationDetails:
     """An allocation finding that measured the ranks waiting for a CPU (rules.cpu_contention)."""
 
-    cpu_contention: bool  # it explains the symptoms a CPU shortage makes (absorb_cpu_symptoms)
+    cpu_contention: bool  # it explains the symptoms a CPU shortage makes (its row in symptoms.EXPLAINS)
 
 
 @dataclass(frozen=True)
