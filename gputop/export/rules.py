@@ -157,16 +157,6 @@ HANG = Alert(
     f"on every rank still reporting. Find the rank that is not in a collective: `py-spy dump`, or the stack "
     f"gputop shows for it.",
 )
-RANKS_LOST = Alert(
-    "GputopJobRanksLost",
-    "hang",
-    "count by (run) (gputop_rank_up == 0) > 0",
-    "1m",
-    "run {{ $labels.run }} lost {{ $value }} rank(s): gone without a bye",
-    "A rank that ends by itself, by SIGTERM or by an exception says bye (a cancelled job is no loss); one that "
-    "vanished (SIGKILL, the OOM killer, a node gone) did not, and the ranks left wait for it in their next "
-    "collective. Look at the lost ranks' hosts: the kernel log (dmesg) for the OOM killer, the scheduler's.",
-)
 LOADER = Alert(
     "GputopJobLoaderBound",
     "data_loading",
@@ -202,7 +192,6 @@ def alerts() -> list[dict[str, Any]]:
     return [
         *STRAGGLER.graded(STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC),
         HANG.rule("critical"),
-        RANKS_LOST.rule("critical"),
         *LOADER.graded(LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC),
         *COMMUNICATION.graded(EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC),
         STALL.rule("warning"),

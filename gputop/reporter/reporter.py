@@ -137,7 +137,7 @@ class Reporter(ReporterThread):
         self._facts.update(facts.torch_facts())
         self._refresh_hello()
         self._install_step_hook()
-        self.ending.install(self.shutdown)
+        self.ending.install()
         atexit.register(self.shutdown)
         try:  # multiprocessing children (mp.spawn) skip atexit but run these finalizers
             import multiprocessing.util

@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--stall-rank", type=int, default=0)
     parser.add_argument("--hang-at", type=int, default=0, help="rank 1 blocks on a lock after this step")
     parser.add_argument("--hang-s", type=float, default=20.0, help="for this long; then the job carries on")
+    parser.add_argument("--fail-at", type=int, default=0, help="rank 1 raises RuntimeError after this step")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True): none are unused")
     parser.add_argument("--transform-ms", type=float, default=0.0, help="CPU time each sample's transform burns")
@@ -163,6 +164,8 @@ def main() -> None:
         steps += 1
         if args.stall_every and steps % args.stall_every == 0 and dist.get_rank() == args.stall_rank:
             time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce
+        if args.fail_at and steps == args.fail_at and dist.get_rank() == 1:
+            raise RuntimeError(f"rank 1 fails at step {steps}")
         if args.hang_at and steps == args.hang_at and dist.get_rank() == 1:
             stuck = threading.Lock()  # a lock someone else holds
             stuck.acquire()
