@@ -34,6 +34,7 @@ from pydantic import Field
 
 from gputop import __version__
 from gputop.diagnose import Diagnoser
+from gputop.diagnose.findings import CAUSES
 from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
 from gputop.mcp import answers
 from gputop.model.snapshot import VIEW_HISTORY_WINDOWS
@@ -142,8 +143,7 @@ def build_server(live: LiveFindings, read_report: ReportReader, *, price_per_hou
     @server.tool(
         name="get_findings",
         description="The findings for a run, worst first: why its GPUs (or CPUs) sit idle now. Each finding has "
-        "its cause (straggler, data_loading, communication, stall, hang, parallelism, model_config, memory, "
-        "allocation, unobserved), severity, the ranks it is about, evidence (each number with the threshold "
+        f"its cause ({', '.join(CAUSES)}), severity, the ranks it is about, evidence (each number with the threshold "
         "it crossed), frames (where the named ranks' training threads were: function, file, line), cost "
         "(cost_ms_per_step, speedup_x, and waste in GPU-hours or core-hours) and suggestion: the fix to make.",
         annotations=reading,

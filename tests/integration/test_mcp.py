@@ -27,6 +27,7 @@ from mcp.types import CallToolResult
 from gputop.cli import main
 from gputop.cli.mcp import INSTALL_HINT, report_of
 from gputop.diagnose import Diagnoser
+from gputop.diagnose.findings import CAUSES
 from gputop.mcp import answers
 from gputop.mcp.server import LiveFindings, build_server
 from gputop.model.source import FixedSource
@@ -77,6 +78,7 @@ class TestTools:
             assert tool.annotations is not None
             assert tool.annotations.read_only_hint is (tool.name != "capture_profile"), tool.name
         assert "findings" in listed["get_findings"].description.lower()
+        assert all(cause in (listed["get_findings"].description or "") for cause in CAUSES)  # recompile too
         assert listed["get_rank"].input_schema["required"] == ["rank"]
         steps = listed["capture_profile"].input_schema["properties"]["steps"]
         assert steps["maximum"] == answers.MAX_CAPTURE_STEPS
