@@ -1,9 +1,10 @@
-"""The house keeps its rules readable: each rule function reads top to bottom on one screen."""
+"""The house: each rule function reads top to bottom on one screen, and the map in docs/architecture.md is true."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,57 @@ def test_every_name_a_benchmark_imports_from_gputop_is_there() -> None:
                 missing.append(f"{path.relative_to(BENCHMARKS.parent)}:{line}: {module_name}.{name}")
     assert len(files) > 20  # the benchmarks and their jobs are where this looks
     assert not missing, missing
+
+
+ROOT = BENCHMARKS.parent
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PATH_TOKEN = re.compile(r"^(?:gputop/|tests/|benchmarks/|docs/)?[\w/]+\.py$|^[\w]+/$")
+MODULE_TOKEN = re.compile(r"^gputop(?:\.\w+)+$")
+
+
+def named_in(doc: Path) -> set[str]:
+    """What a doc names in code spans: `gputop/model/sums.py`, `model/sums.py`, `gputop.model.figures`."""
+    return {token.strip() for token in re.findall(r"`([^`\n]+)`", doc.read_text(encoding="utf-8"))}
+
+
+def path_exists(token: str) -> bool:
+    """A file or folder named from the repository's root, or from inside gputop/ (``model/sums.py``), or a
+    file's bare name somewhere in the package (``clock.py``)."""
+    if (ROOT / token).exists() or (ROOT / "gputop" / token).exists():
+        return True
+    return "/" not in token.rstrip("/") and any((ROOT / "gputop").rglob(token.rstrip("/")))
+
+
+def module_exists(token: str) -> bool:
+    """A module of gputop, or a name bound in one (``gputop.address.resolve``)."""
+    parts = token.split(".")
+    for cut in range(len(parts), 1, -1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:cut]))
+        except ModuleNotFoundError:  # a name under a module that is no package: look shorter
+            continue
+        if spec is not None and spec.origin:
+            if cut == len(parts):
+                return True
+            return parts[cut] in set(module_level_names(ast.parse(Path(spec.origin).read_text("utf-8")).body))
+    return False
+
+
+def test_every_path_and_module_docs_architecture_names_exists() -> None:
+    """docs/architecture.md is the newcomer's map: a file, folder or module it names that is gone (a renamed
+    `live.py`) sends them looking for nothing."""
+    named = named_in(ARCHITECTURE)
+    paths = sorted(t for t in named if PATH_TOKEN.match(t) and not t.startswith(("torch/", "/")))
+    modules = sorted(t for t in named if MODULE_TOKEN.match(t))
+    assert len(paths) > 30 and len(modules) > 15  # the map is where this looks
+    missing = [t for t in paths if not path_exists(t)] + [t for t in modules if not module_exists(t)]
+    assert not missing, missing
+
+
+def test_every_setting_docs_architecture_names_is_one() -> None:
+    from gputop.settings import SETTINGS
+
+    names = {s.env for s in SETTINGS}
+    named = {t.split("=")[0] for t in named_in(ARCHITECTURE) if re.fullmatch(r"GPUTOP_[A-Z_]+(=\S*)?", t)}
+    assert named, "the map names no setting"
+    assert named <= names, sorted(named - names)
