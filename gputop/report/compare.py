@@ -123,32 +123,7 @@ def compare_runs(
             "band_pct": round(100 * relative, 1),
             "beyond_noise": abs(ratio - 1.0) > relative,
         }
-    # A phase one recording times and the other does not (the optimizer's, from an older reporter) would
-    # seem to leave "outside the phases" in the one that times it: both read it inside the rest instead.
-    folded = [
-        seconds
-        for name, seconds in OPTIONAL.items()
-        if any(getattr(r.stats, seconds) is None for r in (*before.ranks, *after.ranks))
-    ]
-
-    def outside(rank: RankFigures) -> float | None:
-        other = rank.stats.other_s
-        return None if other is None else other + sum(getattr(rank.stats, s) or 0.0 for s in folded)
-
-    compared = [
-        (name, unit, outside if name == "outside the phases" else read)
-        for name, unit, read in PHASES
-        if OPTIONAL.get(name) not in folded
-    ]
-    phases = [
-        {
-            "phase": name,
-            "unit": unit,
-            "before": _shown(_mean([read(r) for r in before.ranks]), unit),
-            "after": _shown(_mean([read(r) for r in after.ranks]), unit),
-        }
-        for name, unit, read in compared
-    ]
+    phases = compare_phases(before, after)
     after_by_rank = {r.rank: r for r in after.ranks}
     ranks = [
         {
@@ -173,6 +148,36 @@ def compare_runs(
         },
         "headline": headline(speed, phases, was, now),
     }
+
+
+def compare_phases(before: RunFigures, after: RunFigures) -> list[dict[str, Any]]:
+    """Each phase's mean over the ranks, before and after, in its unit (a share of the step, or ms a step)."""
+    # A phase one recording times and the other does not (the optimizer's, from an older reporter) would
+    # seem to leave "outside the phases" in the one that times it: both read it inside the rest instead.
+    folded = [
+        seconds
+        for name, seconds in OPTIONAL.items()
+        if any(getattr(r.stats, seconds) is None for r in (*before.ranks, *after.ranks))
+    ]
+
+    def outside(rank: RankFigures) -> float | None:
+        other = rank.stats.other_s
+        return None if other is None else other + sum(getattr(rank.stats, s) or 0.0 for s in folded)
+
+    compared = [
+        (name, unit, outside if name == "outside the phases" else read)
+        for name, unit, read in PHASES
+        if OPTIONAL.get(name) not in folded
+    ]
+    return [
+        {
+            "phase": name,
+            "unit": unit,
+            "before": _shown(_mean([read(r) for r in before.ranks]), unit),
+            "after": _shown(_mean([read(r) for r in after.ranks]), unit),
+        }
+        for name, unit, read in compared
+    ]
 
 
 def _exposed_ms(run: RunFigures) -> dict[str, float]:
