@@ -234,13 +234,7 @@ def summarize(
     if spans is not None and spans.span_s != span_s:
         raise ValueError(f"the spans kept cover {spans.span_s} s, not {span_s}")
     assignments = tuple(join_ranks_to_gpus(snapshot))
-    gpu_of: dict[tuple[str, int], GpuReading] = {}
-    for a in assignments:
-        for view in a.ranks:
-            # A DataParallel rank is on several GPUs: its figures are its own device's (where outputs gather).
-            own = normalize_uuid(a.gpu.uuid) == normalize_uuid(view.hello.device_uuid)
-            if own or (view.run_id, view.rank) not in gpu_of:
-                gpu_of[(view.run_id, view.rank)] = a.gpu
+    gpu_of = _gpu_of_each_rank(assignments)
     since_t = None if span_s is None else snapshot.t - span_s
     util = mean_gpu_util_pct(snapshot.gpu_samples(), since_t=since_t)  # every host's GPUs, keyed by UUID
     runs = []
@@ -276,6 +270,18 @@ def summarize(
         gpu_util_pct=util,
         dashboard_cpu_pct=own_cpu,
     )
+
+
+def _gpu_of_each_rank(assignments: Sequence[GpuAssignment]) -> dict[tuple[str, int], GpuReading]:
+    """Each rank's GPU by (run, rank): a DataParallel rank, on several, gets its own device's (where outputs
+    gather)."""
+    gpu_of: dict[tuple[str, int], GpuReading] = {}
+    for a in assignments:
+        for view in a.ranks:
+            own = normalize_uuid(a.gpu.uuid) == normalize_uuid(view.hello.device_uuid)
+            if own or (view.run_id, view.rank) not in gpu_of:
+                gpu_of[(view.run_id, view.rank)] = a.gpu
+    return gpu_of
 
 
 def mean_gpu_util_pct(

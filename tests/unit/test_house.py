@@ -143,7 +143,6 @@ STILL_LONG = {
     "collect/store.py:snapshot": 63,
     "demos/train.py:main": 61,
     "mcp/server.py:build_server": 115,
-    "model/figures.py:summarize": 61,
     "model/sums.py:stats": 109,
     "reporter/flops.py:_counting_mode_class": 112,
     "reporter/window.py:step_fields": 73,
