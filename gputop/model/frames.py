@@ -145,7 +145,10 @@ def collective_dict(collective: Collective) -> dict[str, Any]:
 
 
 def collective_text(collective: Collective) -> str:
-    """ "gloo:all_reduce #41" (the process group's sequence number)."""
+    """ "gloo:all_reduce #41" (the process group's sequence number); "collective #41 on default_pg" where only
+    the group's count is known (no Flight Recorder)."""
+    if not collective.name:
+        return f"collective #{collective.seq}" + (f" on {collective.group}" if collective.group else "")
     return f"{collective.name} #{collective.seq}"
 
 

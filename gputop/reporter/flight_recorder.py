@@ -17,6 +17,7 @@ watchdog itself calls from its thread.  gputop never turns the recorder on.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -90,3 +91,26 @@ class FlightRecorderReader:
             self._next_s = now_s + READ_EVERY_S
             self.last = last_entered(json.loads(self._dump()))
         return self.last
+
+
+ISSUED = "issued"  # the state of a collective known by the process group's own count, not the recorder's entries
+
+
+def issued_on_default_group(since_step_s: float | None) -> Collective | None:
+    """Without the recorder: while no step has finished for ``STUCK_AFTER_S``, the default process group's own
+    count of the collectives this rank has issued (issue #48).  torch numbers every collective of a group, those
+    DDP issues from C++ and barriers included, the same on every rank that issues them: a rank whose count is
+    behind the others' never issued their newest one.  No kind (the count has none), no dump, one call.
+    None while stepping, without a process group, or where this torch has no count."""
+    if since_step_s is None or since_step_s < STUCK_AFTER_S:
+        return None
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return None
+    try:
+        if not c10d.is_initialized():
+            return None
+        group = c10d._get_default_group()
+        return Collective(name="", seq=int(group._get_sequence_number_for_group()), state=ISSUED, group="default_pg")
+    except Exception:
+        return None

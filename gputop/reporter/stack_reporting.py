@@ -109,12 +109,13 @@ class StackReporting:
             self._report_error("stacks_hz", ValueError(self._complaint))
 
     def _last_collective(self, now_s: float) -> Collective | None:
-        """The Flight Recorder's last entered collective while no step finishes; None otherwise, or on failure."""
-        if self._flight is None:
-            return None
-        try:
-            return self._flight.read_if_stuck(now_s, self._clock.since_mark_s())
-        except Exception as exc:  # a torch without the dump, a malformed one: read no more
-            self._flight = None
-            self._report_error("flight_recorder", exc)
-            return None
+        """While no step finishes: the Flight Recorder's last entered collective where the user turned it on, else
+        the default process group's count of the collectives issued; None while stepping, or on failure."""
+        since_step_s = self._clock.since_mark_s()
+        if self._flight is not None:
+            try:
+                return self._flight.read_if_stuck(now_s, since_step_s)
+            except Exception as exc:  # a torch without the dump, a malformed one: read no more
+                self._flight = None
+                self._report_error("flight_recorder", exc)
+        return flight_recorder.issued_on_default_group(since_step_s)

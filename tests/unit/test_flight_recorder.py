@@ -181,3 +181,39 @@ def test_a_hang_names_the_rank_that_never_joined_the_newest_collective() -> None
 def test_the_title_claims_only_what_the_ranks_that_could_say_said(entered: dict[int, int], said: str) -> None:
     collectives = {rank: Collective("gloo:all_reduce", seq, "scheduled") for rank, seq in entered.items()}
     assert flight_recorder_text(collectives) == said
+
+
+# -- without the recorder: the process group's own count (issue #48) ------------------------------------------
+
+
+def test_without_the_recorder_the_title_numbers_the_collective_each_rank_issued_last() -> None:
+    """torch numbers every collective of a group on every rank: a rank whose count is behind never issued the
+    newest one, whatever issued it (DDP's C++ all-reduce, a barrier, the script)."""
+    counted = {rank: Collective("", seq, flight_recorder.ISSUED, "default_pg") for rank, seq in {0: 41, 1: 40}.items()}
+    assert flight_recorder_text(counted) == (
+        "rank 0 entered collective #41 on default_pg, rank 1's last was collective #40 on default_pg"
+    )
+    assert flight_recorder_text({1: counted[1]}) == "rank 1's last was collective #40 on default_pg"  # rank 0 silent
+
+
+def test_the_default_groups_count_is_read_only_while_stuck(tmp_path: Any) -> None:
+    """A one-rank gloo group after three all-reduces, a broadcast and a barrier: its count is 5, the number of
+    the last it issued; read only once no step has finished for STUCK_AFTER_S."""
+    import torch
+    import torch.distributed as dist
+
+    assert flight_recorder.issued_on_default_group(60.0) is None  # no process group yet
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined, unused-ignore]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        tensor = torch.ones(3)
+        for _ in range(3):
+            dist.all_reduce(tensor)
+        dist.broadcast(tensor, 0)
+        dist.barrier()
+        stuck = flight_recorder.STUCK_AFTER_S + 1
+        assert flight_recorder.issued_on_default_group(stuck) == Collective("", 5, "issued", "default_pg")
+        assert flight_recorder.issued_on_default_group(flight_recorder.STUCK_AFTER_S - 1) is None  # stepping
+        assert flight_recorder.issued_on_default_group(None) is None  # before the first step
+    finally:
+        dist.destroy_process_group()

@@ -214,10 +214,12 @@ def flight_recorder_text(entered: dict[int, Collective]) -> str:
     newest = max(entered.values(), key=lambda c: c.seq)
     joined = sorted(rank for rank, c in entered.items() if c.seq == newest.seq)
     behind = sorted((rank, c) for rank, c in entered.items() if c.seq != newest.seq)
+    # The recorder's entries name the collective; the process group's count only numbers it.
+    source = "Flight Recorder: " if any(c.name for c in entered.values()) else ""
     if not behind:
-        verb = "'s last collective was" if len(joined) == 1 else " last entered"
-        return f"Flight Recorder: {ranks_text(joined)}{verb} {collective_text(newest)}"
-    text = f"Flight Recorder: {ranks_text(joined)} entered {collective_text(newest)}"
+        verb = ("'s last collective was" if source else "'s last was") if len(joined) == 1 else " last entered"
+        return f"{source}{ranks_text(joined)}{verb} {collective_text(newest)}"
+    text = f"{source}{ranks_text(joined)} entered {collective_text(newest)}"
     return text + ", " + ", ".join(f"rank {rank}'s last was {collective_text(c)}" for rank, c in behind)
 
 
