@@ -199,7 +199,7 @@ def test_without_the_recorder_the_title_numbers_the_collective_each_rank_issued_
 def test_the_default_groups_count_is_read_only_while_stuck(tmp_path: Any) -> None:
     """A one-rank gloo group after three all-reduces, a broadcast and a barrier: its count is 5, the number of
     the last it issued; read only once no step has finished for STUCK_AFTER_S."""
-    import torch
+    torch = pytest.importorskip("torch")  # the fast tier's floors run without it
     import torch.distributed as dist
 
     assert flight_recorder.issued_on_default_group(60.0) is None  # no process group yet
