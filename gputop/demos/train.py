@@ -100,12 +100,16 @@ def build_model(s: Scenario) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="healthy")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: run until stopped)")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not leave_with_the_demo():
         return LEFT_WITH_THE_DEMO
     # Sized to the machine as `gputop demo` said it would be: the same function, the same inputs.
