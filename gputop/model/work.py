@@ -49,9 +49,15 @@ def work_text(entry: dict[str, Any]) -> str:
     return text
 
 
+def si_parts(flops: float) -> tuple[str, str]:
+    """A count of FLOPs in three figures and its SI prefix: ("1.23", "G"), ("512", "")."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.3g}", prefix
+    return f"{flops:.0f}", ""
+
+
 def flops_text(flops: float) -> str:
     """FLOPs the way a person reads them: "512 FLOP", "3.4 MFLOP", "1.23 GFLOP", "4.5 TFLOP"."""
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if flops >= scale:
-            return f"{flops / scale:.3g} {unit}"
-    return f"{flops:.0f} FLOP"
+    value, prefix = si_parts(flops)
+    return f"{value} {prefix}FLOP"

@@ -20,7 +20,7 @@ from gputop.diagnose.thresholds import (
 )
 from gputop.fleet.node import NodeFinding, NodeGpu, NodeRank
 from gputop.fleet.query import CollectiveWait, FiringAlert, FleetRun, SlowRank
-from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_rate, fmt_s
+from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_mfu, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
 
 RUN_COLUMNS = ("run", "ranks", "step p50", "steps/s", "loader", "comm", "MFU", "idle GPU-h/h", "worst alert")
@@ -66,7 +66,7 @@ def run_cells(run: FleetRun, palette: Palette) -> list[Text]:
         _cell(fmt_rate(run.steps_per_s)),
         _loader(run.loader_wait, palette),
         _comm(run.exposed_comm, palette),
-        _cell(NA if run.mfu is None else f"{run.mfu:.1%}" if run.mfu < 0.1 else f"{run.mfu:.0%}"),
+        _cell(fmt_mfu(run.mfu)),
         _cell(idle),
         _cell(f"{worst.state} {worst.severity} {worst.cause}", alert_style(worst, palette))
         if worst is not None

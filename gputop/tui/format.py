@@ -6,6 +6,8 @@ screen and the tests agree on "14.2ms" and "N/A".
 
 from __future__ import annotations
 
+from gputop.model.work import si_parts
+
 NA = "N/A"
 GIB = 1024**3
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -56,12 +58,15 @@ def fmt_bytes(n_bytes: int | float | None) -> str:
 
 def fmt_flops(flops: float | None) -> str:
     """FLOPs in three figures and an SI prefix: "79.7M", "11.1G", "6.13T"; N/A when not counted."""
-    if flops is None:
+    return NA if flops is None else "".join(si_parts(flops))
+
+
+def fmt_mfu(mfu: float | None) -> str:
+    """MFU as a percentage with one decimal under 10% ("2.4%"), none above ("41%"); N/A where not counted."""
+    if mfu is None:
         return NA
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if flops >= scale:
-            return f"{flops / scale:.3g}{prefix}"
-    return f"{flops:.0f}"
+    pct = 100.0 * mfu
+    return f"{pct:.1f}%" if pct < 9.95 else f"{pct:.0f}%"
 
 
 def fmt_rate(per_s: float | None) -> str:

@@ -108,8 +108,8 @@ def compute_mfu(rank: RankFigures) -> float | None:
 
 def little_work_evidence(ranks: list[RankFigures]) -> Evidence:
     """The rank whose compute reaches the least of its device's peak, as evidence of how little work a step is."""
-    least = min((r for r in ranks if compute_mfu(r) is not None), key=lambda r: compute_mfu(r) or 0.0)
-    return Evidence("mfu_pct", pct(compute_mfu(least) or 0.0), pct(WORK_LITTLE_MFU), "%", op="<", rank=least.rank)
+    mfu, least = min(((x, r.rank) for r in ranks if (x := compute_mfu(r)) is not None), key=lambda w: w[0])
+    return Evidence("mfu_pct", pct(mfu), pct(WORK_LITTLE_MFU), "%", op="<", rank=least)
 
 
 def little_work_sign(ranks: list[RankFigures]) -> Sign | None:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gputop.diagnose.findings import Finding
 from gputop.model.snapshot import DONE, LIVE
-from gputop.tui.format import NA, fmt_bytes, fmt_flops, fmt_frac, fmt_gib, fmt_pct, fmt_rate, fmt_s
+from gputop.tui.format import NA, fmt_bytes, fmt_flops, fmt_frac, fmt_gib, fmt_mfu, fmt_pct, fmt_rate, fmt_s
 from gputop.tui.palette import Palette
 from gputop.tui.view import HostRow, RankRow
 
@@ -156,11 +156,7 @@ def _frac_cell(frac: float | None, palette: Palette, warn_at: float, bad_at: flo
 
 
 def _mfu_cell(mfu: float | None, palette: Palette) -> Text:
-    """MFU as a percentage with one decimal under 10% ("2.4%"), none above ("41%"); N/A where not counted."""
-    if mfu is None:
-        return _na(palette)
-    pct = 100.0 * mfu
-    return Text(f"{pct:.1f}%" if pct < 9.95 else f"{pct:.0f}%", justify="right")
+    return _na(palette) if mfu is None else Text(fmt_mfu(mfu), justify="right")
 
 
 def _flops_cell(flops: float | None, palette: Palette) -> Text:
