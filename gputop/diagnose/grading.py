@@ -12,7 +12,7 @@ from gputop.model.figures import RankFigures, RunFigures
 
 def is_measured(rank: RankFigures) -> bool:
     """Reporting, with enough steps in the span for shares of step time to mean something."""
-    return rank.active and rank.stats.steps >= MIN_STEPS and rank.stats.step_time_mean_s is not None
+    return rank.active and rank.stats.steps >= MIN_STEPS and rank.stats.step.mean_s is not None
 
 
 def measured(run: RunFigures) -> list[RankFigures]:
@@ -22,7 +22,7 @@ def measured(run: RunFigures) -> list[RankFigures]:
 
 def mean_step_s(ranks: Sequence[RankFigures]) -> float | None:
     """The ranks' mean wall step time: what a finding's cost is a part of."""
-    steps = [r.stats.step_time_mean_s for r in ranks if r.stats.step_time_mean_s]
+    steps = [r.stats.step.mean_s for r in ranks if r.stats.step.mean_s]
     return sum(steps) / len(steps) if steps else None
 
 

@@ -48,7 +48,7 @@ def held(run: RunFigures) -> Held | None:
             gpus.update(r.hello.device_uuids or ((r.hello.device_uuid,) if r.hello.device_uuid else unnamed))
     if gpus:
         return Held("GPU", float(len(gpus)), hours)
-    busy = [(r.stats.cpu_pct or 0.0) + (r.stats.workers_cpu_pct or 0.0) for r in ranks if r.stats.cpu_pct is not None]
+    busy = [(r.stats.cpu.pct or 0.0) + (r.stats.cpu.workers_pct or 0.0) for r in ranks if r.stats.cpu.pct is not None]
     if not busy:
         return None
     return Held("core", sum(busy) / 100.0, hours)

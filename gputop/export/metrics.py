@@ -164,8 +164,8 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
     """Each rank metric's samples for one rank: extra label values and the value (None: not measured)."""
     s = r.stats
     last = r.view.windows[-1] if r.view.windows else None
-    phases = phase_seconds(s)
-    step = s.step_time_mean_s
+    phases = phase_seconds(s.phases)
+    step = s.step.mean_s
 
     def ratio(pct: float | None) -> float | None:
         return None if pct is None else pct / 100
@@ -173,13 +173,13 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
     return {
         "gputop_rank_up": [((), 0.0 if r.status == LOST else 1.0)],
         "gputop_steps": [((), float(last.step_total) if last is not None and last.step_total is not None else None)],
-        "gputop_step_time_seconds": [(("0.5",), s.step_time_p50_s), (("0.95",), s.step_time_p95_s)],
+        "gputop_step_time_seconds": [(("0.5",), s.step.p50_s), (("0.95",), s.step.p95_s)],
         "gputop_step_time_mean_seconds": [((), step)],
-        "gputop_gpu_step_time_seconds": [((), s.gpu_step_time_p50_s)],
-        "gputop_steps_per_second": [((), s.steps_per_s)],
-        "gputop_samples_per_second": [((), s.samples_per_s)],
-        "gputop_loader_wait_ratio": [((), s.loader_wait_frac)],
-        "gputop_exposed_comm_ratio": [((), s.exposed_comm_frac)],
+        "gputop_gpu_step_time_seconds": [((), s.step.gpu_p50_s)],
+        "gputop_steps_per_second": [((), s.step.per_s)],
+        "gputop_samples_per_second": [((), s.step.samples_per_s)],
+        "gputop_loader_wait_ratio": [((), s.phases.loader_wait_frac)],
+        "gputop_exposed_comm_ratio": [((), s.phases.exposed_comm_frac)],
         # The phases the rank measures (gputop.combine.PHASES; an optimizer no hook times has no series).
         "gputop_phase_seconds": [((p,), seconds) for p, seconds in phases.items()],
         "gputop_phase_ratio": [
@@ -193,18 +193,18 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         ],
         "gputop_collective_calls": [((c.kind, c.group), c.calls) for c in s.collectives],
         "gputop_collective_bytes": [((c.kind, c.group), c.bytes) for c in s.collectives],
-        "gputop_flops_per_step": [((), s.flops_per_step)],
-        "gputop_achieved_flops_per_second": [((), s.achieved_flops_per_s)],
+        "gputop_flops_per_step": [((), s.work.flops_per_step)],
+        "gputop_achieved_flops_per_second": [((), s.work.achieved_flops_per_s)],
         "gputop_mfu_ratio": [((), r.mfu)],
-        "gputop_memory_allocated_bytes": [((), s.mem_allocated_bytes)],
-        "gputop_memory_reserved_bytes": [((), s.mem_reserved_bytes)],
-        "gputop_memory_peak_bytes": [((), s.mem_peak_bytes)],
-        "gputop_memory_alloc_retries": [((), s.alloc_retries)],
-        "gputop_process_cpu_ratio": [((), ratio(s.cpu_pct))],
-        "gputop_process_resident_memory_bytes": [((), s.rss_bytes)],
-        "gputop_dataloader_workers": [((), s.workers)],
-        "gputop_dataloader_workers_cpu_ratio": [((), ratio(s.workers_cpu_pct))],
-        "gputop_reporter_cpu_ratio": [((), ratio(s.reporter_cpu_pct))],
+        "gputop_memory_allocated_bytes": [((), s.memory.allocated_bytes)],
+        "gputop_memory_reserved_bytes": [((), s.memory.reserved_bytes)],
+        "gputop_memory_peak_bytes": [((), s.memory.peak_bytes)],
+        "gputop_memory_alloc_retries": [((), s.memory.alloc_retries)],
+        "gputop_process_cpu_ratio": [((), ratio(s.cpu.pct))],
+        "gputop_process_resident_memory_bytes": [((), s.cpu.rss_bytes)],
+        "gputop_dataloader_workers": [((), s.cpu.workers)],
+        "gputop_dataloader_workers_cpu_ratio": [((), ratio(s.cpu.workers_pct))],
+        "gputop_reporter_cpu_ratio": [((), ratio(s.cost.reporter_cpu_pct))],
         "gputop_windows_dropped": [((), float(s.dropped))],
         "gputop_rank_top_frame_ratio": top_frame(r),
     }

@@ -107,10 +107,8 @@ def runs(update: LiveUpdate) -> dict[str, Any]:
                         "pid": r.hello.pid,
                         "device": r.hello.device,
                         "steps": r.stats.steps,
-                        "step_time_p50_ms": _round(
-                            None if r.stats.step_time_p50_s is None else r.stats.step_time_p50_s * 1e3
-                        ),
-                        "samples_per_s": _round(r.stats.samples_per_s, 1),
+                        "step_time_p50_ms": _round(None if r.stats.step.p50_s is None else r.stats.step.p50_s * 1e3),
+                        "samples_per_s": _round(r.stats.step.samples_per_s, 1),
                     }
                     for r in run.ranks
                 ],

@@ -95,7 +95,7 @@ class RankFigures:
     @property
     def mfu(self) -> float | None:
         """Model FLOPs utilization: the FLOP/s the rank's steps achieved over its device's peak (None: N/A)."""
-        return mfu_of(self.stats.achieved_flops_per_s, self.work_peak[0])
+        return mfu_of(self.stats.work.achieved_flops_per_s, self.work_peak[0])
 
     @cached_property
     def own_s(self) -> float | None:
@@ -105,7 +105,7 @@ class RankFigures:
         finding both come from this one figure.  Cached: the straggler rule
         compares every rank with every other (a million reads at 1,024 ranks).
         """
-        step, exposed = self.stats.step_time_mean_s, self.stats.exposed_comm_s
+        step, exposed = self.stats.step.mean_s, self.stats.phases.exposed_comm_s
         if step is None or exposed is None:
             return None
         return max(step - exposed, 0.0)
@@ -113,7 +113,7 @@ class RankFigures:
 
 def stat_reader(name: str) -> Callable[[RankFigures], float | None]:
     """A reader of one ``RankStats`` figure by name (a phase's ``seconds`` in gputop.combine.PHASES)."""
-    return lambda rank: getattr(rank.stats, name)
+    return lambda rank: getattr(rank.stats.phases, name)
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,11 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def gputop_cost(ranks: Sequence[RankFigures]) -> GputopCost:
     stats = [r.stats for r in ranks]
-    sent = [s.sent_bytes_per_s for s in stats if s.sent_bytes_per_s is not None]
+    sent = [s.cost.sent_bytes_per_s for s in stats if s.cost.sent_bytes_per_s is not None]
     return GputopCost(
-        cpu_frac=_mean([s.gputop_cpu_frac for s in stats]),
-        reporter_cpu_pct=_mean([s.reporter_cpu_pct for s in stats]),
-        hook_s_per_step=_mean([s.hook_s_per_step for s in stats]),
+        cpu_frac=_mean([s.cost.cpu_frac for s in stats]),
+        reporter_cpu_pct=_mean([s.cost.reporter_cpu_pct for s in stats]),
+        hook_s_per_step=_mean([s.cost.hook_s_per_step for s in stats]),
         sent_bytes_per_s=sum(sent) if sent else None,
     )
 

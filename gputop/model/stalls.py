@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from gputop.model.rank_stats import StallFigures
 from gputop.model.statistics import median
 from gputop.protocol import Window
 from gputop.sketch import sketch_value_s
@@ -23,25 +23,7 @@ from gputop.sketch import sketch_value_s
 STALL_FACTOR = 3.0
 
 
-@dataclass(frozen=True)
-class Stalls:
-    """The stall figures of a rank over its windows (see ``stalls``)."""
-
-    steps: int
-    mean_s: float | None
-    frac: float
-    loader_frac: float | None
-    in_comm_frac: float | None
-    # From the stall steps' numbers: "every N steps" (period), or irregular (period None, regular False);
-    # both None when too few stalls carry a number to tell.
-    period_steps: int | None = None
-    regular: bool | None = None
-    # Every window since the first stall has a typical step past the line: the steps turned slow and stayed
-    # so (a loader gone cold), a new level rather than stops now and then.
-    level_shift: bool = False
-
-
-def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step_sum_s: float) -> Stalls:
+def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step_sum_s: float) -> StallFigures:
     """Steps of at least STALL_FACTOR x the median: how many, how long, what share of the run, and where.
 
     Counts and durations come from the merged sketch (every step, 1% accurate);
@@ -82,7 +64,7 @@ def stalls(windows: Sequence[Window], sketch: dict[int, int], p50_s: float, step
         near.update((index - 1, index, index + 1))
     window_comm_s = waits_beyond_usual_s(windows, near)
     period, regular = stall_period(sorted(numbers))
-    return Stalls(
+    return StallFigures(
         steps=count,
         mean_s=total_s / count if count else None,
         frac=excess_s / step_sum_s if step_sum_s > 0 else 0.0,

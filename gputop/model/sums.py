@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from gputop.combine import (
     COMBINE,
@@ -22,16 +22,32 @@ from gputop.combine import (
     TOTAL,
     count_steps,
     loader_wait_share,
+    other_seconds,
     share_of_step,
     window_loader_wait_frac,
 )
 from gputop.model.collectives import collective_figures
 from gputop.model.ddp_samples import DdpMeans, DdpSample, ddp_key, ddp_sample
-from gputop.model.rank_stats import RankStats
+from gputop.model.rank_stats import (
+    CompileFigures,
+    CpuUse,
+    MemoryUse,
+    OwnCost,
+    PhaseTimes,
+    RankStats,
+    StallFigures,
+    StepTimes,
+    StepWork,
+)
 from gputop.model.stalls import STALL_FACTOR, stalls
 from gputop.model.statistics import SlidingMax, median, standard_error
+from gputop.model.window_parts import NO_PARTS, WindowParts, window_parts
 from gputop.protocol import Window
 from gputop.sketch import legacy_hist_to_sketch, sketch_quantiles_s
+
+# The step's phases a window sums over its timed steps, but the loader's (its own figures, in WindowParts):
+# read generically, so a phase declared in gputop.combine needs only its PhaseTimes field.
+TIMED_PHASES = tuple(p.seconds for p in OWN_PHASES if COMBINE[p.seconds] is TOTAL and p.name != "loader")
 
 
 def _scaled(value: float | None, factor: float) -> float | None:
@@ -48,82 +64,6 @@ def starved_share(wait_s: float, cpu_s: float) -> float | None:
     return wait_s / (wait_s + cpu_s) if wait_s + cpu_s > 0 else None
 
 
-class _Parts(NamedTuple):
-    """A window's part of each float total: 0.0 where it does not count towards one.
-
-    Floats are summed afresh from these when the figures are read, in window
-    order, never by taking away what left: a value that entered and left would
-    leave its rounding behind, and a total that should be 0 ("no CPU used")
-    would not be.
-    """
-
-    step_s: float  # wall step time, over the windows with timed steps
-    loader_s: float  # loader wait, over the same
-    span_s: float  # the windows' durations
-    cpu_pct: float
-    workers_cpu_pct: float
-    # gputop's self-accounting, over the windows that carry it:
-    own_span_s: float
-    reporter_cpu_s: float
-    hook_s: float
-    rank_cpu_s: float  # the rank process's CPU where the window has both figures
-    gputop_cpu_s: float  # gputop's part of it
-    # Run-queue wait and CPU time, over the windows that measure both:
-    main_wait_s: float
-    main_span_s: float
-    wait_span_s: float
-    wait_s: float
-    run_s: float
-    workers_wait_s: float
-    workers_run_s: float
-    compile_s: float  # torch.compile's time, over the windows that report it
-    # The work of the steps whose FLOPs were counted (docs/mfu.md): their FLOPs and the time they took.
-    flops: float
-    flops_time_s: float
-
-
-# The step's phases a window sums over its timed steps, but the loader's (its own figures, in _Parts):
-# read generically, so a phase declared in gputop.combine needs only its RankStats field.
-TIMED_PHASES = tuple(p.seconds for p in OWN_PHASES if COMBINE[p.seconds] is TOTAL and p.name != "loader")
-
-_NO_PARTS = _Parts(*[0.0] * len(_Parts._fields))
-
-
-def _parts(w: Window) -> tuple[float, ...]:
-    """The window's ``_Parts``, kept as a plain tuple (see ``DdpSample``: a span holds one a window)."""
-    dt = w.t1 - w.t0
-    timed = w.timed > 0
-    own = w.reporter_cpu_s is not None and w.hook_s is not None
-    # The compute threads' own CPU time where the reporter measures it, else the process's.
-    run_s = w.cpu_run_s if w.cpu_run_s is not None else (None if w.cpu_pct is None else w.cpu_pct / 100.0 * dt)
-    waited = w.cpu_wait_s is not None and run_s is not None
-    workers = waited and w.workers_cpu_wait_s is not None and w.workers_cpu_pct is not None
-    return tuple(
-        _Parts(
-            step_s=w.step_time_sum_s if timed else 0.0,
-            loader_s=w.loader_wait_s if timed else 0.0,
-            span_s=dt,
-            cpu_pct=w.cpu_pct or 0.0,
-            workers_cpu_pct=w.workers_cpu_pct or 0.0,
-            own_span_s=dt if own else 0.0,
-            reporter_cpu_s=w.reporter_cpu_s or 0.0 if own else 0.0,
-            hook_s=w.hook_s or 0.0 if own else 0.0,
-            rank_cpu_s=w.cpu_pct / 100.0 * dt if own and w.cpu_pct is not None else 0.0,
-            gputop_cpu_s=(w.reporter_cpu_s or 0.0) + (w.hook_s or 0.0) if own and w.cpu_pct is not None else 0.0,
-            main_wait_s=w.main_cpu_wait_s or 0.0,
-            main_span_s=dt if w.main_cpu_wait_s is not None else 0.0,
-            wait_span_s=dt if waited else 0.0,
-            wait_s=w.cpu_wait_s or 0.0 if waited else 0.0,
-            run_s=run_s or 0.0 if waited else 0.0,
-            workers_wait_s=w.workers_cpu_wait_s or 0.0 if workers else 0.0,
-            workers_run_s=(w.workers_cpu_pct or 0.0) / 100.0 * dt if workers else 0.0,
-            compile_s=w.compile_s or 0.0,
-            flops=w.flops_sum or 0.0,
-            flops_time_s=w.flops_time_s or 0.0 if w.flops_sum is not None else 0.0,
-        )
-    )
-
-
 # Fields a probe fills together (gputop.combine.NEWEST_GROUPS): a figure reads the newest window that has it.
 _NEWEST_FIELDS = tuple(name for group in NEWEST_GROUPS for name in group)
 
@@ -135,13 +75,13 @@ class SpanSums:
     per rank and slides it (``gputop.model.span``), so a refresh costs the windows
     that arrived and left, not the whole span.  Every figure's definition is here:
     counts kept as windows come and go, float totals summed from each window's
-    ``_Parts``, monotonic queues for the maxima, the newest window that has a
+    ``WindowParts``, monotonic queues for the maxima, the newest window that has a
     field for the gauges, and the distinct DDP samples.  Windows leave in the
     order they entered.
     """
 
     def __init__(self) -> None:
-        self.parts: deque[tuple[float, ...]] = deque()  # each window's ``_Parts``
+        self.parts: deque[tuple[float, ...]] = deque()  # each window's ``WindowParts``
         self.steps = 0
         self.timed = 0  # steps the time totals cover
         self.tracked = 0  # windows with loader batches
@@ -153,7 +93,7 @@ class SpanSums:
         self.sketch: dict[int, int] = {}
         self.samples = self.samples_seen = 0
         self.cpu_n = self.workers_cpu_n = 0
-        self.flops_steps = 0  # steps whose FLOPs were counted (``_Parts.flops`` holds their FLOPs)
+        self.flops_steps = 0  # steps whose FLOPs were counted (``WindowParts.flops`` holds their FLOPs)
         self.forwards = self.forward_steps = 0  # over the windows that count both
         self.own_steps = self.own_sent_bytes = 0  # over the windows with self-accounting
         self.main_waited = self.waited = self.workers_waited = 0  # windows that measure each wait
@@ -187,7 +127,7 @@ class SpanSums:
 
     def add(self, w: Window) -> None:
         """``w`` enters the span as its newest window."""
-        self.parts.append(_parts(w))
+        self.parts.append(window_parts(w))
         self.phase_parts.append(tuple(getattr(w, name) or 0.0 if w.timed > 0 else 0.0 for name in TIMED_PHASES))
         if w.compiles:
             self.recompile_share = min((w.recompiles or 0) / w.compiles, 1.0)
@@ -298,30 +238,95 @@ class SpanSums:
                 self.workers_waited += sign
 
     def stats(self, windows: Sequence[Window]) -> RankStats:
-        """The figures of ``windows``, the span this holds (oldest first)."""
-        t = _Parts(*map(sum, zip(*self.parts, strict=True))) if self.parts else _NO_PARTS
-        phase_totals = [sum(column) for column in zip(*self.phase_parts, strict=True)] or [0.0] * len(TIMED_PHASES)
+        """The figures of ``windows``, the span this holds (oldest first), group by group."""
+        t = WindowParts(*map(sum, zip(*self.parts, strict=True))) if self.parts else NO_PARTS
+        step = self._step_times(t)
+        last = self._newest_reader()
+        return RankStats(
+            windows=len(windows),
+            steps=count_steps(windows),
+            dropped=int(self.dropped.value or 0),
+            step=step,
+            phases=self._phases(t, step.mean_s),
+            memory=MemoryUse(
+                allocated_bytes=last("mem_allocated_bytes"),
+                reserved_bytes=last("mem_reserved_bytes"),
+                peak_bytes=None if (peak := self.peak.value) is None else int(peak),
+                total_bytes=last("mem_total_bytes"),
+                alloc_retries=last("alloc_retries"),
+                ooms=last("ooms"),
+            ),
+            cpu=self._cpu(t, last),
+            stalls=self._stalls(windows, step.p50_s, t.step_s),
+            compile=self._compile(t),
+            cost=OwnCost(
+                reporter_cpu_pct=100.0 * t.reporter_cpu_s / t.own_span_s if t.own_span_s > 0 else None,
+                hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,
+                cpu_frac=t.gputop_cpu_s / t.rank_cpu_s if t.rank_cpu_s > 0 else None,
+                sent_bytes_per_s=self.own_sent_bytes / t.own_span_s if t.own_span_s > 0 else None,
+            ),
+            work=StepWork(
+                flops_per_step=t.flops / self.flops_steps if self.flops_steps else None,
+                achieved_flops_per_s=t.flops / t.flops_time_s if self.flops_steps and t.flops_time_s > 0 else None,
+            ),
+            collectives=collective_figures(windows),
+        )
+
+    def _step_times(self, t: WindowParts) -> StepTimes:
         max_step = self.max_step.value
-        mean_step = t.step_s / self.timed if self.timed else None
         if self.with_steps == 1:  # one window: its exact figures beat the histogram
             only = self.newest["timed"]
             p50, p95 = only.step_time_p50_s, only.step_time_p95_s
         else:
             # A bucket's value can lie above the slowest step in it: never report a p95 above the max.
             p50, p95 = (_at_most(q, max_step) for q in sketch_quantiles_s(self.sketch, (0.5, 0.95)))
-        stall = None
-        if p50 is not None and self.sketch:
-            slowest = self.slowest.value
-            named = windows if slowest is not None and slowest >= STALL_FACTOR * p50 else ()
-            stall = stalls(named, self.sketch, p50, t.step_s)
+        return StepTimes(
+            per_s=self.steps / t.span_s if t.span_s > 0 else None,
+            mean_s=t.step_s / self.timed if self.timed else None,
+            p50_s=p50,
+            p95_s=p95,
+            max_s=max_step,
+            gpu_p50_s=median(self.gpu_p50s),
+            samples_per_s=self.samples / t.span_s if self.samples_seen and t.span_s > 0 else None,
+        )
+
+    def _phases(self, t: WindowParts, mean_step: float | None) -> PhaseTimes:
         ddp = DdpMeans.of(self.ddp_samples())
         micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
         newest = self.newest
-        phases_from = newest["phases_from"].phases_from if "phases_from" in newest else None
+        source = newest["phases_from"].phases_from if "phases_from" in newest else None
         # DDP times one micro-batch of a step; the hooks and the CUDA events time every forward and backward of it.
-        scale = micro if micro is not None and micro > 1.0 and phases_from not in ("hooks", "cuda events") else 1.0
+        scale = micro if micro is not None and micro > 1.0 and source not in ("hooks", "cuda events") else 1.0
         tracked = self.tracked > 0
-        # Fields a probe fills together come from the newest window that probe filled.
+        phase_totals = [sum(column) for column in zip(*self.phase_parts, strict=True)] or [0.0] * len(TIMED_PHASES)
+        phases: dict[str, Any] = {
+            "loader_wait_s": t.loader_s / self.timed if (self.timed and tracked) else None,
+            "forward_s": _scaled(ddp.means["forward_s"], scale),
+            "backward_s": _scaled(ddp.means["backward_s"], scale),
+            "exposed_comm_s": ddp.means["exposed_comm_s"],
+            **{
+                name: total / steps if steps else None
+                for name, total, steps in zip(TIMED_PHASES, phase_totals, self.phase_steps, strict=True)
+            },
+        }
+        # An optional phase this rank does not measure keeps its time outside the phases.
+        measured = {p.seconds: phases[p.seconds] for p in OWN_PHASES if phases[p.seconds] is not None or not p.optional}
+        return PhaseTimes(
+            **phases,
+            loader_wait_frac=loader_wait_share(t.loader_s, t.step_s, tracked=tracked),
+            micro_batches=micro,
+            comm_s=ddp.means["comm_s"],
+            overlap_s=ddp.means["overlap_s"],
+            exposed_comm_frac=share_of_step(ddp.means["exposed_comm_s"], mean_step),
+            loader_wait_frac_se=standard_error(self.loader_fracs),
+            exposed_comm_frac_se=standard_error(ddp.exposed_comm_fracs),
+            other_s=other_seconds(mean_step, {**measured, "exposed_comm_s": phases["exposed_comm_s"]}),
+            source=source or ("ddp" if ddp.means["comm_s"] is not None else None),  # older reporters: DDP
+        )
+
+    def _newest_reader(self) -> Callable[[str], Any]:
+        """A reader of a gauge: fields a probe fills together come from the newest window that probe filled."""
+        newest = self.newest
         sources = [newest.get(group[0]) for group in NEWEST_GROUPS]
 
         def last(name: str) -> Any:
@@ -331,80 +336,45 @@ class SpanSums:
             newest_with = newest.get(name)  # a field its probe's usual partner left empty
             return None if newest_with is None else getattr(newest_with, name)
 
-        peak = self.peak.value
+        return last
+
+    def _cpu(self, t: WindowParts, last: Callable[[str], Any]) -> CpuUse:
         starved = self.waited > 0
-        return RankStats(
-            windows=len(windows),
-            steps=count_steps(windows),
-            steps_per_s=self.steps / t.span_s if t.span_s > 0 else None,
-            step_time_mean_s=mean_step,
-            step_time_p50_s=p50,
-            step_time_p95_s=p95,
-            step_time_max_s=max_step,
-            gpu_step_time_p50_s=median(self.gpu_p50s),
-            samples_per_s=self.samples / t.span_s if self.samples_seen and t.span_s > 0 else None,
-            loader_wait_s=t.loader_s / self.timed if (self.timed and tracked) else None,
-            loader_wait_frac=loader_wait_share(t.loader_s, t.step_s, tracked=tracked),
-            forward_s=_scaled(ddp.means["forward_s"], scale),
-            backward_s=_scaled(ddp.means["backward_s"], scale),
-            micro_batches=micro,
-            comm_s=ddp.means["comm_s"],
-            overlap_s=ddp.means["overlap_s"],
-            exposed_comm_s=ddp.means["exposed_comm_s"],
-            exposed_comm_frac=share_of_step(ddp.means["exposed_comm_s"], mean_step),
-            **{
-                name: total / steps if steps else None
-                for name, total, steps in zip(TIMED_PHASES, phase_totals, self.phase_steps, strict=True)
-            },
-            mem_allocated_bytes=last("mem_allocated_bytes"),
-            mem_reserved_bytes=last("mem_reserved_bytes"),
-            mem_peak_bytes=None if peak is None else int(peak),
-            mem_total_bytes=last("mem_total_bytes"),
-            alloc_retries=last("alloc_retries"),
-            ooms=last("ooms"),
-            cpu_pct=t.cpu_pct / self.cpu_n if self.cpu_n else None,
+        return CpuUse(
+            pct=t.cpu_pct / self.cpu_n if self.cpu_n else None,
             rss_bytes=last("rss_bytes"),
             threads=last("threads"),
             workers=last("workers"),
-            workers_cpu_pct=t.workers_cpu_pct / self.workers_cpu_n if self.workers_cpu_n else None,
-            dropped=int(self.dropped.value or 0),
-            # CPU contention, from the run-queue wait:
-            main_cpu_wait_frac=t.main_wait_s / t.main_span_s if self.main_waited and t.main_span_s > 0 else None,
-            cpu_starved_frac=starved_share(t.wait_s + t.workers_wait_s, t.run_s + t.workers_run_s) if starved else None,
-            workers_cpu_starved_frac=(
-                starved_share(t.workers_wait_s, t.workers_run_s) if self.workers_waited else None
-            ),
-            cpu_demand_cores=(
+            workers_pct=t.workers_cpu_pct / self.workers_cpu_n if self.workers_cpu_n else None,
+            main_wait_frac=t.main_wait_s / t.main_span_s if self.main_waited and t.main_span_s > 0 else None,
+            starved_frac=starved_share(t.wait_s + t.workers_wait_s, t.run_s + t.workers_run_s) if starved else None,
+            workers_starved_frac=starved_share(t.workers_wait_s, t.workers_run_s) if self.workers_waited else None,
+            demand_cores=(
                 (t.wait_s + t.run_s + t.workers_wait_s + t.workers_run_s) / t.wait_span_s
                 if starved and t.wait_span_s > 0
                 else None
             ),
-            loader_wait_frac_se=standard_error(self.loader_fracs),
-            exposed_comm_frac_se=standard_error(ddp.exposed_comm_fracs),
-            stall_steps=None if stall is None else stall.steps,
-            stall_mean_s=None if stall is None else stall.mean_s,
-            stall_frac=None if stall is None else stall.frac,
-            stall_loader_frac=None if stall is None else stall.loader_frac,
-            stall_in_comm_frac=None if stall is None else stall.in_comm_frac,
-            stall_period_steps=None if stall is None else stall.period_steps,
-            stall_regular=None if stall is None else stall.regular,
-            stall_level_shift=None if stall is None else stall.level_shift,
-            # What gputop itself cost the rank:
-            reporter_cpu_pct=100.0 * t.reporter_cpu_s / t.own_span_s if t.own_span_s > 0 else None,
-            hook_s_per_step=t.hook_s / self.own_steps if self.own_steps else None,
-            gputop_cpu_frac=t.gputop_cpu_s / t.rank_cpu_s if t.rank_cpu_s > 0 else None,
-            sent_bytes_per_s=self.own_sent_bytes / t.own_span_s if t.own_span_s > 0 else None,
-            compiles=self.compiles if self.compiled else None,
-            recompiles=self.recompiles if self.compiled else None,
-            compile_s=t.compile_s if self.compiled else None,
-            compile_frac=min(t.compile_s / t.span_s, 1.0) if self.compiled and t.span_s > 0 else None,
-            recompile_s=sum(self.recompile_parts) if self.compiled else None,
-            recompile_frac=(min(sum(self.recompile_parts) / t.span_s, 1.0) if self.compiled and t.span_s > 0 else None),
+        )
+
+    def _stalls(self, windows: Sequence[Window], p50: float | None, step_sum_s: float) -> StallFigures:
+        if p50 is None or not self.sketch:
+            return StallFigures()
+        slowest = self.slowest.value
+        named = windows if slowest is not None and slowest >= STALL_FACTOR * p50 else ()
+        return stalls(named, self.sketch, p50, step_sum_s)
+
+    def _compile(self, t: WindowParts) -> CompileFigures:
+        if not self.compiled:
+            return CompileFigures(graph_breaks=None if (breaks := self.graph_breaks.value) is None else int(breaks))
+        recompile_s = sum(self.recompile_parts)
+        return CompileFigures(
+            compiles=self.compiles,
+            recompiles=self.recompiles,
+            seconds=t.compile_s,
+            frac=min(t.compile_s / t.span_s, 1.0) if t.span_s > 0 else None,
+            recompile_s=recompile_s,
+            recompile_frac=min(recompile_s / t.span_s, 1.0) if t.span_s > 0 else None,
             graph_breaks=None if (breaks := self.graph_breaks.value) is None else int(breaks),
-            collectives=collective_figures(windows),
-            flops_per_step=t.flops / self.flops_steps if self.flops_steps else None,
-            achieved_flops_per_s=t.flops / t.flops_time_s if self.flops_steps and t.flops_time_s > 0 else None,
-            phases_from=phases_from or ("ddp" if ddp.means["comm_s"] is not None else None),  # older reporters: DDP
         )
 
 

@@ -21,15 +21,15 @@ def work_entry(figures: RankFigures) -> dict[str, Any]:
     None for N/A, and ``work_note`` saying why (or what a figure leaves out)."""
     stats, hello = figures.stats, figures.hello
     peak, peak_is = figures.work_peak
-    if stats.flops_per_step is None:
+    if stats.work.flops_per_step is None:
         note = hello.flops_note or "the model's FLOPs were not counted"
     elif peak is None:
         note = f"MFU: {peak_is}" + (f"; {hello.flops_note}" if hello.flops_note else "")
     else:
         note = hello.flops_note or ""
     return {
-        "flops_per_step": None if stats.flops_per_step is None else round(stats.flops_per_step),
-        "achieved_flops_per_s": _round(stats.achieved_flops_per_s, 0),
+        "flops_per_step": None if stats.work.flops_per_step is None else round(stats.work.flops_per_step),
+        "achieved_flops_per_s": _round(stats.work.achieved_flops_per_s, 0),
         "peak_flops_per_s": _round(peak, 0),
         "peak_is": peak_is if peak is not None else None,
         "mfu_pct": None if figures.mfu is None else round(100.0 * figures.mfu, 3),

@@ -65,11 +65,11 @@ Reader = Callable[[RankFigures], float | None]
 
 
 PHASES: tuple[tuple[str, str, Reader], ...] = (
-    ("loader wait", "%", lambda r: r.stats.loader_wait_frac),
+    ("loader wait", "%", lambda r: r.stats.phases.loader_wait_frac),
     *((p.name, "ms", stat_reader(p.seconds)) for p in OWN_PHASES if p.name != "loader"),  # gputop.combine's phases
-    ("exposed comm", "%", lambda r: r.stats.exposed_comm_frac),
-    ("outside the phases", "ms", lambda r: r.stats.other_s),
-    ("cpu wait", "%", lambda r: r.stats.cpu_starved_frac),
+    ("exposed comm", "%", lambda r: r.stats.phases.exposed_comm_frac),
+    ("outside the phases", "ms", lambda r: r.stats.phases.other_s),
+    ("cpu wait", "%", lambda r: r.stats.cpu.starved_frac),
     ("MFU", "%", lambda r: r.mfu),  # the work a step does, over the device's peak (docs/mfu.md)
 )
 
@@ -128,8 +128,8 @@ def compare_runs(
     ranks = [
         {
             "rank": r.rank,
-            "before_ms": _shown(r.stats.step_time_mean_s, "ms"),
-            "after_ms": _shown(after_by_rank[r.rank].stats.step_time_mean_s, "ms") if r.rank in after_by_rank else None,
+            "before_ms": _shown(r.stats.step.mean_s, "ms"),
+            "after_ms": _shown(after_by_rank[r.rank].stats.step.mean_s, "ms") if r.rank in after_by_rank else None,
         }
         for r in before.ranks
     ]
@@ -157,12 +157,12 @@ def compare_phases(before: RunFigures, after: RunFigures) -> list[dict[str, Any]
     folded = [
         seconds
         for name, seconds in OPTIONAL.items()
-        if any(getattr(r.stats, seconds) is None for r in (*before.ranks, *after.ranks))
+        if any(getattr(r.stats.phases, seconds) is None for r in (*before.ranks, *after.ranks))
     ]
 
     def outside(rank: RankFigures) -> float | None:
-        other = rank.stats.other_s
-        return None if other is None else other + sum(getattr(rank.stats, s) or 0.0 for s in folded)
+        other = rank.stats.phases.other_s
+        return None if other is None else other + sum(getattr(rank.stats.phases, s) or 0.0 for s in folded)
 
     compared = [
         (name, unit, outside if name == "outside the phases" else read)

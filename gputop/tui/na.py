@@ -12,16 +12,16 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
     hello = rank.hello
     on_cpu = (hello.device or "").startswith("cpu")
     reasons: dict[str, str] = {}
-    if stats.step_time_p50_s is None:
+    if stats.step.p50_s is None:
         reasons["step"] = f"step time: no optimizer step in the last {SPAN_S:.0f} s"
-    if stats.loader_wait_frac is None:
+    if stats.phases.loader_wait_frac is None:
         reasons["loader"] = "loader wait: loader not tracked (iterate it with gputop.track(loader))"
-    if stats.samples_per_s is None:
+    if stats.step.samples_per_s is None:
         reasons["samples"] = "samples/s: batch size unknown (gputop.track(loader) reports it)"
     said = not_measured(rank)
-    if stats.gpu_step_time_p50_s is None and not on_cpu and "gpu_step_times" in said:
+    if stats.step.gpu_p50_s is None and not on_cpu and "gpu_step_times" in said:
         reasons["gpu_step"] = f"GPU step time: {said['gpu_step_times']}"
-    if stats.forward_s is None:
+    if stats.phases.forward_s is None:
         if "ddp_stats" in said:
             why = f"DDP stats unavailable: {said['ddp_stats']}"
         elif "collectives" in said:
@@ -36,9 +36,9 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
         else:
             why = "DDP stats unavailable: DDP has not logged a sampled iteration yet"
         reasons["ddp"] = why
-    if stats.mem_allocated_bytes is None:
+    if stats.memory.allocated_bytes is None:
         reasons["mem"] = "memory: CPU run (only CUDA memory is measured)" if on_cpu else "memory: not reported"
-    if stats.cpu_pct is None:
+    if stats.cpu.pct is None:
         reasons["cpu"] = "CPU%: not reported by the rank's reporter"
     if hello.device_uuid is None:
         reasons["gpu"] = "GPU: CPU run" if on_cpu else "GPU: the rank did not report a device UUID"

@@ -58,7 +58,7 @@ class RankRow:
     @property
     def phases(self) -> tuple[tuple[Phase, float | None], ...]:
         """Seconds per step in each phase, for the phase bar."""
-        return tuple(phase_seconds(self.stats).items())
+        return tuple(phase_seconds(self.stats.phases).items())
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
 
 
 def _run_summary(run: RunFigures, t: float) -> RunSummary:
-    rates = [r.stats.steps_per_s for r in run.ranks if r.status == LIVE and r.stats.steps_per_s is not None]
+    rates = [r.stats.step.per_s for r in run.ranks if r.status == LIVE and r.stats.step.per_s is not None]
     return RunSummary(
         run_id=run.run_id,
         name=run.name,
@@ -278,8 +278,8 @@ def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
         groups.setdefault((row.run_id, row.host), []).append(row)
     result = []
     for (run_id, host), ranks in groups.items():
-        steps = [r.stats.step_time_p50_s for r in ranks if r.stats.step_time_p50_s is not None]
-        samples = [r.stats.samples_per_s for r in ranks if r.stats.samples_per_s is not None]
+        steps = [r.stats.step.p50_s for r in ranks if r.stats.step.p50_s is not None]
+        samples = [r.stats.step.samples_per_s for r in ranks if r.stats.step.samples_per_s is not None]
         per_rank = [dict(r.phases) for r in ranks]
         result.append(
             HostRow(
@@ -290,9 +290,9 @@ def _host_rows(rows: Sequence[RankRow]) -> tuple[HostRow, ...]:
                 ranks=tuple(ranks),
                 step_time_p50_s=median(steps) if steps else None,
                 samples_per_s=sum(samples) if samples else None,
-                loader_wait_frac=_mean_of([r.stats.loader_wait_frac for r in ranks]),
-                exposed_comm_frac=_mean_of([r.stats.exposed_comm_frac for r in ranks]),
-                cpu_pct=_mean_of([r.stats.cpu_pct for r in ranks]),
+                loader_wait_frac=_mean_of([r.stats.phases.loader_wait_frac for r in ranks]),
+                exposed_comm_frac=_mean_of([r.stats.phases.exposed_comm_frac for r in ranks]),
+                cpu_pct=_mean_of([r.stats.cpu.pct for r in ranks]),
                 mfu=_mean_of([r.mfu for r in ranks]),
                 # A phase some ranks do not measure (the optimizer's, from older reporters) is their mean
                 # where measured; one none measures is left out, as on each rank's own bar.

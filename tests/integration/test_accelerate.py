@@ -36,11 +36,12 @@ def run_accelerate_job(collector: Collector, *args: str) -> tuple[Figures, str]:
 def measured(figures: Figures) -> str:
     """Each rank's figures as the assertions read them, for their messages."""
     return "; ".join(
-        f"rank {r.rank}: {r.stats.steps} steps of {1e3 * (r.stats.step_time_mean_s or 0):.1f} ms, "
-        f"loader {1e3 * (r.stats.loader_wait_s or 0):.1f} ms ({100 * (r.stats.loader_wait_frac or 0):.0f}%), "
-        f"forward {r.stats.forward_s}, backward {r.stats.backward_s}, comm {r.stats.comm_s}, "
-        f"exposed comm {r.stats.exposed_comm_s} ({100 * (r.stats.exposed_comm_frac or 0):.0f}%), "
-        f"from {r.stats.phases_from}"
+        f"rank {r.rank}: {r.stats.steps} steps of {1e3 * (r.stats.step.mean_s or 0):.1f} ms, "
+        f"loader {1e3 * (r.stats.phases.loader_wait_s or 0):.1f} ms "
+        f"({100 * (r.stats.phases.loader_wait_frac or 0):.0f}%), "
+        f"forward {r.stats.phases.forward_s}, backward {r.stats.phases.backward_s}, comm {r.stats.phases.comm_s}, "
+        f"exposed comm {r.stats.phases.exposed_comm_s} ({100 * (r.stats.phases.exposed_comm_frac or 0):.0f}%), "
+        f"from {r.stats.phases.source}"
         for r in figures.all_ranks()
     )
 
@@ -59,10 +60,11 @@ def test_an_accelerate_loop_reports_both_ranks_steps_loader_wait_and_ddp_phases(
         stats = rank.stats
         assert stats.steps == 60, summary
         # Each batch waits for its 5-ms sample, through Accelerate's DataLoaderShard and its one batch ahead.
-        assert stats.loader_wait_s is not None and stats.loader_wait_s >= 0.004, summary
-        assert stats.phases_from == "ddp", summary  # DDP's logger, as in a torchrun job
-        assert stats.forward_s is not None and stats.forward_s > 0, summary
-        assert stats.backward_s is not None and stats.backward_s > 0, summary
-        assert stats.comm_s is not None and stats.comm_s > 0, summary
-        assert stats.exposed_comm_s is not None and stats.exposed_comm_frac is not None, summary
-        assert stats.optimizer_s is not None and stats.optimizer_s > 0, summary  # AcceleratedOptimizer's inner step
+        assert stats.phases.loader_wait_s is not None and stats.phases.loader_wait_s >= 0.004, summary
+        assert stats.phases.source == "ddp", summary  # DDP's logger, as in a torchrun job
+        assert stats.phases.forward_s is not None and stats.phases.forward_s > 0, summary
+        assert stats.phases.backward_s is not None and stats.phases.backward_s > 0, summary
+        assert stats.phases.comm_s is not None and stats.phases.comm_s > 0, summary
+        assert stats.phases.exposed_comm_s is not None and stats.phases.exposed_comm_frac is not None, summary
+        # AcceleratedOptimizer's inner step:
+        assert stats.phases.optimizer_s is not None and stats.phases.optimizer_s > 0, summary

@@ -44,19 +44,19 @@ def test_both_ranks_report_exact_steps_loader_wait_and_ddp_comm(collector: Colle
     for view in run.ranks:
         stats = rank_stats(view.windows)
         assert stats.steps == 40
-        assert stats.loader_wait_s is not None and stats.loader_wait_s >= 0.015
-        assert stats.comm_s is not None and stats.comm_s > 0
-        assert stats.forward_s is not None and stats.backward_s is not None
+        assert stats.phases.loader_wait_s is not None and stats.phases.loader_wait_s >= 0.015
+        assert stats.phases.comm_s is not None and stats.phases.comm_s > 0
+        assert stats.phases.forward_s is not None and stats.phases.backward_s is not None
         assert view.hello.backend == "gloo"
         assert view.hello.ddp is True
         assert view.hello.loader_batch_size == 8 and view.hello.loader_num_workers == 0
         # gputop accounts for itself; how much is the benchmarks' business, that it is measured is ours.
-        assert stats.reporter_cpu_pct is not None and stats.reporter_cpu_pct > 0
-        assert stats.hook_s_per_step is not None and 0 < stats.hook_s_per_step < (stats.step_time_mean_s or 0)
-        assert stats.gputop_cpu_frac is not None and 0 < stats.gputop_cpu_frac < 1
-        assert stats.sent_bytes_per_s is not None and stats.sent_bytes_per_s > 0
+        assert stats.cost.reporter_cpu_pct is not None and stats.cost.reporter_cpu_pct > 0
+        assert stats.cost.hook_s_per_step is not None and 0 < stats.cost.hook_s_per_step < (stats.step.mean_s or 0)
+        assert stats.cost.cpu_frac is not None and 0 < stats.cost.cpu_frac < 1
+        assert stats.cost.sent_bytes_per_s is not None and stats.cost.sent_bytes_per_s > 0
         # The work a step does (docs/mfu.md), counted as by hand, and the CPU's peak the rank measured once.
-        assert stats.flops_per_step == ddp_job_flops(batch=8), stats.flops_per_step
+        assert stats.work.flops_per_step == ddp_job_flops(batch=8), stats.work.flops_per_step
         assert view.hello.cpu_peak_flops is not None and view.hello.cpu_peak_flops > 1e8
 
 
@@ -199,12 +199,13 @@ def test_gradient_accumulation_accounts_for_every_micro_batch(collector: Collect
         stats = rank_stats(view.windows)
         # The same windows without the forward count: DDP's one timed micro-batch per step, as before.
         one = rank_stats([msgspec.structs.replace(w, forwards=None) for w in view.windows])
-        assert stats.micro_batches == pytest.approx(4.0, rel=0.05), f"rank {view.rank}: {stats.micro_batches}"
-        assert one.micro_batches is None and one.forward_s and one.backward_s
-        assert stats.forward_s == pytest.approx(stats.micro_batches * one.forward_s)
-        assert stats.backward_s == pytest.approx(stats.micro_batches * one.backward_s)
-        assert stats.comm_s == one.comm_s  # one all-reduce per step either way
-        assert stats.flops_per_step == 4 * ddp_job_flops(batch=64)  # the step's four micro-batches
+        micro = stats.phases.micro_batches
+        assert micro == pytest.approx(4.0, rel=0.05), f"rank {view.rank}: {micro}"
+        assert one.phases.micro_batches is None and one.phases.forward_s and one.phases.backward_s
+        assert stats.phases.forward_s == pytest.approx(stats.phases.micro_batches * one.phases.forward_s)
+        assert stats.phases.backward_s == pytest.approx(stats.phases.micro_batches * one.phases.backward_s)
+        assert stats.phases.comm_s == one.phases.comm_s  # one all-reduce per step either way
+        assert stats.work.flops_per_step == 4 * ddp_job_flops(batch=64)  # the step's four micro-batches
 
 
 GRADIENT_BYTES = 4 * (64 * 128 + 128 + 128 * 10 + 10)  # ddp_job.py's model at --hidden 128, float32

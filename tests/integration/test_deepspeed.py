@@ -38,8 +38,8 @@ def test_a_zero_engine_reports_steps_loader_wait_and_its_collectives(collector: 
     for rank in figures.all_ranks():
         s = rank.stats
         kinds = {c.kind for c in s.collectives}
-        summary = f"rank {rank.rank}: {s.steps} steps, loader {s.loader_wait_s}, collectives {s.collectives}"
-        assert s.steps == 40 and s.loader_wait_s is not None and s.loader_wait_s >= 0.004, summary
-        assert s.phases_from == "hooks" and s.forward_s and s.exposed_comm_s is not None, summary
+        summary = f"rank {rank.rank}: {s.steps} steps, loader {s.phases.loader_wait_s}, collectives {s.collectives}"
+        assert s.steps == 40 and s.phases.loader_wait_s is not None and s.phases.loader_wait_s >= 0.004, summary
+        assert s.phases.source == "hooks" and s.phases.forward_s and s.phases.exposed_comm_s is not None, summary
         assert "all_reduce" in kinds or "reduce_scatter" in kinds, summary  # ZeRO's gradient reduction
         assert all(c.exposed_s is not None and (c.bytes > 0 or c.kind == "barrier") for c in s.collectives), summary

@@ -39,8 +39,8 @@ def run_fsdp2(*args: str) -> tuple[Figures, list[Finding], str]:
         collector.stop()
     findings = diagnose(figures)
     measured = "; ".join(
-        f"rank {r.rank}: step {1e3 * (r.stats.step_time_mean_s or 0):.0f} ms, fwd {r.stats.forward_s}, "
-        f"bwd {r.stats.backward_s}, exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%, "
+        f"rank {r.rank}: step {1e3 * (r.stats.step.mean_s or 0):.0f} ms, fwd {r.stats.phases.forward_s}, "
+        f"bwd {r.stats.phases.backward_s}, exposed comm {100 * (r.stats.phases.exposed_comm_frac or 0):.0f}%, "
         f"collectives {[c.to_dict() for c in r.stats.collectives]}"
         for r in figures.all_ranks()
     )
@@ -62,8 +62,9 @@ def test_fsdp2_reports_forward_backward_and_exposed_communication_per_collective
     for r in ranks:
         s = r.stats
         assert s.steps == 40, summary
-        assert s.phases_from == "hooks", summary
-        assert s.forward_s and s.backward_s and s.exposed_comm_s is not None and s.exposed_comm_frac, summary
+        assert s.phases.source == "hooks", summary
+        p = s.phases
+        assert p.forward_s and p.backward_s and p.exposed_comm_s is not None and p.exposed_comm_frac, summary
         by_kind = {c.kind: c for c in s.collectives}
         # fully_shard on three blocks and the root: parameters all-gathered in forward (and again in
         # backward where resharded), gradients reduce-scattered in backward, on the mesh's one dimension.
@@ -73,8 +74,8 @@ def test_fsdp2_reports_forward_backward_and_exposed_communication_per_collective
             assert c.group == "dp" and c.calls >= 2 and c.bytes > 0, summary
             assert c.exposed_s is not None and c.exposed_s > 0 and c.busy_s is not None, summary
         # Each phase is the rank's own: the blocked time is in the comm phase, not in forward or backward.
-        phases = s.forward_s + s.backward_s + (s.optimizer_s or 0) + s.exposed_comm_s
-        assert phases <= 1.05 * (s.step_time_mean_s or 0), summary
+        phases = p.forward_s + p.backward_s + (p.optimizer_s or 0) + p.exposed_comm_s
+        assert phases <= 1.05 * (s.step.mean_s or 0), summary
 
 
 def test_fsdp2_collectives_reach_the_report_and_the_exporter(healthy: tuple[Figures, list[Finding], str]) -> None:

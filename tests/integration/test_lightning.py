@@ -36,10 +36,10 @@ def test_lightning_ddp_ranks_report_steps_ddp_stats_and_loader_wait(collector, t
         stats = rank_stats(view.windows)
         assert stats.steps == 40
         assert view.hello.ddp is True and view.hello.loader_batch_size == 8
-        assert stats.comm_s is not None and stats.comm_s > 0
-        assert stats.loader_wait_s is not None and stats.loader_wait_s >= 0.008
+        assert stats.phases.comm_s is not None and stats.phases.comm_s > 0
+        assert stats.phases.loader_wait_s is not None and stats.phases.loader_wait_s >= 0.008
         # Validation (4 batches x 200 ms every 10 steps = 80 ms a step) is not counted as waiting for data.
-        assert stats.loader_wait_s < 0.05
+        assert stats.phases.loader_wait_s < 0.05
     # The breakdown went into the trainer's logger (CSV here), every log_every_n_steps, beside the loss.
     (metrics,) = tmp_path.rglob("metrics.csv")
     rows = list(csv.DictReader(metrics.open()))

@@ -54,10 +54,10 @@ def run_lightning_fsdp(*args: str) -> tuple[Figures, str]:
     finally:
         collector.stop()
     measured = "; ".join(
-        f"rank {r.rank}: {r.stats.steps} steps of {1e3 * (r.stats.step_time_mean_s or 0):.1f} ms, "
-        f"loader {r.stats.loader_wait_s}, fwd {r.stats.forward_s}, bwd {r.stats.backward_s}, "
-        f"optimizer {r.stats.optimizer_s}, exposed comm {r.stats.exposed_comm_s}, micro-batches "
-        f"{r.stats.micro_batches}, phases from {r.stats.phases_from}, "
+        f"rank {r.rank}: {r.stats.steps} steps of {1e3 * (r.stats.step.mean_s or 0):.1f} ms, "
+        f"loader {r.stats.phases.loader_wait_s}, fwd {r.stats.phases.forward_s}, bwd {r.stats.phases.backward_s}, "
+        f"optimizer {r.stats.phases.optimizer_s}, exposed comm {r.stats.phases.exposed_comm_s}, micro-batches "
+        f"{r.stats.phases.micro_batches}, phases from {r.stats.phases.source}, "
         f"collectives {[c.to_dict() for c in r.stats.collectives]}"
         for r in figures.all_ranks()
     )
@@ -77,10 +77,10 @@ def test_lightning_fsdp2_ranks_report_steps_loader_wait_phases_and_collectives(f
         s = r.stats
         assert s.steps == STEPS, measured
         # One sample in 8 takes 10 ms: each step waits about 10 ms for its batch.
-        assert s.loader_wait_s is not None and 0.006 <= s.loader_wait_s < 0.05, measured
-        assert s.phases_from == "hooks", measured
-        assert s.forward_s and s.backward_s and s.exposed_comm_s, measured
-        assert s.micro_batches == 1, measured  # one training forward a step: marked once, not also by a hook
+        assert s.phases.loader_wait_s is not None and 0.006 <= s.phases.loader_wait_s < 0.05, measured
+        assert s.phases.source == "hooks", measured
+        assert s.phases.forward_s and s.phases.backward_s and s.phases.exposed_comm_s, measured
+        assert s.phases.micro_batches == 1, measured  # one training forward a step: marked once, not also by a hook
         by_kind = {c.kind: c for c in s.collectives}
         # fully_shard on each of 3 linears: parameters all-gathered in forward (and again in backward),
         # gradients reduce-scattered in backward (calls a step, over the run), on the data-parallel dimension.
@@ -94,13 +94,14 @@ def test_lightning_fsdp2_phases_add_up_to_no_more_than_the_step(fsdp2: tuple[Fig
     figures, measured = fsdp2
     for r in figures.all_ranks():
         s = r.stats
-        phases = (s.loader_wait_s or 0) + (s.forward_s or 0) + (s.backward_s or 0) + (s.optimizer_s or 0)
-        assert phases + (s.exposed_comm_s or 0) <= 1.05 * (s.step_time_mean_s or 0), measured
+        p = s.phases
+        phases = (p.loader_wait_s or 0) + (p.forward_s or 0) + (p.backward_s or 0) + (p.optimizer_s or 0)
+        assert phases + (s.phases.exposed_comm_s or 0) <= 1.05 * (s.step.mean_s or 0), measured
 
 
 def test_a_training_step_that_calls_self_is_marked_by_the_modules_hooks_once() -> None:
     figures, measured = run_lightning_fsdp("--self-call")
     for r in figures.all_ranks():
         s = r.stats
-        assert s.steps == STEPS and s.phases_from == "hooks", measured
-        assert s.micro_batches == 1 and s.forward_s and s.backward_s, measured
+        assert s.steps == STEPS and s.phases.source == "hooks", measured
+        assert s.phases.micro_batches == 1 and s.phases.forward_s and s.phases.backward_s, measured

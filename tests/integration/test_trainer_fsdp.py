@@ -37,10 +37,11 @@ def test_trainer_asked_for_fsdp_on_cpu_runs_ddp_and_reports_ddp(collector, tmp_p
     for view in ranks:
         stats = rank_stats(view.windows)
         measured = (
-            f"rank {view.rank}: ddp {view.hello.ddp}, {stats.steps} steps, phases from {stats.phases_from}, "
-            f"fwd {stats.forward_s}, bwd {stats.backward_s}, comm {stats.comm_s}, loader {stats.loader_wait_s}"
+            f"rank {view.rank}: ddp {view.hello.ddp}, {stats.steps} steps, phases from {stats.phases.source}, "
+            f"fwd {stats.phases.forward_s}, bwd {stats.phases.backward_s}, comm {stats.phases.comm_s}, "
+            f"loader {stats.phases.loader_wait_s}"
         )
         assert view.hello.ddp is True and view.hello.backend == "gloo", measured
-        assert stats.steps == steps and stats.phases_from == "ddp", measured
-        assert stats.comm_s is not None and stats.comm_s > 0, measured
-        assert stats.loader_wait_s is not None and stats.loader_wait_s > 0.005, measured
+        assert stats.steps == steps and stats.phases.source == "ddp", measured
+        assert stats.phases.comm_s is not None and stats.phases.comm_s > 0, measured
+        assert stats.phases.loader_wait_s is not None and stats.phases.loader_wait_s > 0.005, measured

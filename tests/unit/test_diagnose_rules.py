@@ -305,7 +305,7 @@ class TestParallelism:
         # 4-ms steps and one 1-s stop per half-second window: a mean step of ~12 ms,
         # but what a step costs when nothing stops it is still 4 ms.
         snapshot = make_snapshot(two_ranks(step_s=0.004, stall_s=1.0, comm_frac=0.05), hello={"loader_batch_size": 2})
-        mean_s = summarize(snapshot, span_s=SPAN_S).runs[0].ranks[0].stats.step_time_mean_s
+        mean_s = summarize(snapshot, span_s=SPAN_S).runs[0].ranks[0].stats.step.mean_s
         assert mean_s is not None and mean_s > 0.010  # the plain mean alone would not call these steps tiny
         findings = findings_of(snapshot)
         finding = only(findings, "parallelism")
@@ -319,7 +319,7 @@ class TestParallelism:
         specs = two_ranks(step_s=0.016, comm_frac=0.05, cpu_pct=50.0, cpu_starved_frac=0.5)
         snapshot = make_snapshot(specs, hello={"loader_batch_size": 2})
         stats = summarize(snapshot, span_s=SPAN_S).runs[0].ranks[0].stats
-        assert stats.main_cpu_wait_frac is not None and stats.main_cpu_wait_frac > 0.3, stats.main_cpu_wait_frac
+        assert stats.cpu.main_wait_frac is not None and stats.cpu.main_wait_frac > 0.3, stats.cpu.main_wait_frac
         findings = findings_of(snapshot)
         assert "parallelism" in {f.cause for f in findings}, [f.title for f in findings]
         # Without the wait the same steps are not tiny.

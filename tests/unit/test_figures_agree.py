@@ -64,29 +64,29 @@ class TestSharesOfStepTime:
     def test_loader_wait(self) -> None:
         view, data, findings = every_path(make_snapshot(WAITING_RANKS))
         loading = only(findings, "data_loading")
-        worst = max(view.rank_rows, key=lambda r: r.stats.loader_wait_frac or 0.0)
+        worst = max(view.rank_rows, key=lambda r: r.stats.phases.loader_wait_frac or 0.0)
         for row in view.rank_rows:
-            shown = row.stats.loader_wait_frac
+            shown = row.stats.phases.loader_wait_frac
             assert shown is not None
             assert report_rank(data, row.rank)["loader_wait_pct"] == pytest.approx(shown * 100, abs=0.005)
             assert row_cells(row, Palette())["loader"].plain == fmt_frac(shown)
         assert evidence(loading, "loader_wait_pct", worst.rank) == pytest.approx(
-            (worst.stats.loader_wait_frac or 0) * 100
+            (worst.stats.phases.loader_wait_frac or 0) * 100
         )
-        run_mean = sum(r.stats.loader_wait_frac or 0.0 for r in view.rank_rows) / len(view.rank_rows)
+        run_mean = sum(r.stats.phases.loader_wait_frac or 0.0 for r in view.rank_rows) / len(view.rank_rows)
         assert evidence(loading, "loader_wait_pct", None) == pytest.approx(run_mean * 100)
 
     def test_exposed_comm(self) -> None:
         view, data, findings = every_path(make_snapshot(WAITING_RANKS))
         communication = only(findings, "communication")
-        least = min(view.rank_rows, key=lambda r: r.stats.exposed_comm_frac or 0.0)
+        least = min(view.rank_rows, key=lambda r: r.stats.phases.exposed_comm_frac or 0.0)
         for row in view.rank_rows:
-            shown = row.stats.exposed_comm_frac
+            shown = row.stats.phases.exposed_comm_frac
             assert shown is not None
             assert report_rank(data, row.rank)["comm_exposed_pct"] == pytest.approx(shown * 100, abs=0.005)
             assert row_cells(row, Palette())["comm"].plain == fmt_frac(shown)
         assert evidence(communication, "exposed_comm_pct", least.rank) == pytest.approx(
-            (least.stats.exposed_comm_frac or 0) * 100
+            (least.stats.phases.exposed_comm_frac or 0) * 100
         )
 
     def test_the_work_each_step_does(self) -> None:
@@ -111,8 +111,8 @@ class TestSharesOfStepTime:
             series = view.series(row.key)
             assert series is not None
             # Steady windows: each window's share is the span's share.
-            assert series.loader_wait_frac[-1] == pytest.approx(row.stats.loader_wait_frac)
-            assert series.exposed_comm_frac[-1] == pytest.approx(row.stats.exposed_comm_frac)
+            assert series.loader_wait_frac[-1] == pytest.approx(row.stats.phases.loader_wait_frac)
+            assert series.exposed_comm_frac[-1] == pytest.approx(row.stats.phases.exposed_comm_frac)
 
 
 class TestStraggler:
@@ -133,10 +133,10 @@ class TestStraggler:
     def test_the_slow_phase_is_the_detail_screens_share(self) -> None:
         view, data, findings = every_path(self.snapshot())
         row = view.row("run:2")
-        assert row is not None and row.stats.step_time_mean_s
-        backward_s = phase_seconds(row.stats)["backward"]
+        assert row is not None and row.stats.step.mean_s
+        backward_s = phase_seconds(row.stats.phases)["backward"]
         assert backward_s is not None
-        share_pct = backward_s / row.stats.step_time_mean_s * 100
+        share_pct = backward_s / row.stats.step.mean_s * 100
         assert evidence(only(findings, "straggler"), "backward_pct", 2) == pytest.approx(share_pct)
         assert report_rank(data, 2)["backward_ms"] == pytest.approx(backward_s * 1000, abs=0.0005)
 

@@ -8,7 +8,7 @@ from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.diagnose.rules.recompile import stall_beyond_compiles
 from gputop.model.figures import summarize
-from gputop.model.rank_stats import RankStats
+from gputop.model.rank_stats import CompileFigures, RankStats, StallFigures, StepTimes
 from gputop.protocol import Event, Hello
 from tests.support.diagnose_fixtures import T0, RankSpec, rank_windows
 
@@ -49,11 +49,9 @@ def test_one_compile_at_the_start_is_no_finding() -> None:
 
 
 def test_the_stall_rule_counts_only_what_compiling_leaves() -> None:
-    base = dict(windows=10, steps=100, steps_per_s=10.0, step_time_mean_s=0.1, step_time_p50_s=0.1)
-    none = {k: None for k in RankStats.__struct_fields__ if k not in base and k != "dropped"}
-    stats = RankStats(**base, **none, dropped=0)  # type: ignore[arg-type]
-    stalls = msgspec.structs.replace(stats, stall_steps=5, stall_frac=0.4)
+    stats = RankStats(windows=10, steps=100, dropped=0, step=StepTimes(per_s=10.0, mean_s=0.1, p50_s=0.1))
+    stalls = msgspec.structs.replace(stats, stalls=StallFigures(steps=5, frac=0.4))
     assert stall_beyond_compiles(stalls) == (5, 0.4)  # nothing compiled: the stall rule's own figures
-    compiled = msgspec.structs.replace(stalls, compiles=4, compile_frac=0.35)
+    compiled = msgspec.structs.replace(stalls, compile=CompileFigures(compiles=4, frac=0.35))
     steps, frac = stall_beyond_compiles(compiled)
     assert steps == 1 and abs(frac - 0.05) < 1e-9

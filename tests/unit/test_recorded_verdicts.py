@@ -46,11 +46,11 @@ def recorded(name: str) -> tuple[Snapshot, Figures, tuple[Finding, ...], str]:
 
 def measured(figures: Figures) -> str:
     return "; ".join(
-        f"rank {r.rank}: {r.stats.steps} steps of {1e3 * (r.stats.step_time_mean_s or 0):.0f} ms, "
-        f"cpu wait {100 * (r.stats.cpu_starved_frac or 0):.0f}% wanting {r.stats.cpu_demand_cores or 0:.2f} CPUs, "
-        f"loader {100 * (r.stats.loader_wait_frac or 0):.0f}%, "
-        f"exposed comm {100 * (r.stats.exposed_comm_frac or 0):.0f}%, "
-        f"stalls {r.stats.stall_steps} of {1e3 * (r.stats.stall_mean_s or 0):.0f} ms"
+        f"rank {r.rank}: {r.stats.steps} steps of {1e3 * (r.stats.step.mean_s or 0):.0f} ms, "
+        f"cpu wait {100 * (r.stats.cpu.starved_frac or 0):.0f}% wanting {r.stats.cpu.demand_cores or 0:.2f} CPUs, "
+        f"loader {100 * (r.stats.phases.loader_wait_frac or 0):.0f}%, "
+        f"exposed comm {100 * (r.stats.phases.exposed_comm_frac or 0):.0f}%, "
+        f"stalls {r.stats.stalls.steps} of {1e3 * (r.stats.stalls.mean_s or 0):.0f} ms"
         for r in figures.all_ranks()
     )
 
@@ -171,7 +171,7 @@ def test_work_between_the_forward_and_backward_on_rank_1_is_outside_the_model_no
     """
     _, figures, findings, summary = recorded("straggler_work_before_backward")
     slow = next(r for r in figures.all_ranks() if r.rank == 1)
-    assert (slow.stats.backward_s or 1.0) < 0.020 and (slow.stats.other_s or 0.0) > 0.060, summary
+    assert (slow.stats.phases.backward_s or 1.0) < 0.020 and (slow.stats.phases.other_s or 0.0) > 0.060, summary
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (1,), summary
     assert straggler_of(top).phase == "other", summary
@@ -191,7 +191,7 @@ def test_a_slow_optimizer_step_on_rank_1_is_named_as_the_phase_its_time_goes_to(
     every view through the one phase list (the report and the exporter too).
     """
     _, figures, findings, summary = recorded("straggler_slow_optimizer")
-    optimizer_ms = {r.rank: 1e3 * (r.stats.optimizer_s or 0.0) for r in figures.all_ranks()}
+    optimizer_ms = {r.rank: 1e3 * (r.stats.phases.optimizer_s or 0.0) for r in figures.all_ranks()}
     assert optimizer_ms[1] > 25 and optimizer_ms[0] < 10, (optimizer_ms, summary)
     top = findings[0]
     assert top.cause == "straggler" and top.severity in ("warn", "critical") and top.ranks == (1,), summary
@@ -236,8 +236,9 @@ def test_a_checkpoint_every_10_steps_names_the_rank_that_stops_and_the_one_that_
 def compiled(name: str) -> tuple[tuple[Finding, ...], str]:
     _, figures, findings, summary = recorded(name)
     compiles = "; ".join(
-        f"rank {r.rank}: {r.stats.compiles} compiles, {r.stats.recompiles} recompiles, "
-        f"{r.stats.compile_s or 0:.1f} s compiling ({100 * (r.stats.recompile_frac or 0):.0f}% of the run)"
+        f"rank {r.rank}: {r.stats.compile.compiles} compiles, {r.stats.compile.recompiles} recompiles, "
+        f"{r.stats.compile.seconds or 0:.1f} s compiling "
+        f"({100 * (r.stats.compile.recompile_frac or 0):.0f}% of the run)"
         for r in figures.all_ranks()
     )
     return findings, f"{compiles}; {summary}"
@@ -302,7 +303,7 @@ def test_an_accelerate_loop_waiting_on_its_data_is_named_loader_bound() -> None:
     """
     _, figures, findings, summary = recorded("accelerate_loader_bound")
     for rank in figures.all_ranks():
-        assert rank.stats.loader_wait_frac is not None and rank.stats.loader_wait_frac > 0.5, summary
+        assert rank.stats.phases.loader_wait_frac is not None and rank.stats.phases.loader_wait_frac > 0.5, summary
     top = findings[0]
     assert top.cause == "data_loading" and top.severity in ("warn", "critical"), summary
     assert set(top.ranks) == {0, 1}, summary
@@ -369,7 +370,7 @@ def test_the_healthy_demos_first_minute_shows_no_warning_at_any_refresh_nor_in_i
         if f.severity in ("warn", "critical") or f.cause == "straggler"
     ]
     _, figures, findings, summary = recorded(name)
-    stepped_s = [(r.stats.steps or 0) * (r.stats.step_time_mean_s or 0) for r in figures.all_ranks()]
+    stepped_s = [(r.stats.steps or 0) * (r.stats.step.mean_s or 0) for r in figures.all_ranks()]
     assert len(stepped_s) == 2 and min(stepped_s) > 55, summary  # both ranks stepped for the minute
     assert shown == [], f"shown live: {shown[:3]}; whole run: {summary}"
     assert [f for f in findings if f.severity != "info"] == [], summary

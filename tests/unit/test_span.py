@@ -96,10 +96,21 @@ def runs(draw: st.DrawFn) -> list[tuple[Window, bool]]:
 
 
 def assert_same(running: RankStats, fresh: RankStats, context: str) -> None:
-    for field in msgspec.structs.fields(RankStats):
-        a, b = getattr(running, field.name), getattr(fresh, field.name)
+    for name, a, b in figure_pairs(running, fresh):
         same = a == b or (isinstance(a, float) and math.isnan(a) and isinstance(b, float) and math.isnan(b))
-        assert same, f"{field.name}: sliding {a!r}, rank_stats {b!r} ({context})"
+        assert same, f"{name}: sliding {a!r}, rank_stats {b!r} ({context})"
+
+
+def figure_pairs(a: msgspec.Struct, b: msgspec.Struct, prefix: str = "") -> list[tuple[str, object, object]]:
+    """Each figure of two structs side by side, by its dotted name, a group's figures one by one."""
+    pairs: list[tuple[str, object, object]] = []
+    for field in msgspec.structs.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, msgspec.Struct) and type(x) is type(y) and not isinstance(x, tuple):
+            pairs += figure_pairs(x, y, f"{prefix}{field.name}.")
+        else:
+            pairs.append((f"{prefix}{field.name}", x, y))
+    return pairs
 
 
 @settings(max_examples=50, deadline=None)

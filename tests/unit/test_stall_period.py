@@ -15,7 +15,7 @@ from gputop.sketch import sketch_bucket
 
 
 def stall_in_comm(windows: list[Window]) -> float:
-    frac = rank_stats(windows).stall_in_comm_frac
+    frac = rank_stats(windows).stalls.in_comm_frac
     assert frac is not None
     return frac
 
@@ -63,7 +63,7 @@ def test_the_reporter_numbers_its_slow_steps_and_the_figures_read_the_period() -
     assert windows[1].slow_step_numbers[0] == 12  # the window of steps 11-20 holds step 12's save
     assert sketch_bucket(0.6) in windows[1].step_sketch
     stats = rank_stats(windows)
-    assert (stats.stall_period_steps, stats.stall_regular) == (12, True)
+    assert (stats.stalls.period_steps, stats.stalls.regular) == (12, True)
 
 
 def test_steps_that_turn_slow_and_stay_so_are_a_new_level_not_stalls() -> None:
@@ -72,13 +72,13 @@ def test_steps_that_turn_slow_and_stay_so_are_a_new_level_not_stalls() -> None:
     windows = [window(seq, [0.02] * 20, 1 + 20 * seq) for seq in range(8)]
     windows += [window(8 + k, [0.3] * 3, 161 + 3 * k) for k in range(3)]
     shifted = rank_stats(windows)
-    assert shifted.stall_steps == 9 and shifted.stall_level_shift is True
+    assert shifted.stalls.steps == 9 and shifted.stalls.level_shift is True
     # The same slow steps as stops among ordinary ones, one a window: stalls.
     stops = [window(seq, [0.02] * 19 + ([0.3] if seq >= 8 else [0.02]), 1 + 20 * seq) for seq in range(11)]
-    assert rank_stats(stops).stall_steps == 3 and rank_stats(stops).stall_level_shift is False
+    assert rank_stats(stops).stalls.steps == 3 and rank_stats(stops).stalls.level_shift is False
     # One long stop alone in the newest window (a checkpoint's step): too soon to call a new level.
     newest = [window(seq, [0.02] * 20, 1 + 20 * seq) for seq in range(8)] + [window(8, [0.9], 161)]
-    assert rank_stats(newest).stall_level_shift is False
+    assert rank_stats(newest).stalls.level_shift is False
 
 
 def test_a_rank_that_waits_in_its_own_all_reduce_through_anothers_stop_waited_it_did_not_stop() -> None:
@@ -92,9 +92,9 @@ def test_a_rank_that_waits_in_its_own_all_reduce_through_anothers_stop_waited_it
 
     waited = (CollectiveTimes("all_reduce", "world", 2, 64, 1.5, 1.5),)
     plain = [window(seq, [0.1] * 4 + ([1.6] if seq % 3 == 2 else [0.1]), 1 + 5 * seq) for seq in range(9)]
-    assert rank_stats(plain).stall_in_comm_frac is None  # nothing says where its stalls went: read as its own
+    assert rank_stats(plain).stalls.in_comm_frac is None  # nothing says where its stalls went: read as its own
     only_tapped = [replace(w, collectives=waited) if w.slow_steps[0][0] > 1 else w for w in plain]
-    assert rank_stats(only_tapped).stall_in_comm_frac == pytest.approx(1.0, abs=0.01)
+    assert rank_stats(only_tapped).stalls.in_comm_frac == pytest.approx(1.0, abs=0.01)
     with_ddp = [
         replace(w, comm_s=0.01, ddp_steps=5, phases_from="ddp", collectives=waited if w.slow_steps[0][0] > 1
                 else ())

@@ -36,21 +36,21 @@ def test_loader_wait_share_is_wait_over_wall_step_time() -> None:
         w(2, 10, 20, step_time_sum_s=1.0, loader_wait_s=0.15, loader_batches=10),
     ]
     stats = rank_stats(windows)
-    assert abs(stats.loader_wait_frac - 0.2) < 1e-9  # type: ignore[operator]
-    assert abs(stats.loader_wait_s - 0.02) < 1e-9  # type: ignore[operator]
-    assert abs(stats.step_time_mean_s - 0.1) < 1e-9  # type: ignore[operator]
+    assert abs(stats.phases.loader_wait_frac - 0.2) < 1e-9  # type: ignore[operator]
+    assert abs(stats.phases.loader_wait_s - 0.02) < 1e-9  # type: ignore[operator]
+    assert abs(stats.step.mean_s - 0.1) < 1e-9  # type: ignore[operator]
 
 
 def test_untracked_loader_is_not_measured_rather_than_zero() -> None:
     stats = rank_stats([w(1, 10, 10, step_time_sum_s=1.0)])
-    assert stats.loader_wait_frac is None and stats.loader_wait_s is None
-    assert stats.comm_s is None and stats.exposed_comm_frac is None and stats.mem_peak_bytes is None
+    assert stats.phases.loader_wait_frac is None and stats.phases.loader_wait_s is None
+    assert stats.phases.comm_s is None and stats.phases.exposed_comm_frac is None and stats.memory.peak_bytes is None
 
 
 def test_exposed_comm_subtracts_overlap() -> None:
     stats = rank_stats([w(1, 10, 10, step_time_sum_s=1.0, comm_s=0.03, overlap_s=0.01)])
-    assert abs(stats.exposed_comm_s - 0.02) < 1e-9  # type: ignore[operator]
-    assert abs(stats.exposed_comm_frac - 0.2) < 1e-9  # type: ignore[operator]
+    assert abs(stats.phases.exposed_comm_s - 0.02) < 1e-9  # type: ignore[operator]
+    assert abs(stats.phases.exposed_comm_frac - 0.2) < 1e-9  # type: ignore[operator]
 
 
 def test_recent_keeps_the_newest_span() -> None:
@@ -63,7 +63,7 @@ def test_a_ddp_sample_repeated_over_many_windows_counts_once() -> None:
     lingering = [w(i, 1, i, step_time_sum_s=0.1, comm_s=0.010, ddp_iteration=10) for i in range(1, 10)]
     fresh = [w(10, 1, 10, step_time_sum_s=0.1, comm_s=0.030, ddp_iteration=20)]
     stats = rank_stats(lingering + fresh)
-    assert abs(stats.comm_s - 0.020) < 1e-9  # type: ignore[operator]
+    assert abs(stats.phases.comm_s - 0.020) < 1e-9  # type: ignore[operator]
 
 
 def test_ddp_windows_weigh_the_iterations_they_average() -> None:
@@ -73,17 +73,17 @@ def test_ddp_windows_weigh_the_iterations_they_average() -> None:
         w(2, 3, 4, step_time_sum_s=0.3, comm_s=0.010, ddp_iteration=4, ddp_steps=3),
         w(3, 1, 5, step_time_sum_s=0.1, comm_s=0.050, ddp_iteration=5, ddp_steps=1),
     ]
-    assert rank_stats(windows).comm_s == pytest.approx((3 * 0.010 + 0.050) / 4)
+    assert rank_stats(windows).phases.comm_s == pytest.approx((3 * 0.010 + 0.050) / 4)
 
 
 def test_ddps_first_iteration_is_left_out_once_later_ones_are_known() -> None:
     """The first iteration rebuilds DDP's buckets: alone it is all there is, later it is no typical step."""
     warmup = w(1, 2, 2, step_time_sum_s=0.2, forward_s=0.9, comm_s=0.5, ddp_iteration=2, ddp_steps=2)
-    assert rank_stats([warmup]).forward_s == pytest.approx(0.9)
+    assert rank_stats([warmup]).phases.forward_s == pytest.approx(0.9)
     settled = w(2, 2, 4, step_time_sum_s=0.2, forward_s=0.1, comm_s=0.02, ddp_iteration=4, ddp_steps=2)
-    assert rank_stats([warmup, settled]).forward_s == pytest.approx(0.1)
+    assert rank_stats([warmup, settled]).phases.forward_s == pytest.approx(0.1)
     sampled = w(3, 1, 5, step_time_sum_s=0.1, forward_s=0.2, comm_s=0.02, ddp_iteration=5)  # every Nth: kept
-    assert rank_stats([warmup, settled, sampled]).forward_s == pytest.approx((2 * 0.1 + 0.2) / 3)
+    assert rank_stats([warmup, settled, sampled]).phases.forward_s == pytest.approx((2 * 0.1 + 0.2) / 3)
 
 
 def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
@@ -91,8 +91,8 @@ def test_the_first_step_without_a_duration_does_not_dilute_the_mean() -> None:
     first = w(1, 5, 5, timed_steps=4, step_time_sum_s=0.4, loader_wait_s=0.04, loader_batches=5)
     stats = rank_stats([first])
     assert stats.steps == 5
-    assert abs(stats.step_time_mean_s - 0.1) < 1e-9  # type: ignore[operator]
-    assert abs(stats.loader_wait_s - 0.01) < 1e-9  # type: ignore[operator]
+    assert abs(stats.step.mean_s - 0.1) < 1e-9  # type: ignore[operator]
+    assert abs(stats.phases.loader_wait_s - 0.01) < 1e-9  # type: ignore[operator]
 
 
 def test_percentiles_from_the_histogram_never_exceed_the_slowest_step() -> None:
@@ -102,9 +102,9 @@ def test_percentiles_from_the_histogram_never_exceed_the_slowest_step() -> None:
         for i in range(1, 4)
     ]
     stats = rank_stats(windows)
-    assert stats.step_time_max_s == pytest.approx(0.304)
-    assert stats.step_time_p95_s is not None and stats.step_time_p95_s <= 0.304
-    assert stats.step_time_p50_s is not None and stats.step_time_p50_s <= stats.step_time_p95_s
+    assert stats.step.max_s == pytest.approx(0.304)
+    assert stats.step.p95_s is not None and stats.step.p95_s <= 0.304
+    assert stats.step.p50_s is not None and stats.step.p50_s <= stats.step.p95_s
 
 
 def test_gputop_accounts_for_its_own_cost() -> None:
@@ -114,15 +114,15 @@ def test_gputop_accounts_for_its_own_cost() -> None:
         w(2, 10, 20, step_time_sum_s=0.5, cpu_pct=50.0, reporter_cpu_s=0.003, hook_s=0.0005, sent_bytes=1200),
     ]
     stats = rank_stats(windows)
-    assert stats.reporter_cpu_pct == pytest.approx(100 * 0.004 / 1.0)  # 0.4% of a core over 1 s
-    assert stats.hook_s_per_step == pytest.approx(0.001 / 20)
-    assert stats.gputop_cpu_frac == pytest.approx(0.005 / 0.5)  # of the 0.5 CPU-s the rank used
-    assert stats.sent_bytes_per_s == pytest.approx(2000.0)
+    assert stats.cost.reporter_cpu_pct == pytest.approx(100 * 0.004 / 1.0)  # 0.4% of a core over 1 s
+    assert stats.cost.hook_s_per_step == pytest.approx(0.001 / 20)
+    assert stats.cost.cpu_frac == pytest.approx(0.005 / 0.5)  # of the 0.5 CPU-s the rank used
+    assert stats.cost.sent_bytes_per_s == pytest.approx(2000.0)
 
 
 def test_a_reporter_that_does_not_account_for_itself_is_na() -> None:
     stats = rank_stats([w(1, 10, 10, step_time_sum_s=0.5, cpu_pct=50.0)])
-    assert stats.reporter_cpu_pct is None and stats.hook_s_per_step is None and stats.gputop_cpu_frac is None
+    assert stats.cost.reporter_cpu_pct is None and stats.cost.hook_s_per_step is None and stats.cost.cpu_frac is None
 
 
 def exact_quantile(durations: list[float], q: float) -> float:
@@ -158,7 +158,7 @@ def test_run_quantiles_merged_across_windows_are_within_two_percent_of_exact(
         windows.append(Window(run_id="r", rank=0, seq=seq, t0=t, t1=t + 0.5, step_total=total, **fields))
         t += 0.5
     stats = rank_stats(windows)
-    for q, got in ((0.5, stats.step_time_p50_s), (0.95, stats.step_time_p95_s)):
+    for q, got in ((0.5, stats.step.p50_s), (0.95, stats.step.p95_s)):
         want = exact_quantile(durations, q)
         assert got is not None
         assert abs(got - want) / want <= 0.02, f"{shape}: p{q * 100:.0f} {got:.6f}s vs exact {want:.6f}s"

@@ -7,7 +7,7 @@ import pytest
 
 from gputop.collect.store import Store
 from gputop.combine import merge_windows
-from gputop.model.figures import summarize
+from gputop.model.figures import RankFigures, summarize
 from gputop.model.work import flops_text, work_entry, work_text
 from gputop.reporter.clock import StepMark
 from gputop.reporter.window import flops_fields
@@ -26,7 +26,7 @@ def test_a_windows_flops_leave_out_the_counted_step_the_unknown_ones_and_the_unt
     assert flops_fields(marks(0.01, 0.01), [(None, False), (5, True)]) == {}
 
 
-def ranks_with_work(*, flops_per_step: float, cuda: bool, **facts: object) -> list[object]:
+def ranks_with_work(*, flops_per_step: float, cuda: bool, **facts: object) -> list[RankFigures]:
     """A 2-rank run whose every window says its steps did ``flops_per_step`` each."""
     store = Store(listen=fx.LISTEN)
     device = {"device": "cuda:0"} if cuda else {"device": "cpu", "device_name": None, "device_uuid": None}
@@ -44,12 +44,13 @@ def ranks_with_work(*, flops_per_step: float, cuda: bool, **facts: object) -> li
 
 def test_a_cpu_rank_reads_its_mfu_against_the_peak_it_measured() -> None:
     rank = ranks_with_work(flops_per_step=2e9, cuda=False, cpu_peak_flops=200e9, cpu_peak_cost_s=0.15)[0]
-    stats = rank.stats  # type: ignore[attr-defined]
-    assert stats.flops_per_step == pytest.approx(2e9)
-    step = stats.step_time_mean_s
-    assert stats.achieved_flops_per_s == pytest.approx(2e9 / step, rel=1e-9)
-    assert rank.mfu == pytest.approx(2e9 / step / 200e9, rel=1e-9)  # type: ignore[attr-defined]
-    entry = work_entry(rank)  # type: ignore[arg-type]
+    stats = rank.stats
+    assert stats.work.flops_per_step == pytest.approx(2e9)
+    step = stats.step.mean_s
+    assert step is not None
+    assert stats.work.achieved_flops_per_s == pytest.approx(2e9 / step, rel=1e-9)
+    assert rank.mfu == pytest.approx(2e9 / step / 200e9, rel=1e-9)
+    entry = work_entry(rank)
     assert entry["mfu_pct"] == pytest.approx(100 * 2e9 / step / 200e9, abs=1e-3)
     assert "an fp32 matmul on the rank's own threads, measuring it took 150 ms" in work_text(entry)
 
@@ -58,12 +59,12 @@ def test_a_gpu_ranks_mfu_is_against_its_datasheet_peak_for_the_dtypes_it_compute
     """An H100 SXM computing in bf16: 989 TFLOP/s dense.  The same job without a count, or on a GPU the table does
     not know, is N/A with the reason, never a guess."""
     rank = ranks_with_work(flops_per_step=50e12, cuda=True, flops_mix={"bfloat16": 1.0}, flops_note="")[0]
-    entry = work_entry(rank)  # type: ignore[arg-type]
+    entry = work_entry(rank)
     peak = entry["peak_flops_per_s"]
     assert peak is not None and 980e12 <= peak <= 1000e12, entry
     assert entry["mfu_pct"] == pytest.approx(100 * entry["achieved_flops_per_s"] / peak, rel=1e-3)
     unknown = ranks_with_work(flops_per_step=50e12, cuda=True, flops_mix={"bfloat16": 1.0}, device_name="NVIDIA A10G")
-    entry = work_entry(unknown[0])  # type: ignore[arg-type]
+    entry = work_entry(unknown[0])
     assert entry["mfu_pct"] is None and "no peak known" in (entry["work_note"] or ""), entry
     store = Store(listen=fx.LISTEN)
     store.ingest(fx.hello("run-n", 0, 1, flops_note="model not counted yet"), fx.T0)

@@ -34,13 +34,13 @@ def communication_findings(run: RunFigures) -> list[Finding]:
     """
     if run.world_size <= 1:
         return []
-    ranks = [r for r in measured(run) if r.stats.exposed_comm_frac is not None]
+    ranks = [r for r in measured(run) if r.stats.phases.exposed_comm_frac is not None]
     if len(ranks) < 2 or len(ranks) < len(measured(run)):
         return []  # "all ranks alike" needs every measured rank's figure
-    fracs = [r.stats.exposed_comm_frac or 0.0 for r in ranks]
+    fracs = [r.stats.phases.exposed_comm_frac or 0.0 for r in ranks]
     least = min(fracs)
-    lowest = min(ranks, key=lambda r: r.stats.exposed_comm_frac or 0.0)
-    se = lowest.stats.exposed_comm_frac_se
+    lowest = min(ranks, key=lambda r: r.stats.phases.exposed_comm_frac or 0.0)
+    se = lowest.stats.phases.exposed_comm_frac_se
     severity, close = grade_band(least, se, EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC)
     if severity is None and not close:
         return []
@@ -50,7 +50,7 @@ def communication_findings(run: RunFigures) -> list[Finding]:
     evidence = (Evidence("exposed_comm_pct", pct(least), pct(threshold), "%", rank=lowest.rank, spread=spread),)
     held_by = holding_collectives(lowest)
     # DDP's exchange is its gradient all-reduce (its logger's row among the collectives): it keeps that name.
-    what = "gradient exchange" if not held_by or lowest.stats.phases_from == "ddp" else "communication"
+    what = "gradient exchange" if not held_by or lowest.stats.phases.source == "ddp" else "communication"
     title = f"{ranks_text([r.rank for r in ranks])} wait for {what} {pct(mean):.0f}% of each step"
     if held_by:
         title += ", most in " + " and ".join(collective_text(c) for c in held_by)
@@ -59,8 +59,8 @@ def communication_findings(run: RunFigures) -> list[Finding]:
     nvlink = nvlink_bytes_s(ranks)
     if nvlink is not None:
         title += f" (NVLink {nvlink / 1e9:.1f} GB/s per GPU)"
-    comm = [r.stats.comm_s for r in ranks if r.stats.comm_s]
-    overlap = [r.stats.overlap_s or 0.0 for r in ranks if r.stats.comm_s]
+    comm = [r.stats.phases.comm_s for r in ranks if r.stats.phases.comm_s]
+    overlap = [r.stats.phases.overlap_s or 0.0 for r in ranks if r.stats.phases.comm_s]
     hidden_frac = sum(overlap) / sum(c for c in comm if c) if comm else None
     return [
         Finding(
@@ -73,7 +73,7 @@ def communication_findings(run: RunFigures) -> list[Finding]:
             run_id=run.run_id,
             magnitude=mean,
             # Exposed comm that every rank pays (the least of them) is what the exchange costs each step.
-            cost_s=min(r.stats.exposed_comm_s or 0.0 for r in ranks),
+            cost_s=min(r.stats.phases.exposed_comm_s or 0.0 for r in ranks),
             step_s=mean_step_s(ranks),
             details=CommunicationDetails(
                 hidden_frac=hidden_frac, nvlink_bytes_s=nvlink, collectives=tuple(c.name for c in held_by)

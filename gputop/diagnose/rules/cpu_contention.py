@@ -51,7 +51,7 @@ class HostLoad:
     @property
     def demand_cores(self) -> float | None:
         """CPUs' worth of threads ready to run: the job's (measured in the ranks) plus the busy others'."""
-        mine = [r.stats.cpu_demand_cores for r in self.ranks if r.stats.cpu_demand_cores is not None]
+        mine = [r.stats.cpu.demand_cores for r in self.ranks if r.stats.cpu.demand_cores is not None]
         if not mine:
             return None
         return sum(mine) + sum(p.demand_pct for p in self.others) / 100.0
@@ -103,7 +103,9 @@ def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> 
         cores=cores,
         ranks=tuple(ranks),
         # The configured count: the live one drops to 0 when a loader's iterator ends.
-        workers_per_rank=max((max(r.hello.loader_num_workers or 0, r.stats.workers or 0) for r in ranks), default=0),
+        workers_per_rank=max(
+            (max(r.hello.loader_num_workers or 0, r.stats.cpu.workers or 0) for r in ranks), default=0
+        ),
         threads_per_rank=max((r.hello.torch_threads or 1 for r in ranks), default=1),
         others=others,
         host_cpu_pct=host_cpu,
@@ -148,7 +150,7 @@ def busy_others(samples: Sequence[HostSample], job_pids: set[int]) -> tuple[Busy
 
 def starved_median(ranks: Sequence[RankFigures]) -> float | None:
     """The median starved share of the measured ranks; None if none measures it."""
-    return median([r.stats.cpu_starved_frac for r in ranks if is_measured(r) and r.stats.cpu_starved_frac is not None])
+    return median([r.stats.cpu.starved_frac for r in ranks if is_measured(r) and r.stats.cpu.starved_frac is not None])
 
 
 def contention_evidence(
@@ -159,7 +161,7 @@ def contention_evidence(
     if demand is not None:  # shown with the comparison it makes: a neighbour alone may be the want of cores
         op = ">" if demand > CPU_DEMAND_OVER_CORES else "<="
         evidence.append(Evidence("runnable_per_cpu", demand, CPU_DEMAND_OVER_CORES, "x", op=op))
-    main = [r.stats.main_cpu_wait_frac for r in ranks if r.stats.main_cpu_wait_frac is not None]
+    main = [r.stats.cpu.main_wait_frac for r in ranks if r.stats.cpu.main_wait_frac is not None]
     if main:  # corroboration: shown with the comparison it makes, crossed or not
         op = ">" if max(main) > threshold_frac else "<="
         evidence.append(Evidence("training_thread_cpu_wait_pct", pct(max(main)), pct(threshold_frac), "%", op=op))
@@ -235,11 +237,11 @@ def starved_ranks(
     that mostly sleeps (for a batch, say) can wait a third of its little ready
     time for wake-up latency alone: no neighbour is to blame for that.
     """
-    measured_ranks = [r for r in ranks if is_measured(r) and r.stats.cpu_starved_frac is not None]
+    measured_ranks = [r for r in ranks if is_measured(r) and r.stats.cpu.starved_frac is not None]
     if not measured_ranks:
         return None
     median_frac = starved_median(measured_ranks)
-    over = [r for r in measured_ranks if (r.stats.cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC]
+    over = [r for r in measured_ranks if (r.stats.cpu.starved_frac or 0.0) > CPU_STARVED_WARN_FRAC]
     if not over:
         return None
     load = host_load(machine, hostname, ranks)
@@ -276,9 +278,9 @@ def contention_finding(machine: Figures, run_id: str, hostname: str, ranks: Sequ
         # The training thread's own wait for a CPU is step time lost outright.
         cost_s=median(
             [
-                (r.stats.main_cpu_wait_frac or 0.0) * (r.stats.step_time_mean_s or 0.0)
+                (r.stats.cpu.main_wait_frac or 0.0) * (r.stats.step.mean_s or 0.0)
                 for r in ranks
-                if r.stats.main_cpu_wait_frac is not None
+                if r.stats.cpu.main_wait_frac is not None
             ]
         ),
         step_s=mean_step_s(ranks),
@@ -298,17 +300,17 @@ def cpu_explains(finding: Finding, ranks: Sequence[RankFigures], everyone: Seque
     if finding.cause == "communication":
         return all(not r.on_cuda for r in mine)  # gloo on the CPU: the all-reduce itself needs a core
     if finding.cause == "data_loading":  # starved workers; a sleeping or I/O-bound loader is not explained
-        return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
+        return all((r.stats.cpu.workers_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
     if finding.cause == "straggler":
         phase = finding.details.phase if isinstance(finding.details, StragglerDetails) else None
         if phase == "loader":
-            return all((r.stats.workers_cpu_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
+            return all((r.stats.cpu.workers_starved_frac or 0.0) > CPU_STARVED_WARN_FRAC for r in mine)
         if phase not in ("forward", "backward", "own"):
             return False  # time outside the model's phases is extra work (a metric, a save), not a slower CPU
         # A CPU rank computing slower because it is the one squeezed: it waits for a CPU more than the others.
         # "own", an excess spread over its phases with none holding most of it, is what a slower CPU does too.
-        others = median([r.stats.cpu_starved_frac or 0.0 for r in everyone or ranks if r.rank not in finding.ranks])
-        return all(not r.on_cuda and (r.stats.cpu_starved_frac or 0.0) > (others or 0.0) for r in mine)
+        others = median([r.stats.cpu.starved_frac or 0.0 for r in everyone or ranks if r.rank not in finding.ranks])
+        return all(not r.on_cuda and (r.stats.cpu.starved_frac or 0.0) > (others or 0.0) for r in mine)
     return False
 
 

@@ -34,32 +34,34 @@ def data_loading_findings(
     ``exclude_ranks`` are ranks a straggler finding already blamed on their own
     loader: one slow rank is a straggler, not a run-wide input problem.
     """
-    ranks = [r for r in measured(run) if r.stats.loader_wait_frac is not None and r.rank not in exclude_ranks]
+    ranks = [r for r in measured(run) if r.stats.phases.loader_wait_frac is not None and r.rank not in exclude_ranks]
     if not ranks:
         return []
-    mean_frac = sum(r.stats.loader_wait_frac or 0.0 for r in ranks) / len(ranks)
-    errors = [r.stats.loader_wait_frac_se for r in ranks]
+    mean_frac = sum(r.stats.phases.loader_wait_frac or 0.0 for r in ranks) / len(ranks)
+    errors = [r.stats.phases.loader_wait_frac_se for r in ranks]
     # The mean's error from the ranks' own (independent enough: each rank has its own loader).
     se = None if None in errors else sum(e * e for e in errors if e is not None) ** 0.5 / len(ranks)
     severity, close = grade_band(mean_frac, se, LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC)
     if severity is None and not close:
         return []
-    waiting = [r for r in ranks if (r.stats.loader_wait_frac or 0.0) > LOADER_WAIT_WARN_FRAC] or ranks
-    worst = max(waiting, key=lambda r: r.stats.loader_wait_frac or 0.0)
+    waiting = [r for r in ranks if (r.stats.phases.loader_wait_frac or 0.0) > LOADER_WAIT_WARN_FRAC] or ranks
+    worst = max(waiting, key=lambda r: r.stats.phases.loader_wait_frac or 0.0)
     threshold = LOADER_WAIT_CRITICAL_FRAC if severity == "critical" else LOADER_WAIT_WARN_FRAC
     spread = None if se is None else pct(BAND_ERRORS * se)
     evidence = [Evidence("loader_wait_pct", pct(mean_frac), pct(threshold), "%", spread=spread)]
     if len(ranks) > 1:
         evidence.append(
-            Evidence("loader_wait_pct", pct(worst.stats.loader_wait_frac or 0.0), pct(threshold), "%", rank=worst.rank)
+            Evidence(
+                "loader_wait_pct", pct(worst.stats.phases.loader_wait_frac or 0.0), pct(threshold), "%", rank=worst.rank
+            )
         )
     evidence.extend(worker_evidence(worst))
     verb = "waits" if len(waiting) == 1 else "wait"
     title = f"{ranks_text([r.rank for r in waiting])} {verb} for data {pct(mean_frac):.0f}% of each step"
     if severity is None:
         title += f": {too_close_text(mean_frac, se, threshold, min(r.stats.steps for r in ranks))}"
-    if len(waiting) > 1 and (worst.stats.loader_wait_frac or 0.0) > WORST_NAMED_OVER_MEAN * mean_frac:
-        title += f" (rank {worst.rank}: {pct(worst.stats.loader_wait_frac or 0.0):.0f}%)"
+    if len(waiting) > 1 and (worst.stats.phases.loader_wait_frac or 0.0) > WORST_NAMED_OVER_MEAN * mean_frac:
+        title += f" (rank {worst.rank}: {pct(worst.stats.phases.loader_wait_frac or 0.0):.0f}%)"
     return [
         Finding(
             cause="data_loading",
@@ -70,7 +72,7 @@ def data_loading_findings(
             ranks=tuple(sorted(r.rank for r in waiting)),
             run_id=run.run_id,
             magnitude=mean_frac,
-            cost_s=sum(r.stats.loader_wait_s or 0.0 for r in ranks) / len(ranks),
+            cost_s=sum(r.stats.phases.loader_wait_s or 0.0 for r in ranks) / len(ranks),
             step_s=mean_step_s(ranks),
         )
     ]
@@ -85,16 +87,16 @@ def worker_evidence(rank: RankFigures) -> list[Evidence]:
 
 
 def per_worker_cpu_pct(rank: RankFigures) -> float | None:
-    workers = rank.stats.workers
-    if rank.stats.workers_cpu_pct is None or not workers:
+    workers = rank.stats.cpu.workers
+    if rank.stats.cpu.workers_pct is None or not workers:
         return None
-    return rank.stats.workers_cpu_pct / workers
+    return rank.stats.cpu.workers_pct / workers
 
 
 def loader_suggestion(rank: RankFigures, ranks_on_host: int) -> str:
     """A DataLoader call with more workers than now, bounded by this rank's share of the CPUs."""
     hello = rank.hello
-    workers_now = hello.loader_num_workers if hello.loader_num_workers is not None else rank.stats.workers
+    workers_now = hello.loader_num_workers if hello.loader_num_workers is not None else rank.stats.cpu.workers
     cpu_share = max(hello.cpu_count // max(ranks_on_host, 1), 1) if hello.cpu_count else None
     per_worker = per_worker_cpu_pct(rank)
     saturated = per_worker is not None and per_worker > WORKER_SATURATED_PCT
@@ -105,7 +107,7 @@ def loader_suggestion(rank: RankFigures, ranks_on_host: int) -> str:
     if cpu_share is not None:
         where = f" ({hello.cpu_count} CPUs shared by {ranks_on_host} rank{'s' if ranks_on_host != 1 else ''})"
 
-    starved = rank.stats.workers_cpu_starved_frac
+    starved = rank.stats.cpu.workers_starved_frac
     if workers_now and starved is not None and starved > CPU_STARVED_WARN_FRAC:
         return (
             f"The {workers_now} workers wait for a CPU {pct(starved):.0f}% of the time they are ready to run{where}: "

@@ -37,9 +37,8 @@ def rise(windows: Sequence[Window], field: str) -> int | None:
 
 
 def capacity_bytes(rank: RankFigures) -> int | None:
-    return (
-        rank.stats.mem_total_bytes or rank.hello.device_total_bytes or (rank.gpu.mem_total_bytes if rank.gpu else None)
-    )
+    measured = rank.stats.memory.total_bytes
+    return measured or rank.hello.device_total_bytes or (rank.gpu.mem_total_bytes if rank.gpu else None)
 
 
 def rank_memory(rank: RankFigures) -> tuple[Severity, list[Evidence], float] | None:
@@ -47,7 +46,7 @@ def rank_memory(rank: RankFigures) -> tuple[Severity, list[Evidence], float] | N
     evidence: list[Evidence] = []
     severities: list[Severity] = []
     total = capacity_bytes(rank)
-    peak = rank.stats.mem_peak_bytes
+    peak = rank.stats.memory.peak_bytes
     peak_frac = peak / total if (peak is not None and total) else None
 
     severity = grade_above(peak_frac, MEM_PEAK_WARN_FRAC, MEM_PEAK_CRITICAL_FRAC)
@@ -73,7 +72,7 @@ def rank_memory(rank: RankFigures) -> tuple[Severity, list[Evidence], float] | N
             evidence.append(Evidence("alloc_retries", retries, ALLOC_RETRIES_WARN, op=">=", rank=rank.rank))
         severities.append("critical" if thrashing else "warn")
 
-    reserved, allocated = rank.stats.mem_reserved_bytes, rank.stats.mem_allocated_bytes
+    reserved, allocated = rank.stats.memory.reserved_bytes, rank.stats.memory.allocated_bytes
     if reserved is not None and allocated:
         ratio = reserved / allocated
         if ratio > RESERVED_OVER_ALLOCATED_RATIO and reserved - allocated >= RESERVED_MINUS_ALLOCATED_MIN_BYTES:
@@ -133,7 +132,7 @@ def unused_memory_findings(run: RunFigures, cuda: list[RankFigures]) -> list[Fin
     """Info: every measured CUDA rank peaks far below capacity, so the batch could grow."""
     fracs = []
     for rank in cuda:
-        total, peak = capacity_bytes(rank), rank.stats.mem_peak_bytes
+        total, peak = capacity_bytes(rank), rank.stats.memory.peak_bytes
         if not is_measured(rank) or peak is None or not total:
             return []
         fracs.append(peak / total)

@@ -111,7 +111,7 @@ def cuda_problems(rank: RankFigures) -> list[Problem]:
 def _bf16_share_text(rank: RankFigures, gpu_name: str | None) -> str:
     """What the step's counted FLOP/s reach of the GPU's bf16 tensor-core peak, the figure autocast works
     towards: " (the step reaches 3.1% of its bf16 peak)", or "" where the work or the peak is not known."""
-    achieved = rank.stats.achieved_flops_per_s
+    achieved = rank.stats.work.achieved_flops_per_s
     if achieved is None or not gpu_name:
         return ""
     peak, _ = peak_flops(gpu_name, "bfloat16", False)

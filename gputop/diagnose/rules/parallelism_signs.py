@@ -38,7 +38,7 @@ BATCH_GROWTH = 4
 
 def waits_are_low(rank: RankFigures) -> bool:
     """Loader and exposed-comm shares both measured and under their lines (N/A is not low)."""
-    loader, comm = rank.stats.loader_wait_frac, rank.stats.exposed_comm_frac
+    loader, comm = rank.stats.phases.loader_wait_frac, rank.stats.phases.exposed_comm_frac
     if comm is None and rank.hello.world_size <= 1:
         comm = 0.0  # a world of one rank exchanges no gradients: nothing to wait for
     return (
@@ -54,14 +54,14 @@ def steady_step_s(rank: RankFigures) -> float:
     now and then descheduled for tens of milliseconds, and those stalls (named
     by their own finding) would lift the mean of 2-ms steps over the 10-ms line.
     """
-    return (rank.stats.step_time_mean_s or 0.0) * (1.0 - (rank.stats.stall_frac or 0.0))
+    return (rank.stats.step.mean_s or 0.0) * (1.0 - (rank.stats.stalls.frac or 0.0))
 
 
 def exchange_shares(rank: RankFigures) -> tuple[float, float] | None:
     """(the exposed exchange's share of the step now, its share at BATCH_GROWTH x the batch); None unmeasured."""
     stats = rank.stats
     step = steady_step_s(rank)
-    exposed, forward, backward = stats.exposed_comm_s, stats.forward_s, stats.backward_s
+    exposed, forward, backward = stats.phases.exposed_comm_s, stats.phases.forward_s, stats.phases.backward_s
     if step <= 0 or exposed is None or forward is None or backward is None:
         return None
     grown = step + (BATCH_GROWTH - 1) * (forward + backward)
@@ -89,7 +89,7 @@ def without_waits_for_the_slowest(
 
 def small_batch(rank: RankFigures) -> bool:
     batch = rank.hello.loader_batch_size
-    return batch is not None and batch <= SMALL_BATCH_SIZE and rank.stats.step_time_mean_s is not None
+    return batch is not None and batch <= SMALL_BATCH_SIZE and rank.stats.step.mean_s is not None
 
 
 def compute_mfu(rank: RankFigures) -> float | None:
@@ -101,8 +101,8 @@ def compute_mfu(rank: RankFigures) -> float | None:
     if mfu is None:
         return None
     s = rank.stats
-    taken = (s.loader_wait_frac or 0.0) + (s.exposed_comm_frac or 0.0) + (s.stall_frac or 0.0)
-    taken += s.main_cpu_wait_frac or 0.0
+    taken = (s.phases.loader_wait_frac or 0.0) + (s.phases.exposed_comm_frac or 0.0) + (s.stalls.frac or 0.0)
+    taken += s.cpu.main_wait_frac or 0.0
     return mfu / max(1.0 - taken, 0.05)
 
 
@@ -185,10 +185,10 @@ def idle_gpu_sign(ranks: list[RankFigures]) -> tuple[Sign | None, float | None]:
         return None, util
     threshold = GPU_UTIL_LOW_CRITICAL_PCT if severity == "critical" else GPU_UTIL_LOW_WARN_PCT
     evidence = [Evidence("gpu_util_pct", util, threshold, "%", op="<")]
-    busy = [r for r in idle if r.on_cuda and (r.stats.cpu_pct or 0.0) >= MAIN_THREAD_BUSY_PCT]
+    busy = [r for r in idle if r.on_cuda and (r.stats.cpu.pct or 0.0) >= MAIN_THREAD_BUSY_PCT]
     if busy:
-        worst = max(busy, key=lambda r: r.stats.cpu_pct or 0.0)
-        cpu = worst.stats.cpu_pct or 0.0
+        worst = max(busy, key=lambda r: r.stats.cpu.pct or 0.0)
+        cpu = worst.stats.cpu.pct or 0.0
         evidence.append(Evidence("main_cpu_pct", cpu, MAIN_THREAD_BUSY_PCT, "%", op=">=", rank=worst.rank))
     ranks_idle = frozenset(r.rank for r in idle)
     return Sign(tuple(evidence), severity, 1 - util / 100, ranks_idle, launch_bound=bool(busy)), util
@@ -197,9 +197,9 @@ def idle_gpu_sign(ranks: list[RankFigures]) -> tuple[Sign | None, float | None]:
 def gpu_step_sign(ranks: list[RankFigures]) -> Sign | None:
     """2. The GPU's step is a small part of the wall step: the host is the bottleneck."""
     ratios = [
-        (r, r.stats.gpu_step_time_p50_s / r.stats.step_time_p50_s)
+        (r, r.stats.step.gpu_p50_s / r.stats.step.p50_s)
         for r in ranks
-        if r.stats.gpu_step_time_p50_s is not None and r.stats.step_time_p50_s and waits_are_low(r)
+        if r.stats.step.gpu_p50_s is not None and r.stats.step.p50_s and waits_are_low(r)
     ]
     ratio = median([x for _, x in ratios])
     if ratio is None or ratio >= GPU_STEP_OVER_WALL_STEP_RATIO:
@@ -214,7 +214,7 @@ def working_step_s(rank: RankFigures) -> float:
     Two ranks that take turns on one core each step twice as long as they work: the wait is allocation's
     (named by its own finding), not more work per step, and a tiny step stays tiny behind it.
     """
-    return steady_step_s(rank) * (1.0 - (rank.stats.main_cpu_wait_frac or 0.0))
+    return steady_step_s(rank) * (1.0 - (rank.stats.cpu.main_wait_frac or 0.0))
 
 
 def tiny_step_sign(ranks: list[RankFigures]) -> tuple[Sign | None, float | None]:

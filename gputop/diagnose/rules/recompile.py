@@ -30,18 +30,18 @@ RECOMPILE_EVENT = "recompile"  # the reporter's event for each of the first few 
 
 def recompile_frac(stats: RankStats) -> float:
     """The share of the run's time spent recompiling (``RankStats.recompile_frac``), 0 where nothing recompiled."""
-    return stats.recompile_frac or 0.0 if stats.recompiles else 0.0
+    return stats.compile.recompile_frac or 0.0 if stats.compile.recompiles else 0.0
 
 
 def stall_beyond_compiles(stats: RankStats) -> tuple[int, float]:
     """The stall steps and their share of step time that compiling (a first compile or a recompile) leaves."""
-    steps = max((stats.stall_steps or 0) - (stats.compiles or 0), 0)
-    return steps, max((stats.stall_frac or 0.0) - (stats.compile_frac or 0.0), 0.0)
+    steps = max((stats.stalls.steps or 0) - (stats.compile.compiles or 0), 0)
+    return steps, max((stats.stalls.frac or 0.0) - (stats.compile.frac or 0.0), 0.0)
 
 
 def recompile_findings(run: RunFigures) -> list[Finding]:
     """One finding per run whose ranks recompile at least twice and lose a share of their time to it."""
-    ranks = [r for r in measured(run) if (r.stats.recompiles or 0) >= RECOMPILE_MIN_COUNT]
+    ranks = [r for r in measured(run) if (r.stats.compile.recompiles or 0) >= RECOMPILE_MIN_COUNT]
     if not ranks:
         return []
     main = max(ranks, key=lambda r: recompile_frac(r.stats))
@@ -51,8 +51,8 @@ def recompile_findings(run: RunFigures) -> list[Finding]:
     if severity is None:
         return []
     named = [r for r in ranks if grade_above(recompile_frac(r.stats), RECOMPILE_WARN_FRAC, RECOMPILE_CRITICAL_FRAC)]
-    count = stats.recompiles or 0
-    each_s = (stats.recompile_s or 0.0) / count
+    count = stats.compile.recompiles or 0
+    each_s = (stats.compile.recompile_s or 0.0) / count
     function, reason = last_recompile(main)
     title = (
         f"{ranks_text([r.rank for r in named])} recompiled {function or 'a compiled function'} {count} times, "
@@ -65,10 +65,10 @@ def recompile_findings(run: RunFigures) -> list[Finding]:
         Evidence("recompile_pct", pct(frac), pct(threshold), "%", rank=main.rank),
         Evidence("recompiles", count, RECOMPILE_MIN_COUNT, op=">=", rank=main.rank),
         Evidence("recompile_s_each", each_s, 0.0, "s", op="vs", rank=main.rank),
-        Evidence("compile_s", stats.compile_s or 0.0, 0.0, "s", op="vs", rank=main.rank),
+        Evidence("compile_s", stats.compile.seconds or 0.0, 0.0, "s", op="vs", rank=main.rank),
     ]
-    if stats.graph_breaks:
-        evidence.append(Evidence("graph_breaks", stats.graph_breaks, 0, op="vs", rank=main.rank))
+    if stats.compile.graph_breaks:
+        evidence.append(Evidence("graph_breaks", stats.compile.graph_breaks, 0, op="vs", rank=main.rank))
     return [
         Finding(
             cause="recompile",
@@ -79,8 +79,8 @@ def recompile_findings(run: RunFigures) -> list[Finding]:
             ranks=tuple(sorted(r.rank for r in named)),
             run_id=run.run_id,
             magnitude=frac,
-            cost_s=frac * (stats.step_time_mean_s or 0.0),  # each recompile's time, spread over the steps
-            step_s=stats.step_time_mean_s,
+            cost_s=frac * (stats.step.mean_s or 0.0),  # each recompile's time, spread over the steps
+            step_s=stats.step.mean_s,
             details=RecompileDetails(function=function, reason=reason, recompiles=count, recompile_s_each=each_s),
         )
     ]

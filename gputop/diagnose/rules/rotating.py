@@ -29,7 +29,7 @@ NAMED_RANKS = 3
 
 def step_pattern(ranks: Sequence[RankFigures]) -> SlowestRanks | None:
     """Which rank was the slowest in each step the ranks' windows compare; None without readiness to compare."""
-    step_s = median([r.stats.step_time_p50_s for r in ranks if r.stats.step_time_p50_s])
+    step_s = median([r.stats.step.p50_s for r in ranks if r.stats.step.p50_s])
     if not step_s or len(ranks) < 2:
         return None
     return slowest_ranks([(r.rank, r.windows) for r in ranks], step_s)

@@ -27,7 +27,7 @@ SlowPhaseName = str
 
 PHASES: dict[SlowPhaseName, Callable[[RankFigures], float | None]] = {
     **{p.name: stat_reader(p.seconds) for p in OWN_PHASES},
-    "other": lambda r: r.stats.other_s,
+    "other": lambda r: r.stats.phases.other_s,
 }
 
 
@@ -45,8 +45,8 @@ def phase_text(rank: RankFigures, phase: SlowPhase) -> str:
 
     "outside" lists the phases the rank measures (an unmeasured optimizer's time is in it).
     """
-    measured = [p.name for p in OWN_PHASES if not p.optional or getattr(rank.stats, p.seconds) is not None]
-    excess = pct(phase.excess_s / (rank.stats.step_time_mean_s or 1e-9))
+    measured = [p.name for p in OWN_PHASES if not p.optional or getattr(rank.stats.phases, p.seconds) is not None]
+    excess = pct(phase.excess_s / (rank.stats.step.mean_s or 1e-9))
     where = PHASE_WHERE[phase.name].format(phases=", ".join(measured))
     return f"it takes {excess:.0f}% more of each step than the others, {where}"
 
@@ -85,14 +85,14 @@ def masked_outside_work(ranks: list[RankFigures]) -> tuple[RankFigures, float] |
     its own-time excess, when exactly one rank's outside time exceeds the
     others' median by the line and its own work still takes longer than theirs.
     """
-    others_outside = leave_one_out_medians([r.stats.other_s or 0.0 for r in ranks])
+    others_outside = leave_one_out_medians([r.stats.phases.other_s or 0.0 for r in ranks])
     others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
     found: list[tuple[RankFigures, float]] = []
     for rank, outside, own in zip(ranks, others_outside, others_own, strict=True):
-        step = rank.stats.step_time_mean_s
-        if rank.stats.other_s is None or outside is None or own is None or not step:
+        step = rank.stats.step.mean_s
+        if rank.stats.phases.other_s is None or outside is None or own is None or not step:
             continue
-        if (rank.stats.other_s - outside) / step > STRAGGLER_WAIT_WARN_FRAC and (rank.own_s or 0.0) > own:
+        if (rank.stats.phases.other_s - outside) / step > STRAGGLER_WAIT_WARN_FRAC and (rank.own_s or 0.0) > own:
             found.append((rank, ((rank.own_s or 0.0) - own) / step))
     return found[0] if len(found) == 1 else None
 
@@ -158,7 +158,7 @@ def straggler_place(phase: SlowPhase, slow: RankFigures, others: list[RankFigure
     if not places:
         return None
     theirs = median([outside_share(span_frames(r, top=MAX_STACKS_TOP)) for r in others])
-    amount = phase.excess_s / (slow.stats.step_time_mean_s or 1e-9)
+    amount = phase.excess_s / (slow.stats.step.mean_s or 1e-9)
     if outside_share(frames) - (theirs or 0.0) < STRAGGLER_PLACE_MIN_PART * amount:
         return None
     return Place(places)
@@ -181,7 +181,7 @@ def slow_phase(slow: RankFigures, others: list[RankFigures]) -> tuple[SlowPhase,
     A phase is named only from its own measured time, never because the others
     are not: a forward pass 0.3 ms longer is not where a 20-ms excess went.
     """
-    step = slow.stats.step_time_mean_s or 1e-9
+    step = slow.stats.step.mean_s or 1e-9
     own = slow.own_s or 0.0
     typical_own = median([r.own_s or 0.0 for r in others]) or 0.0
     best: SlowPhase | None = None

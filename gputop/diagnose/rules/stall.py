@@ -64,8 +64,8 @@ def stall_findings(run: RunFigures) -> list[Finding]:
         for r in measured(run)
         if stall_beyond_compiles(r.stats)[0] >= STALL_MIN_COUNT
         and stall_beyond_compiles(r.stats)[1]
-        and r.stats.stall_mean_s
-        and not r.stats.stall_level_shift
+        and r.stats.stalls.mean_s
+        and not r.stats.stalls.level_shift
     ]
     if not stalled:
         return []
@@ -75,14 +75,16 @@ def stall_findings(run: RunFigures) -> list[Finding]:
         return []
     # The ranks that stopped: those whose stall time was not spent waiting for another, in DDP's all-reduce
     # (timed) or in a collective of the user's own (a loss all-reduce, a barrier: seen in the stack samples).
-    in_collective = {r.rank: collective_wait(r, r.stats.stall_frac or 0.0) for r in stalled}
+    in_collective = {r.rank: collective_wait(r, r.stats.stalls.frac or 0.0) for r in stalled}
     stoppers = [
-        r for r in stalled if (r.stats.stall_in_comm_frac or 0.0) < STALL_IN_COMM_FRAC and in_collective[r.rank] is None
+        r
+        for r in stalled
+        if (r.stats.stalls.in_comm_frac or 0.0) < STALL_IN_COMM_FRAC and in_collective[r.rank] is None
     ]
     named = stoppers or stalled
     main = max(named, key=lambda r: stall_beyond_compiles(r.stats)[1])
     stats = main.stats
-    loader = (stats.stall_loader_frac or 0.0) >= STALL_LOADER_FRAC
+    loader = (stats.stalls.loader_frac or 0.0) >= STALL_LOADER_FRAC
     frames = span_frames(main)
     waiting = [r for r in stalled if r not in named]
     threshold = STALL_CRITICAL_FRAC if severity == "critical" else STALL_WARN_FRAC
@@ -96,11 +98,11 @@ def stall_findings(run: RunFigures) -> list[Finding]:
             ranks=tuple(sorted(r.rank for r in named)),
             run_id=run.run_id,
             magnitude=frac,
-            cost_s=frac * (stats.step_time_mean_s or 0.0),  # each stall's excess, spread over the steps
-            step_s=stats.step_time_mean_s,
+            cost_s=frac * (stats.step.mean_s or 0.0),  # each stall's excess, spread over the steps
+            step_s=stats.step.mean_s,
             waiting_ranks=tuple(r.rank for r in waiting),
             frames=() if frames is None else (frames,),
-            details=StallDetails(in_loader=loader, period_steps=stats.stall_period_steps),
+            details=StallDetails(in_loader=loader, period_steps=stats.stalls.period_steps),
         )
     ]
 
@@ -108,10 +110,10 @@ def stall_findings(run: RunFigures) -> list[Finding]:
 def stall_evidence(main: RankFigures, threshold: float) -> tuple[Evidence, ...]:
     """The stopping rank's share of the run lost, its stops' length against the line, and how much was loading."""
     stats = main.stats
-    in_loader = stats.stall_loader_frac
+    in_loader = stats.stalls.loader_frac
     evidence = (
         Evidence("stall_pct", pct(stall_beyond_compiles(stats)[1]), pct(threshold), "%", rank=main.rank),
-        Evidence("stall_ms", 1e3 * (stats.stall_mean_s or 0.0), 1e3 * STALL_FACTOR * (stats.step_time_p50_s or 0.0),
+        Evidence("stall_ms", 1e3 * (stats.stalls.mean_s or 0.0), 1e3 * STALL_FACTOR * (stats.step.p50_s or 0.0),
                  "ms", op=">=", rank=main.rank),
     )  # fmt: skip
     if in_loader is None:
@@ -133,11 +135,11 @@ def stall_title(
     count, main_frac = stall_beyond_compiles(stats)
     title = (
         f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
-        f"{1e3 * (stats.stall_mean_s or 0.0):.0f} ms {when_text(stats.stall_period_steps, stats.stall_regular)} "
+        f"{1e3 * (stats.stalls.mean_s or 0.0):.0f} ms {when_text(stats.stalls.period_steps, stats.stalls.regular)} "
         f"({count or 1} of {stats.steps}): {pct(main_frac):.0f}% of the run"
     )
     title += ", waiting for a batch" if loader else ", outside the loader"
-    place = None if loader or frames is None else stall_place(frames, stats.stall_frac or 0.0)
+    place = None if loader or frames is None else stall_place(frames, stats.stalls.frac or 0.0)
     if place is not None:
         title += f", {place.frame.text()}"
     in_ddp = [r.rank for r in waiting if in_collective[r.rank] is None]
@@ -188,7 +190,7 @@ def stall_suggestion(rank: RankFigures, *, loader: bool) -> str:
             "at each epoch's start (workers restart), a larger prefetch_factor to ride out slow batches, and look "
             "for slow samples (large files, remote reads) or a worker that dies."
         )
-    when = when_text(rank.stats.stall_period_steps, rank.stats.stall_regular)
+    when = when_text(rank.stats.stalls.period_steps, rank.stats.stalls.regular)
     return (
         f"Rank {rank.rank} stops outside the loader {when}: a checkpoint save, an "
         "evaluation pass, logging or a GC pause. Save checkpoints asynchronously "

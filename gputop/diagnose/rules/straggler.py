@@ -55,7 +55,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     pattern = step_pattern(measured(run)) if run.world_size > 1 else None
     if pattern is not None and pattern.rotates:
         return warming_up(rotating_findings(run, pattern), run_age_s)
-    ranks = [r for r in measured(run) if r.own_s is not None and r.stats.exposed_comm_frac is not None]
+    ranks = [r for r in measured(run) if r.own_s is not None and r.stats.phases.exposed_comm_frac is not None]
     if len(ranks) < 2:
         return warming_up(loader_only_straggler_findings(run, ranks_on_host), run_age_s)
     slow = straggling(ranks)  # measure
@@ -72,7 +72,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
     if slow.masked and (phase.name != "other" or place is None):
         return []
-    step = worst.stats.step_time_mean_s
+    step = worst.stats.step.mean_s
     frames = span_frames(worst)
     where = waited_in(worst, slow.waiting)
     finding = Finding(
@@ -101,7 +101,7 @@ def waited_in(worst: RankFigures, waiting: list[RankFigures]) -> WaitedIn | None
     Only stacks whose collectives the tap times say where (FSDP2's all-gathers before a block, its reduce-scatters
     after; TP's all-reduces): under DDP the one exchange is the gradient all-reduce, which the title already names.
     """
-    if worst.stats.phases_from == "ddp" or not waiting:
+    if worst.stats.phases.source == "ddp" or not waiting:
         return None
     mine = {(c.kind, c.group): c.exposed_s for c in worst.stats.collectives if c.exposed_s is not None}
     best: WaitedIn | None = None
@@ -144,7 +144,7 @@ def straggling(ranks: list[RankFigures]) -> Straggling | None:
     slow: list[tuple[RankFigures, float]] = []
     others_own = leave_one_out_medians([r.own_s or 0.0 for r in ranks])
     for rank, others in zip(ranks, others_own, strict=True):
-        step = rank.stats.step_time_mean_s
+        step = rank.stats.step.mean_s
         if others is not None and rank.own_s is not None and step:
             excess = (rank.own_s - others) / step
             if excess > STRAGGLER_WAIT_WARN_FRAC:
@@ -156,9 +156,10 @@ def straggling(ranks: list[RankFigures]) -> Straggling | None:
     worst, excess = max(slow, key=lambda pair: pair[1])
     ids = sorted(r.rank for r, _ in slow)
     waiting = [r for r in ranks if r.rank not in ids]
-    others_exposed = median([r.stats.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
-    wait_frac = max(others_exposed - (worst.stats.exposed_comm_frac or 0.0), 0.0)
-    errors = [worst.stats.exposed_comm_frac_se, median([r.stats.exposed_comm_frac_se or 0.0 for r in waiting])]
+    others_exposed = median([r.stats.phases.exposed_comm_frac or 0.0 for r in waiting]) or 0.0
+    wait_frac = max(others_exposed - (worst.stats.phases.exposed_comm_frac or 0.0), 0.0)
+    others_se = median([r.stats.phases.exposed_comm_frac_se or 0.0 for r in waiting])
+    errors = [worst.stats.phases.exposed_comm_frac_se, others_se]
     se = None if None in errors else sum(e * e for e in errors if e is not None) ** 0.5
     return Straggling(ids, worst, excess, waiting, wait_frac, se, masked is not None)
 
@@ -195,7 +196,7 @@ def straggler_evidence(
 ) -> tuple[Evidence, ...]:
     """Its own time's excess (masked: the outside work's), its slow phase's share, and the others' wait."""
     worst, line = slow.worst, pct(STRAGGLER_WAIT_WARN_FRAC)
-    step = worst.stats.step_time_mean_s or 1e-9
+    step = worst.stats.step.mean_s or 1e-9
     # Masked, its own time stands out by less than the line; what does stand out is the work the others do not do.
     excess = (
         Evidence("other_excess_pct", pct(phase.excess_s / step), line, "%", rank=worst.rank)
@@ -233,14 +234,14 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
     The others then wait for it inside the all-reduce, about the difference in
     loader share, so that difference is graded like exposed communication.
     """
-    ranks = [r for r in measured(run) if r.stats.loader_wait_frac is not None]
+    ranks = [r for r in measured(run) if r.stats.phases.loader_wait_frac is not None]
     if len(ranks) < 2 or run.world_size <= 1:
         return []
     found: list[tuple[RankFigures, float, float]] = []
-    others_loader = leave_one_out_medians([r.stats.loader_wait_frac or 0.0 for r in ranks])
+    others_loader = leave_one_out_medians([r.stats.phases.loader_wait_frac or 0.0 for r in ranks])
     for rank, others_or_none in zip(ranks, others_loader, strict=True):
         others = others_or_none or 0.0
-        mine = rank.stats.loader_wait_frac or 0.0
+        mine = rank.stats.phases.loader_wait_frac or 0.0
         if mine - others > STRAGGLER_WAIT_WARN_FRAC:
             found.append((rank, mine - others, others))
     if not found or len(found) > len(ranks) // 2:
@@ -250,8 +251,8 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
     if severity is None:
         return []
     threshold = STRAGGLER_WAIT_CRITICAL_FRAC if severity == "critical" else STRAGGLER_WAIT_WARN_FRAC
-    share = worst.stats.loader_wait_frac or 0.0
-    phase = SlowPhase("loader", share, gap * (worst.stats.step_time_mean_s or 0.0))
+    share = worst.stats.phases.loader_wait_frac or 0.0
+    phase = SlowPhase("loader", share, gap * (worst.stats.step.mean_s or 0.0))
     return [
         Finding(
             cause="straggler",
@@ -266,8 +267,8 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
             ranks=(worst.rank,),
             run_id=run.run_id,
             magnitude=gap,
-            cost_s=gap * (worst.stats.step_time_mean_s or 0.0),
-            step_s=worst.stats.step_time_mean_s,
+            cost_s=gap * (worst.stats.step.mean_s or 0.0),
+            step_s=worst.stats.step.mean_s,
             waiting_ranks=tuple(r.rank for r in ranks if r is not worst),
             details=StragglerDetails(phase="loader"),
         )

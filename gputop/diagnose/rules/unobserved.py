@@ -52,7 +52,7 @@ def unobserved_findings(machine: Figures, *, gpus_already_reported: Collection[t
 def run_blind_spots(run: RunFigures) -> list[Finding]:
     findings = []
     if run.world_size > 1:
-        blind = [r for r in run.active if r.stats.steps >= MIN_STEPS and r.stats.comm_s is None]
+        blind = [r for r in run.active if r.stats.steps >= MIN_STEPS and r.stats.phases.comm_s is None]
         if blind and len(blind) == len([r for r in run.active if r.stats.steps >= MIN_STEPS]):
             findings.append(
                 info(

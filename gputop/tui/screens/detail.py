@@ -136,12 +136,12 @@ def _work_text(figures: RankFigures | None) -> str:
 
 def _cost_text(s: RankStats) -> str:
     """What gputop costs this rank, from its reporter's self-accounting."""
-    if s.gputop_cpu_frac is None and s.hook_s_per_step is None:
+    if s.cost.cpu_frac is None and s.cost.hook_s_per_step is None:
         return "N/A (this rank's reporter does not account for itself)"
-    core = None if s.reporter_cpu_pct is None else s.reporter_cpu_pct / 100
+    core = None if s.cost.reporter_cpu_pct is None else s.cost.reporter_cpu_pct / 100
     return (
-        f"{fmt_small_frac(s.gputop_cpu_frac)} of this rank's CPU: reporter thread {fmt_small_frac(core)} of a core, "
-        f"{fmt_us(s.hook_s_per_step)} per step in its hooks, {fmt_bytes(s.sent_bytes_per_s)}/s sent"
+        f"{fmt_small_frac(s.cost.cpu_frac)} of this rank's CPU: reporter thread {fmt_small_frac(core)} of a core, "
+        f"{fmt_us(s.cost.hook_s_per_step)} per step in its hooks, {fmt_bytes(s.cost.sent_bytes_per_s)}/s sent"
     )
 
 
@@ -181,7 +181,7 @@ def _collectives_section(s: RankStats, rank: int, peers: Sequence[tuple[int, Ran
     of that exposed time this rank waited for the rank that reached it last ("last to arrive": this rank did)."""
     if not s.collectives:
         return None
-    source = PHASES_FROM.get(s.phases_from or "", "")
+    source = PHASES_FROM.get(s.phases.source or "", "")
     out = [
         Content.assemble(("collectives, a step", "bold $accent"), (f"   {source}" if source else "", "$text-muted")),
     ]
@@ -290,32 +290,32 @@ class RankDetailScreen(Screen[None]):
         self.query_one("#detail-stats", Static).update(
             Content.assemble(
                 ("step ", "$text-muted"),
-                f"p50 {fmt_s(s.step_time_p50_s)}  p95 {fmt_s(s.step_time_p95_s)}  max {fmt_s(s.step_time_max_s)}",
+                f"p50 {fmt_s(s.step.p50_s)}  p95 {fmt_s(s.step.p95_s)}  max {fmt_s(s.step.max_s)}",
                 ("   GPU step ", "$text-muted"),
-                fmt_s(s.gpu_step_time_p50_s),
+                fmt_s(s.step.gpu_p50_s),
                 ("   throughput ", "$text-muted"),
-                f"{fmt_rate(s.steps_per_s)} steps/s, {fmt_rate(s.samples_per_s)} samples/s",
+                f"{fmt_rate(s.step.per_s)} steps/s, {fmt_rate(s.step.samples_per_s)} samples/s",
                 ("\nwork a step ", "$text-muted"),
                 _work_text(view.figures.rank(self.key)),
                 ("\nloader wait ", "$text-muted"),
-                fmt_frac(s.loader_wait_frac),
+                fmt_frac(s.phases.loader_wait_frac),
                 ("   exposed comm ", "$text-muted"),
-                fmt_frac(s.exposed_comm_frac),
+                fmt_frac(s.phases.exposed_comm_frac),
                 ("   memory ", "$text-muted"),
                 (
-                    f"{fmt_bytes(s.mem_allocated_bytes)} alloc, {fmt_bytes(s.mem_reserved_bytes)} reserved, "
-                    f"{fmt_bytes(s.mem_peak_bytes)} peak, {s.alloc_retries or 0} alloc retries"
+                    f"{fmt_bytes(s.memory.allocated_bytes)} alloc, {fmt_bytes(s.memory.reserved_bytes)} reserved, "
+                    f"{fmt_bytes(s.memory.peak_bytes)} peak, {s.memory.alloc_retries or 0} alloc retries"
                 )
-                if s.mem_allocated_bytes is not None
+                if s.memory.allocated_bytes is not None
                 else NA,
                 ("   CPU ", "$text-muted"),
-                f"{fmt_pct(s.cpu_pct)} + workers {fmt_pct(s.workers_cpu_pct)}",
-                (f"   threads {s.threads}" if s.threads is not None else "", "$text-muted"),
+                f"{fmt_pct(s.cpu.pct)} + workers {fmt_pct(s.cpu.workers_pct)}",
+                (f"   threads {s.cpu.threads}" if s.cpu.threads is not None else "", "$text-muted"),
                 ("\ngputop's own cost ", "$text-muted"),
                 _cost_text(s),
             )
         )
-        self.query_one(PhaseBar).phases = tuple(phase_seconds(s).items())
+        self.query_one(PhaseBar).phases = tuple(phase_seconds(s.phases).items())
         frames = self.query_one("#detail-frames", Static)
         where = _frames_section(rank, view.snapshot.t)
         frames.display = where is not None

@@ -79,13 +79,13 @@ class SortKey:
 
 SORT_KEYS = (
     SortKey("rank", "rank", lambda r: float(r.rank), descending=False),
-    SortKey("step p50", "step", lambda r: r.stats.step_time_p50_s),
-    SortKey("loader wait", "loader", lambda r: r.stats.loader_wait_frac),
-    SortKey("exposed comm", "comm", lambda r: r.stats.exposed_comm_frac),
-    SortKey("samples/s", "samples", lambda r: r.stats.samples_per_s, descending=False),
-    SortKey("memory", "mem", lambda r: r.stats.mem_allocated_bytes),
+    SortKey("step p50", "step", lambda r: r.stats.step.p50_s),
+    SortKey("loader wait", "loader", lambda r: r.stats.phases.loader_wait_frac),
+    SortKey("exposed comm", "comm", lambda r: r.stats.phases.exposed_comm_frac),
+    SortKey("samples/s", "samples", lambda r: r.stats.step.samples_per_s, descending=False),
+    SortKey("memory", "mem", lambda r: r.stats.memory.allocated_bytes),
     SortKey("MFU", "mfu", lambda r: r.mfu, descending=False),
-    SortKey("CPU%", "cpu", lambda r: r.stats.cpu_pct),
+    SortKey("CPU%", "cpu", lambda r: r.stats.cpu.pct),
 )
 
 
@@ -172,28 +172,30 @@ def row_cells(row: RankRow, palette: Palette) -> dict[str, Text]:
         "rank": Text(f"{SLOWEST_MARK if row.slowest else ' '}{row.rank}", style=f"bold {mark}".strip()),
         "host": Text(row.host[:10] or NA, style="" if row.host else palette.muted),
         "gpu": Text(row.gpu, style="" if row.gpu.isdigit() else palette.muted),
-        "step": Text(fmt_s(s.step_time_p50_s), style=mark or "", justify="right")
-        if s.step_time_p50_s is not None
+        "step": Text(fmt_s(s.step.p50_s), style=mark or "", justify="right")
+        if s.step.p50_s is not None
         else _na(palette),
-        "samples": Text(fmt_rate(s.samples_per_s), justify="right") if s.samples_per_s is not None else _na(palette),
+        "samples": (
+            Text(fmt_rate(s.step.samples_per_s), justify="right") if s.step.samples_per_s is not None else _na(palette)
+        ),
         # Thresholds as in the PyTorch profiler's old advice: loader > 5%, communication > 10% of the step.
-        "loader": _frac_cell(s.loader_wait_frac, palette, 0.05, 0.20),
-        "comm": _frac_cell(s.exposed_comm_frac, palette, 0.10, 0.30),
-        "cpu": Text(fmt_pct(s.cpu_pct), justify="right") if s.cpu_pct is not None else _na(palette),
+        "loader": _frac_cell(s.phases.loader_wait_frac, palette, 0.05, 0.20),
+        "comm": _frac_cell(s.phases.exposed_comm_frac, palette, 0.10, 0.30),
+        "cpu": Text(fmt_pct(s.cpu.pct), justify="right") if s.cpu.pct is not None else _na(palette),
         "mfu": _mfu_cell(row.mfu, palette),
-        "flops": _flops_cell(s.flops_per_step, palette),
-        "flops_s": _flops_cell(s.achieved_flops_per_s, palette),
+        "flops": _flops_cell(s.work.flops_per_step, palette),
+        "flops_s": _flops_cell(s.work.achieved_flops_per_s, palette),
     }
-    if s.mem_allocated_bytes is None:
+    if s.memory.allocated_bytes is None:
         cells["mem"] = _na(palette, "left")
-    elif s.mem_total_bytes:
-        near_full = s.mem_peak_bytes is not None and s.mem_peak_bytes > 0.95 * s.mem_total_bytes
+    elif s.memory.total_bytes:
+        near_full = s.memory.peak_bytes is not None and s.memory.peak_bytes > 0.95 * s.memory.total_bytes
         cells["mem"] = Text(
-            f"{fmt_gib(s.mem_allocated_bytes)}/{fmt_gib(s.mem_total_bytes, digits=0)}G",
+            f"{fmt_gib(s.memory.allocated_bytes)}/{fmt_gib(s.memory.total_bytes, digits=0)}G",
             style=palette.warn if near_full else "",
         )
     else:
-        cells["mem"] = Text(fmt_bytes(s.mem_allocated_bytes))
+        cells["mem"] = Text(fmt_bytes(s.memory.allocated_bytes))
     status_style = {LIVE: palette.ok, DONE: palette.muted}.get(row.status, f"bold {palette.bad}")
     cells["status"] = Text(row.status, style=status_style)
     cells["phases"] = phase_text(row.phases, 16, palette)
