@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from gputop.combine import PHASE_NAMES, window_exposed_comm_frac, window_loader_wait_frac, window_step_s
+from gputop.model.frames import RankFrames, rank_frames
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
 from gputop.model.rank_stats import RankStats, recent
 from gputop.model.samples import GpuReading, GpuSample, HostSample
@@ -25,7 +26,7 @@ from gputop.model.span import SpanFigures
 from gputop.model.sums import rank_stats
 from gputop.peaks import mfu as mfu_of
 from gputop.peaks import rank_peak
-from gputop.protocol import Hello, Window
+from gputop.protocol import MAX_STACKS_TOP, Hello, Window
 
 # The span the live figures cover: 20 windows, long enough to smooth one slow
 # step, short enough to follow a change.  The table, the header and the
@@ -96,6 +97,15 @@ class RankFigures:
     def mfu(self) -> float | None:
         """Model FLOPs utilization: the FLOP/s the rank's steps achieved over its device's peak (None: N/A)."""
         return mfu_of(self.stats.work.achieved_flops_per_s, self.work_peak[0])
+
+    @cached_property
+    def frames(self) -> RankFrames | None:
+        """Where the training thread was over the span, its most-sampled places as many as the wire carries.
+
+        Tallied once a summary, however many rules, the report and the exporter read it
+        (``gputop.model.frames.span_frames`` gives its first places).  None: no stack samples.
+        """
+        return rank_frames(self.view, since_t=self.windows[0].t0 if self.windows else None, top=MAX_STACKS_TOP)
 
     @cached_property
     def own_s(self) -> float | None:

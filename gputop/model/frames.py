@@ -10,7 +10,7 @@ does not sample (an older gputop, ``GPUTOP_STACKS=0``) has no frames: None.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gputop.model.snapshot import RankView
@@ -153,8 +153,15 @@ def collective_text(collective: Collective) -> str:
 
 
 def span_frames(rank: RankFigures, top: int = STACKS_TOP) -> RankFrames | None:
-    """The rank's ``top`` places over the span its figures cover (the whole run in a report)."""
-    return rank_frames(rank.view, since_t=rank.windows[0].t0 if rank.windows else None, top=top)
+    """The rank's ``top`` places over the span its figures cover (the whole run in a report).
+
+    Read from ``RankFigures.frames``, tallied once a summary at the most places the wire
+    carries: a shorter top is its first places, each with the same share.
+    """
+    frames = rank.frames
+    if frames is None or len(frames.top) <= top:
+        return frames
+    return replace(frames, top=frames.top[:top])
 
 
 def merge_stacks(messages: Sequence[Stacks]) -> Stacks:
