@@ -9,18 +9,16 @@ passed in, not read from the clock, so a replay drives the same code at its own 
 
 from __future__ import annotations
 
-import itertools
-import math
 import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from gputop.collect.run_seconds import RUN_SECOND_SETTLE_S, RunSeconds
 from gputop.collect.window_history import WindowHistory
 from gputop.model.samples import GpuSample, HostSample
 from gputop.model.snapshot import (
-    CHART_SECONDS,
     DONE,
     LIVE,
     LOST,
@@ -42,11 +40,6 @@ HISTORY_WINDOWS = 1200  # 20 minutes of the default 1-s windows per rank (10 of 
 WINDOW_BUDGET = 150_000
 # 60 s of 1-s windows, 30 s of 0.5-s ones: the figures' 10-s span with room to scroll back.
 MIN_HISTORY_WINDOWS = 60
-# A second joins the run's history once its windows are in: they are a second long
-# or less and arrive within moments of their end.  Shown sooner, the newest second
-# would show part of its windows, then all of them: the chart would change twice,
-# and a scrolling chart repaints every line when it changes.
-RUN_SECOND_SETTLE_S = 1.0
 HISTORY_SAMPLES = 600  # 10 minutes of 1 s GPU/host samples
 HISTORY_EVENTS = 100
 HISTORY_CAPTURES = 10  # profiler captures kept per rank (their traces are files; this is their summary)
@@ -83,65 +76,6 @@ class _Rank:
     last_seq: int = -1
 
 
-class _RunSeconds:
-    """One run's steps, step time and samples summed per second of window end, for the run chart.
-
-    Bounded: a few numbers a second whatever the rank count, the chart's
-    CHART_SECONDS of them, updated as windows arrive, so the chart never walks
-    the windows.  Each second's mean and throughput are worked out when a
-    window adds to it, not on every view: a view copies out the newest seconds,
-    and the values in it are the same objects as in the view before.
-    """
-
-    def __init__(self) -> None:
-        self.first_s = 0  # the second of row 0
-        # Per second: [timed steps, step time sum, samples, windows with samples].
-        kept = CHART_SECONDS + 1 + math.ceil(RUN_SECOND_SETTLE_S)  # and the seconds still filling or settling
-        self.rows: deque[list[float]] = deque(maxlen=kept)
-        self.step_s: deque[float | None] = deque(maxlen=kept)  # per second: mean step time
-        self.samples: deque[float | None] = deque(maxlen=kept)  # per second: samples
-
-    def add(self, w: Window) -> None:
-        second = int(w.t1)
-        newest_s = self.first_s + len(self.rows) - 1
-        kept = self.rows.maxlen or 0
-        if not self.rows or second - newest_s >= kept:
-            for column in (self.rows, self.step_s, self.samples):
-                column.clear()
-            self._append_seconds(1)
-            self.first_s = second
-        elif second > newest_s:
-            self._append_seconds(second - newest_s)  # the deques drop the oldest seconds
-            self.first_s = second - len(self.rows) + 1
-        index = second - self.first_s
-        if index < 0:
-            return  # older than the history kept
-        row = self.rows[index]
-        row[0] += w.timed
-        row[1] += w.step_time_sum_s
-        if w.samples is not None:
-            row[2] += w.samples
-            row[3] += 1
-        self.step_s[index] = row[1] / row[0] if row[0] else None
-        self.samples[index] = row[2] if row[3] else None
-
-    def _append_seconds(self, n: int) -> None:
-        for _ in range(n):
-            self.rows.append([0.0, 0.0, 0.0, 0.0])
-            self.step_s.append(None)
-            self.samples.append(None)
-
-    def view(self, until_t: float) -> RunHistory:
-        """The newest CHART_SECONDS whole seconds before ``until_t`` (the current second is still filling)."""
-        whole = min(max(int(until_t) - self.first_s, 0), len(self.rows))
-        start = max(whole - CHART_SECONDS, 0)
-        return RunHistory(
-            first_s=float(self.first_s + start),
-            step_time_s=tuple(itertools.islice(self.step_s, start, whole)),
-            samples_per_s=tuple(itertools.islice(self.samples, start, whole)),
-        )
-
-
 class Store:
     """Thread-safe store of everything received; ``snapshot()`` for readers."""
 
@@ -157,7 +91,7 @@ class Store:
         self._lock = threading.Lock()
         self._history_windows = history_windows
         self._ranks: dict[tuple[str, int], _Rank] = {}
-        self._run_seconds: dict[str, _RunSeconds] = {}
+        self._run_seconds: dict[str, RunSeconds] = {}
         self._gpu: deque[GpuSample] = deque(maxlen=history_samples)
         self._history_samples = history_samples
         self._node_gpu: dict[str, deque[GpuSample]] = {}  # other hosts' GPUs, by host name
@@ -214,7 +148,7 @@ class Store:
                 rank.stepped.append(message)
             run = self._run_seconds.get(message.run_id)
             if run is None:
-                run = self._run_seconds[message.run_id] = _RunSeconds()
+                run = self._run_seconds[message.run_id] = RunSeconds()
             run.add(message)
         elif isinstance(message, Event):
             rank.events.append(message)
@@ -350,22 +284,7 @@ class Store:
             by_run: dict[str, list[tuple[float, RankView]]] = {}
             for (run_id, rank_no), state in self._ranks.items():
                 keep = full_history if (full and f"{run_id}:{rank_no}" in full) else history
-                windows = state.windows.newest(keep)
-                status, reason = self._status(state, now)
-                view = RankView(
-                    run_id=run_id,
-                    rank=rank_no,
-                    hello=state.hello,
-                    windows=windows,
-                    status=status,
-                    status_reason=reason,
-                    last_seen_t=state.last_seen_t,
-                    events=tuple(state.events),
-                    captures=tuple(state.captures),
-                    stacks=tuple(state.stacks),
-                    # A rank stopped for longer than its copied windows reach keeps its last steps in view.
-                    stepped=tuple(state.stepped) if _stopped_before(windows, state.stepped) else (),
-                )
+                view = self._rank_view(run_id, rank_no, state, keep, now)
                 by_run.setdefault(run_id, []).append((state.first_seen_t, view))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
             node_history = {host: tuple(samples) for host, samples in sorted(self._node_gpu.items())}
@@ -373,23 +292,9 @@ class Store:
             settled = now - RUN_SECOND_SETTLE_S
             histories = {run_id: seconds.view(settled) for run_id, seconds in self._run_seconds.items()}
             token_refusals = self.token_refusals
-        runs = []
-        for run_id, entries in by_run.items():
-            ranks = tuple(sorted((v for _, v in entries), key=lambda v: v.rank))
-            runs.append(
-                RunView(
-                    run_id=run_id,
-                    name=ranks[0].hello.name,
-                    world_size=max(v.hello.world_size for v in ranks),
-                    first_seen_t=min(t for t, _ in entries),
-                    ranks=ranks,
-                    history=histories.get(run_id, RunHistory()),
-                )
-            )
-        runs.sort(key=lambda r: r.first_seen_t)
         return Snapshot(
             t=now,
-            runs=tuple(runs),
+            runs=_run_views(by_run, histories),
             gpu=gpu_history[-1] if gpu_history else None,
             host=host_history[-1] if host_history else None,
             gpu_history=gpu_history,
@@ -401,6 +306,24 @@ class Store:
             node_gpu_history=node_history,
         )
 
+    def _rank_view(self, run_id: str, rank_no: int, state: _Rank, keep: int | None, now: float) -> RankView:
+        windows = state.windows.newest(keep)
+        status, reason = self._status(state, now)
+        return RankView(
+            run_id=run_id,
+            rank=rank_no,
+            hello=state.hello,
+            windows=windows,
+            status=status,
+            status_reason=reason,
+            last_seen_t=state.last_seen_t,
+            events=tuple(state.events),
+            captures=tuple(state.captures),
+            stacks=tuple(state.stacks),
+            # A rank stopped for longer than its copied windows reach keeps its last steps in view.
+            stepped=tuple(state.stepped) if _stopped_before(windows, state.stepped) else (),
+        )
+
     def _status(self, state: _Rank, now: float) -> tuple[Status, str]:
         if state.done:
             return DONE, state.done_reason
@@ -410,6 +333,26 @@ class Store:
         if silent_s > self.lost_after_s:
             return LOST, f"silent for {silent_s:.0f} s"
         return LIVE, ""
+
+
+def _run_views(
+    by_run: dict[str, list[tuple[float, RankView]]], histories: dict[str, RunHistory]
+) -> tuple[RunView, ...]:
+    """Each run's view, its ranks by number and the runs by when each was first seen."""
+    runs = []
+    for run_id, entries in by_run.items():
+        ranks = tuple(sorted((v for _, v in entries), key=lambda v: v.rank))
+        runs.append(
+            RunView(
+                run_id=run_id,
+                name=ranks[0].hello.name,
+                world_size=max(v.hello.world_size for v in ranks),
+                first_seen_t=min(t for t, _ in entries),
+                ranks=ranks,
+                history=histories.get(run_id, RunHistory()),
+            )
+        )
+    return tuple(sorted(runs, key=lambda r: r.first_seen_t))
 
 
 def ended_text(bye: Bye) -> str:
