@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gputop import __version__, settings
 from gputop.cli.options import (
@@ -22,6 +23,9 @@ from gputop.cli.options import (
     theme_name,
 )
 
+if TYPE_CHECKING:
+    Commands = argparse._SubParsersAction[argparse.ArgumentParser]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -30,11 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gputop {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_attach, _mcp, _record, _capture, _agent, _fleet, _report, _replay, _demo, _doctor):
+        add(commands)
+    return parser
 
+
+def _attach(commands: Commands) -> None:
     attach = commands.add_parser("attach", help="open the dashboard (the default command)")
     add_live_collector(attach)
     add_dashboard_options(attach)
 
+
+def _mcp(commands: Commands) -> None:
     mcp = commands.add_parser(
         "mcp",
         help="serve the live runs' findings to a coding agent over the Model Context Protocol (stdio)",
@@ -47,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_price(mcp)
     add_sample_interval(mcp)
 
+
+def _record(commands: Commands) -> None:
     record = commands.add_parser("record", help="record reporters, GPU and host samples to a JSON-lines file")
     add_address(record)
     record.add_argument("--seconds", type=positive, required=True, help="stop after S seconds")
@@ -71,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_price(record)
     add_prometheus(record)
 
+
+def _capture(commands: Commands) -> None:
     capture = commands.add_parser(
         "capture",
         help="profile ranks' next steps with torch.profiler, asked of the dashboard or recorder listening there",
@@ -82,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--timeout", type=positive, default=120.0, metavar="S", help="wait at most S seconds")
     capture.add_argument("--format", choices=("text", "json"), default="text")
 
+
+def _agent(commands: Commands) -> None:
     agent = commands.add_parser(
         "agent",
         help="send this host's GPU readings to a dashboard or recorder on another machine "
@@ -100,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_prometheus(agent)
     add_address(agent)  # with --prometheus: where this node's ranks report (default: the per-user socket)
 
+
+def _fleet(commands: Commands) -> None:
     fleet = commands.add_parser(
         "fleet",
         help="the runs a cluster's Prometheus knows through gputop's job rules: each run's slowest ranks and "
@@ -123,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the live view's Textual theme (default: the dashboard's, from the config file)",
     )  # fmt: skip
 
+
+def _report(commands: Commands) -> None:
     report = commands.add_parser(
         "report",
         help="summarise a recording: per rank, per GPU, findings; or compare two (--compare BEFORE AFTER)",
@@ -135,11 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     add_price(report)
 
+
+def _replay(commands: Commands) -> None:
     replay = commands.add_parser("replay", help="show a recording in the dashboard")
     replay.add_argument("recording", type=Path)
     replay.add_argument("--speed", type=positive, default=1.0, help="playback speed (default 1)")
     add_look(replay)
 
+
+def _demo(commands: Commands) -> None:
     demo = commands.add_parser("demo", help="run a bundled 2-rank CPU DDP job and watch it")
     from gputop.demos.scenarios import SCENARIO_NAMES
 
@@ -151,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--record", type=Path, default=None, help="also record the run to this file")
     add_dashboard_options(demo)
 
+
+def _doctor(commands: Commands) -> None:
     doctor = commands.add_parser(
         "doctor",
         help="say what gputop can see on this machine (NVML, GPUs, torch, sockets, settings) and why not",
@@ -161,4 +188,3 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 when NVML answers with at least one GPU (a dashboard here would see GPUs), 1 otherwise",
     )
     doctor.add_argument("--format", choices=("text", "json"), default="text", help="json: for a bug report")
-    return parser
