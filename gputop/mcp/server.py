@@ -115,27 +115,35 @@ class LiveFindings:
             self._stop.wait(self.refresh_s)
 
 
+READING = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
 def build_server(live: LiveFindings, read_report: ReportReader, *, price_per_hour: float | None = None) -> MCPServer:
     """The MCP server with gputop's tools over ``live``'s source; ``read_report`` answers get_recording_report."""
     server: MCPServer = MCPServer(name="gputop", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
-    budget = answers.CaptureBudget()
-    budget_lock = threading.Lock()
-    captures = itertools.count(1)
-    reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    _add_live_tools(server, live, price_per_hour)
+    _add_report_tool(server, read_report)
+    _add_capture_tool(server, live)
+    return server
 
-    def checked(answer: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``answer(...)``, with a bad argument's sentence as the tool's error."""
-        try:
-            return answer(*args, **kwargs)
-        except answers.BadArgument as exc:
-            raise ToolError(str(exc)) from None
+
+def checked(answer: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``answer(...)``, with a bad argument's sentence as the tool's error."""
+    try:
+        return answer(*args, **kwargs)
+    except answers.BadArgument as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _add_live_tools(server: MCPServer, live: LiveFindings, price_per_hour: float | None) -> None:
+    """The tools that read the live chain's newest result: the runs, their findings, one rank."""
 
     @server.tool(
         name="list_runs",
         description="List the PyTorch training runs reporting to gputop now: each run's id, name, world size, "
         "its ranks (status, host, pid, device, steps, median step time, samples/s) and how many findings of "
         "each severity it has, with the worst one's title. Call this first to get the run ids.",
-        annotations=reading,
+        annotations=READING,
     )
     def list_runs() -> dict[str, Any]:
         return answers.runs(live.latest())
@@ -146,7 +154,7 @@ def build_server(live: LiveFindings, read_report: ReportReader, *, price_per_hou
         f"its cause ({', '.join(CAUSES)}), severity, the ranks it is about, evidence (each number with the threshold "
         "it crossed), frames (where the named ranks' training threads were: function, file, line), cost "
         "(cost_ms_per_step, speedup_x, and waste in GPU-hours or core-hours) and suggestion: the fix to make.",
-        annotations=reading,
+        annotations=READING,
     )
     def get_findings(run_id: RunId = None) -> dict[str, Any]:
         return checked(answers.findings, live.latest(), run_id, price_per_hour)
@@ -157,7 +165,7 @@ def build_server(live: LiveFindings, read_report: ReportReader, *, price_per_hou
         "backward, exposed communication, memory peak, CPU and CPU wait, DataLoader workers, where its training "
         "thread is (frames), its GPU, the findings that name it, its recent history window by window (step "
         "time, loader wait %, exposed comm %; newest last) and its last profiler captures.",
-        annotations=reading,
+        annotations=READING,
     )
     def get_rank(
         rank: Annotated[int, Field(ge=0, description="the rank number (0 .. world size - 1)")],
@@ -173,18 +181,27 @@ def build_server(live: LiveFindings, read_report: ReportReader, *, price_per_hou
         history = next((r for r in source.snapshot().all_ranks() if r.key == figures.key), None)
         return answers.rank(update, figures, history=history, points=history_windows, price_per_hour=price_per_hour)
 
+
+def _add_report_tool(server: MCPServer, read_report: ReportReader) -> None:
     @server.tool(
         name="get_recording_report",
         description="The report of a recording written by `gputop record` (a .jsonl or .jsonl.gz path on this "
         "machine, relative to where gputop mcp runs): per run and rank the figures over the whole recording, "
         "the GPUs, and the findings with evidence, frames, cost and fix; the same content as "
         "`gputop report FILE --format json`.",
-        annotations=reading,
+        annotations=READING,
     )
     def get_recording_report(
         path: Annotated[str, Field(description="the recording's path, e.g. run.jsonl")],
     ) -> dict[str, Any]:
         return checked(read_report, Path(path).expanduser())
+
+
+def _add_capture_tool(server: MCPServer, live: LiveFindings) -> None:
+    """The one tool with an effect on the run, bounded by a capture budget per run."""
+    budget = answers.CaptureBudget()
+    budget_lock = threading.Lock()
+    captures = itertools.count(1)
 
     @server.tool(
         name="capture_profile",
@@ -228,8 +245,6 @@ def build_server(live: LiveFindings, read_report: ReportReader, *, price_per_hou
         answer["run_id"] = run.run_id
         answer["next_capture_in_s"] = round(budget.next_in_s(run.run_id, time.monotonic()))
         return answer
-
-    return server
 
 
 def serve(
