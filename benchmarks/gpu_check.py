@@ -208,7 +208,7 @@ def why_no_gpu() -> str | None:
         return f"no CUDA GPU visible to torch {torch.__version__} (a CPU build, no driver, or no device)"
     if shutil.which("nvidia-smi") is None:
         return "nvidia-smi is not on PATH: it is the independent reference the checks compare with"
-    from gputop.collect.nvml import Nvml
+    from gputop.collect.gpu.nvml import Nvml
 
     problem = Nvml().start()
     if problem is not None:
@@ -425,7 +425,7 @@ def gpu_load(seconds: float) -> contextlib.AbstractContextManager[int]:
 
 def check_nvml_vs_smi() -> list[Row]:
     """gputop's NVML sampler against nvidia-smi, read back to back, under a matmul load."""
-    from gputop.collect.gpu import GpuSampler
+    from gputop.collect.gpu.sampler import GpuSampler
 
     sampler = GpuSampler()
     pairs = []
@@ -479,7 +479,7 @@ def copy_load(seconds: float) -> contextlib.AbstractContextManager[int]:
 
 def check_nvml_processes_and_links() -> list[Row]:
     """The process list, the PCIe/NVLink counters and the sample's own cost, through the real driver."""
-    from gputop.collect.gpu import GpuSampler
+    from gputop.collect.gpu.sampler import GpuSampler
 
     sampler = GpuSampler()
     rows = []
@@ -699,7 +699,7 @@ def check_overhead(rounds: int = 3) -> list[Row]:
         rows.append(Row(f"overhead: {name}", "≥ 0.97 × steps/s with gputop off (median of rounds)",
                         f"{ratio:.3f} × ({statistics.median(rates[name]):.1f} vs {base:.1f} steps/s, "
                         f"{rounds} rounds)", "pass" if ratio >= 0.97 else "fail"))  # fmt: skip
-    from gputop.collect.gpu import GpuSampler
+    from gputop.collect.gpu.sampler import GpuSampler
 
     sampler = GpuSampler()
     sampler.sample()  # NVML init and the static facts

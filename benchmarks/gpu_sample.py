@@ -3,7 +3,7 @@
 ``nvmlDeviceGetPcieThroughput`` measures over ~20 ms inside the call, one
 direction per call: on 8 GPUs that is 320 ms of every sample for the call
 alone.  The sampler reads PCIe and NVLink from the driver's byte counters
-instead (``gputop/collect/nvml_counters.py``).  This runs the real sampler
+instead (``gputop/collect/gpu/nvml_counters.py``).  This runs the real sampler
 through the real nvidia-ml-py over the stand-in libnvidia-ml (tests/support/nvml_standin)
 with that 20-ms call present, and prints:
 
@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gputop.collect.gpu import GpuSampler  # noqa: E402
-from gputop.collect.nvml import Nvml  # noqa: E402
+from gputop.collect.gpu.nvml import Nvml  # noqa: E402
+from gputop.collect.gpu.sampler import GpuSampler  # noqa: E402
 from tests.support.nvml_standin import ENV_VAR, Process, build_driver, calls, h100_node, library  # noqa: E402
 
 

@@ -21,12 +21,12 @@ from gputop.cli.common import EXIT_ERROR, EXIT_USAGE, UsageError, UserError
 from gputop.cli.dashboard import cmd_attach
 from gputop.cli.demo import cmd_demo
 from gputop.cli.fleet import cmd_fleet
+from gputop.cli.install_check import other_gputop
 from gputop.cli.mcp import cmd_mcp
 from gputop.cli.parser import build_parser
 from gputop.cli.record import cmd_record
 from gputop.cli.replay import cmd_replay
 from gputop.cli.report import cmd_report
-from gputop.install_check import other_gputop
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a program the signal ended reports, as `yes | head` does
 

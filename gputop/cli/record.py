@@ -74,7 +74,7 @@ def record_with_alerts(
     ``auto_capture``: profile a straggler's or stall's culprit rank once the finding has held (the rank's
     result is recorded like any message; ``gputop report`` puts it on the finding).
     """
-    from gputop.alert_command import AlertCommand
+    from gputop.cli.alert_command import AlertCommand
     from gputop.diagnose import Diagnoser
     from gputop.diagnose.alerts import AlertTracker
     from gputop.diagnose.autocapture import AutoCapture

@@ -6,7 +6,7 @@ import concurrent.futures
 import time
 
 from gputop.address import Address
-from gputop.collect.gpu import GpuSamplerThread
+from gputop.collect.gpu.sampler import GpuSamplerThread
 from gputop.collect.host import HostSamplerThread
 from gputop.collect.recording import Recorder
 from gputop.collect.server import Collector

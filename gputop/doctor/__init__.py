@@ -24,8 +24,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TextIO
 
 from gputop import __version__
-from gputop.collect.gpu import GpuSampler
-from gputop.collect.nvml import Nvml
+from gputop.collect.gpu.nvml import Nvml
+from gputop.collect.gpu.sampler import GpuSampler
 from gputop.doctor.checks import (
     COLLECTOR,
     CONTAINER,

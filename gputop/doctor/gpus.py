@@ -7,8 +7,8 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-from gputop.collect.gpu import GpuSampler
-from gputop.collect.nvml import NO_DRIVER, NO_LIBRARY, NO_PERMISSION, NO_PYNVML, Nvml, text
+from gputop.collect.gpu.nvml import NO_DRIVER, NO_LIBRARY, NO_PERMISSION, NO_PYNVML, Nvml, text
+from gputop.collect.gpu.sampler import GpuSampler
 from gputop.doctor.checks import (
     DRIVER_CALLS,
     GPUS,
@@ -35,7 +35,7 @@ FALLBACKS = {
 
 VERSIONED_CALLS = (*PROCESS_CALLS[:2], *FALLBACKS)
 
-# What to do when NVML cannot start, by the reason gputop.collect.nvml gives.
+# What to do when NVML cannot start, by the reason gputop.collect.gpu.nvml gives.
 NVML_FIXES = {
     NO_LIBRARY: "install the NVIDIA driver, or in a container start it with the GPUs (docker run --gpus all)",
     NO_DRIVER: "load the NVIDIA driver (nvidia-smi should work), or reboot after installing it",

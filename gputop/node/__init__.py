@@ -3,7 +3,7 @@
 A collector reads its own machine's GPUs; a rank on another host has no GPU
 there to join against.  ``python -m gputop.node`` (``gputop agent`` when a user
 starts it by hand: a Kubernetes DaemonSet, a Slurm prolog) samples this host's
-GPUs with the dashboard's own sampler (``gputop.collect.gpu``) and sends each
+GPUs with the dashboard's own sampler (``gputop.collect.gpu.sampler``) and sends each
 sample as a ``gpus`` frame over the connection kind a reporter uses
 (``GPUTOP_ADDR``, the token handshake of ``gputop.auth``, optional TLS).
 

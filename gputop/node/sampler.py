@@ -29,7 +29,7 @@ from types import FrameType
 
 from gputop import auth, settings
 from gputop.address import Address, AddressError, parse_host_port, resolve
-from gputop.collect.gpu import GpuSampler
+from gputop.collect.gpu.sampler import GpuSampler
 from gputop.model.samples import GpuSample, gpu_sample_to_wire
 from gputop.processes import lifeline
 from gputop.protocol import MAX_FRAME_BYTES, Gpus, encode

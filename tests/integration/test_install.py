@@ -33,7 +33,7 @@ VERSION = gputop.__version__
 # torch>=2.1 from the [torch] extra would resolve to the newest release, gigabytes of CUDA wheels.
 TORCH_SPEC = "torch==2.13.0"
 OTHER_GPUTOP = "gputop==0.3.0"  # the unrelated PyPI project whose files collide with ours
-DASHBOARD_MODULES = "gputop, gputop.cli, gputop.tui.app, gputop.collect.gpu, gputop.install_check"
+DASHBOARD_MODULES = "gputop, gputop.cli, gputop.tui.app, gputop.collect.gpu.sampler, gputop.cli.install_check"
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def test_the_wheel_without_torch_and_beside_the_other_gputop(dists: Dists, tmp_p
     assert run(gputop_cmd, "--version", cwd=tmp_path).stdout.strip() == f"gputop {VERSION}"
     run(python, "-c", f"import {DASHBOARD_MODULES}", cwd=tmp_path)
     assert run(python, "-c", "import torch", cwd=tmp_path, check=False).returncode != 0
-    check = "from gputop.install_check import other_gputop; print(other_gputop())"
+    check = "from gputop.cli.install_check import other_gputop; print(other_gputop())"
     assert run(python, "-c", check, cwd=tmp_path).stdout.strip() == "None"
 
     run(bin_ / "pip", "install", "--quiet", OTHER_GPUTOP, cwd=tmp_path)  # theirs after ours: ours broken

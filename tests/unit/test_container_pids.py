@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gputop.collect.gpu import GpuSampler
-from gputop.collect.nvml import Nvml
+from gputop.collect.gpu.nvml import Nvml
+from gputop.collect.gpu.sampler import GpuSampler
 from gputop.model.figures import summarize
 from gputop.model.join import join_ranks_to_gpus
 from gputop.model.samples import GpuReading

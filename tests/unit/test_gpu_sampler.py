@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gputop.collect.gpu import GpuSampler, GpuSamplerThread, decode_throttle_reasons
-from gputop.collect.nvml import GPU_LOST, NOT_SUPPORTED, Nvml
+from gputop.collect.gpu.nvml import GPU_LOST, NOT_SUPPORTED, Nvml
+from gputop.collect.gpu.sampler import GpuSampler, GpuSamplerThread, decode_throttle_reasons
 from gputop.collect.store import Store
 from gputop.model.samples import GpuSample
 from tests.support.nvml_standin import (
@@ -358,7 +358,7 @@ class TestNoGpu:
 
     def test_no_library(self) -> None:
         """The real bindings with no libnvidia-ml on the machine (this one has none)."""
-        script = "from gputop.collect.gpu import GpuSampler; print(GpuSampler().sample().unavailable)"
+        script = "from gputop.collect.gpu.sampler import GpuSampler; print(GpuSampler().sample().unavailable)"
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
         assert out.stdout.strip() == "NVML unavailable: libnvidia-ml not found (no NVIDIA driver installed)"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gputop.collect.nvml import GPU_LOST, NOT_SUPPORTED
+from gputop.collect.gpu.nvml import GPU_LOST, NOT_SUPPORTED
 from gputop.collect.store import Store
 from gputop.model.gpu_summary import summarize_gpus
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample

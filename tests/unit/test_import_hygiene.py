@@ -64,7 +64,7 @@ def test_the_model_and_the_diagnosis_are_pure(module: str) -> None:
 
 def test_the_node_sampler_loads_nvml_code_but_no_reporter_dashboard_or_torch() -> None:
     loaded = modules_after("import gputop.node.sampler")
-    assert "gputop.collect.gpu" in loaded
+    assert "gputop.collect.gpu.sampler" in loaded
     assert not top_level(loaded) & {"torch", "textual", "rich"}
     assert not {m for m in loaded if m.startswith(("gputop.reporter", "gputop.tui", "gputop.diagnose"))}
 

@@ -23,8 +23,8 @@ import pytest
 from gputop import auth
 from gputop.address import Address
 from gputop.collect import recording
-from gputop.collect.gpu import GpuSampler
-from gputop.collect.nvml import Nvml
+from gputop.collect.gpu.nvml import Nvml
+from gputop.collect.gpu.sampler import GpuSampler
 from gputop.collect.server import Collector
 from gputop.collect.store import NODE_GPU_STALE_S, Store
 from gputop.export.metrics import families

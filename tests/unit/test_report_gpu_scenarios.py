@@ -9,8 +9,8 @@ import pytest
 
 from gputop import cli
 from gputop.collect import recording
-from gputop.collect.gpu import GpuSampler
-from gputop.collect.nvml import Nvml
+from gputop.collect.gpu.nvml import Nvml
+from gputop.collect.gpu.sampler import GpuSampler
 from gputop.protocol import Hello, Window
 from tests.support.nvml_standin import Gpu, MigInstance, Process, Scenario, h100_node, use_in_process
 

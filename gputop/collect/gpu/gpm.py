@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputop.collect.nvml import GPU_LOST, DeviceReads, Nvml
+from gputop.collect.gpu.nvml import GPU_LOST, DeviceReads, Nvml
 
 # NVML enums, as fallbacks for a pynvml that lacks the names (values from nvml.h).
 _CONSTANTS = {

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gputop.collect.nvml import GPU_LOST, NOT_FOUND, DeviceReads, Nvml
-from gputop.collect.nvml_processes import VERSIONS, ProcessEntry, list_processes
+from gputop.collect.gpu.nvml import GPU_LOST, NOT_FOUND, DeviceReads, Nvml
+from gputop.collect.gpu.nvml_processes import VERSIONS, ProcessEntry, list_processes
 from gputop.model.samples import GpuProcess
 
 UTIL_PIDS_ELSEWHERE = "NVML's utilization samples name PIDs from another namespace"

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.collect.gpm import GpmReader
-from gputop.collect.gpu_processes import ProcessReader, pid_here, process_name
-from gputop.collect.nvml import DeviceReads, Nvml, text
-from gputop.collect.nvml_counters import ThroughputCounters
+from gputop.collect.gpu.gpm import GpmReader
+from gputop.collect.gpu.nvml import DeviceReads, Nvml, text
+from gputop.collect.gpu.nvml_counters import ThroughputCounters
+from gputop.collect.gpu.processes import ProcessReader, pid_here, process_name
 from gputop.collect.periodic import PeriodicThread
 from gputop.collect.store import Store
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample
