@@ -12,15 +12,21 @@ import asyncio
 import functools
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.message import Message
 
-from gputop.tui.messages import TerminalGone
 from gputop.tui.screens.help import HelpScreen
 from gputop.tui.terminal import exit_when_the_terminal_goes
+
+
+@dataclass
+class TerminalGone(Message):
+    """The terminal hung up without a SIGHUP (gputop.tui.terminal): leave as a hangup would."""
 
 
 class Shell(App[int]):
