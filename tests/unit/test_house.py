@@ -144,7 +144,6 @@ STILL_LONG = {
     "mcp/server.py:build_server": 115,
     "model/sums.py:stats": 109,
     "reporter/flops.py:_counting_mode_class": 112,
-    "tui/screens/detail.py:_draw": 76,
     "collect/store.py": 426,
     "model/sums.py": 413,
     "report/__init__.py": 402,
