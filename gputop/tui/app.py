@@ -3,13 +3,14 @@
 Data flow: the figures thread (``FiguresWorker``) turns a snapshot into a
 ``DashboardView`` every ``refresh_s`` and the app posts it to itself as a
 ``SnapshotReady`` message; the UI thread only copies the view into widgets
-(``MainScreen``, and a rank's detail screen on top), and says the rest of the refresh's news (``news``: rings the
-alerts, tells the ranks what the worker decided and asks culprit ranks for the
-profiles it decided on, never waiting: the answer comes back in a later
-snapshot, a refusal through the future's callback).  Time travel's views are
-``Past``'s.  So the UI never waits on the collector's lock, and redraws at most
-once per ``refresh_s`` however fast data arrives.  What each key and click does
-is here too, beside the bindings.
+(``MainScreen``, and a rank's detail screen on top), and says the rest of the
+refresh's news (``news``: rings the alerts, tells the ranks what the worker
+decided and asks culprit ranks for the profiles it decided on, never waiting:
+the answer comes back in a later snapshot, a refusal through the future's
+callback).  Time travel's views are ``Past``'s.  So the UI never waits on the
+collector's lock, and redraws at most once per ``refresh_s`` however fast data
+arrives.  What each key does is here too, beside the bindings; what a click on
+the table does is the main screen's.
 """
 
 from __future__ import annotations

@@ -123,15 +123,14 @@ class MainScreen(Screen[None]):
 
     def open_rank(self) -> None:
         """Open the selected rank's detail screen; on a host's row, fold or unfold the host instead."""
-        on_top = self.app.screen
+        if isinstance(self.app.screen, RankDetailScreen):
+            return
         cursor = self.table.selected_key
-        if cursor is not None and cursor.startswith("host:") and not isinstance(on_top, RankDetailScreen):
+        if cursor is not None and cursor.startswith("host:"):
             self.table.toggle_fold(cursor)
             self._title_ranks(self.table)
             return
         if self.view is None or self.selected is None or self.view.rank(self.selected) is None:
-            return
-        if isinstance(on_top, RankDetailScreen):
             return
         self.app.push_screen(RankDetailScreen(key=self.selected, view=self.view))
 
