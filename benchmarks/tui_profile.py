@@ -156,10 +156,10 @@ async def ui_thread(store: Store, seconds: float, next_seq: int, ranks: int, top
             ui_s, wall_s = time.thread_time() - c0, time.perf_counter() - t0
             print(f"UI thread over {wall_s:.1f} s with cProfile: {100 * ui_s / wall_s:.1f}% of a core")
             for _ in range(5):
-                before = app.table.sort_index
+                before = app.main.table.sort_index
                 t0 = time.perf_counter()
                 await pilot.press("s")
-                while app.table.sort_index == before:
+                while app.main.table.sort_index == before:
                     await asyncio.sleep(0.001)
                 await pilot.pause()
                 print(f"  s handled and drawn in {1000 * (time.perf_counter() - t0):.0f} ms")

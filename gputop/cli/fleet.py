@@ -1,6 +1,6 @@
 """``gputop fleet URL``: the runs a cluster's Prometheus knows through gputop's job rules.
 
-In a terminal, without ``--format``: the live view (``gputop.tui.fleet_app``).
+In a terminal, without ``--format``: the live view (``gputop.tui.fleet.app``).
 Piped, or with ``--format``: printed once.  Either way Prometheus is read once
 first, so an unreachable server, a missing rule or an unknown run is the same
 one-line error and exit 1.
@@ -38,7 +38,7 @@ def _live(prometheus: Prometheus, runs: list[FleetRun], args: argparse.Namespace
     from textual.theme import BUILTIN_THEMES
 
     from gputop import settings
-    from gputop.tui.fleet_app import run_fleet
+    from gputop.tui.fleet.app import run_fleet
 
     theme = args.theme if args.theme in BUILTIN_THEMES else settings.THEME.default  # the file's may be unknown here
     scraping = read_scraping(prometheus)

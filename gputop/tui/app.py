@@ -3,21 +3,19 @@
 Data flow: the figures thread (``FiguresWorker``) turns a snapshot into a
 ``DashboardView`` every ``refresh_s`` and the app posts it to itself as a
 ``SnapshotReady`` message; the UI thread only copies the view into widgets
-(``main_screen``), and says the rest of the refresh's news (``news``: rings the
-alerts, tells the ranks what the worker decided and asks culprit ranks for the
-profiles it decided on, never waiting: the answer comes back in a later
-snapshot, a refusal through the future's callback).  Time travel's views are
-``Past``'s.  So the UI never waits on the collector's lock, and redraws at most
-once per ``refresh_s`` however fast data arrives.  What each key and click does
-is here too, beside the bindings.
+(``MainScreen``, and a rank's detail screen on top), and says the rest of the
+refresh's news (``news``: rings the alerts, tells the ranks what the worker
+decided and asks culprit ranks for the profiles it decided on, never waiting:
+the answer comes back in a later snapshot, a refusal through the future's
+callback).  Time travel's views are ``Past``'s.  So the UI never waits on the
+collector's lock, and redraws at most once per ``refresh_s`` however fast data
+arrives.  What each key does is here too, beside the bindings; what a click on
+the table does is the main screen's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import gc
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -32,30 +30,28 @@ from gputop.diagnose.autocapture import AutoCapture
 from gputop.diagnose.pipeline import DiagnoserLike, LivePipeline
 from gputop.model.source import SnapshotSource, TalksToRanks
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
-from gputop.tui.main_screen import SHORT_HEIGHT, MainScreenApp
-from gputop.tui.messages import RowHighlighted, RowSelected, SnapshotReady, SourceFailed, TerminalGone
+from gputop.tui.main_screen import SHORT_HEIGHT, MainScreen
+from gputop.tui.messages import SnapshotReady, SourceFailed
 from gputop.tui.news import News
 from gputop.tui.screens.detail import RankDetailScreen
-from gputop.tui.screens.help import HelpScreen
-from gputop.tui.terminal import exit_when_the_terminal_goes
+from gputop.tui.screens.help import HELP
+from gputop.tui.shell import Shell, run_in_terminal
 from gputop.tui.time_travel import Past
 from gputop.tui.view import DashboardView
 
 DiagnoserFactory = Callable[[], DiagnoserLike]
 
 
-class GputopApp(MainScreenApp):
-    """The live dashboard over one SnapshotSource.  The caller starts and stops the source."""
+class GputopApp(Shell):
+    """The live dashboard over one SnapshotSource.  The caller starts and stops the source.
 
-    CSS_PATH = "gputop.tcss"
+    Its keys are the app's, not the main screen's, so they work (and the footer shows them) on a rank's detail too.
+    """
+
     TITLE = "gputop"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # noqa: RUF012 - Textual's own declaration
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_HEIGHT, "-tall")]  # noqa: RUF012
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        # Beside a training job in a terminal, Ctrl-C means "stop", as in nvitop and top.
-        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
-        Binding("question_mark", "help", "Help", key_display="?"),
+    BINDINGS: ClassVar[list[BindingType]] = [  # after the shell's q, ctrl+c and ?
         Binding("p", "pause", "Pause"),
         Binding("left_square_bracket", "travel_back", "Back", key_display="["),
         Binding("right_square_bracket", "travel_forward", "Fwd", key_display="]"),
@@ -75,14 +71,6 @@ class GputopApp(MainScreenApp):
     dashboard, and each full collection walked them all: ~50 ms every half minute, a sixth of a
     2-rank dashboard's CPU.  Frozen, they are still freed by their reference counts; only a cycle
     among them that became garbage later would stay (the screen's widgets never do).
-    """
-
-    leave_on_sigterm = False
-    """SIGTERM closes the app as ``q`` would, restoring the terminal (``run_dashboard`` sets it).
-
-    Python's default is to die on the spot: the screen stayed drawn, the terminal kept
-    reporting the mouse, and ``gputop demo`` skipped stopping its job in order.
-    Off under the test pilot, whose process is pytest's.
     """
 
     def __init__(
@@ -110,13 +98,10 @@ class GputopApp(MainScreenApp):
             auto_capture: Profile a straggler's or stall's culprit rank once its finding has held as long
                 as an alert waits (a live source with ``alerts`` only).
         """
-        super().__init__()
-        if theme is not None:
-            self.theme = theme
+        super().__init__(help_text=HELP, theme=theme)
         self.source = source
         self.refresh_s = refresh_s
         self.notice = notice
-        self.price_per_hour = price_per_hour
         # Snapshot to figures, findings, briefs for the ranks and alerts, on the figures thread.
         profiles = auto_capture and alerts is not None and isinstance(source, TalksToRanks)
         pipeline = LivePipeline(
@@ -125,20 +110,24 @@ class GputopApp(MainScreenApp):
             auto_capture=AutoCapture() if profiles else None,
         )
         self.worker = FiguresWorker(source, pipeline, refresh_s, self._post_refresh)
-        self.view = None
+        self.main = MainScreen(self.worker, source_text=source.description, price_per_hour=price_per_hour)
         self._newest: DashboardView | None = None  # what arrived, shown on resume when paused
         self.past = Past()  # the views to step back through, and which one is shown
         self.news = News(self, source)  # the bell, notifications, and what the ranks are told
 
+    def get_default_screen(self) -> MainScreen:
+        return self.main
+
+    @property
+    def view(self) -> DashboardView | None:
+        """The view on screen: the newest, or the one a pause or time travel holds."""
+        return self.main.view
+
     def on_mount(self) -> None:
-        self.screen.set_class(True, "-empty")
-        self.table.focus()
         if self.notice:
             self.notify(self.notice, timeout=15)
-        self.worker.start()
-        if self.leave_on_sigterm:  # through the event loop: a plain signal handler could cut into its queues
-            leave = functools.partial(self.exit, return_code=128 + signal.SIGTERM)  # as a SIGTERM death would say
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, leave)
+        # Its views are drawn on the main screen, whose own mount comes after the app's: start once that is done.
+        self.main.call_later(self.worker.start)
         if self.freeze_startup_objects:
             self.call_after_refresh(self._freeze_startup_objects)
 
@@ -170,7 +159,7 @@ class GputopApp(MainScreenApp):
         await super().on_event(event)
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
-        if not self.table.is_attached:  # a message that arrives while the app shuts down
+        if not self.main.table.is_attached:  # a message that arrives while the app shuts down
             return
         self._newest = message.view
         self.past.remember(message.view, paused=self.paused)
@@ -180,45 +169,34 @@ class GputopApp(MainScreenApp):
         news.ring_alerts(alerts)
         news.tell_ranks(briefs)
         news.ask_for_profiles(self.worker.take_captures())
-        self.header.finished = message.finished
+        header = self.main.header
+        header.finished = message.finished
         slow = self.figures_every_s > 1.5 * self.refresh_s
         # Rounded as shown, so that a change too small to read does not repaint the header.
-        self.header.figures_every_s = float(f"{self.figures_every_s:.2g}") if slow else None
+        header.figures_every_s = float(f"{self.figures_every_s:.2g}") if slow else None
         if not self.paused:
             self._show(message.view)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         self.news.source_failed(message.reason)
 
-    # -- events and actions -----------------------------------------------------
+    def _show(self, view: DashboardView) -> None:
+        """Draw ``view`` on the main screen, and on the rank's detail when one is on top."""
+        self.main.show(view)
+        if isinstance(self.screen, RankDetailScreen):
+            self.screen.show(view)
 
-    def on_row_highlighted(self, event: RowHighlighted) -> None:
-        key = event.key
-        if key != self._selected and not key.startswith("host:"):
-            self._selected = key
-            self._show_history()
+    # -- keys: what the main screen does, on any screen ------------------------------
 
-    def on_row_selected(self, event: RowSelected) -> None:
-        """Enter or a click: a rank opens its detail, a host folds or unfolds."""
-        key = event.key
-        if key.startswith("host:"):
-            self.table.toggle_fold(key)
-            self._title_ranks(self.table)
-            return
-        self._selected = key
-        self.action_open_rank()
-
-    def on_findings_resized(self) -> None:
-        self.call_after_refresh(self._fit_middle)
-
-    def on_sort_changed(self) -> None:
-        self._title_ranks(self.table)
+    def action_open_rank(self) -> None:
+        """Open the selected rank's detail screen."""
+        self.main.open_rank()
 
     def action_fold_all(self) -> None:
-        """Fold every host, or open them all when all are folded."""
-        table = self.table
-        table.set_all_folded(not table.all_folded)
-        self._title_ranks(table)
+        self.main.fold_all()
+
+    def action_sort(self) -> None:
+        self.main.cycle_sort()
 
     def action_travel_back(self) -> None:
         """Pause and show the view one refresh earlier."""
@@ -238,48 +216,20 @@ class GputopApp(MainScreenApp):
         self._show_travel()
 
     def _show_travel(self) -> None:
-        self.header.behind_s = self.past.behind_s
+        self.main.header.behind_s = self.past.behind_s
         self._show(self.past.shown)
-
-    def action_open_rank(self) -> None:
-        """Open the selected rank's detail screen."""
-        cursor = self.table.selected_key
-        if cursor is not None and cursor.startswith("host:") and not isinstance(self.screen, RankDetailScreen):
-            self.table.toggle_fold(cursor)
-            self._title_ranks(self.table)
-            return
-        if self.view is None or self._selected is None or self.view.rank(self._selected) is None:
-            return
-        if isinstance(self.screen, RankDetailScreen):
-            return
-        self.push_screen(RankDetailScreen(key=self._selected, view=self.view))
-
-    def request_exit(self) -> None:
-        """Exit soon, from any thread (the terminal watch's)."""
-        self.post_message(TerminalGone())
-
-    def on_terminal_gone(self, message: TerminalGone) -> None:
-        self.exit(return_code=129)  # 128 + SIGHUP: what a hangup would have made of gputop
 
     def action_pause(self) -> None:
         self.paused = not self.paused
 
     def watch_paused(self, paused: bool) -> None:
-        self.header.paused = paused
+        header = self.main.header
+        header.paused = paused
         if not paused:
             self.past.go_live()
-            self.header.behind_s = 0.0
+            header.behind_s = 0.0
             if self._newest is not None and self._newest is not self.view:
                 self._show(self._newest)
-
-    def action_sort(self) -> None:
-        table = self.table
-        table.action_cycle_sort()
-        self._title_ranks(table)
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
 
 
 def run_dashboard(
@@ -314,9 +264,7 @@ def run_dashboard(
     # collector holds it (Python's default is 5 ms, several times per frame).
     sys.setswitchinterval(0.001)
     app.freeze_startup_objects = True
-    app.leave_on_sigterm = True
-    exit_when_the_terminal_goes(sys.__stdout__.fileno() if sys.__stdout__ else 1, app.request_exit)
-    result = app.run()
+    code = run_in_terminal(app)
     if remember_theme is not None:
         remember_theme(app.theme)
-    return result if isinstance(result, int) else (app.return_code or 0)
+    return code

@@ -1,24 +1,25 @@
-"""The dashboard's main screen: the widgets on it, and how a ``DashboardView`` is drawn on them.
+"""The dashboard's main screen: the widgets on it, how a ``DashboardView`` is drawn on them, and its clicks.
 
-``MainScreenApp`` is the part of ``GputopApp`` (``gputop.tui.app``) that knows
-the screen's layout: the header, the GPU panel, the ranks table and the
-findings side by side in the "middle", the run chart and the selected rank's
-history.  ``_show`` copies a view into them (and into a detail screen on
-top); the middle is fitted to the lines its content needs, so the run chart
-gets what the table leaves.  Where views come from, and what keys do, is the
-app's.
+The header, the GPU panel, the ranks table and the findings side by side in the
+"middle", the run chart and the selected rank's history.  ``show`` copies a view
+into them; the middle is fitted to the lines its content needs, so the run chart
+gets what the table leaves.  The rank under the table's cursor is told to the
+figures worker, which carries that rank's history in its views.  Which view is
+shown (live, paused, from the past) and what the keys do is the app's
+(``gputop.tui.app``).
 """
 
 from __future__ import annotations
 
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.scalar import Scalar
+from textual.screen import Screen
 from textual.widgets import Footer
 
-from gputop.model.source import SnapshotSource
 from gputop.tui.figures_worker import FiguresWorker
+from gputop.tui.messages import RowHighlighted, RowSelected
 from gputop.tui.palette import Palette
 from gputop.tui.screens.detail import RankDetailScreen
 from gputop.tui.titles import set_border_title
@@ -36,23 +37,30 @@ from gputop.tui.widgets.run_chart import RunChart
 SHORT_HEIGHT = 32  # below this many lines: GPUs packed, findings brief, sparklines only in the detail screen
 
 
-class MainScreenApp(App[int]):
-    """The app's main screen; ``GputopApp`` sets what it draws from: ``source``, ``worker``, ``price_per_hour``."""
+class MainScreen(Screen[None]):
+    """The dashboard's screen under every other; empty (the how-to on show) until a view with ranks comes."""
 
-    source: SnapshotSource
-    worker: FiguresWorker  # the figures thread, which carries the selected rank's history in its views
-    price_per_hour: float | None
-    view: DashboardView | None  # what is on screen
+    AUTO_FOCUS = "#ranks"
 
-    def compose(self) -> ComposeResult:
-        # Kept as attributes: while a detail screen is on top, app.query_one() would search that screen.
-        self.header = HeaderBar(source_text=self.source.description, id="header")
+    def __init__(self, worker: FiguresWorker, *, source_text: str, price_per_hour: float | None) -> None:
+        """Build the screen.
+
+        Args:
+            worker: The figures thread: told the rank under the cursor, so that its views carry its history.
+            source_text: What the data comes from, in the header and the how-to.
+            price_per_hour: A GPU-hour's price: the findings' waste is shown in money too.
+        """
+        super().__init__(classes="-empty")
+        self.worker = worker
+        self.view: DashboardView | None = None  # what is drawn
+        # Kept as attributes: the app reaches them while a detail screen is on top, and drawing queries nothing.
+        self.header = HeaderBar(source_text=source_text, id="header")
         self.gpus = GpuPanel(id="gpus")
         self.empty = EmptyState(id="empty")
         self.ranks_box = Vertical(id="ranks-box")
         self.table = RanksTable(id="ranks")
         self.findings_box = VerticalScroll(id="findings-box")
-        self.findings = FindingsPanel(id="findings", price_per_hour=self.price_per_hour)
+        self.findings = FindingsPanel(id="findings", price_per_hour=price_per_hour)
         self.history = HistoryPanel(id="history")
         self.chart = RunChart(id="run-chart")
         self.chart.border_title = "run"
@@ -61,12 +69,14 @@ class MainScreenApp(App[int]):
         self.findings_box.border_title = "findings"
         self.history.border_title = "history"
         self.empty.border_title = "waiting for a run"
-        self.empty.source_text = self.source.description
+        self.empty.source_text = source_text
         self.findings.diagnosis = "off" if self.worker.pipeline.diagnoser is None else "waiting"
+        self.middle = Horizontal(id="middle")
+
+    def compose(self) -> ComposeResult:
         yield self.header
         yield self.gpus
         yield self.empty
-        self.middle = Horizontal(id="middle")
         with self.middle:
             with self.ranks_box:
                 yield self.table
@@ -79,25 +89,74 @@ class MainScreenApp(App[int]):
     # -- the selected rank -------------------------------------------------------
 
     @property
-    def _selected(self) -> str | None:
+    def selected(self) -> str | None:
         """The rank the table's cursor is on (a "run:rank" key): its history is drawn, so snapshots carry it."""
         return self.worker.selected
 
-    @_selected.setter
-    def _selected(self, key: str | None) -> None:
+    @selected.setter
+    def selected(self, key: str | None) -> None:
         self.worker.selected = key
+
+    # -- what the table says, and what the app's keys ask of the screen ---------
+
+    def on_row_highlighted(self, event: RowHighlighted) -> None:
+        key = event.key
+        if key != self.selected and not key.startswith("host:"):
+            self.selected = key
+            self._show_history()
+
+    def on_row_selected(self, event: RowSelected) -> None:
+        """Enter or a click: a rank opens its detail, a host folds or unfolds."""
+        key = event.key
+        if key.startswith("host:"):
+            self.table.toggle_fold(key)
+            self._title_ranks(self.table)
+            return
+        self.selected = key
+        self.open_rank()
+
+    def on_findings_resized(self) -> None:
+        self.call_after_refresh(self._fit_middle)
+
+    def on_sort_changed(self) -> None:
+        self._title_ranks(self.table)
+
+    def open_rank(self) -> None:
+        """Open the selected rank's detail screen; on a host's row, fold or unfold the host instead."""
+        if isinstance(self.app.screen, RankDetailScreen):
+            return
+        cursor = self.table.selected_key
+        if cursor is not None and cursor.startswith("host:"):
+            self.table.toggle_fold(cursor)
+            self._title_ranks(self.table)
+            return
+        if self.view is None or self.selected is None or self.view.rank(self.selected) is None:
+            return
+        self.app.push_screen(RankDetailScreen(key=self.selected, view=self.view))
+
+    def fold_all(self) -> None:
+        """Fold every host, or open them all when all are folded."""
+        table = self.table
+        table.set_all_folded(not table.all_folded)
+        self._title_ranks(table)
+
+    def cycle_sort(self) -> None:
+        """Sort the ranks by the next column."""
+        table = self.table
+        table.action_cycle_sort()
+        self._title_ranks(table)
 
     # -- drawing ---------------------------------------------------------------
 
-    def _show(self, view: DashboardView) -> None:
-        """Copy ``view`` into the widgets, and into the detail screen when one is on top."""
+    def show(self, view: DashboardView) -> None:
+        """Copy ``view`` into the widgets (also while another screen is on top: they are shown again as they are)."""
         self.view = view
         snapshot = view.snapshot
         self.header.show(view)
-        self.table.screen.set_class(view.empty, "-empty")
+        self.set_class(view.empty, "-empty")
 
         gpus = self.gpus
-        gpus.compact = self.size.height < SHORT_HEIGHT
+        gpus.compact = self.app.size.height < SHORT_HEIGHT
         gpus.rows = view.gpu_rows
         gpus.unavailable = view.gpu_unavailable
         gpus.waiting = snapshot.gpu is None
@@ -109,7 +168,7 @@ class MainScreenApp(App[int]):
             empty.rejected = snapshot.rejected
         else:
             table = self.table
-            palette = Palette.from_app(self)
+            palette = Palette.from_app(self.app)
             top = view.findings[0] if view.findings else None
             table.show(view.rank_rows, palette, view.host_rows, evidence_highlight(top, view.rank_rows, palette))
             self._title_ranks(table)
@@ -117,20 +176,17 @@ class MainScreenApp(App[int]):
             findings.findings = view.findings
             findings.diagnosis = view.diagnosis
             findings.cpu_sharing = view.cpu_sharing
-            findings.brief = self.size.height < SHORT_HEIGHT
+            findings.brief = self.app.size.height < SHORT_HEIGHT
             box = self.findings_box
             worst = view.findings[0].severity if view.findings else ""
             box.set_class(worst == "critical", "-critical")
             box.set_class(worst == "warn", "-warn")
             set_border_title(box, f"findings ({len(view.findings)})" if view.findings else "findings")
-            if self._selected is None or view.row(self._selected) is None:
+            if self.selected is None or view.row(self.selected) is None:
                 cursor = table.selected_key
-                self._selected = cursor if cursor is not None and not cursor.startswith("host:") else None
+                self.selected = cursor if cursor is not None and not cursor.startswith("host:") else None
             self._show_history()
             self._show_chart()
-
-        if isinstance(self.screen, RankDetailScreen):
-            self.screen.show(view)
 
     def middle_lines(self) -> int:
         """The lines the table and the findings need: the middle's height at most.
@@ -148,7 +204,7 @@ class MainScreenApp(App[int]):
         cap = box.styles.max_height
         if cap is not None and cap.is_cells:
             findings_lines = min(findings_lines, int(cap.value))
-        if self.table.screen.has_class("-narrow"):  # the main screen, also under a detail screen
+        if self.has_class("-narrow"):
             return table_lines + findings_lines
         return max(table_lines, findings_lines)
 
@@ -177,7 +233,7 @@ class MainScreenApp(App[int]):
             title += " · ▲ slowest"
         # The phase bars' legend rides on the title, where the eye starts reading the table.
         shown = {phase for row in view.rank_rows for phase, _ in row.phases} if view else set()
-        set_border_title(self.ranks_box, Content.assemble(title, "  ", phase_legend(Palette.from_app(self), shown)))
+        set_border_title(self.ranks_box, Content.assemble(title, "  ", phase_legend(Palette.from_app(self.app), shown)))
         self.call_after_refresh(self._fit_middle)  # rows shown, folded or opened: the table's height follows
 
     def _show_chart(self) -> None:
@@ -186,22 +242,22 @@ class MainScreenApp(App[int]):
         if view is None or not view.snapshot.runs:
             return
         runs = view.snapshot.runs
-        run_id = self._selected.rsplit(":", 1)[0] if self._selected else runs[0].run_id
+        run_id = self.selected.rsplit(":", 1)[0] if self.selected else runs[0].run_id
         run = next((r for r in runs if r.run_id == run_id), runs[0])
         chart = self.chart
         # The GPUs of the selected rank's host (its node sampler's), else this machine's.
-        rank = view.rank(self._selected) if self._selected else None
+        rank = view.rank(self.selected) if self.selected else None
         host = (rank or run.ranks[0]).hello.hostname if (rank or run.ranks) else ""
         chart.show(
             history=run.history,
             gpu_history=view.snapshot.gpu_history_of(host),
-            show_gpus=self.size.height >= SHORT_HEIGHT,
+            show_gpus=self.app.size.height >= SHORT_HEIGHT,
         )
         on = f" · GPUs of {host}" if host in view.snapshot.node_gpu_history else ""
         set_border_title(chart, f"run {run.name or run.run_id} · per second, newest right{on}")
 
     def _show_history(self) -> None:
-        view, key = self.view, self._selected
+        view, key = self.view, self.selected
         history = self.history
         row = view.row(key) if (view is not None and key is not None) else None
         if view is None or key is None or row is None:

@@ -22,8 +22,9 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
 from gputop.fleet.query import Prometheus
-from gputop.tui.fleet_app import FLEET_HELP, FleetApp
-from gputop.tui.screens.fleet_node import FleetNodeScreen
+from gputop.tui.fleet.app import FLEET_HELP, FleetApp
+from gputop.tui.fleet.node_screen import FleetNodeScreen
+from gputop.tui.shell import Shell
 from tests.support.prometheus_api import PrometheusAPI, exporting_two_ranks, record_two_rank_run
 
 
@@ -67,14 +68,14 @@ async def test_a_slow_rank_opens_its_node_and_a_lost_prometheus_leaves_the_runs_
 ) -> None:
     app = FleetApp(Prometheus(prometheus.url))
     async with app.run_test(size=(160, 44)) as pilot:
-        await until(pilot, lambda: app.runs_table.row_count == 1, "the run")
+        await until(pilot, lambda: app.main.runs_table.row_count == 1, "the run")
         # Read at Prometheus's scrape interval for gputop's job, and said so.
-        assert app.interval_s == 1.0
-        assert "read every 1 s: the scrape interval of job 'gputop'" in text(app.header)
-        (run,) = rows(app.runs_table)
+        assert app.main.interval_s == 1.0
+        assert "read every 1 s: the scrape interval of job 'gputop'" in text(app.main.header)
+        (run,) = rows(app.main.runs_table)
         assert run == ["run-a", "2", "50ms", "20", "23%", "N/A", "41%", "0.3", "firing critical data_loading"]
-        assert "N/A comm: no rank of the run reports exposed communication" in text(app.run_na)
-        assert rows(app.slowest_table)[0] == [
+        assert "N/A comm: no rank of the run reports exposed communication" in text(app.main.run_na)
+        assert rows(app.main.slowest_table)[0] == [
             "1",
             "node-a",
             exporter,
@@ -83,7 +84,7 @@ async def test_a_slow_rank_opens_its_node_and_a_lost_prometheus_leaves_the_runs_
         ]  # no collective timed: last in none
 
         await pilot.press("enter")  # on the run: to its slowest ranks
-        assert app.focused is app.slowest_table
+        assert app.focused is app.main.slowest_table
         await pilot.press("enter")  # on rank 1: its node, read from its exporter
         screen = app.screen
         assert isinstance(screen, FleetNodeScreen) and screen.instance == exporter
@@ -97,22 +98,22 @@ async def test_a_slow_rank_opens_its_node_and_a_lost_prometheus_leaves_the_runs_
 
         prometheus.stop()  # Prometheus goes away: the next refresh fails, the app stays
         gone = f"cannot reach Prometheus at {prometheus.url}: Connection refused"
-        await until(pilot, lambda: gone in text(app.status), "the one-line error")
-        assert "showing what was read" in text(app.status) and "(stale)" in text(app.status)
-        assert rows(app.runs_table)[0][0] == "run-a", "the last runs read stay on screen"
-        assert "stale: read" in str(app.runs_box.border_title)
+        await until(pilot, lambda: gone in text(app.main.status), "the one-line error")
+        assert "showing what was read" in text(app.main.status) and "(stale)" in text(app.main.status)
+        assert rows(app.main.runs_table)[0][0] == "run-a", "the last runs read stay on screen"
+        assert "stale: read" in str(app.main.runs_box.border_title)
 
         prometheus.start()  # back on the same port: the next good read clears the error
-        await until(pilot, lambda: "cannot reach" not in text(app.status), "the recovery")
-        assert "stale" not in str(app.runs_box.border_title)
+        await until(pilot, lambda: "cannot reach" not in text(app.main.status), "the recovery")
+        assert "stale" not in str(app.main.runs_box.border_title)
 
 
 async def test_a_node_whose_exporter_is_gone_says_so_in_one_line(prometheus: PrometheusAPI) -> None:
     app = FleetApp(Prometheus(prometheus.url), interval_s=60)
     async with app.run_test(size=(160, 44)) as pilot:
-        await until(pilot, lambda: app.runs_table.row_count == 1, "the run")
-        assert "read every 60 s: --interval" in text(app.header)
-        app.open_node("127.0.0.1:9", ("run-a", "1"), "rank 1")  # port 9 (discard): nothing listens
+        await until(pilot, lambda: app.main.runs_table.row_count == 1, "the run")
+        assert "read every 60 s: --interval" in text(app.main.header)
+        app.main.open_node("127.0.0.1:9", ("run-a", "1"), "rank 1")  # port 9 (discard): nothing listens
         await pilot.pause()
         status = app.screen.query_one("#node-status", Static)
         await until(pilot, lambda: "cannot reach the exporter" in text(status), "the node's error")
@@ -123,21 +124,21 @@ async def test_the_cursor_stays_on_its_run_when_the_runs_change_order(prometheus
     record_two_rank_run(prometheus, exporter, run="run-b")
     app = FleetApp(Prometheus(prometheus.url), interval_s=60)
     async with app.run_test(size=(160, 44)) as pilot:
-        await until(pilot, lambda: app.runs_table.row_count == 2, "the runs")
+        await until(pilot, lambda: app.main.runs_table.row_count == 2, "the runs")
         await pilot.press("down")
-        assert app.highlighted is not None and app.highlighted.run == "run-b"
+        assert app.main.highlighted is not None and app.main.highlighted.run == "run-b"
         alerts = prometheus.answers['ALERTS{alertname=~"Gputop.*"}']
         alerts[:] = [a for a in alerts if a["metric"].get("run") == "run-b"]  # run-a's alerts clear: run-b first
         await pilot.press("r")
-        await until(pilot, lambda: rows(app.runs_table)[0][0] == "run-b", "run-b, firing, first")
+        await until(pilot, lambda: rows(app.main.runs_table)[0][0] == "run-b", "run-b, firing, first")
         await pilot.pause()
-        assert app.highlighted is not None and app.highlighted.run == "run-b"
-        assert "slowest ranks of run-b" in str(app.slowest_box.border_title)
+        assert app.main.highlighted is not None and app.main.highlighted.run == "run-b"
+        assert "slowest ranks of run-b" in str(app.main.slowest_box.border_title)
 
 
 def test_the_fleet_help_lists_every_key() -> None:
-    """Each key the fleet app binds is in its ? help, as the user types it."""
-    for binding in FleetApp.BINDINGS:
+    """Each key the fleet app binds, its own and its shell's, is in its ? help, as the user types it."""
+    for binding in [*Shell.BINDINGS, *FleetApp.BINDINGS]:
         assert isinstance(binding, Binding)
         shown = binding.key_display or binding.key
         assert f"`{shown}`" in FLEET_HELP, f"{binding.action} ({shown}) is missing from the help"

@@ -37,7 +37,7 @@ async def test_views_older_than_the_newest_hold_no_undrawn_windows() -> None:
         assert newest.snapshot is later
         assert past and all(len(run.ranks) == 8 for view in past for run in view.snapshot.runs)
         kept = {rank.key for view in past for rank in view.snapshot.all_ranks() if rank.windows}
-        assert kept <= {app._selected}, kept
+        assert kept <= {app.main.selected}, kept
 
 
 def test_stepping_back_and_forward_through_the_kept_views() -> None:

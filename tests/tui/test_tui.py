@@ -132,8 +132,8 @@ class TestData:
             assert "r6" in lines[9] and "+pid 9999 jupyter" in lines[9]  # node-b's GPU 2: rank 6 and a stranger
             assert "8 GPUs" in app.query_one(HeaderBar).text
             # The run chart draws the GPUs of the selected rank's host (the first rank's: node-a).
-            assert "GPUs of node-a" in str(app.chart.border_title)
-            assert app.chart.gpu_history and app.chart.gpu_history[-1].hostname == "node-a"
+            assert "GPUs of node-a" in str(app.main.chart.border_title)
+            assert app.main.chart.gpu_history and app.main.chart.gpu_history[-1].hostname == "node-a"
 
     async def test_many_hosts_gpus_fold_to_a_line_each_when_they_do_not_fit(self) -> None:
         async with GputopApp(FixedSource(fx.remote_gpus()), refresh_s=FAST_S).run_test(size=(120, 20)) as pilot:
@@ -204,8 +204,8 @@ class TestLayout:
         async with GputopApp(FixedSource(fx.two_ranks()), refresh_s=FAST_S).run_test(size=(120, 40)) as pilot:
             app = await shown(pilot)
             await pilot.pause(4 * FAST_S)  # the middle is fitted after the refresh that filled the table
-            assert app.table.size.height == 3, "the table should be its header and 2 rows, not blank lines"
-            chart = app.chart
+            assert app.main.table.size.height == 3, "the table should be its header and 2 rows, not blank lines"
+            chart = app.main.chart
             assert chart.size.height >= 20, f"the run chart got {chart.size.height} lines of a 40-line screen"
             # Taller than a line a series, the bars say where their scale tops out.
             assert "peak" in chart.text
@@ -215,7 +215,7 @@ class TestLayout:
             app = await shown(pilot)
             await pilot.press("f")  # 8 hosts opened: 72 rows, more than the screen
             await pilot.pause(4 * FAST_S)
-            table, chart = app.table, app.chart
+            table, chart = app.main.table, app.main.chart
             assert table.virtual_size.height == 73
             assert 5 < table.size.height < 48
             assert table.max_scroll_y > 0, "the rows past the screen should scroll"
@@ -405,10 +405,11 @@ class TestSharedCpu:
 
 
 def test_help_lists_every_key() -> None:
-    """Each key the main screen binds is in the ? help, as the user types it."""
+    """Each key the dashboard binds, its own and its shell's, is in the ? help, as the user types it."""
     from gputop.tui.screens.help import HELP
+    from gputop.tui.shell import Shell
 
-    for binding in GputopApp.BINDINGS:
+    for binding in [*Shell.BINDINGS, *GputopApp.BINDINGS]:
         assert isinstance(binding, Binding)
         shown = binding.key_display or binding.key
         assert f"`{shown}`" in HELP, f"{binding.action} ({shown}) is missing from the help"

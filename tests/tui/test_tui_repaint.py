@@ -90,7 +90,7 @@ async def test_a_title_repaints_only_when_it_changes() -> None:
     source = FixedSource(fx.two_ranks())
     async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(120, 40)) as pilot:
         app = await shown(pilot)
-        box = app.findings_box
+        box = app.main.findings_box
         refreshes: list[object] = []
         box.refresh = lambda *a, **k: refreshes.append(a) or box  # type: ignore[method-assign]
         set_border_title(box, "findings (2)")
@@ -162,10 +162,10 @@ class TestTheRunChartRepaintsTheLinesThatChanged:
                 source.set(replace(snapshot, gpu_history=(*snapshot.gpu_history, unavailable)))
 
                 def arrived(t: float = unavailable.t) -> bool:
-                    return app.chart.gpu_history[-1].t == t
+                    return app.main.chart.gpu_history[-1].t == t
 
                 await until(pilot, arrived)
-            assert app.chart.gpu_history[-1].t == snapshot.t + 3, "the chart never got the new samples"
+            assert app.main.chart.gpu_history[-1].t == snapshot.t + 3, "the chart never got the new samples"
             assert not repainted["run-chart"], f"{repainted['run-chart']} chart lines repainted for the same lines"
 
     async def test_a_new_second_repaints_only_the_lines_it_changed(self, repainted: Counter[str]) -> None:
@@ -175,12 +175,12 @@ class TestTheRunChartRepaintsTheLinesThatChanged:
         async with GputopApp(source, refresh_s=REFRESH_S).run_test(size=(160, 48)) as pilot:
             app = await shown(pilot)
             await pilot.pause(3 * REFRESH_S)
-            before = app.chart.text.splitlines()
+            before = app.main.chart.text.splitlines()
             repainted.clear()
             source.set(_with_history(snapshot, [0.1] * seconds + [0.05]))  # the newest second's steps twice as fast
-            await until(pilot, lambda: app.chart.text.splitlines() != before)
+            await until(pilot, lambda: app.main.chart.text.splitlines() != before)
             await pilot.pause(REFRESH_S)
-            after = app.chart.text.splitlines()
+            after = app.main.chart.text.splitlines()
             changed = sum(a != b for a, b in zip(before, after, strict=True))
             assert 0 < changed < len(after) // 2, "the test's second should change the top of the step-time bars"
             assert repainted["run-chart"] == changed, f"{repainted['run-chart']} lines repainted for {changed} changed"
@@ -225,7 +225,7 @@ async def test_the_dashboard_hides_its_startup_objects_from_full_collections(mon
     # that walked them all every half minute was a sixth of a 2-rank dashboard's CPU.
     ran: list[object] = []
     monkeypatch.setattr("gputop.tui.app.GputopApp.run", lambda app: ran.append(app) or 0)
-    monkeypatch.setattr("gputop.tui.app.exit_when_the_terminal_goes", lambda *a, **k: None)
+    monkeypatch.setattr("gputop.tui.shell.exit_when_the_terminal_goes", lambda *a, **k: None)
     monkeypatch.setattr("sys.setswitchinterval", lambda interval: None)  # this process is pytest's
     run_dashboard(FixedSource(fx.two_ranks()))
     (app,) = ran

@@ -91,11 +91,12 @@ def after(*keys: str) -> Callable[[Pilot[Any]], Awaitable[None]]:
         if keys and keys[-1] == "enter" and app.view is not None and not app.view.empty:
 
             def opened() -> bool:  # a rank opens its detail screen; a host row unfolds in place
-                return isinstance(app.screen, RankDetailScreen) or (app.table.selected_key or "").startswith("host:")
+                cursor = app.main.table.selected_key or ""
+                return isinstance(app.screen, RankDetailScreen) or cursor.startswith("host:")
 
             await wait_until(pilot, opened, f"what {keys} opens")
         if app.view is not None and not app.view.empty:  # the table's height follows its rows a layout later
-            await wait_until(pilot, lambda: app.middle_fitted, "the table's height fitted to its rows")
+            await wait_until(pilot, lambda: app.main.middle_fitted, "the table's height fitted to its rows")
         await pilot.pause()
 
     return run_before

@@ -23,7 +23,7 @@ from gputop.model.snapshot import RankView
 from gputop.model.work import work_entry, work_text
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
-from gputop.tui.view import DashboardView
+from gputop.tui.view import DashboardView, RankRow
 from gputop.tui.widgets.captures import CapturePanel, request_captures
 from gputop.tui.widgets.history import HistoryPanel
 from gputop.tui.widgets.phase_bar import PhaseBar
@@ -222,6 +222,68 @@ def _section(title: str, lines: list[Line]) -> Content:
     return Content("\n").join(out)
 
 
+def _title(rank: RankView, row: RankRow) -> Content:
+    """Which rank of which run, on which GPU, and its status (and whether the straggler finding names it)."""
+    status_style = {"live": "$success", "lost": "bold $error"}.get(row.status, "$text-muted")
+    return Content.assemble(
+        (f"{row.run_name}  rank {row.rank}", "bold"),
+        f"  of {rank.hello.world_size}  ·  GPU {row.gpu}  ·  ",
+        (row.status, status_style),
+        (f" ({row.status_reason})" if row.status_reason else "", "$text-muted"),
+        ("   ▲ slowest: named by the straggler finding" if row.slowest else "", "bold $error"),
+    )
+
+
+def _stats_text(s: RankStats, figures: RankFigures | None) -> Content:
+    """The rank's figures over the span: step times, throughput, work, shares, memory, CPU and gputop's cost."""
+    memory = (
+        f"{fmt_bytes(s.memory.allocated_bytes)} alloc, {fmt_bytes(s.memory.reserved_bytes)} reserved, "
+        f"{fmt_bytes(s.memory.peak_bytes)} peak, {s.memory.alloc_retries or 0} alloc retries"
+    )
+    return Content.assemble(
+        ("step ", "$text-muted"),
+        f"p50 {fmt_s(s.step.p50_s)}  p95 {fmt_s(s.step.p95_s)}  max {fmt_s(s.step.max_s)}",
+        ("   GPU step ", "$text-muted"),
+        fmt_s(s.step.gpu_p50_s),
+        ("   throughput ", "$text-muted"),
+        f"{fmt_rate(s.step.per_s)} steps/s, {fmt_rate(s.step.samples_per_s)} samples/s",
+        ("\nwork a step ", "$text-muted"),
+        _work_text(figures),
+        ("\nloader wait ", "$text-muted"),
+        fmt_frac(s.phases.loader_wait_frac),
+        ("   exposed comm ", "$text-muted"),
+        fmt_frac(s.phases.exposed_comm_frac),
+        ("   memory ", "$text-muted"),
+        memory if s.memory.allocated_bytes is not None else NA,
+        ("   CPU ", "$text-muted"),
+        f"{fmt_pct(s.cpu.pct)} + workers {fmt_pct(s.cpu.workers_pct)}",
+        (f"   threads {s.cpu.threads}" if s.cpu.threads is not None else "", "$text-muted"),
+        ("\ngputop's own cost ", "$text-muted"),
+        _cost_text(s),
+    )
+
+
+def _na_section(na: dict[str, str]) -> Content | None:
+    """Why each figure the rank does not measure is N/A; None when it measures them all."""
+    if not na:
+        return None
+    return Content("\n").join(
+        [Content.styled("not measured", "bold $accent")]
+        + [Content.assemble("  ", (reason, "$text-muted")) for reason in na.values()]
+    )
+
+
+def _events_section(rank: RankView, now_t: float) -> Content:
+    """The rank's last ten events, newest first."""
+    events = [Content.styled("recent events", "bold $accent")]
+    for event in rank.events[-10:][::-1]:
+        ago = now_t - event.t
+        events.append(Content.assemble(f"  {ago:>6.0f}s ago  ", (event.kind, "bold"), f"  {event.message}"))
+    if len(events) == 1:
+        events.append(Content.styled("  none", "$text-muted"))
+    return Content("\n").join(events)
+
+
 class RankDetailScreen(Screen[None]):
     """The rank ``key`` ("run_id:rank"); follows new snapshots while open; esc goes back."""
 
@@ -277,75 +339,26 @@ class RankDetailScreen(Screen[None]):
             title.update(Content.styled(f"rank {self.key} is gone from the data", "bold $error"))
             return
         s = row.stats
-        status_style = {"live": "$success", "lost": "bold $error"}.get(row.status, "$text-muted")
-        title.update(
-            Content.assemble(
-                (f"{row.run_name}  rank {row.rank}", "bold"),
-                f"  of {rank.hello.world_size}  ·  GPU {row.gpu}  ·  ",
-                (row.status, status_style),
-                (f" ({row.status_reason})" if row.status_reason else "", "$text-muted"),
-                ("   ▲ slowest: named by the straggler finding" if row.slowest else "", "bold $error"),
-            )
-        )
-        self.query_one("#detail-stats", Static).update(
-            Content.assemble(
-                ("step ", "$text-muted"),
-                f"p50 {fmt_s(s.step.p50_s)}  p95 {fmt_s(s.step.p95_s)}  max {fmt_s(s.step.max_s)}",
-                ("   GPU step ", "$text-muted"),
-                fmt_s(s.step.gpu_p50_s),
-                ("   throughput ", "$text-muted"),
-                f"{fmt_rate(s.step.per_s)} steps/s, {fmt_rate(s.step.samples_per_s)} samples/s",
-                ("\nwork a step ", "$text-muted"),
-                _work_text(view.figures.rank(self.key)),
-                ("\nloader wait ", "$text-muted"),
-                fmt_frac(s.phases.loader_wait_frac),
-                ("   exposed comm ", "$text-muted"),
-                fmt_frac(s.phases.exposed_comm_frac),
-                ("   memory ", "$text-muted"),
-                (
-                    f"{fmt_bytes(s.memory.allocated_bytes)} alloc, {fmt_bytes(s.memory.reserved_bytes)} reserved, "
-                    f"{fmt_bytes(s.memory.peak_bytes)} peak, {s.memory.alloc_retries or 0} alloc retries"
-                )
-                if s.memory.allocated_bytes is not None
-                else NA,
-                ("   CPU ", "$text-muted"),
-                f"{fmt_pct(s.cpu.pct)} + workers {fmt_pct(s.cpu.workers_pct)}",
-                (f"   threads {s.cpu.threads}" if s.cpu.threads is not None else "", "$text-muted"),
-                ("\ngputop's own cost ", "$text-muted"),
-                _cost_text(s),
-            )
-        )
+        title.update(_title(rank, row))
+        self.query_one("#detail-stats", Static).update(_stats_text(s, view.figures.rank(self.key)))
         self.query_one(PhaseBar).phases = tuple(phase_seconds(s.phases).items())
-        frames = self.query_one("#detail-frames", Static)
-        where = _frames_section(rank, view.snapshot.t)
-        frames.display = where is not None
-        frames.update(where or "")
-        collectives = self.query_one("#detail-collectives", Static)
+        self._show_if_any("#detail-frames", _frames_section(rank, view.snapshot.t))
         peers = [(r.rank, r.stats) for r in view.rank_rows if r.run_id == row.run_id]
-        table = _collectives_section(s, row.rank, peers)
-        collectives.display = table is not None
-        collectives.update(table or "")
+        self._show_if_any("#detail-collectives", _collectives_section(s, row.rank, peers))
         run = next((r for r in view.snapshot.runs if r.run_id == rank.run_id), None)
         self.query_one(CapturePanel).show(run.ranks if run is not None else (rank,), view.snapshot.t)
         self.query_one(HistoryPanel).series = view.series(self.key)
-        na = self.query_one("#detail-na", Static)
-        na.display = bool(row.na)
-        na.update(
-            Content("\n").join(
-                [Content.styled("not measured", "bold $accent")]
-                + [Content.assemble("  ", (reason, "$text-muted")) for reason in row.na.values()]
-            )
-        )
-        sections = [_section(title, lines) for title, lines in _facts(rank.hello)]
+        self._show_if_any("#detail-na", _na_section(row.na))
+        sections = [_section(heading, lines) for heading, lines in _facts(rank.hello)]
         gpu = _gpu_section(view, self.key)
         self.query_one("#detail-facts", Static).update(Content("\n\n").join([gpu, *sections] if gpu else sections))
-        events = [Content.styled("recent events", "bold $accent")]
-        for event in rank.events[-10:][::-1]:
-            ago = view.snapshot.t - event.t
-            events.append(Content.assemble(f"  {ago:>6.0f}s ago  ", (event.kind, "bold"), f"  {event.message}"))
-        if len(events) == 1:
-            events.append(Content.styled("  none", "$text-muted"))
-        self.query_one("#detail-events", Static).update(Content("\n").join(events))
+        self.query_one("#detail-events", Static).update(_events_section(rank, view.snapshot.t))
+
+    def _show_if_any(self, selector: str, content: Content | None) -> None:
+        """A section that is there only for some ranks: hidden when it has nothing to say."""
+        static = self.query_one(selector, Static)
+        static.display = content is not None
+        static.update(content or "")
 
     def action_capture(self, whole_run: bool) -> None:
         """Profile this rank's next steps (or every rank's of its run, side by side)."""

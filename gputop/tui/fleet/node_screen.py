@@ -24,8 +24,8 @@ from textual.worker import Worker, WorkerState
 
 from gputop.fleet.node import NodePage, read_node
 from gputop.fleet.query import FleetError
-from gputop.tui.fleet_cells import NODE_GPU_COLUMNS, NODE_RANK_COLUMNS, finding_line, node_gpu_cells, node_rank_cells
-from gputop.tui.messages import NodeFailed, NodeRead
+from gputop.tui.fleet.cells import NODE_GPU_COLUMNS, NODE_RANK_COLUMNS, finding_line, node_gpu_cells, node_rank_cells
+from gputop.tui.fleet.messages import NodeFailed, NodeRead
 from gputop.tui.palette import Palette
 from gputop.tui.titles import set_border_title
 

@@ -1,32 +1,27 @@
-"""``gputop fleet URL`` in a terminal: the runs a cluster's Prometheus knows, live, and a key to a node's detail.
+"""``gputop fleet``'s screen: the runs a cluster's Prometheus knows, live, and a key to a node's detail.
 
-The fleet screen lists each run the job rules record (docs/prometheus.md), and
+It lists each run the job rules record (docs/prometheus.md), and
 for the highlighted one its slowest ranks and the gputop alerts at work on it.
-Prometheus's figures change once a scrape, so the app reads them once a scrape
+Prometheus's figures change once a scrape, so the screen reads them once a scrape
 interval (Prometheus's own, from its targets API; ``--interval`` overrides),
 off the UI thread: a thread worker posts ``FleetRead`` or ``FleetFailed``, and
 the next read is timed from the answer, so reads never pile up.  A failed read
 keeps the last runs on screen, marked stale with their age, and says the one
 line why; the next good read clears it.  Enter on a slow rank, or on an alert
 that names one, opens that rank's node read from its exporter directly
-(``screens.fleet_node``).
+(``node_screen``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import signal
-import sys
 import time
 from collections.abc import Sequence
-from typing import ClassVar
 
 from textual import work
-from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static
 from textual.worker import Worker, WorkerState
@@ -44,61 +39,15 @@ from gputop.fleet.query import (
     read_scraping,
     stopped,
 )
-from gputop.tui.fleet_cells import ALERT_COLUMNS, RUN_COLUMNS, SLOW_COLUMNS, alert_cells, run_cells, slow_cells
-from gputop.tui.messages import FleetFailed, FleetRead, TerminalGone
+from gputop.tui.fleet.cells import ALERT_COLUMNS, RUN_COLUMNS, SLOW_COLUMNS, alert_cells, run_cells, slow_cells
+from gputop.tui.fleet.messages import FleetFailed, FleetRead
+from gputop.tui.fleet.node_screen import FleetNodeScreen
 from gputop.tui.palette import Palette
-from gputop.tui.screens.fleet_node import FleetNodeScreen
-from gputop.tui.screens.help import HelpScreen
-from gputop.tui.terminal import exit_when_the_terminal_goes
 from gputop.tui.titles import set_border_title
 
-FLEET_HELP = """\
-# gputop fleet
 
-| key | does |
-|---|---|
-| `q`, `ctrl+c` | quit |
-| `?` | this help |
-| `↑` `↓` | move through the runs (the ranks, the alerts): the run under the cursor shows its ranks and alerts |
-| `enter` | on a run: go to its slowest ranks; on a slow rank, or an alert that names a rank: its node, live |
-| `tab` | move between the runs, the slowest ranks and the alerts |
-| `r` | read Prometheus now (or the node's exporter, on the node screen) |
-| `esc` | back from the node screen |
-
-**Runs** are Prometheus's, through gputop's job rules (docs/prometheus.md): *ranks*
-its exporters export (reporting, finished or lost; *N lost* in red: silent, or gone
-without a bye), *step p50* the median of the ranks' mean step, *loader* the
-ranks' mean share of the step waiting for data, *comm* the exposed communication of
-the rank that waits least, *idle GPU-h/h* the GPU-hours the run's GPUs sit idle every
-hour, *worst alert* the first of its gputop alerts (firing before pending, critical first).
-They are read once a scrape interval: Prometheus has nothing newer in between.
-
-**Slowest ranks**: the three whose own time a step (step less exposed communication)
-stands out most from the run's median; *others wait* is that excess as a share of a
-step, the time every other rank waits for it.
-
-**Node screen**: every rank, GPU and finding the node's exporter (`instance`) has now,
-read from its own `/metrics` every 2 s.
-
-**N/A** means Prometheus (or the exporter) has no value: never zero. The run's
-N/As are explained under its tables.
-"""
-
-
-class FleetApp(App[int]):
-    """The fleet screen over one Prometheus server."""
-
-    CSS_PATH = "gputop.tcss"
-    TITLE = "gputop fleet"
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("r", "refresh_now", "Refresh"),
-    ]
-
-    leave_on_sigterm = False
-    """SIGTERM closes the app as ``q`` would, restoring the terminal (``run_fleet`` sets it; not under a test)."""
+class FleetScreen(Screen[None]):
+    """The runs one Prometheus server knows; the app's ``r`` reads it now (``read``)."""
 
     def __init__(
         self,
@@ -108,9 +57,8 @@ class FleetApp(App[int]):
         interval_s: float | None = None,
         runs: Sequence[FleetRun] | None = None,
         scraping: Scraping | None = None,
-        theme: str | None = None,
     ) -> None:
-        """Build the app.
+        """Build the screen.
 
         Args:
             prometheus: The server to read.
@@ -118,11 +66,8 @@ class FleetApp(App[int]):
             interval_s: Read every this many seconds (``--interval``); None: at Prometheus's scrape interval.
             runs: What a first read already gave (the CLI reads once before, for its one-line errors).
             scraping: What a first read of the scrape interval gave; None: the first refresh asks.
-            theme: A Textual theme name; None keeps Textual's default.
         """
         super().__init__()
-        if theme is not None:
-            self.theme = theme
         self.prometheus = prometheus
         self.only_run = run
         self.interval_flag_s = interval_s
@@ -133,7 +78,7 @@ class FleetApp(App[int]):
         self._timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
-        # Kept as attributes: while the node screen is on top, query_one() would search that screen.
+        # Kept as attributes: the tables are redrawn while the node screen is on top, and drawing queries nothing.
         self.header = Static(id="fleet-header")
         self.status = Static(id="fleet-status")
         self.runs_box = Vertical(id="runs-box")
@@ -161,15 +106,12 @@ class FleetApp(App[int]):
         self.alerts_table.add_columns(*ALERT_COLUMNS)
         self.runs_table.focus()
         self.set_interval(1.0, self._show_status)
-        if self.leave_on_sigterm:  # through the event loop: a plain signal handler could cut into its queues
-            leave = functools.partial(self.exit, return_code=128 + signal.SIGTERM)
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, leave)
         if self.runs:
             self._show_runs(self.runs)
             self._schedule()
         else:
             self._show_status()
-            self._read()
+            self.read()
 
     # -- reading -------------------------------------------------------------------
 
@@ -181,7 +123,7 @@ class FleetApp(App[int]):
         return self.scraping.interval_s if self.scraping is not None else DEFAULT_INTERVAL_S
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="fleet")
-    def _read(self) -> None:
+    def read(self) -> None:
         """Read Prometheus off the UI thread (and its scrape interval, until it is known); answer by message."""
         scraping = self.scraping
         if scraping is None or not scraping.known:
@@ -197,10 +139,7 @@ class FleetApp(App[int]):
         """The next read, one interval after this answer."""
         if self._timer is not None:
             self._timer.stop()
-        self._timer = self.set_timer(self.interval_s, self._read)
-
-    def action_refresh_now(self) -> None:
-        self._read()
+        self._timer = self.set_timer(self.interval_s, self.read)
 
     def on_fleet_read(self, message: FleetRead) -> None:
         self.read_t, self.failure = message.read_t, None
@@ -233,8 +172,8 @@ class FleetApp(App[int]):
         was = self.highlighted
         self.runs = runs
         names = [run.run for run in runs]
-        palette = Palette.from_app(self)
-        with self.batch_update():
+        palette = Palette.from_app(self.app)
+        with self.app.batch_update():
             table.clear()
             for run in self.runs:
                 table.add_row(*run_cells(run, palette))
@@ -245,7 +184,7 @@ class FleetApp(App[int]):
 
     def _show_run(self) -> None:
         """The highlighted run's slowest ranks and alerts, and why its N/As are N/A."""
-        run, palette = self.highlighted, Palette.from_app(self)
+        run, palette = self.highlighted, Palette.from_app(self.app)
         slow = [slow_cells(s, palette, run.last_in(s.rank, s.hostname)) for s in run.slowest] if run else []
         for table, rows in (
             (self.slowest_table, slow),
@@ -334,32 +273,4 @@ class FleetApp(App[int]):
             self.notify(f"Prometheus gave no instance label for {what}: its exporter is unknown", timeout=6)
             return
         urls = self.scraping.metrics_urls if self.scraping is not None else {}
-        self.push_screen(FleetNodeScreen(instance=instance, url=metrics_url(instance, urls), rank=rank))
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(FLEET_HELP))
-
-    def request_exit(self) -> None:
-        """Exit soon, from any thread (the terminal watch's)."""
-        self.post_message(TerminalGone())
-
-    def on_terminal_gone(self, message: TerminalGone) -> None:
-        self.exit(return_code=129)  # 128 + SIGHUP: what a hangup would have made of gputop
-
-
-def run_fleet(
-    prometheus: Prometheus,
-    *,
-    run: str | None = None,
-    interval_s: float | None = None,
-    runs: Sequence[FleetRun] | None = None,
-    scraping: Scraping | None = None,
-    theme: str | None = None,
-) -> int:
-    """Show the fleet until the user quits; returns the exit code."""
-    app = FleetApp(prometheus, run=run, interval_s=interval_s, runs=runs, scraping=scraping, theme=theme)
-    app.leave_on_sigterm = True
-    exit_when_the_terminal_goes(sys.__stdout__.fileno() if sys.__stdout__ else 1, app.request_exit)
-    result = app.run()
-    return result if isinstance(result, int) else (app.return_code or 0)
+        self.app.push_screen(FleetNodeScreen(instance=instance, url=metrics_url(instance, urls), rank=rank))

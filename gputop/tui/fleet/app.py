@@ -1,0 +1,98 @@
+"""``gputop fleet URL`` in a terminal: the fleet's screen (``screen``) on the dashboard's shell, and its help."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from textual.binding import Binding, BindingType
+
+from gputop.fleet.query import FleetRun, Prometheus, Scraping
+from gputop.tui.fleet.screen import FleetScreen
+from gputop.tui.shell import Shell, run_in_terminal
+
+FLEET_HELP = """\
+# gputop fleet
+
+| key | does |
+|---|---|
+| `q`, `ctrl+c` | quit |
+| `?` | this help |
+| `↑` `↓` | move through the runs (the ranks, the alerts): the run under the cursor shows its ranks and alerts |
+| `enter` | on a run: go to its slowest ranks; on a slow rank, or an alert that names a rank: its node, live |
+| `tab` | move between the runs, the slowest ranks and the alerts |
+| `r` | read Prometheus now (or the node's exporter, on the node screen) |
+| `esc` | back from the node screen |
+
+**Runs** are Prometheus's, through gputop's job rules (docs/prometheus.md): *ranks*
+its exporters export (reporting, finished or lost; *N lost* in red: silent, or gone
+without a bye), *step p50* the median of the ranks' mean step, *loader* the
+ranks' mean share of the step waiting for data, *comm* the exposed communication of
+the rank that waits least, *idle GPU-h/h* the GPU-hours the run's GPUs sit idle every
+hour, *worst alert* the first of its gputop alerts (firing before pending, critical first).
+They are read once a scrape interval: Prometheus has nothing newer in between.
+
+**Slowest ranks**: the three whose own time a step (step less exposed communication)
+stands out most from the run's median; *others wait* is that excess as a share of a
+step, the time every other rank waits for it.
+
+**Node screen**: every rank, GPU and finding the node's exporter (`instance`) has now,
+read from its own `/metrics` every 2 s.
+
+**N/A** means Prometheus (or the exporter) has no value: never zero. The run's
+N/As are explained under its tables.
+"""
+
+
+class FleetApp(Shell):
+    """The fleet over one Prometheus server."""
+
+    TITLE = "gputop fleet"
+    BINDINGS: ClassVar[list[BindingType]] = [  # after the shell's q, ctrl+c and ?
+        # The app's, not the screen's: the footer keeps its place after ?, and the node screen binds its own r.
+        Binding("r", "refresh_now", "Refresh"),
+    ]
+
+    def __init__(
+        self,
+        prometheus: Prometheus,
+        *,
+        run: str | None = None,
+        interval_s: float | None = None,
+        runs: Sequence[FleetRun] | None = None,
+        scraping: Scraping | None = None,
+        theme: str | None = None,
+    ) -> None:
+        """Build the app.
+
+        Args:
+            prometheus: The server to read.
+            run: Only this run (``--job``).
+            interval_s: Read every this many seconds (``--interval``); None: at Prometheus's scrape interval.
+            runs: What a first read already gave (the CLI reads once before, for its one-line errors).
+            scraping: What a first read of the scrape interval gave; None: the first refresh asks.
+            theme: A Textual theme name; None keeps Textual's default.
+        """
+        super().__init__(help_text=FLEET_HELP, theme=theme)
+        self.main = FleetScreen(prometheus, run=run, interval_s=interval_s, runs=runs, scraping=scraping)
+
+    def get_default_screen(self) -> FleetScreen:
+        return self.main
+
+    def action_refresh_now(self) -> None:
+        self.main.read()
+
+
+def run_fleet(
+    prometheus: Prometheus,
+    *,
+    run: str | None = None,
+    interval_s: float | None = None,
+    runs: Sequence[FleetRun] | None = None,
+    scraping: Scraping | None = None,
+    theme: str | None = None,
+) -> int:
+    """Show the fleet until the user quits; returns the exit code."""
+    return run_in_terminal(
+        FleetApp(prometheus, run=run, interval_s=interval_s, runs=runs, scraping=scraping, theme=theme)
+    )
