@@ -63,7 +63,7 @@ from gputop.collect.live import LiveSource
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.persistence import Diagnoser
 from gputop.model.figures import summarize
-from gputop.model.snapshot import VIEW_HISTORY_WINDOWS
+from gputop.model.snapshot import SNAPSHOT_HISTORY_WINDOWS
 
 JOBS = Path(__file__).resolve().parent / "jobs" / "accuracy"
 DEMO_TRAIN = Path(gputop.demos.__file__).resolve().parent / "train.py"  # the script `gputop demo` runs under torchrun
@@ -552,7 +552,7 @@ def live_view(rec_path: Path) -> Iterator[tuple[float, list[Finding]]]:
     """
     diagnoser = Diagnoser()
     for t, store in recording.refreshes(rec_path, REFRESH_S):
-        yield t, diagnoser.update(summarize(store.snapshot(t, history=VIEW_HISTORY_WINDOWS)))
+        yield t, diagnoser.update(summarize(store.snapshot(t, history=SNAPSHOT_HISTORY_WINDOWS)))
 
 
 def warnings_in(findings: list[Finding]) -> set[str]:

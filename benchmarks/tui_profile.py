@@ -29,7 +29,7 @@ from typing import Any
 from gputop.collect.store import Store
 from gputop.diagnose import Diagnoser
 from gputop.model.figures import summarize
-from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.model.snapshot import SNAPSHOT_HISTORY_WINDOWS, SPAN_COPY_WINDOWS, Snapshot
 from gputop.protocol import Window, decode
 from gputop.tui.app import GputopApp
 from gputop.tui.view import build_view
@@ -76,7 +76,7 @@ class StoreSource:
 
     def snapshot(self) -> Snapshot:
         return self.store.snapshot(
-            time.time(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=VIEW_HISTORY_WINDOWS
+            time.time(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=SNAPSHOT_HISTORY_WINDOWS
         )
 
     @property

@@ -258,7 +258,7 @@ def _known(ws: Sequence[Window], name: str) -> list[Any]:
     return [value for w in ws if (value := getattr(w, name)) is not None]
 
 
-def has_ddp_figures(w: Window) -> bool:
+def has_ddp_timings(w: Window) -> bool:
     """The window carries DDP's timings (a sampled iteration), which the DDP means weigh."""
     return w.ddp_iteration is not None or w.forward_s is not None or w.comm_s is not None
 
@@ -284,7 +284,7 @@ def combined(ws: Sequence[Window], name: str) -> Any:
     if how is STEP_MEAN:
         return _weighted(ws, name, _by_steps)
     if how is DDP_MEAN:
-        return _weighted([w for w in ws if has_ddp_figures(w)], name, _by_iterations)
+        return _weighted([w for w in ws if has_ddp_timings(w)], name, _by_iterations)
     if how is TIME_MEAN:
         return _weighted(ws, name, _by_duration)
     if how is NEWEST:
@@ -364,7 +364,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
     work = ready_steps_kept([(n, s, -1.0, -1) for w in ws for n, s in zip(w.work_step_numbers, w.work_s, strict=True)])
     timed = sum(w.timed for w in ws)
     steps = sum(w.steps for w in ws)
-    ddp = [w for w in ws if has_ddp_figures(w)]
+    ddp = [w for w in ws if has_ddp_timings(w)]
     figures = {name: combined(ws, name) for name in COMBINE}
     return Window(
         run_id=last.run_id,

@@ -78,9 +78,9 @@ def record_with_alerts(
     from gputop.diagnose import Diagnoser
     from gputop.diagnose.alerts import AlertTracker
     from gputop.diagnose.autocapture import AutoCapture
-    from gputop.diagnose.pipeline import LivePipeline
+    from gputop.diagnose.pipeline import RefreshPipeline
 
-    pipeline = LivePipeline(
+    pipeline = RefreshPipeline(
         diagnoser=Diagnoser(),
         alerts=AlertTracker(hold_s=hold_s),
         auto_capture=AutoCapture() if auto_capture else None,

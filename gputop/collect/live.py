@@ -11,7 +11,7 @@ from gputop.collect.host import HostSamplerThread
 from gputop.collect.recording import Recorder
 from gputop.collect.server import Collector
 from gputop.collect.store import Store
-from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.model.snapshot import SNAPSHOT_HISTORY_WINDOWS, SPAN_COPY_WINDOWS, Snapshot
 from gputop.protocol import CaptureRequest, CaptureResult, FindingBrief
 
 
@@ -60,7 +60,7 @@ class LiveSource:
 
     def snapshot(self) -> Snapshot:
         return self.store.snapshot(
-            time.time(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=VIEW_HISTORY_WINDOWS
+            time.time(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=SNAPSHOT_HISTORY_WINDOWS
         )
 
     def request_capture(self, request: CaptureRequest) -> concurrent.futures.Future[CaptureResult]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gputop.collect import recording
 from gputop.collect.store import Store
-from gputop.model.snapshot import SPAN_COPY_WINDOWS, VIEW_HISTORY_WINDOWS, Snapshot
+from gputop.model.snapshot import SNAPSHOT_HISTORY_WINDOWS, SPAN_COPY_WINDOWS, Snapshot
 
 
 class ReplaySource:
@@ -54,7 +54,7 @@ class ReplaySource:
 
     def snapshot(self) -> Snapshot:
         return self.store.snapshot(
-            self.clock(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=VIEW_HISTORY_WINDOWS
+            self.clock(), history=SPAN_COPY_WINDOWS, full=self.focus, full_history=SNAPSHOT_HISTORY_WINDOWS
         )
 
     def stop(self) -> None:

@@ -25,8 +25,8 @@ class RunSeconds:
     Bounded: a few numbers a second whatever the rank count, the chart's
     CHART_SECONDS of them, updated as windows arrive, so the chart never walks
     the windows.  Each second's mean and throughput are worked out when a
-    window adds to it, not on every view: a view copies out the newest seconds,
-    and the values in it are the same objects as in the view before.
+    window adds to it, not on every snapshot: a snapshot copies out the newest seconds,
+    and the values in it are the same objects as in the snapshot before.
     """
 
     def __init__(self) -> None:
@@ -67,7 +67,7 @@ class RunSeconds:
             self.step_s.append(None)
             self.samples.append(None)
 
-    def view(self, until_t: float) -> RunHistory:
+    def chart(self, until_t: float) -> RunHistory:
         """The newest CHART_SECONDS whole seconds before ``until_t`` (the current second is still filling)."""
         whole = min(max(int(until_t) - self.first_s, 0), len(self.rows))
         start = max(whole - CHART_SECONDS, 0)

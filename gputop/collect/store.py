@@ -2,7 +2,7 @@
 
 Written by the collector thread (or by a recording being read), read by the UI,
 the recorder and the diagnosis through ``snapshot()``, which returns the
-immutable views of ``gputop.model.snapshot``.  One lock guards the mutable state; it is held only for dict and deque
+immutable copies of ``gputop.model.snapshot``.  One lock guards the mutable state; it is held only for dict and deque
 operations and for encoding or decoding a rank's older windows (``WindowHistory``), never for I/O.  Time is
 passed in, not read from the clock, so a replay drives the same code at its own pace and tests need no sleeping.
 """
@@ -23,9 +23,9 @@ from gputop.model.snapshot import (
     LIVE,
     LOST,
     STEPPED_KEPT,
-    RankView,
+    RankSnapshot,
     RunHistory,
-    RunView,
+    RunSnapshot,
     Snapshot,
     Status,
 )
@@ -274,27 +274,27 @@ class Store:
     def snapshot(
         self, now: float, *, history: int | None = None, full: Collection[str] = (), full_history: int | None = None
     ) -> Snapshot:
-        """Immutable views of everything, with each rank's status as of ``now``.
+        """Immutable copies of everything, with each rank's status as of ``now``.
 
         ``history`` limits how many of each rank's newest windows are copied;
         the ranks whose keys ("run_id:rank") are in ``full`` get ``full_history``
         (the one rank whose sparklines are on screen, say).
         """
         with self._lock:
-            by_run: dict[str, list[tuple[float, RankView]]] = {}
+            by_run: dict[str, list[tuple[float, RankSnapshot]]] = {}
             for (run_id, rank_no), state in self._ranks.items():
                 keep = full_history if (full and f"{run_id}:{rank_no}" in full) else history
-                view = self._rank_view(run_id, rank_no, state, keep, now)
-                by_run.setdefault(run_id, []).append((state.first_seen_t, view))
+                rank = self._rank_snapshot(run_id, rank_no, state, keep, now)
+                by_run.setdefault(run_id, []).append((state.first_seen_t, rank))
             gpu_history, host_history = tuple(self._gpu), tuple(self._host)
             node_history = {host: tuple(samples) for host, samples in sorted(self._node_gpu.items())}
             rejected = tuple(self._rejected)
             settled = now - RUN_SECOND_SETTLE_S
-            histories = {run_id: seconds.view(settled) for run_id, seconds in self._run_seconds.items()}
+            histories = {run_id: seconds.chart(settled) for run_id, seconds in self._run_seconds.items()}
             token_refusals = self.token_refusals
         return Snapshot(
             t=now,
-            runs=_run_views(by_run, histories),
+            runs=_run_snapshots(by_run, histories),
             gpu=gpu_history[-1] if gpu_history else None,
             host=host_history[-1] if host_history else None,
             gpu_history=gpu_history,
@@ -306,10 +306,10 @@ class Store:
             node_gpu_history=node_history,
         )
 
-    def _rank_view(self, run_id: str, rank_no: int, state: _Rank, keep: int | None, now: float) -> RankView:
+    def _rank_snapshot(self, run_id: str, rank_no: int, state: _Rank, keep: int | None, now: float) -> RankSnapshot:
         windows = state.windows.newest(keep)
         status, reason = self._status(state, now)
-        return RankView(
+        return RankSnapshot(
             run_id=run_id,
             rank=rank_no,
             hello=state.hello,
@@ -335,15 +335,15 @@ class Store:
         return LIVE, ""
 
 
-def _run_views(
-    by_run: dict[str, list[tuple[float, RankView]]], histories: dict[str, RunHistory]
-) -> tuple[RunView, ...]:
-    """Each run's view, its ranks by number and the runs by when each was first seen."""
+def _run_snapshots(
+    by_run: dict[str, list[tuple[float, RankSnapshot]]], histories: dict[str, RunHistory]
+) -> tuple[RunSnapshot, ...]:
+    """Each run's snapshot, its ranks by number and the runs by when each was first seen."""
     runs = []
     for run_id, entries in by_run.items():
         ranks = tuple(sorted((v for _, v in entries), key=lambda v: v.rank))
         runs.append(
-            RunView(
+            RunSnapshot(
                 run_id=run_id,
                 name=ranks[0].hello.name,
                 world_size=max(v.hello.world_size for v in ranks),

@@ -31,7 +31,7 @@ from gputop.diagnose.details import StallDetails
 from gputop.diagnose.findings import Cause, Finding, FindingCapture, FindingKey
 from gputop.model.figures import Figures
 from gputop.model.frames import rank_frames
-from gputop.model.snapshot import LIVE, RankView
+from gputop.model.snapshot import LIVE, RankSnapshot
 from gputop.protocol import CaptureRequest, CaptureResult
 
 # The causes whose culprit is one rank that still steps.  A hang's rank does not step: see the module's docstring.
@@ -87,7 +87,7 @@ def capture_steps(finding: Finding) -> int:
     return CAPTURE_STEPS
 
 
-def finding_capture(view: RankView, result: CaptureResult) -> FindingCapture:
+def finding_capture(view: RankSnapshot, result: CaptureResult) -> FindingCapture:
     """The capture with the rank's stack samples over the seconds it spans (those that overlap them)."""
     start_t = result.t - result.wall_s - RESULT_LAG_S
     covering = tuple(s for s in view.stacks if s.t > start_t and s.t - s.period_s <= result.t)
@@ -97,7 +97,7 @@ def finding_capture(view: RankView, result: CaptureResult) -> FindingCapture:
                           error=result.error, frames=frames)  # fmt: skip
 
 
-def _covered(view: RankView, result: CaptureResult, now_t: float) -> bool:
+def _covered(view: RankSnapshot, result: CaptureResult, now_t: float) -> bool:
     """Whether the samples over the capture are all in (or will not come): then it can be attached for good."""
     if not result.ok or not view.stacks or now_t - result.t >= FRAMES_WAIT_S:
         return True
@@ -113,13 +113,13 @@ def captures_in(
     """
     found: dict[str, tuple[str, FindingCapture]] = {}
     for rank in figures.all_ranks():
-        for result in rank.view.captures:
+        for result in rank.snapshot.captures:
             if captured_for(result) is None:
                 continue
             if known is not None and result.id in known:
                 found[result.id] = known[result.id]
-            elif now_t is None or _covered(rank.view, result, now_t):
-                found[result.id] = (rank.run_id, finding_capture(rank.view, result))
+            elif now_t is None or _covered(rank.snapshot, result, now_t):
+                found[result.id] = (rank.run_id, finding_capture(rank.snapshot, result))
     return found
 
 

@@ -50,7 +50,7 @@ def diagnose(machine: Figures) -> list[Finding]:
 def rule_findings(run: RunFigures, machine: Figures, ranks_on_host: dict[str, int]) -> list[Finding]:
     """Every rule's findings on one run, before any cause takes in its symptoms (``gputop.diagnose.symptoms``)."""
     # A live span is judged as the run goes; a report's whole history takes in the start with the rest.
-    age_s = None if machine.span_s is None else machine.t - run.view.first_seen_t
+    age_s = None if machine.span_s is None else machine.t - run.snapshot.first_seen_t
     stragglers = straggler_findings(run, ranks_on_host, age_s)
     config = model_config_findings(run)
     # A setting that makes the exchange itself costly (forty buckets of a few KiB) explains it before the step's

@@ -7,7 +7,7 @@ a live source again and again, and each turned a snapshot into figures
 and alerts (``AlertTracker``).  With an ``AutoCapture`` it also says which
 culprit ranks to profile now and puts their profiles on the findings.  Written three times, the three had drifted
 (only the dashboard ordered the findings, only it survived a rule's bug);
-each now holds a ``LivePipeline`` and does with its output what is its own:
+each now holds a ``RefreshPipeline`` and does with its output what is its own:
 the dashboard draws and rings, the recorder runs the user's command, the
 exporter serves families.
 
@@ -41,7 +41,7 @@ class DiagnoserLike(Protocol):
 
 
 @dataclass(frozen=True)
-class LiveUpdate:
+class Refresh:
     """One refresh's result."""
 
     figures: Figures
@@ -52,7 +52,7 @@ class LiveUpdate:
     captures: list[CaptureRequest] = field(default_factory=list)  # culprit ranks to profile now
 
 
-class LivePipeline:
+class RefreshPipeline:
     """Snapshot to figures, findings, briefs and alerts, with the state a live view keeps between refreshes.
 
     One thread calls ``update``: the span figures, the diagnoser's persistence,
@@ -76,23 +76,23 @@ class LivePipeline:
         self._spans = SpanFigures(span_s)
         self._to_ranks = FindingsToRanks()
 
-    def update(self, snapshot: Snapshot, *, between: Callable[[], None] | None = None) -> LiveUpdate:
+    def update(self, snapshot: Snapshot, *, between: Callable[[], None] | None = None) -> Refresh:
         """The refresh for ``snapshot``; ``between`` is called between ranks and steps (the dashboard yields there)."""
         figures = summarize(snapshot, between_ranks=between, spans=self._spans)
         if between is not None:
             between()
         if self.diagnoser is None:
-            return LiveUpdate(figures, [], "off")
+            return Refresh(figures, [], "off")
         try:
             findings = list(self.diagnoser.update(figures))
         except Exception as exc:  # a rule's bug must not take the dashboard, the recorder or the exporter down
-            return LiveUpdate(figures, [], f"failed: {type(exc).__name__}: {exc}")
+            return Refresh(figures, [], f"failed: {type(exc).__name__}: {exc}")
         findings.sort(key=lambda f: -f.severity_rank)  # stable: the diagnoser's order within a severity
         captured: list[Finding] = []
         if self.auto_capture is not None:
             findings, captured = self.auto_capture.attach(findings, figures)
         if self.alerts is None:
-            return LiveUpdate(figures, findings, "ok", self._to_ranks.changed(findings))
+            return Refresh(figures, findings, "ok", self._to_ranks.changed(findings))
         alerts = self.alerts.update(findings, figures.t)
         requests: list[CaptureRequest] = []
         if self.auto_capture is not None:
@@ -101,4 +101,4 @@ class LivePipeline:
             held_s = {f.key: s for f, s in held}
             # Only a finding that alerts (warn, critical) is paged again with its profile.
             alerts += [Alert("captured", f, figures.t, held_s[f.key]) for f in captured if f.key in held_s]
-        return LiveUpdate(figures, findings, "ok", self._to_ranks.changed(findings), alerts, requests)
+        return Refresh(figures, findings, "ok", self._to_ranks.changed(findings), alerts, requests)

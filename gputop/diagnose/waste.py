@@ -38,7 +38,7 @@ def held(run: RunFigures) -> Held | None:
     ranks = [r for r in run.ranks if r.windows]
     if not ranks:
         return None
-    start = run.view.first_seen_t
+    start = run.snapshot.first_seen_t
     end = max(r.windows[-1].t1 for r in ranks)  # live, the newest window: now, near enough
     hours = max(end - start, 0.0) / 3600.0
     gpus: set[str] = set()

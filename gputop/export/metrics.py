@@ -163,7 +163,7 @@ def _rank_labels(r: RankFigures) -> tuple[str, ...]:
 def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float | None]]]:
     """Each rank metric's samples for one rank: extra label values and the value (None: not measured)."""
     s = r.stats
-    last = r.view.windows[-1] if r.view.windows else None
+    last = r.snapshot.windows[-1] if r.snapshot.windows else None
     phases = phase_seconds(s.phases)
     step = s.step.mean_s
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from gputop.diagnose import Diagnoser
-from gputop.diagnose.pipeline import LivePipeline
+from gputop.diagnose.pipeline import RefreshPipeline
 from gputop.export.metrics import Family, families
 from gputop.model.snapshot import Snapshot
 
@@ -46,7 +46,7 @@ class PrometheusExporter:
         self.refresh_s = refresh_s
         self.gpu_hostname = socket.gethostname()  # NVML readings are this machine's
         self._families: list[Family] = []
-        self._pipeline = LivePipeline(diagnoser=Diagnoser())  # used under self._lock
+        self._pipeline = RefreshPipeline(diagnoser=Diagnoser())  # used under self._lock
         self._lock = threading.Lock()  # prometheus-client may serve two scrapes at once
         self._refreshed_at = -float("inf")  # monotonic time of the last computation
         self._server: WSGIServer | None = None

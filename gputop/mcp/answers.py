@@ -1,6 +1,6 @@
 """What the MCP tools answer: the live chain's figures and findings as JSON-able data, and the capture budget.
 
-Pure, like the report it borrows its rank rows from: a ``LiveUpdate`` (the
+Pure, like the report it borrows its rank rows from: a ``Refresh`` (the
 figures over the dashboard's span and the findings as the dashboard shows
 them) comes in, plain dicts go out.  A finding is ``Finding.to_dict``, the
 same the report and the alert payload carry, so an agent reads the evidence,
@@ -20,10 +20,10 @@ from typing import Any
 import msgspec
 
 from gputop.diagnose.findings import SEVERITIES, Finding
-from gputop.diagnose.pipeline import LiveUpdate
+from gputop.diagnose.pipeline import Refresh
 from gputop.model.captures import compare
 from gputop.model.figures import Figures, RankFigures, RunFigures, rank_series
-from gputop.model.snapshot import LIVE, RankView
+from gputop.model.snapshot import LIVE, RankSnapshot
 from gputop.protocol import CaptureResult
 from gputop.report import rank_entry
 
@@ -61,7 +61,7 @@ def rank_of(figures: Figures, run_id: str | None, rank: int) -> RankFigures:
     runs = [run_of(figures, run_id)] if run_id else list(figures.runs)
     having = [r for run in runs for r in run.ranks if r.rank == rank]
     if having:
-        return max(having, key=lambda r: r.view.last_seen_t)
+        return max(having, key=lambda r: r.snapshot.last_seen_t)
     if run_id:
         ranks = ", ".join(str(r.rank) for r in runs[0].ranks) or "none yet"
         raise BadArgument(f"run {run_id!r} has no rank {rank}; its ranks: {ranks}")
@@ -73,7 +73,7 @@ def _severities(findings: Sequence[Finding]) -> dict[str, int]:
     return {severity: counted.get(severity, 0) for severity in reversed(SEVERITIES)}
 
 
-def nothing_reports(update: LiveUpdate) -> str | None:
+def nothing_reports(update: Refresh) -> str | None:
     """What to do when no run reports yet; None when some do."""
     if update.figures.runs:
         return None
@@ -84,7 +84,7 @@ def nothing_reports(update: LiveUpdate) -> str | None:
     )
 
 
-def runs(update: LiveUpdate) -> dict[str, Any]:
+def runs(update: Refresh) -> dict[str, Any]:
     """Every run the collector sees: its ranks, how they step, and how many findings of each severity."""
     out = []
     for run in update.figures.runs:
@@ -92,17 +92,17 @@ def runs(update: LiveUpdate) -> dict[str, Any]:
         out.append(
             {
                 "run_id": run.run_id,
-                "name": run.view.name,
+                "name": run.snapshot.name,
                 "world_size": run.world_size,
-                "ranks_reporting": run.view.live_ranks,
-                "seen_for_s": round(max(update.figures.t - run.view.first_seen_t, 0.0), 1),
+                "ranks_reporting": run.snapshot.live_ranks,
+                "seen_for_s": round(max(update.figures.t - run.snapshot.first_seen_t, 0.0), 1),
                 "findings": _severities(found),
                 "worst_finding": found[0].title if found else None,
                 "ranks": [
                     {
                         "rank": r.rank,
                         "status": r.status,
-                        "status_reason": r.view.status_reason,
+                        "status_reason": r.snapshot.status_reason,
                         "host": r.hello.hostname,
                         "pid": r.hello.pid,
                         "device": r.hello.device,
@@ -120,7 +120,7 @@ def runs(update: LiveUpdate) -> dict[str, Any]:
     return answer
 
 
-def findings(update: LiveUpdate, run_id: str | None = None, price_per_hour: float | None = None) -> dict[str, Any]:
+def findings(update: Refresh, run_id: str | None = None, price_per_hour: float | None = None) -> dict[str, Any]:
     """The findings shown now, worst first, of one run (``run_id``) or of every run."""
     if run_id:
         run_of(update.figures, run_id)
@@ -139,10 +139,10 @@ def findings(update: LiveUpdate, run_id: str | None = None, price_per_hour: floa
 
 
 def rank(
-    update: LiveUpdate,
+    update: Refresh,
     figures: RankFigures,
     *,
-    history: RankView | None = None,
+    history: RankSnapshot | None = None,
     points: int = HISTORY_WINDOWS,
     price_per_hour: float | None = None,
 ) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def rank(
     with more windows than the span's (the source's focused rank); without it the
     span's windows make the history.
     """
-    view = history if history is not None and history.key == figures.key else figures.view
+    view = history if history is not None and history.key == figures.key else figures.snapshot
     gpu_history = update.figures.snapshot.gpu_history_of(view.hello.hostname)
     series = rank_series(view, gpu_history, points)
     windows = view.windows[-points:]
@@ -208,7 +208,7 @@ def capture(results: Sequence[CaptureResult]) -> dict[str, Any]:
     }
 
 
-def capturable(update: LiveUpdate, run_id: str | None, ranks: Sequence[int], steps: int) -> RunFigures:
+def capturable(update: Refresh, run_id: str | None, ranks: Sequence[int], steps: int) -> RunFigures:
     """The run to capture ``ranks`` of, checked: each rank reports now, and the steps are few."""
     if not ranks:
         raise BadArgument("name at least one rank to profile")

@@ -1,6 +1,6 @@
 """The MCP server: gputop's tools on the official ``mcp`` SDK, over stdio.
 
-The live chain (``LivePipeline``: figures over the dashboard's span, findings
+The live chain (``RefreshPipeline``: figures over the dashboard's span, findings
 with its persistence, the briefs the ranks are told) runs on a thread of its
 own once a second, as ``gputop record --on-finding`` runs it; a tool reads its
 newest result, so an agent sees the findings the dashboard would show, and a
@@ -35,9 +35,9 @@ from pydantic import Field
 from gputop import __version__
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.findings import CAUSES
-from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
+from gputop.diagnose.pipeline import Refresh, RefreshPipeline
 from gputop.mcp import answers
-from gputop.model.snapshot import VIEW_HISTORY_WINDOWS
+from gputop.model.snapshot import SNAPSHOT_HISTORY_WINDOWS
 from gputop.model.source import SnapshotSource, TalksToRanks
 from gputop.protocol import CaptureRequest, CaptureResult
 
@@ -68,7 +68,7 @@ RunId = Annotated[
 
 
 class LiveFindings:
-    """The live chain on a thread: every ``refresh_s`` a snapshot in, the newest ``LiveUpdate`` kept."""
+    """The live chain on a thread: every ``refresh_s`` a snapshot in, the newest ``Refresh`` kept."""
 
     def __init__(
         self, source: SnapshotSource, *, refresh_s: float = REFRESH_S, diagnoser: Diagnoser | None = None
@@ -76,8 +76,8 @@ class LiveFindings:
         """``diagnoser``: the dashboard's persistence by default (a finding shows once it has held 1 s)."""
         self.source = source
         self.refresh_s = refresh_s
-        self._pipeline = LivePipeline(diagnoser=diagnoser if diagnoser is not None else Diagnoser())
-        self._latest: LiveUpdate | None = None
+        self._pipeline = RefreshPipeline(diagnoser=diagnoser if diagnoser is not None else Diagnoser())
+        self._latest: Refresh | None = None
         self._first = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gputop-mcp-findings", daemon=True)
@@ -90,7 +90,7 @@ class LiveFindings:
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
 
-    def latest(self) -> LiveUpdate:
+    def latest(self) -> Refresh:
         """The newest refresh (waiting for the first); a ToolError if there has been none."""
         if not self._first.wait(FIRST_UPDATE_WAIT_S) or self._latest is None:
             raise ToolError("gputop has not read the collector yet: try again in a second")
@@ -171,7 +171,7 @@ def _add_live_tools(server: MCPServer, live: LiveFindings, price_per_hour: float
         rank: Annotated[int, Field(ge=0, description="the rank number (0 .. world size - 1)")],
         run_id: RunId = None,
         history_windows: Annotated[
-            int, Field(ge=1, le=VIEW_HISTORY_WINDOWS, description="how many of its newest windows to return")
+            int, Field(ge=1, le=SNAPSHOT_HISTORY_WINDOWS, description="how many of its newest windows to return")
         ] = answers.HISTORY_WINDOWS,
     ) -> dict[str, Any]:
         update = live.latest()

@@ -21,7 +21,7 @@ from gputop.model.frames import RankFrames, rank_frames
 from gputop.model.join import GpuAssignment, join_ranks_to_gpus, normalize_uuid
 from gputop.model.rank_stats import RankStats, recent
 from gputop.model.samples import GpuReading, GpuSample, HostSample
-from gputop.model.snapshot import LOST, RankView, RunView, Snapshot, Status
+from gputop.model.snapshot import LOST, RankSnapshot, RunSnapshot, Snapshot, Status
 from gputop.model.span import SpanFigures
 from gputop.model.sums import rank_stats
 from gputop.peaks import mfu as mfu_of
@@ -40,9 +40,9 @@ PHASES: tuple[Phase, ...] = PHASE_NAMES
 
 @dataclass(frozen=True)
 class RankFigures:
-    """One rank over the span: its view, the windows in the span, their figures, its GPU."""
+    """One rank over the span: its snapshot, the windows in the span, their figures, its GPU."""
 
-    view: RankView
+    snapshot: RankSnapshot
     windows: tuple[Window, ...]  # those that ended within the span
     stats: RankStats
     gpu: GpuReading | None = None  # the GPU NVML sees this rank on, by device UUID
@@ -50,28 +50,28 @@ class RankFigures:
 
     @property
     def rank(self) -> int:
-        return self.view.rank
+        return self.snapshot.rank
 
     @property
     def run_id(self) -> str:
-        return self.view.run_id
+        return self.snapshot.run_id
 
     @property
     def key(self) -> str:
-        return self.view.key
+        return self.snapshot.key
 
     @property
     def hello(self) -> Hello:
-        return self.view.hello
+        return self.snapshot.hello
 
     @property
     def status(self) -> Status:
-        return self.view.status
+        return self.snapshot.status
 
     @cached_property  # the rules ask a dozen times per rank and refresh
     def active(self) -> bool:
         """Reporting (live or finished) with windows in the span: its rates are current."""
-        return self.view.status != LOST and bool(self.windows)
+        return self.snapshot.status != LOST and bool(self.windows)
 
     @property
     def on_cuda(self) -> bool:
@@ -105,7 +105,7 @@ class RankFigures:
         Tallied once a summary, however many rules, the report and the exporter read it
         (``gputop.model.frames.span_frames`` gives its first places).  None: no stack samples.
         """
-        return rank_frames(self.view, since_t=self.windows[0].t0 if self.windows else None, top=MAX_STACKS_TOP)
+        return rank_frames(self.snapshot, since_t=self.windows[0].t0 if self.windows else None, top=MAX_STACKS_TOP)
 
     @cached_property
     def own_s(self) -> float | None:
@@ -156,20 +156,20 @@ def gputop_cost(ranks: Sequence[RankFigures]) -> GputopCost:
 class RunFigures:
     """One run: every rank's figures, in rank order."""
 
-    view: RunView
+    snapshot: RunSnapshot
     ranks: tuple[RankFigures, ...]
 
     @property
     def run_id(self) -> str:
-        return self.view.run_id
+        return self.snapshot.run_id
 
     @property
     def name(self) -> str:
-        return self.view.name or self.view.run_id
+        return self.snapshot.name or self.snapshot.run_id
 
     @property
     def world_size(self) -> int:
-        return self.view.world_size
+        return self.snapshot.world_size
 
     @property
     def active(self) -> list[RankFigures]:
@@ -261,14 +261,14 @@ def summarize(
             gpu = gpu_of.get((view.run_id, view.rank))
             ranks.append(
                 RankFigures(
-                    view=view,
+                    snapshot=view,
                     windows=windows,
                     stats=stats,
                     gpu=gpu,
                     gpu_util_pct=util.get(gpu.uuid) if gpu is not None else None,
                 )
             )
-        runs.append(RunFigures(view=run, ranks=tuple(ranks)))
+        runs.append(RunFigures(snapshot=run, ranks=tuple(ranks)))
     if spans is not None:
         spans.keep_only(view.key for run in snapshot.runs for view in run.ranks)
     own_cpu = _mean([h.gputop_cpu_pct for h in snapshot.host_history if since_t is None or h.t >= since_t])
@@ -354,7 +354,7 @@ def _window_figures(w: Window) -> WindowFigures:
 
 
 def rank_series(
-    rank: RankView, gpu_history: Sequence[GpuSample], points: int, memo: WindowFiguresMemo | None = None
+    rank: RankSnapshot, gpu_history: Sequence[GpuSample], points: int, memo: WindowFiguresMemo | None = None
 ) -> RankSeries:
     """The newest ``points`` windows' figures, each defined as in ``rank_stats`` for one window.
 

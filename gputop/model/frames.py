@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from gputop.model.snapshot import RankView
+from gputop.model.snapshot import RankSnapshot
 from gputop.protocol import MAX_STACKS_TOP, STACKS_TOP, Collective, SampledFrame, StackFrame, Stacks
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class RankFrames:
         }
 
 
-def rank_frames(view: RankView, since_t: float | None = None, top: int = STACKS_TOP) -> RankFrames | None:
+def rank_frames(view: RankSnapshot, since_t: float | None = None, top: int = STACKS_TOP) -> RankFrames | None:
     """The rank's places over the stacks messages newer than ``since_t`` (None: all it kept); None if it sent none.
 
     A place is a function of the user's code and what the thread was inside,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gputop.model.samples import GpuProcess, GpuReading, GpuSample, HostSample
-from gputop.model.snapshot import RankView, Snapshot
+from gputop.model.snapshot import RankSnapshot, Snapshot
 
 _UUID_PREFIXES = ("gpu-", "mig-")
 
@@ -33,7 +33,7 @@ class GpuAssignment:
     """One GPU (or MIG instance), the ranks that report it as theirs, and who else is on it."""
 
     gpu: GpuReading
-    ranks: tuple[RankView, ...]  # hello.device_uuid matches gpu.uuid (PID fallback for a rank with no UUID)
+    ranks: tuple[RankSnapshot, ...]  # hello.device_uuid matches gpu.uuid (PID fallback for a rank with no UUID)
     unobserved: tuple[GpuProcess, ...]  # on this GPU, neither a rank's process nor one of its children
     hostname: str = ""  # the host whose node sampler read it; "" for the collector's own machine
     # Processes NVML lists under PIDs from another namespace, taken as these ranks' own (a container)
@@ -55,7 +55,7 @@ def normalize_uuid(uuid: str | None) -> str:
     return text.replace("-", "")
 
 
-def rank_gpu_uuids(rank: RankView) -> tuple[str, ...]:
+def rank_gpu_uuids(rank: RankSnapshot) -> tuple[str, ...]:
     """Every GPU a rank computes on, normalized, its own device first (several under nn.DataParallel)."""
     first = normalize_uuid(rank.hello.device_uuid)
     rest = [normalize_uuid(u) for u in rank.hello.device_uuids or ()]
@@ -71,11 +71,11 @@ def child_pids_by_rank_pid(host: HostSample | None) -> dict[int, frozenset[int]]
 
 def assign_ranks(
     gpus: Sequence[GpuReading],
-    ranks: Iterable[RankView],
+    ranks: Iterable[RankSnapshot],
     child_pids: Mapping[int, Iterable[int]] | None = None,
     *,
     hostname: str = "",
-    on_host: Callable[[RankView], bool] | None = None,
+    on_host: Callable[[RankSnapshot], bool] | None = None,
 ) -> list[GpuAssignment]:
     """The join itself, on explicit inputs (``join_ranks_to_gpus`` reads them from a snapshot).
 
@@ -93,7 +93,7 @@ def assign_ranks(
         if key:
             by_uuid.setdefault(key, index)
 
-    on_gpu: dict[int, list[RankView]] = {index: [] for index in range(len(gpus))}
+    on_gpu: dict[int, list[RankSnapshot]] = {index: [] for index in range(len(gpus))}
     observed_pids: set[int] = set()
     for rank in rank_list:
         local = on_host is None or on_host(rank)
@@ -131,7 +131,7 @@ CONTEXT_SLACK_BYTES = 2 << 30
 
 
 def _claimed_from_other_namespace(
-    gpu: GpuReading, ranks: Sequence[RankView], others: Sequence[GpuProcess]
+    gpu: GpuReading, ranks: Sequence[RankSnapshot], others: Sequence[GpuProcess]
 ) -> tuple[GpuProcess, ...]:
     """The GPU's processes that are its ranks' own, listed under PIDs this machine cannot see.
 
@@ -186,7 +186,7 @@ def gpu_groups(snapshot: Snapshot) -> list[GpuSample]:
     return groups
 
 
-def on_host_of(hostname: str, remote_hosts: Iterable[str]) -> Callable[[RankView], bool]:
+def on_host_of(hostname: str, remote_hosts: Iterable[str]) -> Callable[[RankSnapshot], bool]:
     """Which ranks run where a sample of ``hostname`` was read ("" the collector's machine: every rank
     whose host sends no readings of its own)."""
     if hostname:
@@ -200,7 +200,7 @@ def join_ranks_to_gpus(snapshot: Snapshot) -> list[GpuAssignment]:
 
     Empty when there is no GPU data (no sample yet, or NVML unavailable
     everywhere).  Ranks of every status are included; callers that care
-    filter on ``RankView.status``.  The collector's own GPUs come first, then
+    filter on ``RankSnapshot.status``.  The collector's own GPUs come first, then
     each host's in host-name order.
     """
     groups = gpu_groups(snapshot)
@@ -221,7 +221,7 @@ def join_ranks_to_gpus(snapshot: Snapshot) -> list[GpuAssignment]:
     return out
 
 
-def _pids_of(rank: RankView, children: Mapping[int, frozenset[int]]) -> set[int]:
+def _pids_of(rank: RankSnapshot, children: Mapping[int, frozenset[int]]) -> set[int]:
     pid = rank.hello.pid
     if not pid:
         return set()

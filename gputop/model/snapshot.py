@@ -1,7 +1,7 @@
-"""What the dashboard knows at one moment: immutable views of runs, ranks and samples.
+"""What the dashboard knows at one moment: immutable copies of runs, ranks and samples.
 
 The collector's ``Store`` (``gputop.collect.store``) holds the mutable state
-and hands out these frozen views through ``snapshot(now)``; everything that
+and hands out these frozen copies through ``snapshot(now)``; everything that
 reads data (the figures, the diagnosis, the UI, the report, the recorder)
 reads only these.  Pure data: no locks, no I/O.
 """
@@ -20,21 +20,21 @@ LIVE: Final = "live"
 LOST: Final = "lost"  # silent, or its connection closed without a bye
 DONE: Final = "done"  # said bye: the process finished
 
-# How many of each rank's newest windows a live view copies per refresh, and so
+# How many of each rank's newest windows a snapshot copies per refresh, and so
 # how far back the dashboard's histories reach: 4 minutes of the default 1-s windows.
-VIEW_HISTORY_WINDOWS = 240
-# How many newest windows a live view copies of every other rank: at least twice
+SNAPSHOT_HISTORY_WINDOWS = 240
+# How many newest windows a snapshot copies of every other rank: at least twice
 # the figures' 10-s span for windows down to 0.5 s.  The figures read only their
 # span, so a refresh copies 40 windows a rank, not 240, and only the focused ranks
 # carry their history.
 SPAN_COPY_WINDOWS = 40
 # How many of each rank's newest windows with a step the store keeps apart from its history, so a rank stopped
-# for longer than a view's windows (or the history) reach still has a last step: as many as a view copies.
+# for longer than a snapshot's windows (or the history) reach still has a last step: as many as a snapshot copies.
 STEPPED_KEPT = SPAN_COPY_WINDOWS
 
 
 @dataclass(frozen=True)
-class RankView:
+class RankSnapshot:
     """One rank as the dashboard sees it at one moment."""
 
     run_id: str
@@ -69,7 +69,7 @@ class RankView:
 
 
 # The run chart draws a column a second: its newest seconds on a terminal up to ~620
-# columns wide.  What a view carries, so a view (and time travel keeps 1,200 of them
+# columns wide.  What a snapshot carries, so a snapshot (and time travel keeps 1,200 views
 # at 2 ranks) holds the chart's seconds, not the whole run's.
 CHART_SECONDS = 600
 
@@ -88,14 +88,14 @@ class RunHistory:
 
 
 @dataclass(frozen=True)
-class RunView:
+class RunSnapshot:
     """One training job: every rank that reported under one run id."""
 
     run_id: str
     name: str
     world_size: int
     first_seen_t: float
-    ranks: tuple[RankView, ...]
+    ranks: tuple[RankSnapshot, ...]
     history: RunHistory = RunHistory()
 
     @property
@@ -108,7 +108,7 @@ class Snapshot:
     """Everything the dashboard knows at time ``t``."""
 
     t: float
-    runs: tuple[RunView, ...] = ()
+    runs: tuple[RunSnapshot, ...] = ()
     gpu: GpuSample | None = None
     host: HostSample | None = None
     gpu_history: tuple[GpuSample, ...] = ()
@@ -121,7 +121,7 @@ class Snapshot:
     node_gpus: tuple[GpuSample, ...] = ()
     node_gpu_history: Mapping[str, tuple[GpuSample, ...]] = field(default_factory=dict)
 
-    def all_ranks(self) -> list[RankView]:
+    def all_ranks(self) -> list[RankSnapshot]:
         return [rank for run in self.runs for rank in run.ranks]
 
     def gpu_samples(self) -> Iterator[GpuSample]:

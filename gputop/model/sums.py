@@ -5,7 +5,7 @@ one ``SpanSums`` per rank and slides it (``gputop.model.span``), so a refresh
 costs the windows that arrived and left, not the whole span.  What each figure
 means is ``RankStats``'s (``gputop.model.rank_stats``); how each window field
 combines, ``gputop.combine``'s; the stalls', ``gputop.model.stalls``; DDP's
-sampled timings, ``gputop.model.ddp_samples``.
+sampled timings, ``gputop.model.ddp_timings``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gputop.combine import (
     window_loader_wait_frac,
 )
 from gputop.model.collectives import collective_figures
-from gputop.model.ddp_samples import DdpMeans, DdpSample, ddp_key, ddp_sample
+from gputop.model.ddp_timings import DdpMeans, DdpTimings, ddp_key, ddp_timings
 from gputop.model.rank_stats import (
     CompileFigures,
     CpuUse,
@@ -112,10 +112,10 @@ class SpanSums:
         self.newest: dict[str, Window] = {}  # field (or "timed") -> the newest window that has it
         # DDP times every Nth iteration and a sample repeats in the windows until the next: each counts once.
         # By sample key: the newest window with it, how many windows have it, its sample once read.
-        # Three dicts, not a list per key: a dict of windows and ints is not tracked by the GC (see DdpSample).
+        # Three dicts, not a list per key: a dict of windows and ints is not tracked by the GC (see DdpTimings).
         self.ddp: dict[int, Window] = {}
         self.ddp_windows: dict[int, int] = {}
-        self.ddp_read: dict[int, DdpSample] = {}
+        self.ddp_read: dict[int, DdpTimings] = {}
 
     @classmethod
     def of(cls, windows: Iterable[Window]) -> SpanSums:
@@ -183,14 +183,14 @@ class SpanSums:
                 del self.ddp[key], self.ddp_windows[key]
                 self.ddp_read.pop(key, None)
 
-    def ddp_samples(self) -> list[DdpSample]:
+    def ddp_timings(self) -> list[DdpTimings]:
         """The distinct samples in iteration order, however they came; each built once, when first read."""
         samples = []
         read = self.ddp_read
         for key, w in sorted(self.ddp.items()):  # keys are distinct: the windows are never compared
             sample = read.get(key)
             if sample is None:
-                sample = read[key] = ddp_sample(w)
+                sample = read[key] = ddp_timings(w)
             samples.append(sample)
         return samples
 
@@ -291,7 +291,7 @@ class SpanSums:
         )
 
     def _phases(self, t: WindowParts, mean_step: float | None) -> PhaseTimes:
-        ddp = DdpMeans.of(self.ddp_samples())
+        ddp = DdpMeans.of(self.ddp_timings())
         micro = self.forwards / self.forward_steps if self.forward_steps and self.forwards else None
         newest = self.newest
         source = newest["phases_from"].phases_from if "phases_from" in newest else None

@@ -44,7 +44,7 @@ NO_PARTS = WindowParts(*[0.0] * len(WindowParts._fields))
 
 
 def window_parts(w: Window) -> tuple[float, ...]:
-    """The window's ``WindowParts``, kept as a plain tuple (see ``DdpSample``: a span holds one a window)."""
+    """The window's ``WindowParts``, kept as a plain tuple (see ``DdpTimings``: a span holds one a window)."""
     dt = w.t1 - w.t0
     timed = w.timed > 0
     own = w.reporter_cpu_s is not None and w.hook_s is not None

@@ -232,7 +232,7 @@ def compare(
     pairs: list[tuple[RunFigures, RunFigures]] = []
     unmatched = list(after.runs)
     for run in before.runs:
-        match = next((r for r in unmatched if r.view.name and r.view.name == run.view.name), None)
+        match = next((r for r in unmatched if r.snapshot.name and r.snapshot.name == run.snapshot.name), None)
         if match is None and unmatched:
             match = unmatched[0]
         if match is not None:

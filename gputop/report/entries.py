@@ -42,7 +42,7 @@ def rank_entry(figures: RankFigures) -> dict[str, Any]:
     ``frames``: where its training thread was (the places most stack samples
     found it, and the newest sample's), None when its reporter sent no samples.
     """
-    stats, view = figures.stats, figures.view
+    stats, view = figures.stats, figures.snapshot
     frames = span_frames(figures)
     return {
         "rank": figures.rank,
@@ -111,14 +111,14 @@ def build(
         runs.append(
             {
                 "run_id": run.run_id,
-                "name": run.view.name,
+                "name": run.snapshot.name,
                 "world_size": run.world_size,
                 "duration_s": None if t0 is None or t1 is None else round(t1 - t0, 2),
                 "ranks": [rank_entry(r) for r in run.ranks],
                 "gputop_cost": cost_entry(run.gputop_cost),
                 "idle_gpus": idle_entry(idle_gpus([run], run_gpu_util_pct(figures, run)), price_per_hour),
-                "job": job_ids(run.view.ranks[0].hello) if run.view.ranks else {},
-                "job_text": job_text(run.view.ranks[0].hello) if run.view.ranks else "",
+                "job": job_ids(run.snapshot.ranks[0].hello) if run.snapshot.ranks else {},
+                "job_text": job_text(run.snapshot.ranks[0].hello) if run.snapshot.ranks else "",
             }
         )
     return {

@@ -27,7 +27,7 @@ from textual.reactive import reactive
 
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.autocapture import AutoCapture
-from gputop.diagnose.pipeline import DiagnoserLike, LivePipeline
+from gputop.diagnose.pipeline import DiagnoserLike, RefreshPipeline
 from gputop.model.source import SnapshotSource, TalksToRanks
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
 from gputop.tui.main_screen import SHORT_HEIGHT, MainScreen
@@ -104,7 +104,7 @@ class GputopApp(Shell):
         self.notice = notice
         # Snapshot to figures, findings, briefs for the ranks and alerts, on the figures thread.
         profiles = auto_capture and alerts is not None and isinstance(source, TalksToRanks)
-        pipeline = LivePipeline(
+        pipeline = RefreshPipeline(
             diagnoser=diagnoser_factory() if diagnoser_factory is not None else None,
             alerts=alerts,
             auto_capture=AutoCapture() if profiles else None,

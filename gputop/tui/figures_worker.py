@@ -1,7 +1,7 @@
 """The dashboard's figures thread: a snapshot, its figures, findings and view every refresh, off the UI thread.
 
 Every ``refresh_s`` it calls ``source.snapshot()``, runs the live chain
-(``LivePipeline``: figures once, findings, the briefs for the ranks, alerts),
+(``RefreshPipeline``: figures once, findings, the briefs for the ranks, alerts),
 builds a ``DashboardView`` and hands it to ``post``.  So the UI never waits on
 the collector's lock, and redraws at most once per ``refresh_s`` however fast
 data arrives.  No Textual here: the app wraps what is posted in its messages,
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gputop.diagnose.alerts import Alert
-from gputop.diagnose.pipeline import LivePipeline
+from gputop.diagnose.pipeline import RefreshPipeline
 from gputop.model.figures import WindowFiguresMemo
 from gputop.model.source import SnapshotSource
 from gputop.processes.procfs import name_this_thread
@@ -62,7 +62,7 @@ class FiguresWorker:
     def __init__(
         self,
         source: SnapshotSource,
-        pipeline: LivePipeline,
+        pipeline: RefreshPipeline,
         refresh_s: float,
         post: Callable[[Refreshed | Failed], None],
     ) -> None:

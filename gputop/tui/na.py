@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from gputop.model.figures import SPAN_S
 from gputop.model.rank_stats import RankStats
-from gputop.model.snapshot import RankView
+from gputop.model.snapshot import RankSnapshot
 
 
-def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
+def na_reasons(rank: RankSnapshot, stats: RankStats) -> dict[str, str]:
     """Why each N/A column of a rank is N/A, in words a user can act on."""
     hello = rank.hello
     on_cpu = (hello.device or "").startswith("cpu")
@@ -45,7 +45,7 @@ def na_reasons(rank: RankView, stats: RankStats) -> dict[str, str]:
     return reasons
 
 
-def not_measured(rank: RankView) -> dict[str, str]:
+def not_measured(rank: RankSnapshot) -> dict[str, str]:
     """Each probe's latest word on why its figures are N/A (``not_measured`` events: "<probe>: <why>")."""
     said: dict[str, str] = {}
     for event in rank.events:

@@ -33,7 +33,7 @@ from gputop.model.figures import (
 from gputop.model.jobs import job_text
 from gputop.model.rank_stats import RankStats
 from gputop.model.samples import GpuProcess, GpuReading
-from gputop.model.snapshot import LIVE, VIEW_HISTORY_WINDOWS, RankView, Snapshot, Status
+from gputop.model.snapshot import LIVE, SNAPSHOT_HISTORY_WINDOWS, RankSnapshot, Snapshot, Status
 from gputop.model.work import work_entry
 from gputop.tui.na import na_reasons
 
@@ -153,10 +153,10 @@ class DashboardView:
         """Nothing reports yet."""
         return not self.snapshot.runs
 
-    def rank(self, key: str) -> RankView | None:
-        """The full RankView behind a row key."""
+    def rank(self, key: str) -> RankSnapshot | None:
+        """The full RankSnapshot behind a row key."""
         figures = self.figures.rank(key)
-        return figures.view if figures is not None else None
+        return figures.snapshot if figures is not None else None
 
     def series(self, key: str, memo: WindowFiguresMemo | None = None) -> RankSeries | None:
         """The histories of one rank, for its sparklines (computed once per view and rank).
@@ -167,7 +167,7 @@ class DashboardView:
         if key not in cache:
             rank = self.rank(key)
             history = self.snapshot.gpu_history_of(rank.hello.hostname) if rank is not None else ()
-            cache[key] = rank_series(rank, history, VIEW_HISTORY_WINDOWS, memo) if rank is not None else None
+            cache[key] = rank_series(rank, history, SNAPSHOT_HISTORY_WINDOWS, memo) if rank is not None else None
         return cache[key]
 
     @cached_property
@@ -191,10 +191,12 @@ class DashboardView:
         runs = []
         for run in self.figures.runs:
             ranks = tuple(
-                r if r.key in drawn else replace(r, view=replace(r.view, windows=()), windows=()) for r in run.ranks
+                r if r.key in drawn else replace(r, snapshot=replace(r.snapshot, windows=()), windows=())
+                for r in run.ranks
             )
-            runs.append(replace(run, view=replace(run.view, ranks=tuple(r.view for r in ranks)), ranks=ranks))
-        snapshot = replace(self.snapshot, runs=tuple(run.view for run in runs))
+            shown = replace(run.snapshot, ranks=tuple(r.snapshot for r in ranks))
+            runs.append(replace(run, snapshot=shown, ranks=ranks))
+        snapshot = replace(self.snapshot, runs=tuple(run.snapshot for run in runs))
         past = replace(self, figures=replace(self.figures, snapshot=snapshot, runs=tuple(runs)))
         past._series_by_key.update(drawn)
         return past
@@ -224,7 +226,7 @@ def _gpu_text(rank: RankFigures) -> str:
 
 def _na_with_work(rank: RankFigures) -> dict[str, str]:
     """The rank's N/A reasons, with the MFU's where it is N/A (docs/mfu.md)."""
-    reasons = na_reasons(rank.view, rank.stats)
+    reasons = na_reasons(rank.snapshot, rank.stats)
     if rank.mfu is None:
         entry = work_entry(rank)
         reasons["mfu"] = f"MFU: {entry['work_note'] or 'not counted'}"
@@ -242,7 +244,7 @@ def _rank_rows(run: RunFigures, slowest: set[str]) -> list[RankRow]:
             gpu=_gpu_text(rank),
             stats=rank.stats,
             status=rank.status,
-            status_reason=rank.view.status_reason,
+            status_reason=rank.snapshot.status_reason,
             na=_na_with_work(rank),
             slowest=rank.key in slowest,
             mfu=rank.mfu,
@@ -257,12 +259,12 @@ def _run_summary(run: RunFigures, t: float) -> RunSummary:
         run_id=run.run_id,
         name=run.name,
         world_size=run.world_size,
-        live=run.view.live_ranks,
+        live=run.snapshot.live_ranks,
         reporting=len(run.ranks),
-        uptime_s=t - run.view.first_seen_t,
+        uptime_s=t - run.snapshot.first_seen_t,
         steps_per_s=median(rates) if rates else None,
         gputop_cost=run.gputop_cost,
-        job=job_text(run.view.ranks[0].hello, short=True) if run.view.ranks else "",
+        job=job_text(run.snapshot.ranks[0].hello, short=True) if run.snapshot.ranks else "",
     )
 
 

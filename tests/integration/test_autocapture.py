@@ -31,9 +31,9 @@ from gputop.diagnose.autocapture import (
     culprit,
 )
 from gputop.diagnose.details import Details, StallDetails
-from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
+from gputop.diagnose.pipeline import Refresh, RefreshPipeline
 from gputop.model.figures import summarize
-from gputop.model.snapshot import RankView, Snapshot
+from gputop.model.snapshot import RankSnapshot, Snapshot
 from gputop.model.source import FixedSource
 from gputop.protocol import CaptureRequest, CaptureResult, OpTime, SampledFrame, StackFrame, Stacks
 from gputop.settings import config_file
@@ -51,27 +51,27 @@ HOLD_S = 2.0
 TRACE = "/traces/r1.pt.trace.json"
 
 
-def pipeline(*, auto: bool = True, min_interval_s: float = CAPTURE_MIN_INTERVAL_S) -> LivePipeline:
-    return LivePipeline(
+def pipeline(*, auto: bool = True, min_interval_s: float = CAPTURE_MIN_INTERVAL_S) -> RefreshPipeline:
+    return RefreshPipeline(
         diagnoser=Diagnoser(),
         alerts=AlertTracker(hold_s=HOLD_S),
         auto_capture=AutoCapture(min_interval_s=min_interval_s) if auto else None,
     )
 
 
-def run(live: LivePipeline, specs: Sequence[RankSpec], seconds: Sequence[float]) -> list[LiveUpdate]:
+def run(live: RefreshPipeline, specs: Sequence[RankSpec], seconds: Sequence[float]) -> list[Refresh]:
     """One refresh a second: the snapshot at the end of ``seconds`` of the run."""
     return [live.update(make_snapshot(specs, seconds=s)) for s in seconds]
 
 
-def asked(updates: Sequence[LiveUpdate]) -> list[CaptureRequest]:
+def asked(updates: Sequence[Refresh]) -> list[CaptureRequest]:
     return [request for u in updates for request in u.captures]
 
 
 def with_rank(snapshot: Snapshot, rank: int, **changes: object) -> Snapshot:
     """The snapshot with one rank's view changed (its captures, its stack samples)."""
 
-    def changed(view: RankView) -> RankView:
+    def changed(view: RankSnapshot) -> RankSnapshot:
         return dataclasses.replace(view, **changes) if view.rank == rank else view
 
     runs = tuple(dataclasses.replace(run, ranks=tuple(changed(r) for r in run.ranks)) for run in snapshot.runs)
@@ -145,7 +145,7 @@ class TestWhenAndHowOften:
         updates = run(live, SLOW_LOADER, [10.0 + k for k in range(8)])
         assert asked(updates) == [] and all(f.capture is None for u in updates for f in u.findings)
         # Without alerts there is no notion of held: nothing is asked either.
-        bare = LivePipeline(diagnoser=Diagnoser(), auto_capture=AutoCapture())
+        bare = RefreshPipeline(diagnoser=Diagnoser(), auto_capture=AutoCapture())
         assert asked(run(bare, SLOW_LOADER, [10.0 + k for k in range(8)])) == []
 
     def test_the_commands_that_diagnose_live_take_the_off_switch(self, tmp_path, monkeypatch) -> None:

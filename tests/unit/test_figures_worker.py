@@ -6,7 +6,7 @@ import threading
 
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import AlertTracker
-from gputop.diagnose.pipeline import LivePipeline
+from gputop.diagnose.pipeline import RefreshPipeline
 from gputop.model.snapshot import Snapshot
 from gputop.model.source import FixedSource
 from gputop.tui.figures_worker import Failed, FiguresWorker, Refreshed
@@ -15,7 +15,7 @@ from tests.support.diagnose_fixtures import SLOW_LOADER, make_snapshot
 
 def test_each_refresh_is_a_view_and_the_alerts_wait_for_the_ui_however_many_views_it_skipped() -> None:
     source = FixedSource(make_snapshot(SLOW_LOADER))
-    worker = FiguresWorker(source, LivePipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=2.0)), 0.5, print)
+    worker = FiguresWorker(source, RefreshPipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=2.0)), 0.5, print)
     results = []
     for k in range(6):  # six refreshes the UI never drew (their views replaced each other in its queue)
         source.set(make_snapshot(SLOW_LOADER, seconds=10.0 + k))
@@ -30,7 +30,7 @@ def test_each_refresh_is_a_view_and_the_alerts_wait_for_the_ui_however_many_view
 
 def test_the_selected_rank_is_focused_in_the_snapshot_and_its_series_computed() -> None:
     source = FixedSource(make_snapshot(SLOW_LOADER))
-    worker = FiguresWorker(source, LivePipeline(), 0.5, print)
+    worker = FiguresWorker(source, RefreshPipeline(), 0.5, print)
     worker.selected = "run:1"
     view = worker.refresh().view
     assert source.focus == frozenset({"run:1"})
@@ -50,7 +50,7 @@ def test_a_source_that_raises_is_posted_as_a_failure_and_the_worker_goes_on() ->
         if len(posted) >= 2:
             got_two.set()
 
-    worker = FiguresWorker(Broken(make_snapshot(SLOW_LOADER)), LivePipeline(), 0.01, post)
+    worker = FiguresWorker(Broken(make_snapshot(SLOW_LOADER)), RefreshPipeline(), 0.01, post)
     worker.start()
     try:
         assert got_two.wait(10)

@@ -6,13 +6,13 @@ import pytest
 
 from gputop.diagnose import Diagnoser
 from gputop.diagnose.alerts import AlertTracker
-from gputop.diagnose.pipeline import LivePipeline
+from gputop.diagnose.pipeline import RefreshPipeline
 from gputop.model.figures import Figures
 from tests.support.diagnose_fixtures import SLOW_LOADER, make_snapshot
 
 
 def test_findings_come_worst_first_with_briefs_for_the_ranks_once_and_alerts_after_the_hold() -> None:
-    pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=2.0))
+    pipeline = RefreshPipeline(diagnoser=Diagnoser(), alerts=AlertTracker(hold_s=2.0))
     updates = [pipeline.update(make_snapshot(SLOW_LOADER, seconds=10.0 + k)) for k in range(6)]
     last = updates[-1]
     assert last.diagnosis == "ok" and last.findings[0].cause == "straggler"
@@ -28,13 +28,13 @@ def test_without_a_diagnoser_it_says_off_and_a_rule_that_raises_is_a_failed_refr
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     snapshot = make_snapshot(SLOW_LOADER)
-    off = LivePipeline().update(snapshot)
+    off = RefreshPipeline().update(snapshot)
     assert off.diagnosis == "off" and off.findings == [] and off.figures.runs
 
     def broken(self: Diagnoser, figures: Figures) -> list[object]:
         raise ZeroDivisionError("a rule's bug")
 
     monkeypatch.setattr(Diagnoser, "update", broken)
-    failed = LivePipeline(diagnoser=Diagnoser()).update(snapshot)
+    failed = RefreshPipeline(diagnoser=Diagnoser()).update(snapshot)
     assert failed.diagnosis == "failed: ZeroDivisionError: a rule's bug" and failed.findings == []
     assert failed.figures.runs  # the figures still show

@@ -76,7 +76,7 @@ def test_the_hang_clock_is_exported_for_the_ranks_that_report_with_the_hang_rule
     lines = [v for _, v in by_name["gputop_hang_line_seconds"].samples]
     assert since.keys() == {"0"}, "a lost rank has no clock: the rules must not call a dead job hung"
     live = next(r for r in figures.all_ranks() if r.rank == 0)
-    last_step_t = max(w.t1 for w in live.view.windows if w.steps)
+    last_step_t = max(w.t1 for w in live.snapshot.windows if w.steps)
     assert since["0"] == pytest.approx(snapshot.t - last_step_t)
     assert lines == [pytest.approx(HANG_MIN_S)]  # 10 steps of 0.1 s are under the floor
 

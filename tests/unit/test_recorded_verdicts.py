@@ -24,7 +24,7 @@ from gputop.diagnose import Diagnoser, diagnose
 from gputop.diagnose.alerts import AlertTracker
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.grading import measured as measured_ranks
-from gputop.diagnose.pipeline import LivePipeline, LiveUpdate
+from gputop.diagnose.pipeline import Refresh, RefreshPipeline
 from gputop.diagnose.rules.rotating import step_pattern
 from gputop.diagnose.thresholds import RECOMPILE_WARN_FRAC
 from gputop.export.metrics import families
@@ -344,14 +344,14 @@ def test_each_demo_is_read_as_the_cause_it_reproduces(scenario: str, cause: str)
         assert top.ranks == () and straggler_of(top).rotating, summary
 
 
-def replay_live(name: str, *, alerts: AlertTracker | None = None, past_end_s: float = 0.0) -> Iterator[LiveUpdate]:
+def replay_live(name: str, *, alerts: AlertTracker | None = None, past_end_s: float = 0.0) -> Iterator[Refresh]:
     """The recording as a live view reads it: fed in at its own pace, a refresh every 0.5 s (the dashboard's).
 
     Each refresh is what the dashboard, `gputop record --on-finding` and the exporter compute from a live
-    snapshot (``LivePipeline``: the span's figures, the persistent diagnoser, the alerts); ``past_end_s`` goes on
+    snapshot (``RefreshPipeline``: the span's figures, the persistent diagnoser, the alerts); ``past_end_s`` goes on
     refreshing after the last entry, as a live view does after a run has finished.
     """
-    pipeline = LivePipeline(diagnoser=Diagnoser(), alerts=alerts)
+    pipeline = RefreshPipeline(diagnoser=Diagnoser(), alerts=alerts)
     for t, store in recording.refreshes(path_of(name), settings.REFRESH_S.default, past_end_s=past_end_s):
         yield pipeline.update(store.snapshot(t, history=SPAN_COPY_WINDOWS))
 

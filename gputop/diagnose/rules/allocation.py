@@ -26,7 +26,7 @@ from gputop.diagnose.wording import ranks_text
 from gputop.model.figures import Figures, RankFigures, RunFigures
 from gputop.model.join import GpuAssignment
 from gputop.model.samples import GpuProcess, HostSample
-from gputop.model.snapshot import RankView
+from gputop.model.snapshot import RankSnapshot
 
 MIB = float(1 << 20)
 
@@ -153,7 +153,7 @@ def gpu_allocation_findings(machine: Figures) -> list[Finding]:
 
 
 def shared_gpu_findings(
-    assignment: GpuAssignment, run_id: str, ranks: list[RankView], runs: list[str]
+    assignment: GpuAssignment, run_id: str, ranks: list[RankSnapshot], runs: list[str]
 ) -> list[Finding]:
     """On one GPU, for one run: its ranks that share it, and the other runs and processes it shares it with."""
     gpu = assignment.gpu

@@ -41,7 +41,7 @@ def data_parallel_findings(machine: Figures) -> list[Finding]:
 
 
 def _rank_finding(rank: RankFigures, by_uuid: dict[str, GpuReading], util_of: dict[str, float]) -> Finding | None:
-    uuids = rank_gpu_uuids(rank.view)
+    uuids = rank_gpu_uuids(rank.snapshot)
     gpus = [by_uuid[u] for u in uuids if u in by_uuid]
     if not rank.hello.data_parallel or len(gpus) < 2:
         return None

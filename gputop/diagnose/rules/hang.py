@@ -44,11 +44,11 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
 
     With no live rank left, the ranks that went silent are judged at the time each did.
     """
-    live = [r for r in run.ranks if r.status == LIVE and r.view.windows]
+    live = [r for r in run.ranks if r.status == LIVE and r.snapshot.windows]
     # With no rank reporting any more (a hung job killed, a recording's end), judge each by the time it
     # went silent: a job that was hung when it was stopped is reported hung.
     ended = not live
-    judged = live or [r for r in run.ranks if r.status == LOST and r.view.windows]
+    judged = live or [r for r in run.ranks if r.status == LOST and r.snapshot.windows]
     stops = stopped_ranks(judged, now_t, ended)  # measure
     if stops is None or not stops.stuck:
         return []
@@ -111,11 +111,11 @@ def step_clock(rank: RankFigures) -> StepClock | None:
     The Prometheus exporter publishes it (seconds since the step, and the line) so that the cluster's rules
     call a hang where this rule does.
     """
-    windows = rank.view.windows
+    windows = rank.snapshot.windows
     # Anchored at its last step, not at now: a rank stopped for longer than the lookback keeps its clock.
     last = next((i for i in range(len(windows) - 1, -1, -1) if windows[i].steps > 0), None)
     if last is None:  # stopped for longer than its copied windows reach: the store kept its last steps apart
-        windows = rank.view.stepped
+        windows = rank.snapshot.stepped
         last = len(windows) - 1
         if last < 0:
             return None
@@ -142,7 +142,7 @@ def stopped_ranks(judged: list[RankFigures], now_t: float, ended: bool) -> Stops
         if clock is None:
             return None  # still starting: nothing to compare with
         line_s = max(line_s, clock.line_s)
-        idle = (rank.view.windows[-1].t1 if ended else now_t) - clock.last_step_t
+        idle = (rank.snapshot.windows[-1].t1 if ended else now_t) - clock.last_step_t
         if idle >= clock.line_s:
             stuck.append((rank, idle, clock.step_total))
         elif ended:
@@ -253,7 +253,7 @@ def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames]) ->
 
 def _cpu_since_last_step(rank: RankFigures) -> float:
     """The rank's mean CPU% (100 = one core) over its windows since its last step; 0 when unknown."""
-    windows = rank.view.windows
+    windows = rank.snapshot.windows
     last = max((i for i, w in enumerate(windows) if w.steps > 0), default=-1)
     after = [w.cpu_pct for w in windows[last + 1 :] if w.cpu_pct is not None]
     return sum(after) / len(after) if after else 0.0

@@ -88,7 +88,7 @@ def recompile_findings(run: RunFigures) -> list[Finding]:
 
 def last_recompile(rank: RankFigures) -> tuple[str | None, str | None]:
     """The function and dynamo's reason from the rank's newest ``recompile`` event; (None, None) without one."""
-    for event in reversed(rank.view.events):
+    for event in reversed(rank.snapshot.events):
         if event.kind == RECOMPILE_EVENT and event.message.startswith("recompiled "):
             function, _, reason = event.message.removeprefix("recompiled ").partition(": ")
             # Dynamo names the compile it was checked against first ("0/1: tensor 'x' ..."): not the user's.

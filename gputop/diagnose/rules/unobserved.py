@@ -69,7 +69,7 @@ def run_blind_spots(run: RunFigures) -> list[Finding]:
         findings.append(
             info(
                 run.run_id,
-                f"{ranks_text([v.rank for v in run.lost])} stopped reporting ({run.lost[0].view.status_reason})",
+                f"{ranks_text([v.rank for v in run.lost])} stopped reporting ({run.lost[0].snapshot.status_reason})",
                 "A hung or crashed rank stalls the others in their next all-reduce: check its log.",
                 ranks=[v.rank for v in run.lost],
             )

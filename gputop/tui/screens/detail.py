@@ -19,7 +19,7 @@ from gputop.model.collectives import last_to_arrive, size_text
 from gputop.model.figures import SPAN_S, RankFigures
 from gputop.model.frames import rank_frames
 from gputop.model.rank_stats import RankStats
-from gputop.model.snapshot import RankView
+from gputop.model.snapshot import RankSnapshot
 from gputop.model.work import work_entry, work_text
 from gputop.protocol import Hello
 from gputop.tui.format import NA, fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_s, fmt_small_frac, fmt_us
@@ -145,7 +145,7 @@ def _cost_text(s: RankStats) -> str:
     )
 
 
-def _frames_section(rank: RankView, now_t: float) -> Content | None:
+def _frames_section(rank: RankSnapshot, now_t: float) -> Content | None:
     """Where the training thread is now and where it spent the span, from its reporter's stack samples.
 
     None when the rank sends none (an older gputop, or GPUTOP_STACKS=0).
@@ -222,7 +222,7 @@ def _section(title: str, lines: list[Line]) -> Content:
     return Content("\n").join(out)
 
 
-def _title(rank: RankView, row: RankRow) -> Content:
+def _title(rank: RankSnapshot, row: RankRow) -> Content:
     """Which rank of which run, on which GPU, and its status (and whether the straggler finding names it)."""
     status_style = {"live": "$success", "lost": "bold $error"}.get(row.status, "$text-muted")
     return Content.assemble(
@@ -273,7 +273,7 @@ def _na_section(na: dict[str, str]) -> Content | None:
     )
 
 
-def _events_section(rank: RankView, now_t: float) -> Content:
+def _events_section(rank: RankSnapshot, now_t: float) -> Content:
     """The rank's last ten events, newest first."""
     events = [Content.styled("recent events", "bold $accent")]
     for event in rank.events[-10:][::-1]:

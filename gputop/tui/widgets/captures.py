@@ -21,7 +21,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from gputop.model.captures import compare
-from gputop.model.snapshot import RankView
+from gputop.model.snapshot import RankSnapshot
 from gputop.model.source import TalksToRanks
 from gputop.protocol import CaptureRequest, CaptureResult
 
@@ -64,7 +64,7 @@ def _answered(app: App[int], rank: int, done: concurrent.futures.Future[CaptureR
 class CapturePanel(Static):
     """The latest capture of each rank of one run, side by side."""
 
-    def show(self, ranks: Sequence[RankView], now_t: float | None = None) -> None:
+    def show(self, ranks: Sequence[RankSnapshot], now_t: float | None = None) -> None:
         """Redraw from the run's ranks (each carries the captures it answered)."""
         latest = [rank.captures[-1] for rank in ranks if rank.captures]
         self.display = bool(latest)

@@ -2,7 +2,7 @@
 
 DDP times every Nth iteration itself (its logging data); a reporter sends the
 newest sample with each window, so one sample repeats in the windows until the
-next.  A span keeps one ``DdpSample`` per distinct sample and averages them.
+next.  A span keeps one ``DdpTimings`` per distinct sample and averages them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ DDP_WARMUP_ITERATIONS = 1
 DDP_FIGURES: tuple[str, ...] = (*(name for name, how in COMBINE.items() if how is DDP_MEAN), "exposed_comm_s")
 
 
-class DdpSample(msgspec.Struct, frozen=True, gc=False):
+class DdpTimings(msgspec.Struct, frozen=True, gc=False):
     """What one sampled DDP iteration adds: each figure times the iterations it averages, and those iterations.
 
     A struct the garbage collector never tracks (numbers only): a span holds one per
@@ -39,11 +39,11 @@ class DdpSample(msgspec.Struct, frozen=True, gc=False):
     exposed_frac: float | None  # its exposed comm over its window's mean step, for the error band
 
 
-def ddp_sample(w: Window) -> DdpSample:
+def ddp_timings(w: Window) -> DdpTimings:
     n = w.ddp_steps or 1
     values = [getattr(w, name) for name in DDP_FIGURES]
     exposed, timed = w.exposed_comm_s, w.timed
-    return DdpSample(
+    return DdpTimings(
         tuple(0.0 if v is None else v * n for v in values),
         tuple(0 if v is None else n for v in values),
         covers_ddp_warmup(w),
@@ -59,7 +59,7 @@ class DdpMeans:
     exposed_comm_fracs: list[float]  # each sample's exposed comm over its window's mean step, for the error band
 
     @classmethod
-    def of(cls, samples: Sequence[DdpSample]) -> DdpMeans:
+    def of(cls, samples: Sequence[DdpTimings]) -> DdpMeans:
         """Each figure's mean, each sample weighted by the iterations it averages.
 
         DDP's first iteration is left out when later ones are known: it rebuilds
