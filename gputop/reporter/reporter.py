@@ -31,7 +31,8 @@ from gputop.reporter.capture import ProfilerCapture
 from gputop.reporter.clock import MAX_PENDING_STEPS, StepClock, input_numel, output_node
 from gputop.reporter.collectives import CollectiveTap
 from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
-from gputop.reporter.flops import FlopCounter, measure_cpu_peak, shape_key
+from gputop.reporter.device_peak import measure_cpu_peak
+from gputop.reporter.flops import FlopCounter, shape_key
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.collectives import CollectiveProbe
 from gputop.reporter.probes.compile import CompileProbe
