@@ -19,9 +19,10 @@ import pytest
 from gputop.protocol import Window
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collectives import CollectiveTap, Where
-from gputop.reporter.cuda_timeline import CudaTimeline, Harvest, nccl_timing_on
+from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
 from gputop.reporter.probes.cuda_phases import CudaPhaseProbe, phase_fields
 from gputop.reporter.rank_cuda import RankCuda
+from gputop.reporter.timeline_reader import Harvest
 from tests.support.sim_cuda import SimCuda, SimEvent, SimStream
 
 MODEL_GPU = 3  # the model's device; the test's threads never choose one, so device 0 stays current on them
