@@ -585,7 +585,10 @@ def test_a_counting_is_over_before_the_optimizers_update_runs(with_closure: bool
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         assert Recording.modes_in_update == [None, None]
-        assert list(reporter.step_work) == [(linear_hand_count(4, dims), True), (linear_hand_count(4, dims), False)]
+        assert list(reporter.side.step_work) == [
+            (linear_hand_count(4, dims), True),
+            (linear_hand_count(4, dims), False),
+        ]
     finally:
         reporter.shutdown()
-        reporter.sender.close()
+        reporter.thread.sender.close()
