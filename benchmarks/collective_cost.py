@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from gputop.reporter.clock import StepClock
-from gputop.reporter.collectives import CollectiveTap, Where
+from gputop.reporter.collective_calls import Where
+from gputop.reporter.collectives import CollectiveTap
 
 
 def per_call_ns(fn: Callable[[], Any], calls: int) -> float:

@@ -29,7 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.flop_counter import flop_registry as torch_registry
 
-from gputop.reporter.flops import FlopCounter, formulas, measure_cpu_peak, shape_key
+from gputop.reporter.device_peak import measure_cpu_peak
+from gputop.reporter.flop_formulas import formulas
+from gputop.reporter.flops import FlopCounter, shape_key
 
 ROUNDS, STEADY = 7, 30
 

@@ -172,7 +172,7 @@ def backward_mark_us(rounds: int, forwards: int = 2000) -> tuple[float, float, l
     finally:
         for handle in reporter._hook_handles:
             handle.remove()
-        reporter.sender.close()
+        reporter.thread.sender.close()
     assert reporter.clock.pre_backward[1] > 0, "the pre-hook never fired"
     return best[False] * 1e6, best[True] * 1e6, differences
 

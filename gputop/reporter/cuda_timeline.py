@@ -5,9 +5,10 @@ step mark fire when the kernels are launched, not when they run, so the CPU path
 would time launches and call them forward and backward.  Here the same marks put a CUDA event on the model
 device's current stream instead; the GPU timestamps each event when it reaches it, and the reporter thread
 reads the events once they have completed (``query()``, never a synchronisation, never ``elapsed_time`` on an
-event that has not completed).  A step on the GPU clock is then: forward (the sum of the forward spans),
-backward (a forward's end to the next forward or the optimizer), the optimizer, the step (mark to mark), and
-the exposed communication, each span less the exposed communication inside it, as ``clock.py`` does on CPU.
+event that has not completed: ``timeline_reader.py``, this object's reporter-thread half).  A step on the GPU
+clock is then: forward (the sum of the forward spans), backward (a forward's end to the next forward or the
+optimizer), the optimizer, the step (mark to mark), and the exposed communication, each span less the exposed
+communication inside it, as ``clock.py`` does on CPU.
 
 Exposed communication is the time the compute stream sat idle waiting for a collective: an event on the
 stream just before the wait and one just after it, with nothing else queued between them, so their
@@ -30,18 +31,23 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from gputop.reporter.rank_cuda import RankCuda
-
-# What a pending entry is (an int: the cheapest tag to build on the training thread).  The phase marks, each one
-# event on the compute stream: (code, event, step number or None).
-FORWARD_START, FORWARD_END, OPTIMIZER_START, OPTIMIZER_END, CLOSURE_START, CLOSURE_END, STEP = range(7)
-# Pairs of events around a call on one stream: (code, before, after, issued or None, kind, group, on compute).
-BLOCKING = 7  # a blocking collective: in flight from before to after; exposed as well where it ran on compute
-WAIT = 8  # a wait for a collective: exposed where the compute stream waited; in flight from its issue, if timed
-LOST = 9  # the pool ran dry in this step: its marks are incomplete and it is N/A: (LOST, None, None)
+from gputop.reporter.timeline_reader import (
+    BLOCKING,
+    CLOSURE_END,
+    CLOSURE_START,
+    FORWARD_END,
+    FORWARD_START,
+    LOST,
+    OPTIMIZER_END,
+    OPTIMIZER_START,
+    STEP,
+    WAIT,
+    Harvest,
+    TimelineReader,
+)
 
 # Events in flight at most: a window's marks stay pending until the reporter thread reads them, once a window,
 # and a GPU runs a step or two behind.  A 64-block FSDP2 model makes ~260 marks a step (two per wait, two per
@@ -58,34 +64,11 @@ MAX_TIMED_WORKS = 16
 NCCL_TIMING_ENV = ("TORCH_NCCL_ENABLE_TIMING", "NCCL_ENABLE_TIMING", "TORCH_NCCL_DESYNC_DEBUG")
 
 
-Rows = dict[tuple[str, int], list[Any]]  # (kind, id(group)): [kind, group, seconds in flight or None, exposed]
-
-
 def nccl_timing_on(environ: dict[str, str] | None = None) -> bool:
     """Whether this process asked NCCL to time its collectives (gputop never turns it on: it is not free,
     and it has been seen to break NCCL's overlap with compute, pytorch issue #143890)."""
     env = os.environ if environ is None else environ
     return any(env.get(name, "").strip().lower() in ("1", "true", "yes", "y") for name in NCCL_TIMING_ENV)
-
-
-class StepTimes(NamedTuple):
-    """One step on the GPU clock, seconds."""
-
-    number: int  # the reporter's count: the first step mark is step 1
-    step_s: float  # mark to mark
-    forward_s: float | None  # None: no training forward was marked in the step
-    backward_s: float | None
-    optimizer_s: float | None  # None: no optimizer step in it
-    exposed_s: float  # the compute stream waiting for communication
-
-
-@dataclass
-class Harvest:
-    """What one read of the completed events gave: the steps, and the communication by kind and group."""
-
-    steps: list[StepTimes] = field(default_factory=list)
-    # (kind, group object, seconds in flight or None where not timed, seconds exposed)
-    collectives: list[tuple[str, Any, float | None, float]] = field(default_factory=list)
 
 
 class CudaTimeline:
@@ -127,20 +110,9 @@ class CudaTimeline:
         self.failure: str | None = None
         self.lost_steps = 0  # steps N/A because a mark could not be recorded (the pool was dry)
         self.untimed_works = 0  # works not held for their duration (too many in flight)
-        self.work_timing_error: str | None = None
         self.missing: list[str] = []  # waits this torch offers no hook for (the collective tap says which)
-        # -- the reporter thread's --
-        self._anchor: Any = None  # the newest phase event read, and its time on the GPU clock (s)
-        self._anchor_s = 0.0
-        self._span = ""  # the open span: "f" forward, "b" backward, "o" optimizer, "" none
-        self._span_t0 = 0.0
-        self._span_exposed = 0.0  # _exposed when the span opened
-        self._exposed = 0.0  # exposed seconds read so far, a running total
-        self._step_t0: float | None = None  # the GPU time of the last step mark read
-        self._sums = [0.0, 0.0, 0.0]  # forward, backward, optimizer in the step being read
-        self._forwards = 0  # training forwards read in that step
-        self._optimized = False
-        self._step_exposed = 0.0
+        # -- the reporter thread's: reading the events once they have completed --
+        self._reader = TimelineReader(self._pending, self._free, self._works)
         device.on_release(self._drop_events)
         self._remember_compute_stream()
 
@@ -357,119 +329,10 @@ class CudaTimeline:
         ``query()`` never waits, so the training thread is never synchronised; ``elapsed_time`` is asked only
         of completed events.  Each event read goes back to the pool.  With the model's device current.
         """
-        return self._device.scoped(self._harvest)
-
-    def _harvest(self) -> Harvest:
-        out = Harvest()
-        rows: Rows = {}
-        pending, free = self._pending, self._free
-        while pending:
-            entry = pending[0]
-            code = entry[0]
-            if code == LOST:
-                pending.popleft()
-                self._reset_step()
-            elif code < BLOCKING:
-                event = entry[1]
-                if not event.query():
-                    break
-                pending.popleft()
-                self._phase(code, self._advance(event), entry[2], out.steps)
-            else:
-                _, before, after, issued, kind, group, on_compute = entry
-                if not (after.query() and before.query() and (issued is None or issued.query())):
-                    break
-                pending.popleft()
-                length = max(before.elapsed_time(after) / 1000.0, 0.0)
-                exposed = length if on_compute else 0.0
-                in_flight = length if code == BLOCKING else None
-                if issued is not None:
-                    in_flight = max(issued.elapsed_time(after) / 1000.0, exposed)
-                    free.append(issued)
-                free.append(before)
-                free.append(after)
-                self._exposed += exposed
-                self._step_exposed += exposed
-                _add_row(rows, kind, group, in_flight, exposed)
-        self._harvest_works(rows)
-        out.collectives = [(kind, group, in_flight, exposed) for kind, group, in_flight, exposed in rows.values()]
-        return out
-
-    def _advance(self, event: Any) -> float:
-        """The GPU time of a phase event: the previous one's plus the time between them (s)."""
-        anchor = self._anchor
-        if anchor is not None:
-            self._anchor_s += anchor.elapsed_time(event) / 1000.0
-            self._free.append(anchor)
-        self._anchor = event
-        return self._anchor_s
-
-    def _phase(self, code: int, t: float, number: int | None, steps: list[StepTimes]) -> None:
-        span = self._span
-        if code == FORWARD_START:
-            self._close_span(t)
-            self._open_span("f", t)
-            self._forwards += 1
-        elif code == FORWARD_END:
-            if span == "f":
-                self._close_span(t)
-            self._open_span("b", t)
-        elif code == OPTIMIZER_START:
-            self._close_span(t)
-            self._open_span("o", t)
-            self._optimized = True
-        elif code in (OPTIMIZER_END, CLOSURE_START):
-            if span == "o":
-                self._close_span(t)
-        elif code == CLOSURE_END:  # the closure's backward ends; the optimizer's update follows
-            self._close_span(t)
-            self._open_span("o", t)
-        elif code == STEP:
-            self._close_span(t)
-            if self._step_t0 is not None and number is not None:
-                forward, backward, optimizer = self._sums
-                timed = self._forwards > 0
-                steps.append(StepTimes(number, max(t - self._step_t0, 0.0), forward if timed else None,
-                                       backward if timed else None, optimizer if self._optimized else None,
-                                       self._step_exposed))  # fmt: skip
-            self._reset_step()
-            self._step_t0 = t
-
-    def _open_span(self, span: str, t: float) -> None:
-        self._span, self._span_t0, self._span_exposed = span, t, self._exposed
-
-    def _close_span(self, t: float) -> None:
-        span = self._span
-        if span:
-            length = max(t - self._span_t0 - (self._exposed - self._span_exposed), 0.0)
-            self._sums["fbo".index(span)] += length
-            self._span = ""
-
-    def _reset_step(self) -> None:
-        self._span = ""
-        self._step_t0 = None
-        self._sums = [0.0, 0.0, 0.0]
-        self._forwards = 0
-        self._optimized = False
-        self._step_exposed = 0.0
-
-    def _harvest_works(self, rows: Rows) -> None:
-        """NCCL's own durations of the works that completed (their start and end events, ms)."""
-        works = self._works
-        while works:
-            work, kind, group = works[0]
-            if not work.is_completed():
-                break
-            works.popleft()
-            try:
-                in_flight = float(work._get_duration()) / 1000.0
-            except Exception as exc:  # "getDuration only works if timing was enabled": not for this process
-                self.nccl_timing = False
-                self.work_timing_error = f"{type(exc).__name__}: {exc}"[:200]
-                works.clear()
-                return
-            _add_row(rows, kind, group, in_flight, 0.0)
-            del work  # dropped here, in scope: its events are destroyed with the device current
+        harvest = self._device.scoped(self._reader.read)
+        if self._reader.work_timing_error is not None:
+            self.nccl_timing = False  # NCCL does not time this process's collectives: hold no more works
+        return harvest
 
     def why_not(self) -> str | None:
         """Why some phases or times are N/A, with nothing wrong in the probe; None when all were measured."""
@@ -480,8 +343,8 @@ class CudaTimeline:
                 f"some steps' phases are N/A: the GPU had not completed the {self.pool_events} CUDA events gputop "
                 "keeps in flight (a stream that does not finish, or more marks a window than the pool holds)"
             )
-        if self.work_timing_error is not None:
-            return f"NCCL's own collective durations are not available here ({self.work_timing_error})"
+        if self._reader.work_timing_error is not None:
+            return f"NCCL's own collective durations are not available here ({self._reader.work_timing_error})"
         if self.missing:
             return "; ".join(self.missing)
         return None
@@ -500,14 +363,4 @@ class CudaTimeline:
         self._pending.clear()
         self._open.clear()
         self._works.clear()
-        self._anchor = None
-
-
-def _add_row(rows: Rows, kind: str, group: Any, in_flight: float | None, exposed: float) -> None:
-    row = rows.get((kind, id(group)))
-    if row is None:
-        rows[(kind, id(group))] = [kind, group, in_flight, exposed]
-        return
-    if in_flight is not None:
-        row[2] = (row[2] or 0.0) + in_flight
-    row[3] += exposed
+        self._reader.drop()

@@ -135,14 +135,14 @@ def test_a_tiny_but_nonzero_time_is_still_a_measurement() -> None:
 
 def test_the_reason_reaches_the_dashboard_once(collector) -> None:
     reporter = Reporter(collector.address)  # not started: the test closes its windows by hand
-    reporter._facts.update({"run_id": "zeros", "rank": 0, "world_size": 1, "ddp": True})
+    reporter.side.facts.update({"run_id": "zeros", "rank": 0, "world_size": 1, "ddp": True})
     probe = DdpProbe(Logged({"iteration": 12, **times_ns(0, 0, 0, 0)}), on_cpu=False)
-    reporter._probes = (probe,)
+    reporter.side.probes = (probe,)
     for _ in range(3):
-        reporter._close_window(time.time())
+        reporter.thread._close_window(time.time())
 
     def delivered() -> bool:
-        reporter.sender.pump()
+        reporter.thread.sender.pump()
         ranks = snapshot_of(collector).all_ranks()
         return bool(ranks) and len(ranks[0].windows) == 3
 
@@ -150,7 +150,7 @@ def test_the_reason_reaches_the_dashboard_once(collector) -> None:
     (rank,) = snapshot_of(collector).all_ranks()
     assert [(e.kind, e.message) for e in rank.events] == [("not_measured", f"ddp_stats: {ALL_ZERO}")]
     assert all(w.comm_s is None for w in rank.windows)  # N/A, not "exposed comm 0 ms"
-    reporter.sender.close()
+    reporter.thread.sender.close()
 
 
 def test_the_dashboard_says_why_ddp_and_gpu_step_figures_are_na() -> None:

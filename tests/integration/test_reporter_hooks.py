@@ -81,7 +81,7 @@ def test_an_optimizer_closure_is_the_steps_forward_and_backward_not_the_optimize
         reporter.shutdown()
         for handle in reporter._hook_handles:
             handle.remove()
-        reporter.sender.close()
+        reporter.thread.sender.close()
     last = reporter.clock.drain()[-1]
     assert last.optimizer_s is not None and last.duration_s is not None, last
     assert last.forward_s is not None and last.forward_s >= 0.01 and last.backward_s is not None, last
@@ -105,7 +105,7 @@ def _watched(model: object) -> Reporter:
 def _close(reporter: Reporter) -> None:
     for handle in reporter._hook_handles:
         handle.remove()
-    reporter.sender.close()
+    reporter.thread.sender.close()
 
 
 def test_the_scripts_work_between_the_forward_and_backward_is_not_the_backward() -> None:

@@ -171,12 +171,12 @@ def test_an_output_no_gradient_flows_into_has_no_node(output: object) -> None:
 @pytest.fixture
 def reporter() -> Iterator[Reporter]:
     made = Reporter(Address(port=1), window_s=0.5)  # not started: its hooks are called as torch calls them
-    made._grad_enabled = lambda: True
+    made.side.grad_enabled = lambda: True
     made.clock.marks_backward = True
     try:
         yield made
     finally:
-        made.sender.close()
+        made.thread.sender.close()
 
 
 def test_a_training_forward_hooks_its_outputs_node_and_the_gradient_reaching_it_marks_the_backward(
@@ -192,9 +192,9 @@ def test_a_training_forward_hooks_its_outputs_node_and_the_gradient_reaching_it_
 
 def test_no_hook_without_a_training_forward_a_gradient_or_the_need(reporter: Reporter) -> None:
     node = Node()
-    reporter._grad_enabled = lambda: False  # evaluation, no_grad
+    reporter.side.grad_enabled = lambda: False  # evaluation, no_grad
     reporter._on_forward_done(object(), (), Output(node))
-    reporter._grad_enabled = lambda: True
+    reporter.side.grad_enabled = lambda: True
     reporter._on_forward_done(object(), (), Output(None))  # nothing to backpropagate into
     reporter.clock.marks_backward = False  # on CUDA, or no phase timed on the CPU from it
     reporter._on_forward_done(object(), (), Output(node))

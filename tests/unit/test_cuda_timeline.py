@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 
 from gputop.protocol import Window
+from gputop.reporter import collective_cuda
 from gputop.reporter.clock import StepClock
-from gputop.reporter.collectives import CollectiveTap, Where
-from gputop.reporter.cuda_timeline import CudaTimeline, Harvest, nccl_timing_on
+from gputop.reporter.collective_calls import Where
+from gputop.reporter.collectives import CollectiveTap
+from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
 from gputop.reporter.probes.cuda_phases import CudaPhaseProbe, phase_fields
 from gputop.reporter.rank_cuda import RankCuda
+from gputop.reporter.timeline_reader import Harvest
 from tests.support.sim_cuda import SimCuda, SimEvent, SimStream
 
 MODEL_GPU = 3  # the model's device; the test's threads never choose one, so device 0 stays current on them
@@ -174,7 +177,7 @@ def test_the_compute_streams_wait_for_a_side_stream_collective_is_the_delay_it_s
     sim = SimCuda()
     timeline = timeline_on(sim)
     tap = cuda_tap(sim, timeline)
-    wait_event = tap._wrap_wait_event(SimStream.wait_event)  # as installed on torch.cuda.Stream
+    wait_event = collective_cuda.wrap_wait_event(tap, SimStream.wait_event)  # as installed on torch.cuda.Stream
     compute, side = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU)
     group = object()
 
@@ -216,7 +219,7 @@ def test_a_wait_outside_fsdp2s_methods_or_on_a_side_stream_is_not_timed() -> Non
     sim = SimCuda()
     timeline = timeline_on(sim)
     tap = cuda_tap(sim, timeline)
-    wait_event = tap._wrap_wait_event(SimStream.wait_event)
+    wait_event = collective_cuda.wrap_wait_event(tap, SimStream.wait_event)
     side = sim.Stream(MODEL_GPU)
     done = sim.Event()
     done.record(side)
@@ -241,8 +244,8 @@ def test_an_asynchronous_collectives_wait_is_exposed_and_it_is_in_flight_from_is
         done.record(nccl)
         return Work(sim, done)
 
-    collective = tap._wrap_cuda(all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
-    wait = tap._wrap_wait_cuda(Work.wait, Work.wait)
+    collective = collective_cuda.wrap_collective(tap, all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
+    wait = collective_cuda.wrap_wait(tap, Work.wait, Work.wait)
     train_step(sim, timeline, 1, 1, 1)
     timeline.forward_started()
     sim.run(compute, 5)
@@ -273,7 +276,7 @@ def test_a_blocking_collective_on_the_compute_stream_is_in_flight_and_exposed_al
     def all_reduce(tensor: Tensor, group: Any = None) -> None:
         sim.run(sim.current_stream(MODEL_GPU), 3)  # NCCL runs a blocking collective on the current stream
 
-    collective = tap._wrap_cuda(all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
+    collective = collective_cuda.wrap_collective(tap, all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
     train_step(sim, timeline, 1, 1, 1)
     timeline.forward_started()
     sim.run(compute, 2)
@@ -363,7 +366,7 @@ def test_every_cuda_call_is_made_with_the_models_device_current_and_every_event_
     def training() -> None:
         timeline = CudaTimeline(device)
         tap = cuda_tap(sim, timeline)
-        wait_event = tap._wrap_wait_event(SimStream.wait_event)
+        wait_event = collective_cuda.wrap_wait_event(tap, SimStream.wait_event)
         made.append(timeline)
         for _ in range(20):
             train_step(sim, timeline, 2, 3, 1)
@@ -445,8 +448,8 @@ def test_nccls_own_durations_are_read_once_complete_for_a_few_works_and_the_rest
         done.record(nccl)
         return TimedWork(sim, done, duration_ms=1.5)  # NCCL's kernel alone, without the wait for its stream
 
-    collective = tap._wrap_cuda(all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
-    wait = tap._wrap_wait_cuda(Work.wait, Work.wait)
+    collective = collective_cuda.wrap_collective(tap, all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
+    wait = collective_cuda.wrap_wait(tap, Work.wait, Work.wait)
     for _ in range(20):
         wait(collective(Tensor(), "dp", async_op=True))
     assert len(timeline._works) == 16 and timeline.untimed_works == 4  # the rest: issue to wait, on the GPU clock
@@ -473,8 +476,8 @@ def test_a_process_whose_nccl_does_not_time_says_so_and_times_from_issue_to_wait
         done.record(nccl)
         return TimedWork(sim, done, 0.0, error="getDuration only works if timing was enabled")
 
-    collective = tap._wrap_cuda(all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
-    wait = tap._wrap_wait_cuda(Work.wait, Work.wait)
+    collective = collective_cuda.wrap_collective(tap, all_reduce, all_reduce, "all_reduce", Where("tensor", 0, 1))
+    wait = collective_cuda.wrap_wait(tap, Work.wait, Work.wait)
     wait(collective(Tensor(), "dp", async_op=True))
     sim.advance(1000)
     timeline.harvest()
@@ -523,15 +526,16 @@ def test_fsdp2s_waits_are_scoped_to_their_kind_and_group_and_a_one_rank_group_is
     sim = SimCuda()
     tap = cuda_tap(sim, timeline_on(sim))
     seen: list[Any] = []
-    wait_for_unshard = tap._wrap_fsdp_scope(lambda param_group: seen.append(tap._wait_scope), "all_gather",
-                                            "_all_gather_process_group")  # fmt: skip
+    wait_for_unshard = collective_cuda.wrap_fsdp_scope(
+        tap, lambda param_group: seen.append(tap.wait_scope), "all_gather", "_all_gather_process_group"
+    )
     sharded, alone = ParamGroup(8), ParamGroup(1)
     wait_for_unshard(sharded)
     wait_for_unshard(alone)  # FSDP2 copies instead of all-gathering: its waits are no communication
     tap.on = False
     wait_for_unshard(sharded)  # no collector: straight through
     assert seen == [("all_gather", sharded._all_gather_process_group), None, None]
-    assert tap._wait_scope is None
+    assert tap.wait_scope is None
 
 
 def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back() -> None:

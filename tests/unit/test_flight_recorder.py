@@ -121,12 +121,12 @@ class TestATorchWithoutTheDump:
         fake_torch(monkeypatch)
         monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
         reporter = Reporter(collector.address)  # not started: the test closes its windows by hand
-        reporter._facts.update({"run_id": "fr", "rank": 0, "world_size": 1})
+        reporter.side.facts.update({"run_id": "fr", "rank": 0, "world_size": 1})
         for _ in range(3):
-            reporter._close_window(time.time())
+            reporter.thread._close_window(time.time())
 
         def delivered() -> bool:
-            reporter.sender.pump()
+            reporter.thread.sender.pump()
             ranks = snapshot_of(collector).all_ranks()
             return bool(ranks) and len(ranks[0].windows) == 3
 
@@ -134,15 +134,15 @@ class TestATorchWithoutTheDump:
         (rank,) = snapshot_of(collector).all_ranks()
         said = [(e.kind, e.message) for e in rank.events]
         assert said == [("not_measured", f"flight_recorder: {flight_recorder.NO_DUMP}")]
-        reporter.sender.close()
+        reporter.thread.sender.close()
 
     def test_nothing_is_said_where_the_user_did_not_turn_it_on(self, monkeypatch: pytest.MonkeyPatch) -> None:
         fake_torch(monkeypatch)
         monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
         monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
         reporter = Reporter(Address(port=1))
-        assert not reporter._stacks.flight_missing and reporter._stacks._flight is None
-        reporter.sender.close()
+        assert not reporter.thread.stacks.flight_missing and reporter.thread.stacks._flight is None
+        reporter.thread.sender.close()
 
 
 def test_a_hang_names_the_rank_that_never_joined_the_newest_collective() -> None:

@@ -21,8 +21,9 @@ from torch.optim import Optimizer  # noqa: E402
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from gputop.reporter import flops  # noqa: E402
-from gputop.reporter.flops import NOT_YET, FlopCounter, measure_cpu_peak, shape_key, tf32_modes  # noqa: E402
+from gputop.reporter import flop_formulas, flop_mode, flops  # noqa: E402
+from gputop.reporter.device_peak import measure_cpu_peak, tf32_modes  # noqa: E402
+from gputop.reporter.flops import NOT_YET, FlopCounter, shape_key  # noqa: E402
 
 
 class Driven:
@@ -148,7 +149,7 @@ def test_the_count_is_torchs_own_where_torch_has_formulas() -> None:
     with FlopCounterMode(display=False) as reference:
         torch.bmm(*batched)
         torch.baddbmm(torch.zeros(4, 5, 7), *batched)
-    mode = flops._counting_mode_class()()
+    mode = flop_mode.counting_mode_class()()
     with mode:
         torch.bmm(*batched)
         torch.baddbmm(torch.zeros(4, 5, 7), *batched)
@@ -356,7 +357,7 @@ def test_a_tensor_subclass_runs_its_own_operators_and_they_are_counted() -> None
     two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
     a = two_tensor.TwoTensor(torch.randn(4, 5), torch.randn(4, 5))
     b = two_tensor.TwoTensor(torch.randn(5, 3), torch.randn(5, 3))
-    mode = flops._counting_mode_class()()
+    mode = flop_mode.counting_mode_class()()
     with mode:
         torch.mm(a, b)
     assert mode.segment.flops == 2 * (2 * 4 * 5 * 3)
@@ -377,7 +378,7 @@ def test_a_dtensor_optimizer_step_under_the_counting_runs_and_counts_the_local_s
         param = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
         grad = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
         weight = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
-        mode = flops._counting_mode_class()()
+        mode = flop_mode.counting_mode_class()()
         with mode:
             param.add_(grad, alpha=-0.1)
             torch.mm(param, weight)
@@ -394,10 +395,10 @@ def test_a_formula_that_raises_fails_the_counting_not_the_step(monkeypatch: pyte
     def broken(*args: Any, **kwargs: Any) -> int:
         raise ValueError("no shapes for you")
 
-    table = dict(flops._formula_table())
+    table = dict(flop_formulas.formula_table())
     table[torch.ops.aten.addmm] = (broken, True)
-    monkeypatch.setattr(flops, "_formula_table", lambda: table)
-    monkeypatch.setattr(flops, "_PLANS", {})
+    monkeypatch.setattr(flop_formulas, "formula_table", lambda: table)
+    monkeypatch.setattr(flop_formulas, "PLANS", {})
     torch.manual_seed(0)
     driven = Driven(linear_stack([8, 16, 4]))
     before = [p.detach().clone() for p in driven.model.parameters()]
@@ -439,7 +440,7 @@ def test_a_mode_entered_during_the_counting_and_left_open_is_never_popped_in_its
 def test_inside_a_compiled_frame_nothing_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     """model.compile(): the hooks run inside the compiled frame, whose exit restores the dispatch keys: a counting
     begun there would see the forward only (docs/mfu.md measured it), so none begins."""
-    monkeypatch.setattr(flops, "_in_compiled_frame", lambda torch: True)
+    monkeypatch.setattr(flop_mode, "_in_compiled_frame", lambda torch: True)
     driven = Driven(linear_stack([8, 16, 4]))
     assert driven.step(torch.randn(2, 8)) == (None, False)
     assert driven.counter.figure()[1].startswith("the watched model runs compiled as a whole (model.compile())")
@@ -584,7 +585,10 @@ def test_a_counting_is_over_before_the_optimizers_update_runs(with_closure: bool
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         assert Recording.modes_in_update == [None, None]
-        assert list(reporter.step_work) == [(linear_hand_count(4, dims), True), (linear_hand_count(4, dims), False)]
+        assert list(reporter.side.step_work) == [
+            (linear_hand_count(4, dims), True),
+            (linear_hand_count(4, dims), False),
+        ]
     finally:
         reporter.shutdown()
-        reporter.sender.close()
+        reporter.thread.sender.close()

@@ -114,21 +114,22 @@ def test_a_rank_that_learns_its_name_late_is_not_refused_after_reconnecting(coll
     from gputop.reporter.reporter import Reporter
 
     reporter = Reporter(collector.address)  # not started: the test drives it by hand
-    reporter.sender.close()
-    reporter._facts.update({"run_id": "script-123", "rank": 0, "world_size": 1})
-    reporter._refresh_hello()
-    reporter.sender.address = type(collector.address)(port=1)  # nobody there: frames queue up
-    reporter.sender.enqueue(encode(Window(run_id="script-123", rank=0, seq=1, t0=0, t1=0.5)))
-    reporter._facts.update({"run_id": "job", "rank": 1, "world_size": 2})
-    reporter._refresh_hello()
-    reporter.sender.address = collector.address
-    assert wait_for(lambda: (reporter.sender.pump(time.monotonic() + 60), reporter.sender.idle)[1])
-    reporter.sender.enqueue(encode(Window(run_id="job", rank=1, seq=1, t0=1, t1=1.5, steps=2, step_total=2)))
-    assert wait_for(lambda: (reporter.sender.pump(), window_count(collector) == 1)[1])
+    sender = reporter.thread.sender
+    sender.close()
+    reporter.side.facts.update({"run_id": "script-123", "rank": 0, "world_size": 1})
+    reporter.thread.announcer.refresh_hello()
+    sender.address = type(collector.address)(port=1)  # nobody there: frames queue up
+    sender.enqueue(encode(Window(run_id="script-123", rank=0, seq=1, t0=0, t1=0.5)))
+    reporter.side.facts.update({"run_id": "job", "rank": 1, "world_size": 2})
+    reporter.thread.announcer.refresh_hello()
+    sender.address = collector.address
+    assert wait_for(lambda: (sender.pump(time.monotonic() + 60), sender.idle)[1])
+    sender.enqueue(encode(Window(run_id="job", rank=1, seq=1, t0=1, t1=1.5, steps=2, step_total=2)))
+    assert wait_for(lambda: (sender.pump(), window_count(collector) == 1)[1])
     snap = snapshot_of(collector)
     assert [(v.run_id, v.rank) for v in snap.all_ranks()] == [("job", 1)]
     assert snap.rejected == ()
-    reporter.sender.close()
+    sender.close()
 
 
 def test_the_reporter_will_not_use_a_default_socket_folder_others_can_read(tmp_path, monkeypatch) -> None:

@@ -98,7 +98,7 @@ def test_the_hooks_do_nothing_in_a_forked_child() -> None:
         assert os.read(read, 100).decode() == "True 1"
         os.close(read)
     finally:
-        reporter.sender.close()
+        reporter.thread.sender.close()
 
 
 def test_tracking_the_same_loader_each_epoch_does_not_rebuild_the_hello() -> None:
@@ -108,15 +108,15 @@ def test_tracking_the_same_loader_each_epoch_does_not_rebuild_the_hello() -> Non
     reporter = Reporter(Address(port=1), window_s=0.5)
     try:
         reporter.attach_loader(Loader())
-        assert reporter._facts_changed.is_set()
-        reporter._facts_changed.clear()
+        assert reporter.side.facts_changed.is_set()
+        reporter.side.facts_changed.clear()
         reporter.attach_loader(Loader())  # the next epoch
-        assert not reporter._facts_changed.is_set()
+        assert not reporter.side.facts_changed.is_set()
         Loader.batch_size = 16
         reporter.attach_loader(Loader())
-        assert reporter._facts_changed.is_set() and reporter._facts["loader_batch_size"] == 16
+        assert reporter.side.facts_changed.is_set() and reporter.side.facts["loader_batch_size"] == 16
     finally:
-        reporter.sender.close()
+        reporter.thread.sender.close()
 
 
 def test_ticks_come_with_the_windows_while_connected_with_nothing_to_send() -> None:
@@ -126,17 +126,17 @@ def test_ticks_come_with_the_windows_while_connected_with_nothing_to_send() -> N
         class Sender:
             connected, idle = True, True
 
-        reporter.sender.close()
-        real = reporter.sender
-        reporter.sender = Sender()  # type: ignore[assignment]
-        assert reporter._next_tick_s(10.0, 10.0, 10.4) == 10.4  # the window's tick only
+        reporter.thread.sender.close()
+        real = reporter.thread.sender
+        reporter.thread.sender = Sender()  # type: ignore[assignment]
+        assert reporter.thread._next_tick_s(10.0, 10.0, 10.4) == 10.4  # the window's tick only
         Sender.idle = False  # bytes left to flush: a tick a TICK_S
-        assert reporter._next_tick_s(10.0, 10.0, 10.4) == 10.25
+        assert reporter.thread._next_tick_s(10.0, 10.0, 10.4) == 10.25
         Sender.connected, Sender.idle = False, True  # a connection to make
-        assert reporter._next_tick_s(10.0, 9.9, 10.4) == 10.25
-        assert reporter._next_tick_s(10.0, 9.9, 10.1) == 10.1  # never past the window
+        assert reporter.thread._next_tick_s(10.0, 9.9, 10.4) == 10.25
+        assert reporter.thread._next_tick_s(10.0, 9.9, 10.1) == 10.1  # never past the window
     finally:
-        reporter.sender = real
+        reporter.thread.sender = real
 
 
 @pytest.mark.skipif(not LINUX_PROC, reason="/proc/<pid>/task/<tid>/children (Linux) is what the fast path reads")

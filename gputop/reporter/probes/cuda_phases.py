@@ -14,7 +14,8 @@ from typing import Any
 from gputop.combine import ready_steps_kept
 from gputop.protocol import CollectiveTimes
 from gputop.reporter.clock import StepMark
-from gputop.reporter.cuda_timeline import CudaTimeline, Harvest, StepTimes
+from gputop.reporter.cuda_timeline import CudaTimeline
+from gputop.reporter.timeline_reader import Harvest, StepTimes
 
 PHASES_FROM = "cuda events"
 

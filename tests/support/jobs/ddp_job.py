@@ -125,8 +125,8 @@ def main() -> None:
         if reporter is not None and fake_uuids:
             # No GPU here: the stand-in libnvidia-ml (tests/support/nvml_standin) lists these UUIDs, and each
             # local rank claims one as its device, as torch.cuda would tell a rank on a real GPU.
-            reporter._facts["device_uuid"] = fake_uuids.split(",")[int(os.environ.get("LOCAL_RANK", "0"))]
-            reporter._facts_changed.set()
+            reporter.side.facts["device_uuid"] = fake_uuids.split(",")[int(os.environ.get("LOCAL_RANK", "0"))]
+            reporter.side.facts_changed.set()
     world = dist.get_world_size()
     slow_optimizer_s = args.optimizer_ms / 1000.0 if dist.get_rank() == 1 else 0.0
     optimizer = ClippingSGD(model.parameters(), lr=0.01, extra_s=slow_optimizer_s)

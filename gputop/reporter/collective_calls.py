@@ -1,0 +1,134 @@
+"""torch.distributed's collectives as the collective tap sees them: which functions it wraps and their kind, where
+each takes the tensor it sends and the process group, the tensor's size, and whether the host's clock can time it.
+
+Read by the tap (``collectives.py``) and its CUDA wrappers (``collective_cuda.py``) when they install and on every
+call they time.  Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# torch.distributed's collectives, each with its kind and the argument whose size is what the rank sends.
+# Only the leaves: ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` are aliases in torch 2.13 whose
+# bodies call ``all_gather_single`` / ``reduce_scatter_single``, so wrapping those would count each twice.
+# Each is wrapped on ``torch.distributed`` (FSDP2, user code: ``dist.<name>`` at call time) and on
+# ``torch.distributed.distributed_c10d`` (the aliases' and deepspeed.comm's cached calls end there).
+DIST_COLLECTIVES: dict[str, tuple[str, str | None]] = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "all_reduce_coalesced": ("all_reduce", "tensors"),
+    "all_gather": ("all_gather", "tensor"),
+    "all_gather_single": ("all_gather", "input_tensor"),
+    "all_gather_coalesced": ("all_gather", "input_tensor_list"),
+    "reduce_scatter": ("reduce_scatter", "input_list"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "broadcast": ("broadcast", "tensor"),
+    "all_to_all": ("all_to_all", "input_tensor_list"),
+    "all_to_all_single": ("all_to_all", "input"),
+    "reduce": ("reduce", "tensor"),
+    "gather": ("gather", "tensor"),
+    "scatter": ("scatter", "tensor"),
+    "send": ("send", "tensor"),
+    "recv": ("recv", "tensor"),
+    "isend": ("send", "tensor"),
+    "irecv": ("recv", "tensor"),
+    "barrier": ("barrier", None),
+}
+# The functional collectives DTensor's redistribution calls (``funcol.<name>``, looked up at call time):
+# they return at once, and are waited for in ``wait_tensor`` when the result is first used.
+FUNCTIONAL_COLLECTIVES: dict[str, tuple[str, str]] = {
+    "all_reduce": ("all_reduce", "self"),
+    "all_gather_single": ("all_gather", "self"),
+    "all_gather_tensor": ("all_gather", "self"),
+    "reduce_scatter_single": ("reduce_scatter", "self"),
+    "reduce_scatter_tensor": ("reduce_scatter", "self"),
+    "all_to_all_single": ("all_to_all", "self"),
+    "broadcast": ("broadcast", "self"),
+}
+# Modules that bound a c10d collective at import (``from … import broadcast``): DTensor's mesh helpers.
+IMPORTED_AT: tuple[tuple[str, str], ...] = (
+    ("torch.distributed.tensor._collective_utils", "broadcast"),
+    ("torch.distributed.tensor._collective_utils", "scatter"),
+)
+# FSDP2's parameter group, where each torch has it: torch.distributed.fsdp._fully_shard from 2.6,
+# torch.distributed._composable.fsdp in 2.4 and 2.5 (before 2.4 there is no FSDP2).
+FSDP_PARAM_GROUP_MODULES = (
+    "torch.distributed.fsdp._fully_shard._fsdp_param_group",
+    "torch.distributed._composable.fsdp._fsdp_param_group",
+)
+# The FSDPParamGroup methods inside which FSDP2 makes the compute stream wait for its collectives, with
+# ``current_stream().wait_event(event)`` (``Work.wait()`` for an asynchronous all-gather, which the tap times
+# anyway): the all-gather's before a block's forward and backward (``wait_for_unshard``, which calls
+# ``foreach_all_gather_copy_out``), the previous reduce-scatter's in ``post_backward`` (a bounded number in
+# flight) and every last one's in ``finalize_backward``, at the end of backward, before the optimizer.  Each
+# with the kind and the group attribute the wait is for.  The same three names from 2.4 to 2.13.
+FSDP_WAITS = (
+    ("wait_for_unshard", "all_gather", "_all_gather_process_group"),
+    ("post_backward", "reduce_scatter", "_reduce_scatter_process_group"),
+    ("finalize_backward", "reduce_scatter", "_reduce_scatter_process_group"),
+)
+# Asynchronous collectives issued and not yet waited for: a job that never waits in Python (or waits in
+# C++) must not grow this without bound.  FSDP2 keeps a few in flight; a thousand is far past any.
+MAX_PENDING = 1024
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a wrapped function takes the tensor that is sent and the process group, by position or name."""
+
+    tensor_name: str | None
+    tensor_at: int
+    group_at: int
+
+    @classmethod
+    def of(cls, function: Callable[..., Any], tensor_name: str | None) -> Where:
+        names = list(inspect.signature(function).parameters)
+        tensor_at = names.index(tensor_name) if tensor_name in names else -1
+        return cls(tensor_name, tensor_at, names.index("group") if "group" in names else -1)
+
+    def tensor(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= self.tensor_at < len(args):
+            return args[self.tensor_at]
+        return kwargs.get(self.tensor_name) if self.tensor_name else None
+
+    def group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= self.group_at < len(args):
+            return args[self.group_at]
+        return kwargs.get("group")
+
+
+def tensor_bytes(value: Any) -> int:
+    """The size of a tensor, or of a list of them; 0 for anything else."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(getattr(t, "nbytes", 0) for t in value)
+    return 0
+
+
+def sent(where: Where, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The tensor a collective sends, or None where it cannot be told (then it is timed as on the host)."""
+    try:
+        return where.tensor(args, kwargs)
+    except Exception:
+        return None
+
+
+def shared_group(param_group: Any, attribute: str) -> Any:
+    """An FSDP2 parameter group's process group for a kind of wait, where it has more than one rank; else None."""
+    try:
+        group = getattr(param_group, attribute)
+        return group if group.size() > 1 else None
+    except Exception:
+        return None
+
+
+def on_cpu(value: Any) -> bool:
+    """Whether the host's clock times this collective: its tensor is in host memory (gloo, or MPI)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return value is None or bool(getattr(value, "is_cpu", True))

@@ -1,0 +1,270 @@
+"""The collective tap's CUDA wrappers: a collective on CUDA tensors, and each wait for one, timed by CUDA events on
+the rank's ``CudaTimeline``, never by the host's clock (on CUDA a collective returns once it is queued).
+
+Installed in place of the host-timed wrappers where the model is on one GPU and off DDP (the reporter gives the
+tap a timeline first).  A collective gets an event before and after it on the stream it is issued on (a
+blocking one's time in flight; exposed as well where that is the compute stream), and each wait
+(``Work.wait()``, ``wait_tensor``, FSDP2's ``current_stream().wait_event(...)`` inside its ``FSDP_WAITS``
+methods) an event before and after it on the stream that waits: the compute stream's idle wait, the exposed
+time.  The timeline reads them on the reporter thread once they have completed.  A wrapper whose tensors are
+on the host hands the call to the host-timed wrapper it stands in front of.  Training thread (and the autograd
+engine's, for backward hooks); like the host's, a wrapper never raises anything of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from gputop.reporter.collective_calls import (
+    FSDP_PARAM_GROUP_MODULES,
+    FSDP_WAITS,
+    MAX_PENDING,
+    Where,
+    on_cpu,
+    sent,
+    shared_group,
+    tensor_bytes,
+)
+from gputop.reporter.cuda_timeline import CudaTimeline
+
+
+class CollectiveTap(Protocol):
+    """What of the tap (``collectives.CollectiveTap``) its CUDA wrappers read and keep."""
+
+    on: bool
+    depth: int
+    errors: int
+    timeline: CudaTimeline | None
+    records: deque[Any]
+    compiling: Callable[[], bool]
+    # Asynchronous CUDA collectives until their wait: id(work): (kind, group, the timeline's key of the event
+    # recorded before the issue; 0: none), and the same for functional collectives, oldest first.
+    cuda_pending: dict[int, tuple[str, Any, int]]
+    cuda_functional: deque[tuple[str, Any, int]]
+    wait_scope: tuple[str, Any] | None
+
+    def replace(self, owner: Any, name: str, wrapper: Any, remaps: dict[Any, Any] | None) -> None: ...
+
+    def waits_for(self, kind: str, group: Any) -> AbstractContextManager[None]: ...
+
+
+def install_fsdp_waits(tap: CollectiveTap) -> list[str]:
+    """Time the waits FSDP2 makes the compute stream do: its loaded ``FSDPParamGroup`` (``FSDP_WAITS``), and
+    ``torch.cuda.Stream.wait_event``, which times a wait only inside one of those methods."""
+    classes: list[Any] = []
+    for module_name in FSDP_PARAM_GROUP_MODULES:
+        found = getattr(sys.modules.get(module_name), "FSDPParamGroup", None)
+        if found is not None and found not in classes:
+            classes.append(found)
+    if not classes:
+        return []  # no FSDP2 in this process (watch() after fully_shard: it is loaded by then)
+    timeline = tap.timeline
+    assert timeline is not None
+    stream = getattr(sys.modules.get("torch.cuda"), "Stream", None)
+    wait_event = getattr(stream, "wait_event", None)
+    if not callable(wait_event):
+        timeline.missing.append("torch.cuda.Stream.wait_event is not there: FSDP2's waits are not timed")
+        return []
+    wrapped = []
+    for found in classes:
+        for method, kind, group_attribute in FSDP_WAITS:
+            original = getattr(found, method, None)
+            if not callable(original):
+                timeline.missing.append(f"FSDP2's {method} is not in this torch: the waits in it are not timed")
+            elif not hasattr(original, "__gputop_original__"):
+                tap.replace(found, method, wrap_fsdp_scope(tap, original, kind, group_attribute), None)
+                wrapped.append(f"FSDPParamGroup.{method}")
+    if wrapped and not hasattr(wait_event, "__gputop_original__"):
+        tap.replace(stream, "wait_event", wrap_wait_event(tap, wait_event), None)
+        wrapped.append("Stream.wait_event")
+    return wrapped
+
+
+def wrap_collective(
+    tap: CollectiveTap,
+    host: Callable[..., Any],
+    original: Callable[..., Any],
+    kind: str,
+    where: Where,
+    *,
+    traced: bool = True,
+) -> Callable[..., Any]:
+    """A collective whose tensors may be on the GPU: events around it there; ``host`` times CPU tensors."""
+    perf, records = time.perf_counter, tap.records
+    compiling = tap.compiling if traced else bool
+
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if not tap.on or tap.depth or compiling():
+            return original(*args, **kwargs)
+        tensor, timeline = sent(where, args, kwargs), tap.timeline
+        if timeline is None or on_cpu(tensor):
+            return host(*args, **kwargs)
+        # An event on the current stream first: the compute stream, or the side stream it runs on.
+        key, result = _issue(tap, timeline, original, args, kwargs)
+        try:
+            group = where.group(args, kwargs)
+            records.append((kind, group, tensor_bytes(tensor), None, None, perf()))  # counted; timed by events
+            if result is None:  # it ran to completion on that stream, as far as the streams can tell
+                timeline.end_blocking(key, kind, group)
+            else:  # a Work: in flight from here to the end of its wait(), or NCCL's own duration of it
+                _pend(tap, id(result), (kind, group, key))
+        except Exception:
+            tap.errors += 1
+        return result
+
+    collective.__gputop_original__ = original  # type: ignore[attr-defined]
+    return collective
+
+
+def _issue(
+    tap: CollectiveTap,
+    timeline: CudaTimeline,
+    original: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[int, Any]:
+    """Call a collective after an event on the current stream, the collectives it calls its own: (the event's
+    key, what it returned).  A collective that raises gives its event back to the pool, and raises."""
+    key = timeline.begin()
+    tap.depth = 1
+    try:
+        return key, original(*args, **kwargs)
+    except BaseException:
+        timeline.abandon(key)
+        raise
+    finally:
+        tap.depth = 0
+
+
+def _pend(tap: CollectiveTap, key: int, issued: tuple[str, Any, int]) -> None:
+    pending = tap.cuda_pending
+    if len(pending) >= MAX_PENDING:  # never waited for in Python: its issue's event goes back to the pool
+        _, _, event_key = pending.pop(next(iter(pending)))
+        if tap.timeline is not None:
+            tap.timeline.abandon(event_key)
+    pending[key] = issued
+
+
+def wrap_wait(tap: CollectiveTap, host: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Work.wait()`` of a CUDA collective: the current stream waits for it, between two events there."""
+
+    @functools.wraps(original)
+    def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        if not tap.on or not tap.cuda_pending:
+            return host(work, *args, **kwargs)
+        issued, timeline = tap.cuda_pending.pop(id(work), None), tap.timeline
+        if issued is None or timeline is None:  # a CPU work, a wait inside a blocking call, work issued elsewhere
+            return host(work, *args, **kwargs)
+        kind, group, issue_key = issued
+        if timeline.nccl_timing and timeline.track_work(work, kind, group):  # NCCL's own duration of it instead
+            timeline.abandon(issue_key)
+            issue_key = 0
+        key = timeline.begin()
+        try:
+            return original(work, *args, **kwargs)
+        finally:
+            timeline.end_wait(key, kind, group, issue_key)
+
+    return wait
+
+
+def wrap_functional(
+    tap: CollectiveTap, host: Callable[..., Any], original: Callable[..., Any], kind: str, where: Where
+) -> Callable[..., Any]:
+    """A functional collective on CUDA tensors: an event before its issue; its wait is ``wait_tensor``'s."""
+    perf = time.perf_counter
+
+    @functools.wraps(original)
+    def functional(*args: Any, **kwargs: Any) -> Any:
+        if not tap.on or tap.depth or tap.compiling():
+            return original(*args, **kwargs)
+        tensor, timeline = sent(where, args, kwargs), tap.timeline
+        if timeline is None or on_cpu(tensor):
+            return host(*args, **kwargs)
+        key, result = _issue(tap, timeline, original, args, kwargs)
+        try:
+            group = where.group(args, kwargs)
+            tap.records.append((kind, group, tensor_bytes(tensor), None, None, perf()))
+            waiting = tap.cuda_functional
+            if len(waiting) >= MAX_PENDING:  # never waited for: its event back to the pool
+                timeline.abandon(waiting.popleft()[2])
+            waiting.append((kind, group, key))
+        except Exception:
+            tap.errors += 1
+        return result
+
+    functional.__gputop_original__ = original  # type: ignore[attr-defined]
+    return functional
+
+
+def wrap_wait_tensor(tap: CollectiveTap, host: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``wait_tensor`` on a CUDA tensor: the current stream waits, between two events there; matched to the
+    functional collectives in the order they were issued, as on the host."""
+
+    @functools.wraps(original)
+    def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        timeline = tap.timeline
+        if not tap.on or not tap.cuda_functional or timeline is None or getattr(tensor, "is_cpu", True):
+            return host(tensor, *args, **kwargs)
+        try:
+            kind, group, issue_key = tap.cuda_functional.popleft()
+        except IndexError:
+            return original(tensor, *args, **kwargs)
+        key = timeline.begin()
+        try:
+            return original(tensor, *args, **kwargs)
+        finally:
+            timeline.end_wait(key, kind, group, issue_key)
+
+    return wait_tensor
+
+
+def wrap_fsdp_scope(
+    tap: CollectiveTap, original: Callable[..., Any], kind: str, group_attribute: str
+) -> Callable[..., Any]:
+    """An FSDPParamGroup method that makes the compute stream wait: its waits are ``kind`` on its group.
+
+    A group of one rank issues no collective (FSDP2 copies instead): its waits are left untimed, not
+    passed off as communication.
+    """
+
+    @functools.wraps(original)
+    def scoped(param_group: Any, *args: Any, **kwargs: Any) -> Any:
+        if not tap.on or tap.wait_scope is not None or tap.compiling():
+            return original(param_group, *args, **kwargs)
+        group = shared_group(param_group, group_attribute)
+        if group is None:
+            return original(param_group, *args, **kwargs)
+        with tap.waits_for(kind, group):
+            return original(param_group, *args, **kwargs)
+
+    scoped.__gputop_original__ = original  # type: ignore[attr-defined]
+    return scoped
+
+
+def wrap_wait_event(tap: CollectiveTap, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.cuda.Stream.wait_event``: timed only inside ``waits_for`` (FSDP2's waits), only on the compute
+    stream (FSDP2's side streams wait on each other too: that is no one's exposed time); else straight through."""
+
+    @functools.wraps(original)
+    def wait_event(stream: Any, event: Any) -> Any:
+        scope, timeline = tap.wait_scope, tap.timeline
+        if scope is None or not tap.on or timeline is None:
+            return original(stream, event)
+        key = timeline.begin(stream, compute_only=True)
+        if not key:
+            return original(stream, event)
+        try:
+            return original(stream, event)
+        finally:
+            timeline.end_wait(key, scope[0], scope[1])
+
+    wait_event.__gputop_original__ = original  # type: ignore[attr-defined]
+    return wait_event
