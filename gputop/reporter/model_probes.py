@@ -228,7 +228,6 @@ class ModelProbes:
             side.tap.install()
         except Exception as exc:
             side.tap.uninstall()
-            self._announcer.failed_probes.add("collectives")
             self._announcer.report_error("collectives", exc)
             return []
         side.clock.times_phases = not side.facts.get("ddp") and not device.startswith("cuda")

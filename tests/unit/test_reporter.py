@@ -11,7 +11,7 @@ import pytest
 from gputop.reporter.clock import StepClock, TrackedLoader
 from gputop.reporter.facts import loader_facts, run_id
 from tests.support.collectors import snapshot_of, wait_for, window_count
-from tests.support.processes import run_script
+from tests.support.processes import free_port, run_script
 
 
 def test_tracked_loader_yields_the_same_batches_and_times_each_wait() -> None:
@@ -163,3 +163,33 @@ def test_ddps_exchange_is_a_collective_from_its_loggers_figures() -> None:
     assert msgspec.structs.astuple(row) == ("all_reduce", "world", 15, 5000, pytest.approx(0.02), pytest.approx(0.015))
     assert ddp_exchange(fields, buckets=None, gradient_bytes=1000, group="world") is None  # not built yet: no row
     assert ddp_exchange({"steps": 4}, buckets=3, gradient_bytes=1000, group="world") is None  # not timed
+
+
+def test_a_collective_tap_that_cannot_install_is_named_once_as_an_error_event(collector) -> None:
+    """The job trains on untimed collectives, and the dashboard hears why (it once dropped the event)."""
+    pytest.importorskip("torch")
+    code = f"""
+        import os, torch, torch.distributed as dist
+        import gputop
+        from gputop.reporter.collectives import CollectiveTap
+
+        def refuse(self):
+            raise RuntimeError("no tap here")
+
+        CollectiveTap.install = refuse
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}", RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(4, 4)
+        gputop.watch(model)
+        for _ in range(3):
+            model(torch.ones(2, 4)).sum().backward()
+            gputop.step()
+        dist.destroy_process_group()
+    """
+    result = run_script(code, collector.address.port)
+    assert result.returncode == 0, result.stderr
+
+    def errors() -> list[str]:
+        return [e.message for r in snapshot_of(collector).all_ranks() for e in r.events if e.kind == "error"]
+
+    assert wait_for(lambda: any(m.startswith("collectives: RuntimeError: no tap here") for m in errors())), errors()
