@@ -152,7 +152,7 @@ def measure(name: str, build: Callable[[], tuple[nn.Module, torch.Tensor, int]])
     counter = FlopCounter()
     step = hooked(model, counter)
     step(x)
-    counted = counter.figure()[0] or 0
+    counted = counter.count()[0] or 0
     with FlopCounterMode(display=False) as reference:
         model(x).float().pow(2).mean().backward()
     model.zero_grad(set_to_none=True)

@@ -207,7 +207,7 @@ class FlopCounter:
 
     # -- any thread ----------------------------------------------------------------------------------
 
-    def figure(self) -> tuple[int | None, str]:
+    def count(self) -> tuple[int | None, str]:
         """The latest step's FLOPs and a note: why it is N/A, or what a figure leaves out ("lower bound: ...");
         "" when it is the count of every operator that ran."""
         return self._figure

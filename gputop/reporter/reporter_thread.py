@@ -224,7 +224,7 @@ class ReporterThread:
                 break
         counter, facts = self._side.flops, self._side.facts
         if counter is not None:
-            note = counter.figure()[1] or ""
+            note = counter.count()[1] or ""
             mix = counter.mix() or None
             if facts.get("flops_note") != note or facts.get("flops_mix") != mix:
                 facts["flops_note"], facts["flops_mix"] = note, mix

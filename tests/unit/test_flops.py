@@ -76,7 +76,7 @@ def test_a_linear_stack_is_counted_exactly_as_by_hand() -> None:
     got, counted = driven.step(torch.randn(batch, dims[0]))
     assert counted
     assert got == linear_hand_count(batch, dims)
-    assert driven.counter.figure() == (got, "")
+    assert driven.counter.count() == (got, "")
     assert driven.counter.mix() == {"float32": 1.0}
 
 
@@ -132,7 +132,7 @@ def test_a_transformer_block_is_its_matmuls_by_hand_plus_the_fused_backward_reco
     # A fused attention kernel's backward recomputes the scores (one more Q.K^T); the math path does not.
     recompute = 2 * batch * tokens * tokens * d
     assert got - hand in (0, recompute)
-    assert driven.counter.figure()[1] == ""
+    assert driven.counter.count()[1] == ""
 
 
 def test_the_count_is_torchs_own_where_torch_has_formulas() -> None:
@@ -213,7 +213,7 @@ def test_shapes_past_the_bound_are_not_counted_and_say_so() -> None:
     assert driven.step(torch.randn(1, 8))[1]
     assert driven.step(torch.randn(2, 8))[1]
     assert driven.step(torch.randn(3, 8)) == (None, False)
-    figure, why = driven.counter.figure()
+    figure, why = driven.counter.count()
     assert figure is None
     assert why == "more than 2 input shapes: this one was not counted"
     assert driven.step(torch.randn(2, 8)) == (linear_hand_count(2, dims), False)  # counted shapes still known
@@ -262,9 +262,9 @@ def test_the_optimizers_closure_runs_the_step_inside_it() -> None:
 
 def test_before_any_step_the_figure_says_not_counted_yet() -> None:
     counter = FlopCounter()
-    assert counter.figure() == (None, NOT_YET)
+    assert counter.count() == (None, NOT_YET)
     assert counter.take_step() == (None, False)  # a step with no forward: nothing, and no error
-    assert counter.figure() == (None, NOT_YET)
+    assert counter.count() == (None, NOT_YET)
     assert counter.mix() == {}
 
 
@@ -310,7 +310,7 @@ class CustomLayer(nn.Module):
 def test_a_model_of_operators_no_formula_knows_is_na_and_names_them() -> None:
     driven = Driven(CustomLayer(8))
     assert driven.step(torch.randn(4, 8)) == (None, True)
-    assert driven.counter.figure() == (None, "its operators are not countable: gputoptest.matmul")
+    assert driven.counter.count() == (None, "its operators are not countable: gputoptest.matmul")
 
 
 def test_uncountable_operators_beside_countable_ones_make_a_lower_bound() -> None:
@@ -319,7 +319,7 @@ def test_uncountable_operators_beside_countable_ones_make_a_lower_bound() -> Non
     driven = Driven(model)
     got, _ = driven.step(torch.randn(4, 8))
     assert got == 2 * (2 * 4 * 8 * 8)  # the Linear's forward and weight gradient (its input needs none)
-    assert driven.counter.figure()[1] == "lower bound: not counted: gputoptest.matmul"
+    assert driven.counter.count()[1] == "lower bound: not counted: gputoptest.matmul"
 
 
 def test_only_elementwise_work_is_na_not_zero() -> None:
@@ -333,7 +333,7 @@ def test_only_elementwise_work_is_na_not_zero() -> None:
 
     driven = Driven(Scale())
     assert driven.step(torch.randn(4, 8)) == (None, True)
-    assert driven.counter.figure() == (None, flops.NO_WORK)
+    assert driven.counter.count() == (None, flops.NO_WORK)
 
 
 def test_clipping_the_gradients_norm_is_no_uncounted_matrix_work() -> None:
@@ -348,7 +348,7 @@ def test_clipping_the_gradients_norm_is_no_uncounted_matrix_work() -> None:
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
     counter.end()
     assert counter.take_step() == (linear_hand_count(4, dims), True)
-    assert counter.figure() == (linear_hand_count(4, dims), "")
+    assert counter.count() == (linear_hand_count(4, dims), "")
 
 
 def test_a_tensor_subclass_runs_its_own_operators_and_they_are_counted() -> None:
@@ -404,7 +404,7 @@ def test_a_formula_that_raises_fails_the_counting_not_the_step(monkeypatch: pyte
     before = [p.detach().clone() for p in driven.model.parameters()]
     assert driven.step(torch.randn(2, 8)) == (None, True)  # the step ran: its figure is N/A
     assert all(not torch.equal(p, q) for p, q in zip(driven.model.parameters(), before, strict=True))
-    assert driven.counter.figure() == (None, "counting failed: ValueError: no shapes for you")
+    assert driven.counter.count() == (None, "counting failed: ValueError: no shapes for you")
     assert _get_current_dispatch_mode() is None
     assert driven.step(torch.randn(2, 8)) == (None, False)  # that shape is not tried again
 
@@ -415,7 +415,7 @@ def test_another_dispatch_mode_already_active_is_left_alone() -> None:
         got, counted = driven.step(torch.randn(2, 8))
         assert _get_current_dispatch_mode() is theirs.mode
     assert (got, counted) == (None, False)
-    assert driven.counter.figure() == (None, "another dispatch mode is active (_FlopCounterMode): not counted")
+    assert driven.counter.count() == (None, "another dispatch mode is active (_FlopCounterMode): not counted")
     assert theirs.get_total_flops() == linear_hand_count(2, [8, 16, 4])  # theirs counted, undisturbed
     assert driven.step(torch.randn(2, 8))[1]  # and once it is gone, the shape is counted
 
@@ -443,7 +443,7 @@ def test_inside_a_compiled_frame_nothing_is_counted(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(flop_mode, "_in_compiled_frame", lambda torch: True)
     driven = Driven(linear_stack([8, 16, 4]))
     assert driven.step(torch.randn(2, 8)) == (None, False)
-    assert driven.counter.figure()[1].startswith("the watched model runs compiled as a whole (model.compile())")
+    assert driven.counter.count()[1].startswith("the watched model runs compiled as a whole (model.compile())")
     assert _get_current_dispatch_mode() is None
 
 
@@ -458,7 +458,7 @@ def test_a_counting_the_dispatcher_stopped_routing_to_is_na_not_a_forward_only_f
     torch._C._dispatch_tls_set_dispatch_key_included(torch._C.DispatchKey.PythonTLSSnapshot, False)
     loss.backward()
     assert driven.counter.take_step() == (None, True)
-    assert driven.counter.figure()[1] == (
+    assert driven.counter.count()[1] == (
         "counting failed: the dispatcher stopped routing operators to it (a compiled frame's exit): not counted"
     )
     assert _get_current_dispatch_mode() is None
@@ -473,7 +473,7 @@ def test_a_counting_with_no_step_end_is_abandoned() -> None:
     assert not driven.counter.counting
     assert _get_current_dispatch_mode() is None
     assert driven.counter.take_step() == (None, True)
-    assert driven.counter.figure()[1].startswith("no step end after 3 training forwards: counting abandoned")
+    assert driven.counter.count()[1].startswith("no step end after 3 training forwards: counting abandoned")
 
 
 def test_a_step_marked_on_another_thread_does_not_pop_this_threads_mode() -> None:
