@@ -203,7 +203,7 @@ def peak_kind(dtype: str, tf32_enabled: bool) -> str | None:
     """Which of a row's peaks a dtype computes at: "bf16", "fp16", "tf32", "fp32", "fp8"; None: none listed.
 
     ``dtype`` as torch names it ("bfloat16", "torch.float16", "float32") or short ("bf16", "fp32");
-    float32 is "tf32" where TF32 is allowed for it (``gputop.reporter.flops.tf32_modes``).
+    float32 is "tf32" where TF32 is allowed for it (``gputop.reporter.device_peak.tf32_modes``).
     """
     text = dtype.casefold().removeprefix("torch.")
     if text in ("bfloat16", "bf16"):

@@ -8,16 +8,18 @@ from __future__ import annotations
 import time
 
 
-def tf32_modes() -> tuple[bool, bool]:
+def tf32_modes() -> tuple[bool | None, bool | None]:
     """Whether float32 matrix multiplications and float32 convolutions may run on TF32 tensor cores now:
-    (matmul, conv).  torch 2.9+'s ``fp32_precision`` first, then the older flags (reading
-    ``allow_tf32`` raises where a script mixed the two APIs).  (False, False) where torch cannot say.
+    (matmul, conv).  torch 2.9+'s ``fp32_precision`` first, then the older flags: reading ``allow_tf32``
+    raises once a script has set the new one, so a script on the new API read through the old flags alone
+    would have no TF32 fact.  None where torch cannot say.
     """
     try:
         import torch
     except Exception:
-        return False, False
-    matmul = conv = False
+        return None, None
+    matmul: bool | None = None
+    conv: bool | None = None
     try:
         precision = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
         if precision in ("tf32", "ieee"):

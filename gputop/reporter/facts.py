@@ -19,6 +19,7 @@ from typing import Any
 
 from gputop import settings
 from gputop.protocol import Hello
+from gputop.reporter.device_peak import tf32_modes
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -240,12 +241,14 @@ def torch_facts() -> dict[str, Any]:
     for key, read in (
         ("torch_version", lambda: str(torch.__version__)),
         ("torch_threads", lambda: int(torch.get_num_threads())),
-        ("tf32_matmul", lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
-        ("tf32_cudnn", lambda: bool(torch.backends.cudnn.allow_tf32)),
         ("cudnn_benchmark", lambda: bool(torch.backends.cudnn.benchmark)),
     ):
         with contextlib.suppress(Exception):
             facts[key] = read()
+    # Through torch 2.9+'s fp32_precision where a script set it: its old flags raise then.
+    for key, allowed in zip(("tf32_matmul", "tf32_cudnn"), tf32_modes(), strict=True):
+        if allowed is not None:
+            facts[key] = allowed
     return facts
 
 

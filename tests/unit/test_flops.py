@@ -520,6 +520,24 @@ def test_tf32_modes_follow_torchs_settings() -> None:
     assert isinstance(tf32_modes()[1], bool)
 
 
+def test_the_tf32_facts_follow_torchs_new_api_whose_old_flags_then_raise() -> None:
+    from gputop.reporter.facts import torch_facts
+
+    matmul = torch.backends.cuda.matmul
+    before = getattr(matmul, "fp32_precision", None)
+    if before is None:
+        pytest.skip("this torch has no fp32_precision (before 2.9)")
+    try:
+        matmul.fp32_precision = "tf32"
+        with pytest.raises(RuntimeError):
+            _ = matmul.allow_tf32  # torch's own: the legacy flag refuses once the new API is used
+        assert torch_facts()["tf32_matmul"] is True
+        matmul.fp32_precision = "ieee"
+        assert torch_facts()["tf32_matmul"] is False
+    finally:
+        matmul.fp32_precision = before
+
+
 def test_the_cpus_peak_is_measured_within_its_budget() -> None:
     peak, cost, why = measure_cpu_peak(size=128, budget_s=0.05)
     assert why == ""
