@@ -100,6 +100,7 @@ class Reporter:
         side, found = self.side, self.side.facts
         side.train_tid = threading.get_native_id()
         side.train_ident = threading.get_ident()
+        self.thread.stacks.follow(side.train_ident)  # the first gputop call may have come from another thread
         with contextlib.suppress(Exception):
             self.thread.stacks.forward_codes = stacks.forward_codes(model)
         found.update(facts.model_facts(model))

@@ -58,6 +58,11 @@ class StackReporting:
         self._next_send_s = 0.0
         self.forward_codes: tuple[Any, ...] = ()  # the watched model's forward code (training thread writes)
 
+    def follow(self, train_ident: int) -> None:
+        """Sample this thread from now on: the one the model was watched from (the training thread writes)."""
+        if self.sampler is not None:
+            self.sampler.thread_ident = train_ident
+
     def accepted(self) -> bool:
         """The collector connected now said it reads stacks messages."""
         return self._sender.connected and self._connection == self._sender.connects

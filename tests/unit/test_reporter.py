@@ -193,3 +193,22 @@ def test_a_collective_tap_that_cannot_install_is_named_once_as_an_error_event(co
         return [e.message for r in snapshot_of(collector).all_ranks() for e in r.events if e.kind == "error"]
 
     assert wait_for(lambda: any(m.startswith("collectives: RuntimeError: no tap here") for m in errors())), errors()
+
+
+def test_the_stack_sampler_follows_the_thread_the_model_is_watched_from(collector) -> None:
+    """A loader tracked on another thread first builds the reporter there; the stacks are the training thread's."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from gputop.reporter.reporter import Reporter
+
+    built: list[Reporter] = []
+    elsewhere = threading.Thread(target=lambda: built.append(Reporter(collector.address)))
+    elsewhere.start()
+    elsewhere.join()
+    (reporter,) = built
+    sampler = reporter.thread.stacks.sampler
+    assert sampler is not None and sampler.thread_ident == elsewhere.ident
+    reporter.attach_model(torch.nn.Linear(2, 2))
+    assert sampler.thread_ident == threading.get_ident()
+    reporter.thread.sender.close()
