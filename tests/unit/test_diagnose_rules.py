@@ -529,6 +529,12 @@ class TestModelConfig:
         assert "torch.autocast" in finding.suggestion and "allow_tf32" in finding.suggestion
         assert {e.metric for e in finding.evidence} == {"autocast_on", "tf32_matmul_on", "cudnn_benchmark_on"}
 
+    def test_the_tf32_fix_is_said_in_the_api_of_the_ranks_torch(self) -> None:
+        for version, words in (("2.13.0+cu130", 'fp32_precision = "tf32"'), ("2.4.1", "allow_tf32 = True")):
+            hello = cuda_hello(0, autocast=False, param_dtype="float32", tf32_matmul=False, torch_version=version)
+            suggestion = only(findings_of(make_snapshot([RankSpec(hello=hello)])), "model_config").suggestion
+            assert words in suggestion, (version, suggestion)
+
     def test_autocast_on_leaves_only_info(self) -> None:
         hello = cuda_hello(0, autocast=True, param_dtype="float32", tf32_matmul=False, cudnn_benchmark=False)
         assert only(findings_of(make_snapshot([RankSpec(hello=hello)])), "model_config").severity == "info"

@@ -77,6 +77,19 @@ def gpu_name_of(rank: RankFigures) -> str | None:
     return rank.hello.device_name or (rank.gpu.name if rank.gpu is not None else None)
 
 
+# Turning TF32 on for float32 matmuls and convolutions, by API: torch 2.9+'s (True), the legacy flags (False).
+TF32_FIXES = {
+    True: ('torch.backends.cuda.matmul.fp32_precision = "tf32"', 'torch.backends.cudnn.conv.fp32_precision = "tf32"'),
+    False: ("torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"),
+}
+
+
+def fp32_precision_api(torch_version: str | None) -> bool:
+    """torch 2.9+ sets TF32 through ``fp32_precision``; its legacy ``allow_tf32`` then raises if both are used."""
+    found = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    return found is not None and (int(found[1]), int(found[2])) >= (2, 9)
+
+
 def cuda_problems(rank: RankFigures) -> list[Problem]:
     """Precision and kernel-selection settings of a CUDA rank (unknown facts are never "off")."""
     gpu_name = gpu_name_of(rank)
@@ -94,10 +107,11 @@ def cuda_problems(rank: RankFigures) -> list[Problem]:
             "no autocast, float32 parameters" + _bf16_share_text(rank, gpu_name),
             "with torch.autocast('cuda', dtype=torch.bfloat16): around forward and loss",
         )
+    matmul, conv = TF32_FIXES[fp32_precision_api(rank.hello.torch_version)]
     if rank.hello.tf32_matmul is False and ampere and full_precision(rank):
-        off("warn", "tf32_matmul_on", "TF32 matmul off", "torch.backends.cuda.matmul.allow_tf32 = True")
+        off("warn", "tf32_matmul_on", "TF32 matmul off", matmul)
     if rank.hello.tf32_cudnn is False and ampere and full_precision(rank):
-        off("info", "tf32_cudnn_on", "TF32 cuDNN off", "torch.backends.cudnn.allow_tf32 = True")
+        off("info", "tf32_cudnn_on", "TF32 cuDNN off", conv)
     if rank.hello.cudnn_benchmark is False:
         off(
             "info",
