@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gputop.diagnose.rules.collective_positions import HangCollective
 from gputop.model.collectives import CollectiveFigures
 from gputop.model.slowest import SlowestRanks
 
@@ -70,6 +71,8 @@ class HangDetails:
     since_step: int  # the step count the first stuck rank stopped at
     busy_ranks: tuple[int, ...]  # stuck ranks still busy on the CPU since their last step
     lost_ranks: tuple[int, ...]  # ranks that stopped reporting meanwhile
+    # Which numbered collective the stuck ranks are in and who never issued it, where their reporters say.
+    collective: HangCollective | None = None
 
 
 @dataclass(frozen=True)
