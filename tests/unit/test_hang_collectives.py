@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from gputop.diagnose import diagnose
-from gputop.diagnose.details import HangDetails
+from gputop.diagnose.details import DesyncDetails, HangDetails
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.rules.collective_positions import InCollective, Position, read_positions
 from gputop.diagnose.rules.hang import reading_text
@@ -79,3 +81,45 @@ def test_at_thousands_of_ranks_the_words_stay_short() -> None:
     assert reading is not None and reading.culprits == (17, 345, 800)
     assert reading_text(reading, {}) == "4,093 ranks wait in all_gather #88 on dp, which ranks 17, 345, 800 never " \
         "issued (their last: #87)"  # fmt: skip
+
+
+# -- desync: one number, different calls ----------------------------------------------------------------------
+
+
+def findings_of(by_rank: Mapping[int, tuple[StackFrame, tuple[GroupCalls, ...]]]) -> list[Finding]:
+    messages = {
+        rank: [msgspec.structs.replace(stacks(rank, T0 + 27, now=now), groups=groups)]
+        for rank, (now, groups) in by_rank.items()
+    }
+    return diagnose(summarize(with_stacks(hung_run(), messages), span_s=SPAN_S))
+
+
+def test_a_size_mismatch_at_one_number_is_a_desync_with_both_call_sites_and_the_hang_its_symptom() -> None:
+    other_site = StackFrame("collective", "train.py", 192, "main")
+    found = findings_of(
+        {0: (METRIC_SITE, (in_collective(21, nbytes=4),)), 1: (other_site, (in_collective(21, nbytes=8),))}
+    )
+    (desync,) = [f for f in found if f.cause == "desync"]
+    assert desync.severity == "critical" and desync.ranks == (0, 1)
+    assert desync.title == (
+        "collective #21 on world is not the same call on every rank: rank 0 all_reduce of 4 B from `main` "
+        "(train.py:190); rank 1 all_reduce of 8 B from `main` (train.py:192)"
+    ), desync.title
+    assert isinstance(desync.details, DesyncDetails) and desync.details.number == 21
+    (hang,) = [f for f in found if f.cause == "hang"]
+    assert hang.severity == "info" and "see desync" in hang.title, hang.title
+
+
+def test_a_rank_in_ddps_all_reduce_where_another_is_in_the_scripts_is_a_desync() -> None:
+    """The rank that skipped a rank-conditional all_reduce went on into DDP's: the two meet at one number."""
+    found = findings_of({0: (METRIC_SITE, (in_collective(21),)), 1: (BACKWARD, (counted(21),))})
+    (desync,) = [f for f in found if f.cause == "desync"]
+    assert "rank 0 all_reduce of 4 B from `main` (train.py:190); rank 1 DDP's gradient all_reduce from `main` " \
+        "(train.py:88)" in desync.title, desync.title  # fmt: skip
+
+
+def test_the_same_call_everywhere_is_no_desync_and_all_to_all_may_differ_in_size() -> None:
+    same = findings_of({0: (METRIC_SITE, (in_collective(21),)), 1: (METRIC_SITE, (in_collective(21),))})
+    by_rank = {r: (METRIC_SITE, (in_collective(21, "all_to_all", 4 * (r + 1)),)) for r in (0, 1)}
+    uneven = findings_of(by_rank)
+    assert not [f for f in same + uneven if f.cause == "desync"]
