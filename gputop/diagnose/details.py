@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gputop.model.collectives import CollectiveFigures
+from gputop.diagnose.rules.collective_positions import HangCollective
+from gputop.diagnose.wording import ranks_short
+from gputop.model.collectives import CollectiveFigures, size_text
 from gputop.model.slowest import SlowestRanks
 
 
@@ -70,6 +72,32 @@ class HangDetails:
     since_step: int  # the step count the first stuck rank stopped at
     busy_ranks: tuple[int, ...]  # stuck ranks still busy on the CPU since their last step
     lost_ranks: tuple[int, ...]  # ranks that stopped reporting meanwhile
+    # Which numbered collective the stuck ranks are in and who never issued it, where their reporters say.
+    collective: HangCollective | None = None
+
+
+@dataclass(frozen=True)
+class DesyncSide:
+    """The ranks that issued collective #N as one call: its kind, size and the call site most of them are at."""
+
+    ranks: tuple[int, ...]
+    kind: str
+    bytes: int | None  # None: not measured (DDP's all-reduce), or a kind whose size may differ
+    site: str  # "`main` (train.py:190)"; "" without a frame of the user's code
+
+    def text(self) -> str:
+        """ "rank 1 all_reduce of 8 B from `main` (train.py:192)"."""
+        size = "" if self.bytes is None else f" of {size_text(self.bytes)}"
+        return f"{ranks_short(self.ranks, 2)} {self.kind}{size}" + (f" from {self.site}" if self.site else "")
+
+
+@dataclass(frozen=True)
+class DesyncDetails:
+    """Which collective differs, and each side of it (rules.desync)."""
+
+    group: str
+    number: int
+    sides: tuple[DesyncSide, ...]  # most ranks first
 
 
 @dataclass(frozen=True)
@@ -117,7 +145,8 @@ class DataParallelDetails:
 
 
 Details = (
-    StragglerDetails
+    DesyncDetails
+    | StragglerDetails
     | StallDetails
     | HangDetails
     | CommunicationDetails

@@ -18,6 +18,7 @@ from gputop.diagnose.rules.allocation import allocation_findings
 from gputop.diagnose.rules.communication import communication_findings
 from gputop.diagnose.rules.data_loading import data_loading_findings
 from gputop.diagnose.rules.data_parallel import data_parallel_findings
+from gputop.diagnose.rules.desync import desync_findings
 from gputop.diagnose.rules.hang import hang_findings
 from gputop.diagnose.rules.hosts import with_hosts
 from gputop.diagnose.rules.memory import memory_findings
@@ -65,6 +66,7 @@ def rule_findings(run: RunFigures, machine: Figures, ranks_on_host: dict[str, in
         *recompile_findings(run),
         *stall_findings(run),
         *hang_findings(run, machine.t),
+        *desync_findings(run),
         *config,
         *memory_findings(run),
     ]

@@ -22,6 +22,7 @@ Cause = Literal[
     "recompile",
     "stall",
     "hang",
+    "desync",
     "unobserved",
 ]
 Severity = Literal["info", "warn", "critical"]

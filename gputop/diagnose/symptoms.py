@@ -64,6 +64,14 @@ def input_explains(data_loading: Finding, finding: Finding) -> bool:
 
 EXPLAINS: tuple[Explains, ...] = (
     Explains(
+        cause="desync",
+        symptoms=("hang",),
+        is_cause=lambda finding: True,
+        explains=lambda desync, hang, _: hang.run_id == desync.run_id,  # a desync hangs gloo and NCCL alike
+        note="the ranks issued different collectives, see desync",
+        fold=partial(fold_symptoms, name_them=False),
+    ),
+    Explains(
         cause="straggler",
         symptoms=("communication",),
         is_cause=is_rotation,

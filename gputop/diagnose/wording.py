@@ -18,6 +18,25 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(str(r) for r in ordered)
 
 
+RANGES_NAMED = 4  # rank ranges a title spells out before it gives a count: "ranks 17, 345, 800", "4,093 ranks"
+
+
+def ranks_short(ranks: Sequence[int], ranges_named: int = RANGES_NAMED) -> str:
+    """'rank 3', 'ranks 17, 345, 800', 'ranks 0-16, 18-4095', or past ``ranges_named`` ranges '4,093 ranks'."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    ranges: list[tuple[int, int]] = []
+    for rank in ordered:
+        if ranges and rank == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], rank)
+        else:
+            ranges.append((rank, rank))
+    if len(ranges) > ranges_named:
+        return f"{len(ordered):,} ranks"
+    return "ranks " + ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in ranges)
+
+
 def too_close_text(value: float, se: float | None, line: float, steps: int) -> str:
     """'9 ± 2% over 40 steps, too close to the 10% line to call' for a share whose band straddles a line.
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gputop.model.snapshot import RankSnapshot
-from gputop.protocol import MAX_STACKS_TOP, STACKS_TOP, Collective, SampledFrame, StackFrame, Stacks
+from gputop.protocol import MAX_STACKS_TOP, STACKS_TOP, Collective, GroupCalls, SampledFrame, StackFrame, Stacks
 
 if TYPE_CHECKING:
     from gputop.model.figures import RankFigures
@@ -90,6 +90,8 @@ class RankFrames:
     interval_s: float  # the reporter's sampling interval at the newest message
     # The collective the rank entered last (torch's Flight Recorder), sent while it is stuck; else None.
     collective: Collective | None = None
+    # Each process group's collectives numbered (the collective tap and torch's count), sent while it is stuck.
+    groups: tuple[GroupCalls, ...] | None = None
 
     def outside_phases(self) -> tuple[FrameShare, ...]:
         """The places in the user's own code outside the model, the optimizer and the loader, most sampled first."""
@@ -112,6 +114,7 @@ class RankFrames:
             "sample_interval_ms": round(self.interval_s * 1e3, 1),
             "top": [f.to_dict() for f in self.top],
             "collective": None if self.collective is None else collective_dict(self.collective),
+            "groups": None if self.groups is None else [group_dict(g) for g in self.groups],
         }
 
 
@@ -137,11 +140,19 @@ def rank_frames(view: RankSnapshot, since_t: float | None = None, top: int = STA
         ),
         interval_s=latest.interval_s,
         collective=latest.collective,
+        groups=latest.groups,
     )
 
 
 def collective_dict(collective: Collective) -> dict[str, Any]:
     return {"name": collective.name, "seq": collective.seq, "state": collective.state, "group": collective.group}
+
+
+def group_dict(group: GroupCalls) -> dict[str, Any]:
+    return {
+        "group": group.group, "seq": group.seq, "issued": group.issued, "completed": group.completed,
+        "kind": group.kind, "bytes": group.bytes, "inside": group.inside,
+    }  # fmt: skip
 
 
 def collective_text(collective: Collective) -> str:
@@ -183,6 +194,7 @@ def merge_stacks(messages: Sequence[Stacks]) -> Stacks:
         top=tuple(SampledFrame(*key, count) for key, count in ranked),
         now=last.now,
         collective=last.collective,
+        groups=last.groups,
     )
 
 

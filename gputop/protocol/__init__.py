@@ -41,6 +41,7 @@ from gputop.protocol.commands import (
 )
 from gputop.protocol.diagnostics import (
     MAX_CAPTURE_STEPS,
+    MAX_GROUPS_SENT,
     MAX_STACKS_TOP,
     OPTIONAL_TYPES,
     STACKS_TOP,
@@ -48,6 +49,7 @@ from gputop.protocol.diagnostics import (
     CaptureResult,
     Collective,
     FrameText,
+    GroupCalls,
     OpTime,
     SampledFrame,
     StackFrame,
@@ -89,6 +91,7 @@ __all__ = [
     "MAX_CAPTURE_STEPS",
     "MAX_FINDINGS_NOTICED",
     "MAX_FRAME_BYTES",
+    "MAX_GROUPS_SENT",
     "MAX_INT",
     "MAX_STACKS_TOP",
     "MAX_STRING_CHARS",
@@ -114,6 +117,7 @@ __all__ = [
     "FindingsNotice",
     "FrameText",
     "Gpus",
+    "GroupCalls",
     "Hello",
     "LegacyBucket",
     "Message",

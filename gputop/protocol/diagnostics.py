@@ -84,6 +84,28 @@ class Collective(msgspec.Struct, frozen=True, array_like=True, gc=False):
     group: Annotated[str, Meta(max_length=64)] = ""  # the process group's name ("default_pg")
 
 
+MAX_GROUPS_SENT = 16  # process groups a stacks message numbers (a 3-D mesh has a handful)
+
+
+class GroupCalls(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One process group's collectives on one rank: torch's number and the collective tap's counts.
+
+    On the wire an array, ``["dp", 88, 40, 39, "all_gather", 1048576, true]``: the group's count is 88, the tap saw
+    40 issued and 39 completed, the newest an all_gather of 1 MiB, and the training thread is in it now, so it is
+    collective #88 on dp.
+    """
+
+    group: Annotated[str, Meta(max_length=64)]  # the tap's name: a DeviceMesh dimension ("dp"), "world", "pg N"
+    # torch's count of the collectives issued on the group on this rank (DDP's all-reduce from C++ and barriers
+    # included): equal across ranks for the same collective.  None: this torch or backend cannot say.
+    seq: Count | None
+    issued: Count  # through the tap, since a collector listened
+    completed: Count  # of those, returned (or waited for, for a Work)
+    kind: Annotated[str, Meta(max_length=32)] = ""  # the newest issued through the tap ("" none)
+    bytes: Count | None = None  # its size, what the rank sends (None: none issued through the tap)
+    inside: bool = False  # the training thread is in that newest one now: it is collective number ``seq``
+
+
 class Stacks(_Message, frozen=True, kw_only=True, tag="stacks", gc=False):
     """Where one rank's training thread was, sampled from its reporter thread since the last stacks message.
 
@@ -107,6 +129,9 @@ class Stacks(_Message, frozen=True, kw_only=True, tag="stacks", gc=False):
     # While no step has finished for a few seconds and the user turned torch's Flight Recorder on: the last
     # collective the rank entered (None otherwise, and from reporters that do not read it).
     collective: Collective | None = None
+    # While no step has finished for a few seconds: each process group's numbers (``GroupCalls``), the default
+    # group's first.  None: not stuck, or a reporter that does not count them.
+    groups: Annotated[tuple[GroupCalls, ...], Meta(max_length=MAX_GROUPS_SENT)] | None = None
 
     def __post_init__(self) -> None:
         if sum(frame.count for frame in self.top) > self.samples:

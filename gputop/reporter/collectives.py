@@ -51,6 +51,7 @@ from gputop.reporter.collective_calls import (
     on_cpu,
     tensor_bytes,
 )
+from gputop.reporter.collective_numbers import GroupCounts, Inside, default_group
 from gputop.reporter.cuda_timeline import CudaTimeline
 
 # A record per collective: (kind, group, bytes, in flight s, exposed s, perf_counter when it returned); times None
@@ -83,6 +84,12 @@ class CollectiveTap:
         # recorded before the issue; 0: none).  The timeline holds the events: the tap holds keys, never one.
         self.cuda_pending: dict[int, tuple[str, Any, int]] = {}
         self.cuda_functional: deque[tuple[str, Any, int]] = deque()  # the same, for functional collectives
+        # Per process group (as the call named it; None: the default), its collectives issued and completed through
+        # the tap, and the one the training thread is inside now (collective_numbers.py).
+        self.numbers: dict[Any, GroupCounts] = {}
+        self.inside: Inside | None = None
+        # How the reporter thread names a group (the collectives probe's names, DeviceMesh dimensions); set by it.
+        self.name_group: Callable[[Any], str] | None = None
         # Inside an FSDP2 method that makes the compute stream wait (``FSDP_WAITS``): (kind, group).
         self.wait_scope: tuple[str, Any] | None = None
 
@@ -172,7 +179,7 @@ class CollectiveTap:
     ) -> Callable[..., Any]:
         # Everything the call needs is a local of this closure: each attribute or method looked up on the
         # training thread costs ~50-200 ns here, against a budget of ~1 µs a collective.
-        tap, perf, clock, records = self, time.perf_counter, self.clock, self.records
+        tap, perf, clock, records, numbers = self, time.perf_counter, self.clock, self.records, self.numbers
         compiling = self.compiling if traced else bool  # bool() is False, and the cheapest call there is
         tensor_at, tensor_name = (where.tensor_at, where.tensor_name) if where.tensor_at >= 0 else (1 << 20, None)
         group_at = where.group_at if where.group_at >= 0 else 1 << 20
@@ -183,23 +190,34 @@ class CollectiveTap:
             if not tap.on or tap.depth or compiling():
                 return original(*args, **kwargs)
             tap.depth = 1
+            counts: GroupCounts | None = None
             try:
+                try:  # counted as issued before the call: a rank blocked in it is in it (collective_numbers)
+                    tensor: Any = args[tensor_at] if tensor_at < len(args) else kwargs.get(tensor_name or "")
+                    group = args[group_at] if group_at < len(args) else kwargs.get("group")
+                    try:
+                        nbytes, cpu = tensor.nbytes, tensor.is_cpu
+                    except AttributeError:  # a list of tensors, or none (barrier)
+                        nbytes, cpu = tensor_bytes(tensor), on_cpu(tensor)
+                    counts = numbers.get(group) or tap._count(group)
+                    counts.issued += 1
+                    counts.kind, counts.nbytes = kind, nbytes
+                    tap.inside = (kind, counts.group, nbytes, True)
+                except Exception:
+                    tap.errors += 1
                 start = perf()
                 result = original(*args, **kwargs)
                 end = perf()
             finally:
                 tap.depth = 0
+                tap.inside = None
             try:
-                tensor: Any = args[tensor_at] if tensor_at < len(args) else kwargs.get(tensor_name or "")
-                group = args[group_at] if group_at < len(args) else kwargs.get("group")
-                try:
-                    nbytes, cpu = tensor.nbytes, tensor.is_cpu
-                except AttributeError:  # a list of tensors, or none (barrier)
-                    nbytes, cpu = tensor_bytes(tensor), on_cpu(tensor)
                 if not cpu:
                     tap.cuda_calls += 1
+                    counts.completed += 1  # type: ignore[union-attr]
                     records.append((kind, group, nbytes, None, None, end))
                 elif result is None:  # it ran to completion in the call: all of it exposed
+                    counts.completed += 1  # type: ignore[union-attr]
                     clock.comm_exposed_s += end - start
                     records.append((kind, group, nbytes, end - start, end - start, end))
                 else:  # a Work: in flight until its wait() returns
@@ -211,6 +229,17 @@ class CollectiveTap:
 
         collective.__gputop_original__ = original  # type: ignore[attr-defined]
         return collective
+
+    def _count(self, group: Any) -> GroupCounts:
+        """A group's counts, made at its first collective; None (the default group) counted as the default group."""
+        counts = self.numbers.get(group)
+        if counts is None:
+            counts = GroupCounts(group if group is not None else default_group())
+            self.numbers[group] = counts
+            if group is None:  # one count for the default group, named or not
+                counts = self.numbers.setdefault(counts.group, counts)
+                self.numbers[None] = counts
+        return counts
 
     def _pend(self, key: int, issued: tuple[str, Any, int, float, float]) -> None:
         pending = self.pending
@@ -227,7 +256,13 @@ class CollectiveTap:
             if not tap.on or not tap.pending:
                 return original(work, *args, **kwargs)
             start = perf()
-            result = original(work, *args, **kwargs)
+            try:
+                issued = tap.pending.get(id(work))
+                if issued is not None:
+                    tap.inside = (issued[0], tap._count(issued[1]).group, issued[2], False)
+                result = original(work, *args, **kwargs)
+            finally:
+                tap.inside = None
             try:
                 tap._waited(id(work), start, perf())
             except Exception:
@@ -241,6 +276,7 @@ class CollectiveTap:
         if issued is None:  # a wait inside a blocking call, or for work issued elsewhere (DDP's C++ reducer)
             return
         kind, group, nbytes, issued_s, issue_s = issued
+        self._count(group).completed += 1
         self.clock.comm_exposed_s += end - start
         self.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
 

@@ -82,7 +82,12 @@ class ReporterThread:
         # Where the training thread is: sampled only while a collector that accepts stacks messages is connected.
         announcer = self.announcer
         self.stacks = StackReporting(
-            self.sender, side.clock, side.train_ident, hello=announcer.hello, report_error=announcer.report_error
+            self.sender,
+            side.clock,
+            side.train_ident,
+            hello=announcer.hello,
+            report_error=announcer.report_error,
+            tap=side.tap,
         )
         if self.stacks.sampler is not None:
             side.facts["sends"] = ("stacks",)

@@ -6,7 +6,8 @@ messages, so with no dashboard, or an older one, it costs nothing.  The
 reporter thread wakes for each sample; once every ``STACKS_EVERY_S`` it sends
 what was sampled since, with torch's Flight Recorder's last entered collective
 when the user turned the recorder on and no step has finished for a while
-(``flight_recorder``).  A sampler or a recorder that fails is dropped and named
+(``flight_recorder``), and then each process group's collectives numbered
+(``collective_numbers``).  A sampler or a recorder that fails is dropped and named
 once; reporting goes on without it.
 """
 
@@ -19,9 +20,11 @@ from typing import Any
 
 import msgspec
 
-from gputop.protocol import Accepts, Collective, Hello, encode
-from gputop.reporter import flight_recorder, stacks
+from gputop.protocol import Accepts, Collective, GroupCalls, Hello, encode
+from gputop.reporter import collective_numbers, flight_recorder, stacks
 from gputop.reporter.clock import StepClock
+from gputop.reporter.collectives import CollectiveTap
+from gputop.reporter.probes.collectives import describe_group
 from gputop.reporter.sender import Sender
 
 # Where the training thread was goes up once a second (stacks.SEND_EVERY_S): a 10-s span holds ten, a hang's
@@ -40,11 +43,14 @@ class StackReporting:
         *,
         hello: Callable[[], Hello],
         report_error: Callable[[str, BaseException], None],
+        tap: CollectiveTap | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
-        """``hello``: the rank's current hello; ``report_error``: names a failure once, as an event."""
+        """``hello``: the rank's current hello; ``report_error``: names a failure once, as an event; ``tap``: the
+        collective tap, whose numbers per process group go with the stacks while the training thread is stuck."""
         self._sender = sender
         self._clock = clock
+        self._tap = tap
         self._hello = hello
         self._report_error = report_error
         hz, self._complaint = stacks.configured_hz(environ)
@@ -100,6 +106,9 @@ class StackReporting:
         collective = self._last_collective(now_s)
         if collective is not None:
             message = msgspec.structs.replace(message, collective=collective)
+        groups = self._groups()
+        if groups:
+            message = msgspec.structs.replace(message, groups=groups)
         self._sender.enqueue(encode(message), this_connection_only=True)
         sampler.send_cost_s = time.thread_time() - cpu_s  # out of the sampler's budget, from the next second on
 
@@ -112,6 +121,19 @@ class StackReporting:
         self._next_send_s = now_s + STACKS_EVERY_S
         if self._complaint:
             self._report_error("stacks_hz", ValueError(self._complaint))
+
+    def _groups(self) -> tuple[GroupCalls, ...] | None:
+        """While no step finishes: each process group's numbers (``collective_numbers``); None while stepping."""
+        since_step_s = self._clock.since_mark_s()
+        if self._tap is None or since_step_s is None or since_step_s < flight_recorder.STUCK_AFTER_S:
+            return None
+        try:
+            tap = self._tap
+            return collective_numbers.group_calls(tap.numbers, tap.inside, tap.name_group or describe_group) or None
+        except Exception as exc:  # read no more
+            self._tap = None
+            self._report_error("collective_numbers", exc)
+            return None
 
     def _last_collective(self, now_s: float) -> Collective | None:
         """While no step finishes: the Flight Recorder's last entered collective where the user turned it on, else

@@ -66,6 +66,30 @@ def test_blocking_and_asynchronous_collectives_are_recorded_with_their_kind_grou
     assert tap.pending == {} and tap.errors == 0
 
 
+def test_each_group_counts_its_collectives_issued_and_completed_beside_torchs_own_number(
+    dist: Any, tap: CollectiveTap
+) -> None:
+    """Three blocking all-reduces, one asynchronous all-gather waited for, and a barrier on the default group,
+    named or not: one group, 5 issued and 5 completed, the newest a barrier; torch's count says 5 too."""
+    import torch
+
+    from gputop.reporter.collective_numbers import group_calls
+
+    probe = CollectiveProbe(tap)
+    tap.on = True
+    x = torch.ones(64)  # 256 bytes
+    for group in (None, dist.group.WORLD, None):
+        dist.all_reduce(x, group=group)
+    dist.all_gather_into_tensor(torch.empty(64), x, async_op=True).wait()
+    dist.barrier()
+    (world,) = group_calls(tap.numbers, tap.inside, probe.group_name)
+    assert (world.group, world.seq, world.issued, world.completed, world.kind) == ("world", 5, 5, 5, "barrier")
+    assert not world.inside and tap.inside is None and tap.errors == 0
+    dist.all_reduce(x)
+    (world,) = group_calls(tap.numbers, ("all_reduce", tap.numbers[None].group, 256, True), probe.group_name)
+    assert (world.seq, world.kind, world.bytes, world.inside) == (6, "all_reduce", 256, True)
+
+
 def test_a_collective_goes_in_the_window_of_the_step_it_ended_not_the_one_before(dist: Any, tap: CollectiveTap) -> None:
     """A rank that waits in its own all-reduce after a step's mark spends that time in the next step: the window
     that closes before the next mark leaves the collective to the window that holds that step (issue #35: a

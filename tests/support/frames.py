@@ -30,16 +30,16 @@ def with_stacks(snapshot: Snapshot, by_rank: dict[int, list[Stacks]]) -> Snapsho
     return dataclasses.replace(snapshot, runs=runs)
 
 
-def hung_run(*, ddp: bool = True) -> Snapshot:
-    """Ranks 0 and 1 stepped for 20 s, then neither for 8 s; their reporters kept sending."""
+def hung_run(*, ddp: bool = True, ranks: int = 2) -> Snapshot:
+    """Ranks 0 and 1 (or ``ranks`` of them) stepped for 20 s, then none for 8 s; their reporters kept sending."""
     store = Store()
-    for rank in (0, 1):
-        store.ingest(Hello(run_id="run", rank=rank, world_size=2, pid=100 + rank, ddp=ddp), T0)
+    for rank in range(ranks):
+        store.ingest(Hello(run_id="run", rank=rank, world_size=ranks, pid=100 + rank, ddp=ddp), T0)
     t, seq, total = T0, 0, 0
     while t < T0 + 28:
         steps = 10 if t < T0 + 20 else 0
         total, seq = total + steps, seq + 1
-        for rank in (0, 1):
+        for rank in range(ranks):
             window = Window(run_id="run", rank=rank, seq=seq, t0=t, t1=t + 0.5, steps=steps, step_total=total,
                             step_time_sum_s=steps * 0.05, step_time_p50_s=0.05 if steps else None,
                             step_time_max_s=0.05 if steps else None, cpu_pct=2.0)  # fmt: skip

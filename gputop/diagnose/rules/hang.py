@@ -20,12 +20,14 @@ others; the rest are where the hang is.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop.diagnose.details import HangDetails
 from gputop.diagnose.findings import Evidence, Finding, Severity
+from gputop.diagnose.rules.collective_positions import HangCollective, positions, read_positions
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
-from gputop.diagnose.wording import PLACES_NAMED, ranks_text
+from gputop.diagnose.wording import PLACES_NAMED, ranks_short, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
 from gputop.model.snapshot import LIVE, LOST
@@ -61,20 +63,23 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
     # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
     # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
     lost = stops.silent if ended else [v.rank for v in run.lost]
-    named = hung_ranks(stuck, frames, lost)
+    reading = read_positions(positions(stuck, frames), ranks + lost)
+    named = list(reading.culprits) if reading is not None and reading.culprits else hung_ranks(stuck, frames, lost)
     return [
         Finding(
             cause="hang",
             severity=severity,
-            title=hang_title(stops, ended, busy, frames, lost),
-            suggestion=HANG_SUGGESTION,
+            title=hang_title(stops, ended, busy, frames, lost, reading),
+            suggestion=HANG_SUGGESTION + ("" if reading is None else " " + READING_SUGGESTIONS[reading.reading]),
             evidence=(Evidence("seconds_without_a_step", stops.idle_s, stops.line_s, " s", op=">="),),
             ranks=tuple(named),
             run_id=run.run_id,
             magnitude=1.0,
             waiting_ranks=tuple(sorted(set(ranks + lost) - set(named))),
             frames=tuple(frames.values()),
-            details=HangDetails(since_step=stops.since[0], busy_ranks=tuple(busy), lost_ranks=tuple(lost)),
+            details=HangDetails(
+                since_step=stops.since[0], busy_ranks=tuple(busy), lost_ranks=tuple(lost), collective=reading
+            ),
         )
     ]
 
@@ -152,8 +157,15 @@ def stopped_ranks(judged: list[RankFigures], now_t: float, ended: bool) -> Stops
     return Stops(stuck, silent, line_s)
 
 
-def hang_title(stops: Stops, ended: bool, busy: list[int], frames: dict[int, RankFrames], lost: list[int]) -> str:
-    """'rank 1 has not finished a step for 42 s (after step 10): hung; <where each is>; <what it entered>'."""
+def hang_title(
+    stops: Stops,
+    ended: bool,
+    busy: list[int],
+    frames: dict[int, RankFrames],
+    lost: list[int],
+    reading: HangCollective | None = None,
+) -> str:
+    """'rank 1 has not finished a step for 42 s (after step 10): hung; <where each is>; <which collective>'."""
     stuck = [r for r, _, _ in stops.stuck]
     ranks = [r.rank for r in stuck]
     since = stops.since
@@ -167,9 +179,11 @@ def hang_title(stops: Stops, ended: bool, busy: list[int], frames: dict[int, Ran
     else:
         title += ": hung" + (f"; {ranks_text(busy)} busy on the CPU" if busy else "")
     if frames:
-        title += "; " + where_stuck_text(stuck, frames)
+        title += "; " + where_stuck_text(stuck, frames, () if reading is None else reading.waiting)
     entered = {rank: f.collective for rank, f in frames.items() if f.collective is not None}
-    if entered:
+    if reading is not None:
+        title += "; " + reading_text(reading, frames)
+    elif entered:
         title += "; " + flight_recorder_text(entered)
     if lost:
         title += f"; {ranks_text(lost)} stopped reporting (dead, or blocked holding the GIL)"
@@ -228,13 +242,15 @@ def waits_for_others(rank: RankFigures, now: Frame) -> bool:
     return now.where == "collective" or (now.where == "backward" and bool(rank.hello.ddp))
 
 
-def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames]) -> str:
-    """ "rank 1 is in `wait_for_lock` (train.py:102), after the optimizer step; rank 0 waits in the all-reduce"."""
+def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames], said: Sequence[int] = ()) -> str:
+    """ "rank 1 is in `wait_for_lock` (train.py:102), after the optimizer step; rank 0 waits in the all-reduce".
+
+    ``said``: ranks whose numbered collective the title names apart (``reading_text``): left out here."""
     culprits: dict[str, list[int]] = {}  # where a rank is -> the ranks there, in rank order
     waiting: dict[str, list[int]] = {}
     for rank in stuck:
         now = frames[rank.rank].now if rank.rank in frames else None
-        if now is None:
+        if now is None or rank.rank in said:
             continue
         if not waits_for_others(rank, now):
             culprits.setdefault(now.text(), []).append(rank.rank)
@@ -244,11 +260,45 @@ def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames]) ->
             waiting.setdefault(f"in a collective from {now.place}" if now.file else "in a collective", []).append(
                 rank.rank
             )
-    parts = [f"{ranks_text(r)} {'is' if len(r) == 1 else 'are'} {text}" for text, r in culprits.items()]
-    parts += [f"{ranks_text(r)} {'waits' if len(r) == 1 else 'wait'} {text}" for text, r in waiting.items()]
+    parts = [f"{ranks_short(r)} {'is' if len(r) == 1 else 'are'} {text}" for text, r in culprits.items()]
+    parts += [f"{ranks_short(r)} {'waits' if len(r) == 1 else 'wait'} {text}" for text, r in waiting.items()]
     if len(parts) > PLACES_NAMED:
         parts = [*parts[:PLACES_NAMED], "…"]
     return "; ".join(parts)
+
+
+def reading_text(reading: HangCollective, frames: dict[int, RankFrames]) -> str:
+    """ "rank 0 waits in all_reduce #21 on world (from `main` (job.py:190)), which rank 1 never issued (its last:
+    #20)"; at scale "4,093 ranks wait in all_gather #88 on dp ..., which ranks 17, 345, 800 never issued"."""
+    waiting = reading.waiting
+    nows = [frames[r].now for r in waiting if r in frames]
+    places = {now.place for now in nows if now is not None}
+    site = f" (from {places.pop()})" if len(places) == 1 and "" not in places else ""
+    text = f"{ranks_short(waiting, 2)} {'waits' if len(waiting) == 1 else 'wait'} in {reading.waited.text()}{site}"
+    if reading.reading == "never_issued":
+        culprits = reading.culprits
+        text += f", which {ranks_short(culprits)} never issued"
+        if len({count for _, count in reading.never_issued}) == 1:
+            text += f" ({'its' if len(culprits) == 1 else 'their'} last: #{reading.never_issued[0][1]})"
+    elif reading.reading == "none_completed":
+        text += ": every rank issued it and none completed it, so the exchange itself is stuck"
+    if reading.elsewhere:
+        shown = reading.elsewhere[:PLACES_NAMED]
+        text += "; " + ", ".join(f"rank {rank} in {c.text()}" for rank, c in shown)
+        text += (", …" if len(reading.elsewhere) > len(shown) else "") + ": the ranks are in different collectives"
+    return text
+
+
+READING_SUGGESTIONS = {
+    "never_issued": "The ranks that never issued the collective hold the others: why did they not reach it (a lock, "
+    "a queue, a branch on the rank or on the data that skips a collective)? Their frames are in the title.",
+    "none_completed": "Every rank issued the collective and none completed it: look at the exchange itself, a peer "
+    "process stopped or dead (ps, dmesg), the network, the backend's own log (NCCL_DEBUG=INFO); a process group "
+    "timeout (init_process_group(timeout=...)) makes it fail instead of hang.",
+    "different": "The ranks wait in different collectives: their code paths differ (a branch on the rank or on the "
+    "data); the collectives must be issued in the same order on every rank of a group.",
+    "silent": "The ranks that said nothing are silent or dead: py-spy dump --pid <pid> shows where they are.",
+}
 
 
 def _cpu_since_last_step(rank: RankFigures) -> float:

@@ -27,6 +27,7 @@ class CollectiveProbe:
         self.not_measured: str | None = None
         self._names: dict[int, tuple[Any, str]] = {}  # id(group): (the group, kept alive; its name)
         self._until_s = 0.0  # the end of the last step whose collectives were drained
+        tap.name_group = self.group_name  # the numbers sent while stuck name each group as the windows do
 
     def read(self, marks: Any) -> dict[str, Any]:
         """The collectives of the window's steps: those that returned by its last step mark (all of them in a job

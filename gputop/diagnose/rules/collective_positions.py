@@ -1,0 +1,130 @@
+"""Where each stuck rank is among the collectives: which numbered collective it is in, and how far each group's count
+has come on it.  Pure: the ranks' newest stack messages in (``RankFrames.groups``, ``GroupCalls`` on the wire).
+
+torch numbers every collective of a process group alike on every rank that issues it, so ranks in collective #N of
+one group are in the same exchange, and a rank whose count on that group is below N never issued it.  The hang rule
+reads the three cases apart (``read_positions``); the desync rule reads ranks at one number in different calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from gputop.model.figures import RankFigures
+from gputop.model.frames import Frame, RankFrames
+
+# The collective DDP's reducer issues from C++ in the backward pass: the tap never sees it, its group's count does.
+DDP_ALL_REDUCE = "DDP's gradient all_reduce"
+
+
+@dataclass(frozen=True)
+class InCollective:
+    """A collective by its number on its group, as one rank issued it."""
+
+    kind: str  # "all_reduce", ...; DDP_ALL_REDUCE for DDP's own
+    group: str  # the group's name: a DeviceMesh dimension, "world", "pg N"
+    number: int  # torch's sequence number on the group
+    bytes: int | None  # what the rank sends in it (None: not measured, DDP's)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.group, self.number
+
+    def text(self) -> str:
+        """ "all_reduce #88 on dp"."""
+        return f"{self.kind} #{self.number} on {self.group}"
+
+
+@dataclass(frozen=True)
+class Position:
+    """One rank's place among the collectives: the one it is in (None: in none the tap or DDP names), its counts."""
+
+    rank: int
+    inside: InCollective | None
+    counts: tuple[tuple[str, int], ...]  # (group, torch's count on it) for each group it reported
+    frame: Frame | None  # its stack sample now: the call site
+
+    def count(self, group: str) -> int | None:
+        return next((n for g, n in self.counts if g == group), None)
+
+
+def positions(stuck: Iterable[RankFigures], frames: dict[int, RankFrames]) -> dict[int, Position]:
+    """The positions of the ranks whose newest stack message numbered their groups."""
+    out = {}
+    for rank in stuck:
+        found = frames.get(rank.rank)
+        if found is None or not found.groups:
+            continue
+        counts = tuple((g.group, g.seq) for g in found.groups if g.seq is not None)
+        inside = next(
+            (InCollective(g.kind, g.group, g.seq, g.bytes) for g in found.groups if g.inside and g.seq is not None),
+            None,
+        )
+        if inside is None and found.now is not None and found.now.where == "backward" and rank.hello.ddp and counts:
+            # In DDP's backward with no collective of the tap's: in DDP's all-reduce, on the default group (sent first).
+            inside = InCollective(DDP_ALL_REDUCE, counts[0][0], counts[0][1], None)
+        out[rank.rank] = Position(rank.rank, inside, counts, found.now)
+    return out
+
+
+Reading = Literal["never_issued", "none_completed", "different", "silent"]
+
+
+@dataclass(frozen=True)
+class HangCollective:
+    """What the stuck ranks' collectives say about a hang (``read_positions``).
+
+    ``never_issued``: some ranks' count on the group is below the number the others wait in: theirs is the hang.
+    ``none_completed``: every rank issued it and none completed it: the exchange itself (network, backend).
+    ``different``: ranks wait in different collectives (another group, another number).
+    ``silent``: the reporting ranks wait in one collective; the others said nothing (silent, or no numbers).
+    """
+
+    reading: Reading
+    waited: InCollective  # the collective most waiting ranks are in
+    waiting: tuple[int, ...]  # the ranks in it
+    never_issued: tuple[tuple[int, int], ...]  # (rank, its count on the group): below the waited number
+    elsewhere: tuple[tuple[int, InCollective], ...]  # ranks in another collective
+    unknown: tuple[int, ...]  # stuck or silent ranks that gave no numbers
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        return tuple(rank for rank, _ in self.never_issued)
+
+
+def read_positions(found: dict[int, Position], all_ranks: Iterable[int]) -> HangCollective | None:
+    """The hang's reading from the positions; None when no rank is in a numbered collective."""
+    by_key: dict[tuple[str, int], list[Position]] = {}
+    for position in found.values():
+        if position.inside is not None:
+            by_key.setdefault(position.inside.key, []).append(position)
+    if not by_key:
+        return None
+    # The collective most ranks wait in; of equals, the newest (the others are behind it).
+    key = max(by_key, key=lambda k: (len(by_key[k]), k[1]))
+    waiting = by_key[key]
+    waited = waiting[0].inside
+    assert waited is not None
+    behind, elsewhere = [], []
+    for position in found.values():
+        if position.inside is not None and position.inside.key == key:
+            continue
+        count = position.count(waited.group)
+        if count is not None and count < waited.number:
+            behind.append((position.rank, count))
+        elif position.inside is not None:
+            elsewhere.append((position.rank, position.inside))
+    unknown = tuple(sorted(set(all_ranks) - set(found)))
+    reading: Reading = (
+        "never_issued" if behind else "different" if elsewhere else "silent" if unknown else "none_completed"
+    )
+    return HangCollective(
+        reading=reading,
+        waited=waited,
+        waiting=tuple(sorted(p.rank for p in waiting)),
+        never_issued=tuple(sorted(behind)),
+        elsewhere=tuple(sorted(elsewhere, key=lambda item: item[0])),
+        unknown=unknown,
+    )

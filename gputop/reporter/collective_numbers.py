@@ -1,0 +1,90 @@
+"""Each process group's collectives on this rank, numbered: what the hang and desync rules match across ranks.
+
+The tap (``collectives.py``) counts, per process group, the collectives the training thread issued through it and
+those that completed, with the newest one's kind and size, and notes the one the thread is inside now.  That is
+memory work on the training thread (a dict lookup, a few stores).  The number itself is torch's: each process
+group counts every collective issued on it (``_get_sequence_number_for_group``), DDP's all-reduce from C++ and
+barriers included, alike on every rank that issues them, so a rank whose count is behind the others' never
+issued their newest one.  Reading it costs ~0.4 µs, too much for every collective: the reporter thread reads it
+here, only while the training thread has not finished a step for a while (``flight_recorder.STUCK_AFTER_S``), and
+a collective the thread is inside now, the newest it issued on its group, is that group's number then.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gputop.protocol import MAX_GROUPS_SENT, GroupCalls
+
+
+class GroupCounts:
+    """One process group's collectives issued through the tap and completed, and the newest one (training thread)."""
+
+    __slots__ = ("completed", "group", "issued", "kind", "nbytes")
+
+    def __init__(self, group: Any) -> None:
+        self.group = group  # the process group object (the default one for None)
+        self.issued = 0
+        self.completed = 0  # returned, or waited for where it returned a Work
+        self.kind = ""  # the newest issued
+        self.nbytes = 0
+
+
+# The collective the training thread is inside now: (kind, group, bytes, whether it is the newest issued on its
+# group), so that the group's number now is its number; a Work waited for may be older than the group's newest.
+Inside = tuple[str, Any, int, bool]
+
+
+def default_group() -> Any:
+    """The default process group, or None where there is none (yet)."""
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
+    try:
+        return None if c10d is None or not c10d.is_initialized() else c10d._get_default_group()
+    except Exception:
+        return None
+
+
+def sequence_number(group: Any) -> int | None:
+    """torch's count of the collectives issued on ``group`` on this rank; None where it cannot be read."""
+    try:
+        return int(group._get_sequence_number_for_group())
+    except Exception:
+        return None
+
+
+def group_calls(
+    counts: dict[Any, GroupCounts], inside: Inside | None, name_of: Callable[[Any], str]
+) -> tuple[GroupCalls, ...]:
+    """Each group's numbers now, the default group's first (DDP's all-reduce runs there unseen by the tap); reporter
+    thread.  ``counts`` is the tap's, read while the training thread may add to it: copied first."""
+    seen: list[GroupCounts] = []
+    for _ in range(3):  # a group added meanwhile changes the dict's size: read it again
+        try:
+            seen = list({id(c): c for c in counts.values()}.values())  # None and the default group share one
+            break
+        except RuntimeError:
+            continue
+    default = default_group()
+    groups = [g for g in seen if g.group is default] + [g for g in seen if g.group is not default]
+    if default is not None and not any(g.group is default for g in seen):
+        groups.insert(0, GroupCounts(default))
+    out = []
+    for counts_now in groups[:MAX_GROUPS_SENT]:
+        group = counts_now.group
+        # Inside a Work's wait for an older collective of the group, its number is not the group's count: not said.
+        now = inside is not None and inside[1] is group and inside[3]
+        issued = counts_now.issued > 0
+        out.append(
+            GroupCalls(
+                group=name_of(group)[:64],
+                seq=sequence_number(group),
+                issued=counts_now.issued,
+                completed=counts_now.completed,
+                kind=counts_now.kind[:32],
+                bytes=counts_now.nbytes if issued else None,
+                inside=now,
+            )
+        )
+    return tuple(out)
