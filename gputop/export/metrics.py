@@ -89,6 +89,13 @@ METRICS: tuple[Spec, ...] = (
         f"Bytes per step the rank sent in each kind of collective on each group {SPAN}",
         extra=("kind", "group"),
     ),
+    _rank(
+        "gputop_collective_number",
+        "torch's count of the collectives the rank has issued on each process group, the same on every rank for "
+        "the same collective; exported while the rank has gone 3 s without a step (a rank behind the others' "
+        "number never issued the collective they wait in)",
+        extra=("group",),
+    ),
     _rank("gputop_flops_per_step", f"The model's FLOPs a training step, forward and backward, counted {SPAN}"),
     _rank("gputop_achieved_flops_per_second", f"FLOP/s the rank's steps achieved on the model's work {SPAN}"),
     _rank(
@@ -207,7 +214,16 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         "gputop_reporter_cpu_ratio": [((), ratio(s.cost.reporter_cpu_pct))],
         "gputop_windows_dropped": [((), float(s.dropped))],
         "gputop_rank_top_frame_ratio": top_frame(r),
+        "gputop_collective_number": collective_numbers(r),
     }
+
+
+def collective_numbers(r: RankFigures) -> list[tuple[tuple[str, ...], float | None]]:
+    """Each group's collective number, from the rank's newest stack message (it numbers them while stuck)."""
+    frames = r.frames
+    if frames is None or not frames.groups:
+        return []
+    return [((g.group,), float(g.seq)) for g in frames.groups if g.seq is not None]
 
 
 def top_frame(r: RankFigures) -> list[tuple[tuple[str, ...], float | None]]:

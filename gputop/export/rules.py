@@ -26,7 +26,10 @@ How each rule reads the series (docs/prometheus.md, "Rules for a job"):
 - hang: every rank that reports has gone past its own hang line without a
   step (``gputop_seconds_since_step`` against ``gputop_hang_line_seconds``,
   the hang rule's clock, exported per rank); a finished or lost rank has no
-  clock, so a job that ended never reads as hung;
+  clock, so a job that ended never reads as hung.  The ranks behind: in a
+  hang, each whose collective number on a group (``gputop_collective_number``,
+  torch's count, exported while it is stuck) is below the run's furthest never
+  issued the collective the others wait in, one alert each, across exporters;
 - per collective: which rank reaches each kind of collective on each group last
   (it waits least there: ``gputop:collective_last_to_arrive``) and how much
   longer the typical rank waits in it each step
@@ -95,6 +98,13 @@ RECORDING: tuple[tuple[str, str], ...] = (
     # The work each step does (docs/mfu.md): the median rank's model FLOPs utilization.
     ("run:gputop_mfu:median", "quantile by (run) (0.5, gputop_mfu_ratio)"),
     ("run:gputop_ranks_reporting", "count by (run) (gputop_seconds_since_step)"),
+    # In a hang each stuck rank numbers its collectives per group (torch's count, the same on every rank for the
+    # same collective): a rank behind the furthest never issued the collective the others wait in.
+    ("run_group:gputop_collective_number:max", "max by (run, group) (gputop_collective_number)"),
+    (
+        "gputop:collectives_behind",
+        "run_group:gputop_collective_number:max - on (run, group) group_right gputop_collective_number > 0",
+    ),
     # Seconds every reporting rank has gone past its own hang line (> 0: all stopped).
     ("run:gputop_seconds_past_hang_line:min", "min by (run) (gputop_seconds_since_step - gputop_hang_line_seconds)"),
     # GPU-hours an hour the job's GPUs sit idle: each GPU's idle share, joined to its run through the rank on it.
@@ -157,6 +167,16 @@ HANG = Alert(
     f"on every rank still reporting. Find the rank that is not in a collective: `py-spy dump`, or the stack "
     f"gputop shows for it.",
 )
+BEHIND = Alert(
+    "GputopJobRankBehind",
+    "hang",
+    "gputop:collectives_behind > 0 and on (run) run:gputop_seconds_past_hang_line:min > 0",
+    "30s",
+    "rank {{ $labels.rank }} on {{ $labels.Hostname }} never issued the collective run {{ $labels.run }} waits in "
+    "on {{ $labels.group }}: it is {{ $value }} behind",
+    "The run is hung and the other ranks wait in a collective this rank has not reached: the culprit is here, not "
+    "in the exchange. Its stack in `gputop attach` (or `py-spy dump`) shows where it is.",
+)
 LOADER = Alert(
     "GputopJobLoaderBound",
     "data_loading",
@@ -192,6 +212,7 @@ def alerts() -> list[dict[str, Any]]:
     return [
         *STRAGGLER.graded(STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC),
         HANG.rule("critical"),
+        BEHIND.rule("critical"),
         *LOADER.graded(LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC),
         *COMMUNICATION.graded(EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC),
         STALL.rule("warning"),

@@ -28,6 +28,7 @@ from gputop.protocol import (
     MAX_STACKS_TOP,
     Accepts,
     Bye,
+    GroupCalls,
     Hello,
     ProtocolError,
     SampledFrame,
@@ -360,3 +361,15 @@ class TestWhereItShows:
         (series,) = [dict(zip(family.spec.labels, labels, strict=True)) | {"value": v} for labels, v in family.samples]
         assert series["rank"] == "1" and series["function"] == "compute_metrics" and series["line"] == "57"
         assert series["value"] == pytest.approx(0.38)
+
+    def test_the_exporter_carries_each_stuck_ranks_collective_number_per_group(self) -> None:
+        """What the job rules compare across exporters to name the ranks behind (gputop:collectives_behind)."""
+        groups = (GroupCalls("dp", 88, 40, 39, "all_gather", 1 << 20, True), GroupCalls("tp", None, 3, 3))
+        numbered = msgspec.structs.replace(stacks(1, SPEC_T0 + 9), groups=groups)
+        stuck = {0: [stacks(0, SPEC_T0 + 9)], 1: [numbered]}
+        snapshot = with_stacks(make_snapshot([RankSpec(rank=0), RankSpec(rank=1)]), stuck)
+        by_name = {f.spec.name: f for f in families(summarize(snapshot, span_s=SPAN_S), [], gpu_hostname="node0")}
+        family = by_name["gputop_collective_number"]
+        series = [dict(zip(family.spec.labels, labels, strict=True)) | {"value": v} for labels, v in family.samples]
+        # Rank 0's message numbered nothing (it was stepping); tp's count is unknown to this torch: no series.
+        assert [(s["rank"], s["group"], s["value"]) for s in series] == [("1", "dp", 88.0)], series
