@@ -10,14 +10,16 @@ docs/prometheus/gputop-job-rules.yml loaded, and scrapes itself.
 
 Three runs: "pretrain" (8,000 ranks; rank 4711 becomes a straggler at the plant,
 the others then wait for it in the exchange), "finetune-a" (1,000 ranks, all stop
-stepping at the plant while their reporters go on: a planted hang) and
-"finetune-b" (1,000 ranks, healthy throughout).
+stepping at the plant while their reporters go on: a planted hang, where ranks 17,
+345 and 800 never issued the all-reduce the other 997 wait in, as each rank's stack
+messages number it) and "finetune-b" (1,000 ranks, healthy throughout).
 
 Measured: Prometheus's head series, each scrape's duration and samples, the
 rule group's evaluation time, the CPU and memory of the exporters (per rank),
 of Prometheus and of the synthetic ranks; ``gputop fleet``'s read of the whole
 fleet (latency, memory); and when the planted straggler and hang were found
-(their alerts pending), from the plant and from the hang line.
+(their alerts pending), from the plant and from the hang line, and when the job
+rules named exactly the three ranks behind (``GputopJobRankBehind``).
 
 Run: .venv/bin/python benchmarks/fleet_scale.py [--exporters 8] [--drivers 2] [--warm-s 60] [--scrape-s 15]
 """
@@ -44,7 +46,7 @@ import psutil
 
 from gputop.diagnose.thresholds import HANG_MIN_S
 from gputop.fleet.query import Prometheus, read_fleet
-from gputop.protocol import Hello, Window, encode
+from gputop.protocol import GroupCalls, Hello, StackFrame, Stacks, Window, encode
 from gputop.sketch import sketch_bucket
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +54,8 @@ JOB_RULES = REPO / "docs" / "prometheus" / "gputop-job-rules.yml"
 RANKS_PER_NODE = 8
 STRAGGLER_RUN, STRAGGLER_RANK = "pretrain", 4711  # the rank, or the run's last if it has fewer
 HUNG_RUN = "finetune-a"
+BEHIND = (17, 345, 800)  # the hung run's ranks that never issued the collective the others wait in
+HANG_SEQ = 5000  # the all-reduce the others wait in: its number on their group
 COLLECTOR_PORT = 32400  # + exporter index
 METRICS_PORT = 32500  # + exporter index
 PROMETHEUS_PORT = 32600
@@ -123,6 +127,21 @@ def window(r: Rank, seq: int, step_total: int, t1: float, planted: bool) -> tupl
     ), step_total  # fmt: skip
 
 
+def behind_ranks(world: int) -> tuple[int, ...]:
+    """The hung run's ranks behind: 17, 345 and 800, or three spread over a smaller run."""
+    return BEHIND if world > max(BEHIND) else (1, world // 2, world - 1)
+
+
+def stuck_stacks(r: Rank, t: float) -> bytes:
+    """A hung rank's stack message: where it is and its group's collective number, as a stuck reporter sends."""
+    behind = r.rank in behind_ranks(r.world)
+    group = GroupCalls("dp", HANG_SEQ - 1 if behind else HANG_SEQ, 40, 40 if behind else 39, "all_reduce", 1 << 20,
+                       inside=not behind)  # fmt: skip
+    now = StackFrame("outside", "train.py", 64, "wait_for_operator") if behind else StackFrame("collective", "", 0, "")
+    return encode(Stacks(run_id=r.run, rank=r.rank, t=t, period_s=WINDOW_S, interval_s=0.05, samples=20, now=now,
+                         groups=(group,)))  # fmt: skip
+
+
 async def _report(r: Rank, spread: float, plant_t: float, stop_t: float) -> None:
     """One synthetic reporter: connect (again after a reset, as reporters do), hello, a window a second."""
     await asyncio.sleep(spread * WINDOW_S)  # the ranks' clocks are spread over the window
@@ -133,8 +152,11 @@ async def _report(r: Rank, spread: float, plant_t: float, stop_t: float) -> None
             writer.write(hello(r))
             while time.time() < stop_t:
                 seq += 1
-                data, step_total = window(r, seq, step_total, time.time(), time.time() >= plant_t)
+                planted = time.time() >= plant_t
+                data, step_total = window(r, seq, step_total, time.time(), planted)
                 writer.write(data)
+                if planted and r.run == HUNG_RUN:
+                    writer.write(stuck_stacks(r, time.time()))
                 await writer.drain()
                 await asyncio.sleep(WINDOW_S)
             writer.close()
@@ -266,14 +288,22 @@ def main() -> None:
             c1 = (cpu_s(exporter_procs), cpu_s([prom_proc]), cpu_s(driver_procs), time.monotonic())
             before = alerts(prometheus)
             reporting = one(prometheus, "sum(run:gputop_ranks_reporting)")
-            found_straggler = found_hang = None
-            while time.time() < plant_t + args.after_s and (found_straggler is None or found_hang is None):
+            found_straggler = found_hang = found_behind = None
+            behind = {str(rank) for rank in behind_ranks(args.ranks // 10)}
+            named: set[str] = set()  # every rank GputopJobRankBehind named, right or wrong
+            while time.time() < plant_t + args.after_s and None in (found_straggler, found_hang, found_behind):
                 time.sleep(1)
+                now_named = set()
                 for a in alerts(prometheus):
                     if a["alertname"].startswith("GputopJobStraggler") and a.get("rank") == str(straggler.rank):
                         found_straggler = found_straggler or time.time() - plant_t
                     if a["alertname"] == "GputopJobHang" and a.get("run") == HUNG_RUN:
                         found_hang = found_hang or time.time() - plant_t
+                    if a["alertname"] == "GputopJobRankBehind":
+                        now_named.add(a.get("rank", "?") if a.get("run") == HUNG_RUN else f"{a.get('run')}:?")
+                named |= now_named
+                if now_named == behind:
+                    found_behind = found_behind or time.time() - plant_t
             fleet = [fleet_read(url) for _ in range(3)]
             view = watch_view(url, args.view_s)
             series = one(prometheus, 'prometheus_tsdb_head_series{job="prometheus"}')
@@ -325,6 +355,12 @@ def main() -> None:
         f"alert pending {found_hang:.0f} s after the plant, {found_hang - HANG_MIN_S:.0f} s after the hang line "
         f"({HANG_MIN_S:g} s)")  # fmt: skip
     print(f"planted hang ({HUNG_RUN}): {hang}")
+    wrong = sorted(named - behind, key=str)
+    say = "not named" if found_behind is None else (
+        f"exactly those {len(behind)} named (GputopJobRankBehind pending) {found_behind:.0f} s after the plant, "
+        f"{found_behind - HANG_MIN_S:.0f} s after the hang line")  # fmt: skip
+    print(f"planted ranks behind ({HUNG_RUN} ranks {', '.join(sorted(behind, key=int))}): {say}; "
+          f"other ranks ever named: {', '.join(wrong) or 'none'}")  # fmt: skip
     if view is not None:
         screen, view_rss, view_cpu = view
         print(f"  gputop fleet's live view over {args.view_s:g} s: {100 * view_cpu:.1f}% of a core, RSS "
