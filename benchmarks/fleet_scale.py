@@ -202,15 +202,16 @@ def alerts(prometheus: Prometheus) -> list[dict[str, str]]:
     return [a["metric"] for a in prometheus.query('ALERTS{alertname=~"Gputop.*"}')]
 
 
-def fleet_read(url: str) -> tuple[float, float, int]:
-    """`gputop fleet URL --format json` as a user runs it: seconds, its peak RSS (MiB), runs read."""
+def fleet_read(url: str) -> tuple[float, float, int | str]:
+    """`gputop fleet URL --format json` as a user runs it: seconds, its peak RSS (MiB), runs read (or its error)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "gputop", "fleet", url, "--format", "json"], capture_output=True,
-                          text=True, timeout=120, check=True)  # fmt: skip
+                          text=True, timeout=120)  # fmt: skip
     took = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return took, max(peak, before) / 1024, len(json.loads(done.stdout)["runs"])
+    runs = len(json.loads(done.stdout)["runs"]) if done.returncode == 0 else f"failed: {done.stderr.strip()}"
+    return took, max(peak, before) / 1024, runs
 
 
 def watch_view(url: str, seconds: float) -> tuple[list[str], float, float] | None:
