@@ -69,6 +69,7 @@ class ReporterThread:
         self._clock_errors_reported = 0
         self._refusal_said = False
         self._stop = threading.Event()
+        self._flush_s = EXIT_FLUSH_S  # what the last window and the bye may take: less on SIGTERM
         # The reporter thread sleeps on this lock (held from the start, released by stop): one C call
         # per sleep, where Event.wait runs a Condition's Python code: it wakes up to 20 times a second for stacks.
         self._wake = threading.Lock()
@@ -95,8 +96,10 @@ class ReporterThread:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def stop(self, timeout_s: float) -> None:
-        """Wake the thread to send the last window and a bye; wait at most ``timeout_s`` for it (not from itself)."""
+    def stop(self, timeout_s: float, flush_s: float = EXIT_FLUSH_S) -> None:
+        """Wake the thread to send the last window and a bye, within ``flush_s`` and a linger; wait at most
+        ``timeout_s`` for it (not from itself)."""
+        self._flush_s = flush_s
         self._stop.set()
         self._wake.release()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -322,7 +325,7 @@ class ReporterThread:
                 detail=self._side.ending.detail,
             )
             self.sender.enqueue(encode(bye))
-            deadline = time.monotonic() + EXIT_FLUSH_S
+            deadline = time.monotonic() + self._flush_s
             while time.monotonic() < deadline:
                 self.sender.pump()
                 if self.sender.idle or not self.sender.connected:
