@@ -112,6 +112,8 @@ class SigtermBye:
         waiting on its pipe, with nothing to do.  Any thread.  Never raises."""
         if not self._installed:
             return
+        if self._acting.locked() and os.getpid() == self._pid:
+            self._wait_for_the_end()  # SIGTERM's bye is under way: the process is to die of it
         self._installed = False
         with contextlib.suppress(Exception):
             if signal.set_wakeup_fd == self._wakeup_fd_taken:
@@ -146,13 +148,21 @@ class SigtermBye:
             self._die()
 
     def _act(self) -> None:
-        """Say bye within ``BYE_S``, then die of SIGTERM by its default action.  Once: a second caller returns
-        (the first one ends the process within ``BYE_S``)."""
+        """Say bye within ``BYE_S``, then die of SIGTERM by its default action.  Once: a second caller waits for
+        the first to end the process."""
         if not self._acting.acquire(blocking=False):
+            self._wait_for_the_end()
             return
         with contextlib.suppress(Exception):
             self._ending.how, self._ending.detail = "signal", "SIGTERM"
             self._say_bye(BYE_S)
+        self._die()
+
+    def _wait_for_the_end(self) -> None:
+        """Another thread is saying SIGTERM's bye and ends the process within ``BYE_S``: wait for it, so that
+        this one does not end it first another way (the exception a peer's death raises in a collective, the
+        script's own exit: with status 1 or 0, not SIGTERM's); if it has not by then, die here."""
+        self._acting.acquire(timeout=BYE_S + 1.0)
         self._die()
 
     def _die(self) -> None:

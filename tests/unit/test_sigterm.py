@@ -7,6 +7,7 @@ for its all-reduce so).  Each child writes the bye it would send, and on which t
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ out = sys.argv[1]
 ending = Ending()
 
 def say_bye(bound_s):  # what the reporter does: the last window and the bye, within bound_s
+    time.sleep(float(os.environ.get("BYE_TAKES_S", "0")))
     with open(out, "a") as fh:
         fh.write(f"bye {ending.how} {ending.detail} from {threading.current_thread().name} within {bound_s}\\n")
 
@@ -53,12 +55,15 @@ class Ended:
     out: str
 
 
-def run_child(tmp_path: Path, body: str, before: str = "", sig: int | None = signal.SIGTERM) -> Ended:
+def run_child(
+    tmp_path: Path, body: str, before: str = "", sig: int | None = signal.SIGTERM, bye_takes_s: float = 0.0
+) -> Ended:
     """Start a child that installs a SigtermBye after ``before``, then runs ``body``; signal it once ready."""
     out = tmp_path / "byes"
     code = CHILD.replace("{before}", textwrap.dedent(before)).replace("{body}", textwrap.dedent(body))
+    env = {**os.environ, "BYE_TAKES_S": str(bye_takes_s)}
     child = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                             stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
     assert child.stdout is not None
     said = child.stdout.readline().strip()
     time.sleep(0.2)  # into the body
@@ -90,6 +95,14 @@ def test_a_main_thread_in_the_interpreter_says_bye_itself_and_dies_of_sigterm(tm
     assert ended.status == -signal.SIGTERM, ended
     # Whichever heard it first said bye, once.
     assert ended.byes.startswith("bye signal SIGTERM from ") and ended.byes.count("\n") == 1, ended
+
+
+def test_a_main_thread_back_from_c_during_the_bye_waits_for_it_and_still_dies_of_sigterm(tmp_path: Path) -> None:
+    """The thread says bye (slowly here); the main thread comes back from C meanwhile and would exit 1 (as a
+    rank whose peer died in the collective does, on gloo's error): it waits for the bye, the process dies of
+    SIGTERM."""
+    ended = run_child(tmp_path, 'ctypes.CDLL(None).system(b"sleep 0.3")\nsys.exit(1)', bye_takes_s=0.6)
+    assert (ended.status, ended.byes) == (-signal.SIGTERM, "bye signal SIGTERM from gputop-sigterm within 0.5\n"), ended
 
 
 def test_a_handler_the_script_set_before_is_left_as_it_was_and_runs(tmp_path: Path) -> None:
