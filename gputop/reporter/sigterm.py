@@ -22,7 +22,9 @@ What could leave the rank alive after SIGTERM, and what keeps it from happening:
 
 - the wakeup fd taken after us (asyncio's ``add_signal_handler``, a GUI loop): ``signal.set_wakeup_fd`` is
   wrapped, and whoever sets another fd puts SIGTERM back to its default action first;
-- a handler the script sets after us: the thread sees the handler is no longer ours and leaves SIGTERM to it;
+- a handler the script sets after us: the thread sees the handler is no longer ours and leaves SIGTERM to it,
+  and ours, if theirs calls it as the one before (Lightning's does, to stop training on its own terms, or to
+  outlive SIGTERM for SLURM's requeue), does nothing, as the default it stands for would not be called;
 - a child forked from the rank (a DataLoader worker) inherits the handler and the wakeup fd: both are reset in
   it (``os.register_at_fork``), and only the process that installed them acts;
 - the interpreter's exit: the reporter's shutdown calls ``uninstall`` first, so a rank stuck in its teardown
@@ -139,9 +141,12 @@ class SigtermBye:
                 self._act()
 
     def _on_main_thread(self, signum: int, frame: FrameType | None) -> None:
-        """Python's handler, when the main thread gets there first (it was in the interpreter); or a script's
-        handler set after ours calls it, as the one before.  Where it is no longer ours to act on (a forked
-        child, the interpreter's exit), it does what the default would: the process dies of SIGTERM."""
+        """Python's handler, when the main thread gets there first (it was in the interpreter).  A handler set
+        after ours that calls it as the one before (Lightning's does) gets nothing done: SIGTERM is theirs, as it
+        would be had the default been there, which no handler calls.  Where it is ours but not to act on (a
+        forked child, the interpreter's exit), it does what the default would: the process dies of SIGTERM."""
+        if signal.getsignal(signal.SIGTERM) is not self._handler:
+            return
         if os.getpid() == self._pid and self._installed:
             self._act()
         else:

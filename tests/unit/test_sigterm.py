@@ -117,6 +117,27 @@ def test_a_handler_the_script_sets_after_takes_over_and_gputop_does_nothing(tmp_
     assert (ended.status, ended.byes, ended.out) == (3, "", "their handler\n"), ended
 
 
+def test_a_handler_set_after_that_calls_ours_as_the_one_before_keeps_the_process_alive(tmp_path: Path) -> None:
+    """Lightning's way: its handler notes SIGTERM, calls the handler that was there, and training stops on its
+    own terms (or goes on, for SLURM's requeue).  Ours stands for the default, which no handler calls: it does
+    nothing, and the process goes on."""
+    body = """
+        previous = signal.getsignal(signal.SIGTERM)
+        stopping = []
+        def lightnings(signum, frame):
+            stopping.append(signum)
+            if callable(previous):
+                previous(signum, frame)
+        signal.signal(signal.SIGTERM, lightnings)
+        while not stopping:
+            time.sleep(0.01)
+        time.sleep(1.0)  # the thread, had it acted on the byte in our pipe, would have ended the process by now
+        print("stopped on its own terms")
+    """
+    ended = run_child(tmp_path, body)
+    assert (ended.status, ended.byes, ended.out) == (0, "", "stopped on its own terms\n"), ended
+
+
 def test_an_ignored_sigterm_stays_ignored(tmp_path: Path) -> None:
     ended = run_child(tmp_path, "time.sleep(1)", before="signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     assert ended.said.startswith("ready False"), ended
