@@ -35,6 +35,9 @@ from gputop.reporter.sigterm import SigtermBye
 from gputop.reporter.training_side import TrainingSide
 
 DEFAULT_WINDOW_S = settings.WINDOW_S.default
+# Of SIGTERM's bound for the bye, the reporter thread's share (its last window and bye); the rest is for the bye
+# on a connection of its own, where that thread is stuck (the DDP probe waits on DDP's lock during a hang).
+BYE_OWN_SHARE = 0.6
 
 
 def _forget_in_forked_children(reporter: Reporter) -> None:
@@ -322,9 +325,14 @@ class Reporter:
 
     def _bye_on_sigterm(self, bound_s: float) -> None:
         """SIGTERM's bye (``sigterm.SigtermBye``), from whichever thread heard it first: the last window and the
-        bye, and the wait for them, all within ``bound_s``; the process dies of the signal next."""
-        if os.getpid() == self.pid and not self.thread.stopping:  # stopping: the exit's bye is on its way
-            self.thread.stop(bound_s, flush_s=max(bound_s - EXIT_LINGER_MIN_S, 0.0))
+        bye, and the wait for them, all within ``bound_s``; the process dies of the signal next.  Where the
+        reporter thread cannot say it in its share of the bound, the bye alone goes on a connection of its own."""
+        if os.getpid() != self.pid or self.thread.stopping:  # stopping: the exit's bye is on its way
+            return
+        own_s = bound_s * BYE_OWN_SHARE
+        self.thread.stop(own_s, flush_s=max(own_s - EXIT_LINGER_MIN_S, 0.0))
+        if self.thread.alive:  # stuck short of its bye (in a probe): the bye on a connection of its own
+            self.thread.bye_apart(bound_s - own_s)
 
     # -- the trainer's logger ------------------------------------------------------------
 

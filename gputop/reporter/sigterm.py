@@ -12,7 +12,8 @@ script's own handler, or an ignored SIGTERM, is left as it is and nothing here r
   interpreter's C-level handler writes the signal's number there the moment SIGTERM arrives, whatever the main
   thread is doing.
 - A daemon thread of ours waits on the pipe (a blocked ``read()``, no CPU).  On SIGTERM it notes the ending,
-  asks the reporter thread for the last window and the bye (``say_bye``, bounded by ``BYE_S``), resets SIGTERM
+  asks the reporter for the last window and the bye (``say_bye``, bounded by ``BYE_S``: the reporter thread's,
+  or the bye alone on a connection of its own where that thread is stuck), resets SIGTERM
   to its default action in C (libc's ``signal()``: ``signal.signal`` is the main thread's only) and sends
   SIGTERM to the process again, which then dies of it as it would have: wait status "killed by signal 15",
   143 under a launcher.  If the main thread reaches the Python handler first, it does the same; whichever
@@ -32,8 +33,8 @@ What could leave the rank alive after SIGTERM, and what keeps it from happening:
 - a main thread that holds the GIL while it blocks, in a C extension that never lets go of it: the thread
   cannot run until it does.  torch's collectives let go of it while they wait: measured, a thread of a gloo
   rank kept running every 50 ms while its main thread waited 3 s in an all-reduce and in DDP's backward, and
-  a rank blocked in DDP's exchange with a peer cut off the network died 0.57 s after SIGTERM (its bye held up
-  by the reporter thread, itself waiting on DDP's lock in the DDP probe's read: the bound let it go).
+  a rank blocked in DDP's exchange with a peer cut off the network died 0.37 s after SIGTERM, its bye sent
+  on a connection of its own (its reporter thread waits on DDP's lock there, in the DDP probe's read).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Any
 
 from gputop.reporter.ending import Ending
 
-BYE_S = 0.5  # the most SIGTERM waits for the last window and the bye to leave before the process dies of it
+BYE_S = 0.5  # the most SIGTERM waits for its bye to leave (reporter.py: two ways) before the process dies of it
 
 
 class SigtermBye:

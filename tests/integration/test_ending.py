@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -66,9 +67,9 @@ def test_a_job_stopped_with_sigterm_reads_ended_by_it_on_every_rank_not_lost(col
 def test_a_job_blocked_in_a_collective_still_dies_of_sigterm_at_once(collector: Collector) -> None:
     """Rank 1 blocks on a lock after step 30; rank 0 waits for it inside DDP's all-reduce, in C++, never back
     in the interpreter.  SIGTERM ends both by the signal, well before the launcher's SIGKILL would: gputop's
-    handler delays no death (gputop/reporter/sigterm.py).  Rank 1 was in the interpreter: its handler says bye.
-    Rank 0's thread does, if its reporter thread can within the bound: that thread may be waiting on DDP's own
-    lock, held by the blocked all-reduce (the DDP probe's read), until rank 1's end fails the all-reduce."""
+    handler delays no death (gputop/reporter/sigterm.py).  Rank 1 was in the interpreter: its handler says bye;
+    rank 0's thread does, through its reporter thread or, where that one waits on DDP's lock (the DDP probe's
+    read, while the all-reduce holds it), on a connection of its own."""
     job = running_job(collector, "--hang-at", "30", "--hang-s", "120")
 
     def blocked() -> bool:  # rank 1 reached its lock (its reporter goes on; rank 0's may wait on DDP's lock)
@@ -83,6 +84,59 @@ def test_a_job_blocked_in_a_collective_still_dies_of_sigterm_at_once(collector: 
     assert took_s < STOP_GRACE_S, f"{measured}: a rank outlived SIGTERM until the launcher's SIGKILL"
     assert wait_for(lambda: states(collector).get(1) == BY_SIGTERM, timeout_s=15), f"{measured}; {states(collector)}"
     print(f"blocked in a collective: {measured}; ranks {states(collector)}")
+
+
+STUCK_REPORTER = """
+import ctypes, threading, time
+import gputop
+
+reporter = gputop.watch()
+held = threading.Lock()
+held.acquire()
+
+
+class DdpLoggerInAHang:  # DDP's logger while an all-reduce waits for a peer: it waits on DDP's lock, held
+    name, not_measured, stuck = "ddp_stats", None, False
+
+    def read(self, marks):
+        if self.stuck:
+            held.acquire()
+        return {}
+
+
+probe = DdpLoggerInAHang()
+reporter.side.probes = (*reporter.side.probes, probe)
+time.sleep(1.0)  # windows sent
+probe.stuck = True
+print("stuck", flush=True)
+mutex = ctypes.create_string_buffer(64)  # and the main thread in C for good, as in the all-reduce
+ctypes.CDLL(None).pthread_mutex_lock(mutex)
+ctypes.CDLL(None).pthread_mutex_lock(mutex)
+"""
+
+
+def test_a_rank_whose_reporter_thread_is_stuck_says_bye_on_a_connection_of_its_own(collector: Collector) -> None:
+    """A rank in a hang whose reporter thread waits in a probe (DDP's logger waits on DDP's lock while the
+    all-reduce waits for a peer: measured over a link cut between two network namespaces) cannot send its
+    bye; it goes alone on a new connection, within the same half second, and the rank reads ended by SIGTERM."""
+    env = {**os.environ, "GPUTOP_PORT": str(collector.address.port), **SHORT}
+    env.pop("GPUTOP_SOCKET", None)
+    rank = subprocess.Popen([sys.executable, "-c", STUCK_REPORTER], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert rank.stdout is not None and rank.stdout.readline().strip() == "stuck", rank.communicate(timeout=30)
+    time.sleep(1.0)  # the reporter thread into the stuck read at its next window
+    sent = time.monotonic()
+    rank.send_signal(signal.SIGTERM)
+    try:
+        out, _ = rank.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        rank.kill()
+        out, _ = rank.communicate()
+    measured = f"it exited {rank.returncode} {time.monotonic() - sent:.2f} s after SIGTERM"
+    assert rank.returncode == -signal.SIGTERM, f"{measured}; it printed:\n{out[-2000:]}"
+    said = wait_for(lambda: BY_SIGTERM in states(collector).values(), timeout_s=10)
+    assert said, f"{measured}; the collector read {states(collector)}"
+    print(f"reporter thread stuck: {measured}, {states(collector)}")
 
 
 def test_a_rank_whose_script_raises_reads_failed_with_the_exception_not_lost(collector: Collector) -> None:
