@@ -104,10 +104,14 @@ class SigtermBye:
             self.why_not = "the interpreter's signal wakeup fd is another's (an asyncio loop's)"
             return
         self._pipe = (read_fd, write_fd)
+        try:  # the thread first: a handler of ours without it would wait for the interpreter, as the first one did
+            threading.Thread(target=self._watch, args=(read_fd,), name="gputop-sigterm", daemon=True).start()
+        except Exception:
+            self._set_wakeup_fd(-1)
+            raise
         signal.signal(signal.SIGTERM, self._handler)
-        signal.set_wakeup_fd = self._wakeup_fd_taken
         self._installed = True
-        threading.Thread(target=self._watch, args=(read_fd,), name="gputop-sigterm", daemon=True).start()
+        signal.set_wakeup_fd = self._wakeup_fd_taken
         os.register_at_fork(after_in_child=self._forget_in_child)
 
     def uninstall(self) -> None:
