@@ -47,7 +47,8 @@ def _live(prometheus: Prometheus, runs: list[FleetRun], args: argparse.Namespace
 
 def run_lines(run: FleetRun) -> list[str]:
     """A run's line, its slowest ranks', and one line per alert at work."""
-    figures = [f"{run.ranks} ranks" + (f" ({run.lost} lost)" if run.lost else "")]
+    no_longer_live = run.ended_text()  # "2 finished, 1 failed, 1 lost"
+    figures = [f"{run.ranks} ranks" + (f" ({no_longer_live})" if no_longer_live else "")]
     if run.step_s is not None:
         figures.append(f"step {run.step_s * 1e3:.1f} ms")
     if run.steps_per_s is not None:

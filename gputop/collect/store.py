@@ -72,6 +72,7 @@ class _Rank:
     connected: bool = True
     done: bool = False
     done_reason: str = "finished"  # how its bye says it ended: "finished", "ended by SIGTERM", "failed: …"
+    done_how: str = "exit"  # and the bye's own word for it: exit, signal, exception
     lost_reason: str = ""
     last_seq: int = -1
 
@@ -158,7 +159,7 @@ class Store:
             rank.stacks.append(message)
         elif isinstance(message, Bye):
             rank.done = True
-            rank.done_reason = ended_text(message)
+            rank.done_reason, rank.done_how = ended_text(message), message.how
 
     def _per_rank_windows(self) -> int | None:
         if self._history_windows is None:
@@ -317,6 +318,7 @@ class Store:
             status=status,
             status_reason=reason,
             last_seen_t=state.last_seen_t,
+            ended_how=state.done_how if status == DONE else "",
             events=tuple(state.events),
             captures=tuple(state.captures),
             stacks=tuple(state.stacks),

@@ -28,7 +28,7 @@ from gputop.diagnose.thresholds import HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STE
 from gputop.diagnose.waste import idle_gpus
 from gputop.model.figures import Figures, RankFigures
 from gputop.model.frames import span_frames
-from gputop.model.snapshot import LIVE, LOST
+from gputop.model.snapshot import DONE, LIVE, LOST
 
 Kind = Literal["gauge", "counter"]
 MAX_RANK_SERIES = 4096  # ranks exported per scrape; a 1,024-rank job is ~35k series in all
@@ -63,6 +63,12 @@ def _gpu(name: str, help_text: str, extra: tuple[str, ...] = ()) -> Spec:
 SPAN = "over the last 10 s of windows"
 METRICS: tuple[Spec, ...] = (
     _rank("gputop_rank_up", "1 while the rank reports (or finished cleanly), 0 once it is lost"),
+    _rank(
+        "gputop_rank_ended",
+        "1 once the rank said bye, labelled with how it ended: exit (finished), signal (SIGTERM, SIGINT), "
+        "exception (failed)",
+        extra=("how",),
+    ),
     _rank("gputop_steps", "Optimizer steps the rank has taken", "counter"),
     _rank("gputop_step_time_seconds", f"Wall time per training step, quantile {SPAN}", extra=("quantile",)),
     _rank("gputop_step_time_mean_seconds", f"Mean wall time per training step {SPAN}"),
@@ -179,6 +185,7 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
 
     return {
         "gputop_rank_up": [((), 0.0 if r.status == LOST else 1.0)],
+        "gputop_rank_ended": [((r.snapshot.ended_how,), 1.0)] if r.status == DONE else [],
         "gputop_steps": [((), float(last.step_total) if last is not None and last.step_total is not None else None)],
         "gputop_step_time_seconds": [(("0.5",), s.step.p50_s), (("0.95",), s.step.p95_s)],
         "gputop_step_time_mean_seconds": [((), step)],

@@ -30,6 +30,8 @@ How each rule reads the series (docs/prometheus.md, "Rules for a job"):
   hang, each whose collective number on a group (``gputop_collective_number``,
   torch's count, exported while it is stuck) is below the run's furthest never
   issued the collective the others wait in, one alert each, across exporters;
+- ranks lost: a rank gone without a bye (``gputop_rank_up`` 0) for a minute;
+  one that ended (finished, SIGTERM, an exception) said bye and is not lost;
 - per collective: which rank reaches each kind of collective on each group last
   (it waits least there: ``gputop:collective_last_to_arrive``) and how much
   longer the typical rank waits in it each step
@@ -177,6 +179,18 @@ BEHIND = Alert(
     "The run is hung and the other ranks wait in a collective this rank has not reached: the culprit is here, not "
     "in the exchange. Its stack in `gputop attach` (or `py-spy dump`) shows where it is.",
 )
+# Lost means gone without a bye: a rank that ends by itself, by SIGTERM (gputop/reporter/sigterm.py) or by an
+# exception says bye and reads done, so a finished, cancelled or failed job does not fire it.
+RANKS_LOST = Alert(
+    "GputopJobRanksLost",
+    "hang",
+    "count by (run) (gputop_rank_up == 0) > 0",
+    "1m",
+    "run {{ $labels.run }} lost {{ $value }} rank(s): gone without a bye",
+    "A rank that ends by itself, by SIGTERM or by an exception says bye (a cancelled job is no loss); one that "
+    "vanished (SIGKILL, the OOM killer, a node gone) did not, and the ranks left wait for it in their next "
+    "collective. Look at the lost ranks' hosts: the kernel log (dmesg) for the OOM killer, the scheduler's.",
+)
 LOADER = Alert(
     "GputopJobLoaderBound",
     "data_loading",
@@ -213,6 +227,7 @@ def alerts() -> list[dict[str, Any]]:
         *STRAGGLER.graded(STRAGGLER_WAIT_WARN_FRAC, STRAGGLER_WAIT_CRITICAL_FRAC),
         HANG.rule("critical"),
         BEHIND.rule("critical"),
+        RANKS_LOST.rule("critical"),
         *LOADER.graded(LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC),
         *COMMUNICATION.graded(EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC),
         STALL.rule("warning"),

@@ -69,6 +69,8 @@ class FleetRun:
     run: str
     ranks: int = 0  # ranks its exporters export (reporting, finished or lost) in the last scrape
     lost: int = 0  # of those, ranks their exporter lost (silent, or gone without a bye: gputop_rank_up 0)
+    finished: int = 0  # ranks that said bye on a normal exit or a signal (SIGTERM: cancelled; gputop_rank_ended)
+    failed: int = 0  # ranks that said bye on an exception
     step_s: float | None = None  # the run's median step
     steps_per_s: float | None = None
     loader_wait: float | None = None
@@ -78,6 +80,11 @@ class FleetRun:
     slowest: list[SlowRank] = field(default_factory=list)
     alerts: list[FiringAlert] = field(default_factory=list)
     waits: list[CollectiveWait] = field(default_factory=list)  # the longest wait first
+
+    def ended_text(self) -> str:
+        """Its ranks that are no longer live, as a count each: "2 finished, 1 failed, 1 lost"; "" when none."""
+        counts = (("finished", self.finished), ("failed", self.failed), ("lost", self.lost))
+        return ", ".join(f"{n} {word}" for word, n in counts if n)
 
     def last_in(self, rank: str, hostname: str) -> CollectiveWait | None:
         """The collective this rank reaches last in which the others wait the longest; None: in none."""
@@ -130,18 +137,13 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
     only = f"{{{matcher}}}" if run else ""
     # A run is known by its median step or, when none of its ranks stepped in the exporters' span (a hang),
     # by its ranks that report: the run that most needs a look must not drop out of the view.
+    # And a run whose ranks all ended (finished, failed or lost) by the ranks its exporters still export.
     medians = prometheus.query(f"run:gputop_step_seconds:median{only}")
     reporting = prometheus.query(f"run:gputop_ranks_reporting{only}")
+    exported = prometheus.query(f"count by (run) (gputop_rank_up{only})")
     if not medians and not reporting:
-        if not prometheus.query("count(gputop_rank_up)"):
-            raise FleetError(f"{prometheus.url} has no gputop series: is it scraping gputop's exporters?")
-        if not prometheus.query("count(run:gputop_step_seconds:median) or count(run:gputop_ranks_reporting)"):
-            raise FleetError(
-                f"{prometheus.url} has gputop's series but not the job rules: load gputop-job-rules.yml "
-                "(python -m gputop.export.rules) into its rule_files"
-            )
-        raise FleetError(f"no run {run!r} in {prometheus.url}: `gputop fleet {prometheus.url}` lists the runs")
-    runs = {_run(r): FleetRun(_run(r)) for r in reporting}
+        _why_no_run_reads(prometheus, run, exported)
+    runs = {_run(r): FleetRun(_run(r)) for r in (*reporting, *exported)}
     for r in medians:
         runs.setdefault(_run(r), FleetRun(_run(r))).step_s = _value(r)
     for name, attribute in (
@@ -153,10 +155,9 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
     ):
         for entry, r in _per_run(prometheus, f"{name}{only}", runs):
             setattr(entry, attribute, _value(r))
-    for entry, r in _per_run(prometheus, f"count by (run) (gputop_rank_up{only})", runs):
-        entry.ranks = int(_value(r) or 0)
-    for entry, r in _per_run(prometheus, f"count by (run) (gputop_rank_up{only} == 0)", runs):
-        entry.lost = int(_value(r) or 0)
+    for r in exported:
+        runs[_run(r)].ranks = int(_value(r) or 0)
+    _read_ended(prometheus, only, runs)
     for entry, r in _per_run(prometheus, f"run:gputop_slowest_ranks:top{WORST_RANKS}{only}", runs):
         labels = r["metric"]
         if (score := _value(r)) is not None:
@@ -175,6 +176,33 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
         entry.slowest.sort(key=lambda s: -s.score)
         entry.alerts.sort(key=lambda a: (a.state != "firing", a.severity != "critical", a.name, a.rank))
     return sorted(runs.values(), key=lambda e: (not any(a.state == "firing" for a in e.alerts), e.run))
+
+
+def _why_no_run_reads(prometheus: Prometheus, run: str | None, exported: list[dict[str, Any]]) -> None:
+    """Raise why no run has a median step nor ranks reporting, unless it is that every run known has ended."""
+    if not prometheus.query("count(gputop_rank_up)"):
+        raise FleetError(f"{prometheus.url} has no gputop series: is it scraping gputop's exporters?")
+    rules_recorded = prometheus.query("count(run:gputop_step_seconds:median) or count(run:gputop_ranks_reporting)")
+    if not rules_recorded and prometheus.query("count(gputop_seconds_since_step)"):  # ranks report: rules would say
+        raise FleetError(
+            f"{prometheus.url} has gputop's series but not the job rules: load gputop-job-rules.yml "
+            "(python -m gputop.export.rules) into its rule_files"
+        )
+    if not exported:
+        raise FleetError(f"no run {run!r} in {prometheus.url}: `gputop fleet {prometheus.url}` lists the runs")
+
+
+def _read_ended(prometheus: Prometheus, only: str, runs: dict[str, FleetRun]) -> None:
+    """Each run's ranks that are no longer live: lost (gone without a bye), finished (a normal exit or a signal
+    such as a cancellation's SIGTERM) and failed (an exception), from the bye each said."""
+    for entry, r in _per_run(prometheus, f"count by (run) (gputop_rank_up{only} == 0)", runs):
+        entry.lost = int(_value(r) or 0)
+    for entry, r in _per_run(prometheus, f"count by (run, how) (gputop_rank_ended{only})", runs):
+        count = int(_value(r) or 0)
+        if r["metric"].get("how") == "exception":
+            entry.failed += count
+        else:
+            entry.finished += count
 
 
 def _read_waits(prometheus: Prometheus, only: str, runs: dict[str, FleetRun]) -> None:
@@ -288,6 +316,14 @@ STOPPED = "no rank of the run took a step in its exporters' last 10 s (a hang or
 PER_STEP = ("step_s", "loader_wait", "exposed_comm")
 
 
+ENDED = "every rank of the run has ended (finished, failed or lost): none steps any more"
+
+
+def ended(run: FleetRun) -> bool:
+    """No rank of the run reports any more: each said bye or was lost."""
+    return 0 < run.ranks <= run.finished + run.failed + run.lost
+
+
 def stopped(run: FleetRun) -> bool:
     """The run's ranks report, and none of them stepped lately."""
     return run.step_s is None and run.steps_per_s == 0
@@ -296,7 +332,9 @@ def stopped(run: FleetRun) -> bool:
 def missing_reasons(run: FleetRun) -> dict[str, str]:
     """Why each of the run's figures Prometheus had no value for is N/A, by attribute name."""
     return {
-        name: f"{why.split(':')[0]}: {STOPPED}" if stopped(run) and name in PER_STEP else why
+        name: f"{why.split(':')[0]}: {ENDED if ended(run) else STOPPED}"
+        if (stopped(run) or ended(run)) and name in PER_STEP
+        else why
         for name, why in MISSING.items()
         if getattr(run, name) is None
     }

@@ -44,6 +44,8 @@ class RankSnapshot:
     status: Status
     status_reason: str
     last_seen_t: float
+    # A done rank's bye: "exit" (finished), "signal" (SIGTERM, SIGINT), "exception" (failed); "" for any other.
+    ended_how: str = ""
     events: tuple[Event, ...] = ()
     captures: tuple[CaptureResult, ...] = ()  # profiler captures it answered, oldest first
     # Where its training thread was, oldest first: one message a second from a reporter that samples its stack

@@ -287,7 +287,7 @@ class Bye(_Message, frozen=True, kw_only=True, tag="bye"):
     t: float
     step_total: Count = 0
     dropped: Count = 0
-    # "exit": the script ended; "signal": Ctrl-C ended it (``detail`` "SIGINT"); "exception": an uncaught
-    # exception did (``detail`` "RuntimeError: …").  gputop/reporter/ending.py.
+    # "exit": the script ended; "signal": a signal ended it (``detail`` "SIGTERM", "SIGINT"); "exception": an
+    # uncaught exception did (``detail`` "RuntimeError: …").  gputop/reporter/ending.py, sigterm.py.
     how: Literal["exit", "signal", "exception"] = "exit"
     detail: Text = ""

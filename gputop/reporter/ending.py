@@ -1,16 +1,15 @@
-"""How a rank's process ends, for its bye: it finished, an exception ended it, or Ctrl-C did (issue #48).
+"""How a rank's process ends, for its bye: it finished, a signal ended it, or an exception did (issue #48).
 
 ``Ending.install()`` wraps ``sys.excepthook``: an exception that ends the main thread is noted ("RuntimeError:
 CUDA out of memory"; Ctrl-C's KeyboardInterrupt as the signal SIGINT), then handed to the hook that was there.
 The bye the exit sends (``atexit``) says so, and the rank reads "failed: …" or "ended by SIGINT", not "lost".
 
-SIGTERM is not intercepted, by design. A Python handler runs only when the main thread returns to the
-interpreter; a rank blocked in a collective (gloo waits holding the GIL, NCCL's `wait()` in C++) would then
-ignore the SIGTERM that ``scancel``, a container's stop or torchrun send a hung job, until their SIGKILL 30 s
-later, where the default action ends it at once. The test that caught it: a 4-rank job over two network
-namespaces whose node-a ranks, blocked in the exchange with a lost node, no longer died on SIGTERM
-(tests/integration/test_multi_host.py). A SIGTERMed rank therefore still reads "lost"; telling it from a
-vanished one needs its launcher's word (docs/diagnosis.md#hang).
+SIGTERM (``scancel``, a container's stop, ``kill``, torchrun) is noted by ``sigterm.SigtermBye``, which sends
+the bye and lets the process die of the signal within half a second, wherever its main thread is: a Python
+handler alone would wait for the interpreter, which a rank blocked in a collective never reaches, until the
+SIGKILL 30 s later (tests/integration/test_multi_host.py caught a first handler that did).  A signal noted
+first stays the reading: the exception a peer's end then raises in a collective is its consequence.  A rank
+killed by SIGKILL, the OOM killer or a lost node says nothing: that, and only that, reads "lost".
 """
 
 from __future__ import annotations
@@ -42,7 +41,9 @@ class Ending:
 
     def _on_exception(self, kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
         with contextlib.suppress(Exception):
-            if issubclass(kind, KeyboardInterrupt):
+            if self.how == "signal":
+                pass  # SIGTERM came first; this is what it set off (a peer's collective, gone with its rank)
+            elif issubclass(kind, KeyboardInterrupt):
                 self.how, self.detail = "signal", "SIGINT"  # Ctrl-C: the user stopped it
             else:
                 self.how, self.detail = "exception", f"{kind.__name__}: {value}"[:DETAIL_CHARS]

@@ -30,10 +30,14 @@ from gputop.reporter.clock import input_numel, output_node
 from gputop.reporter.device_peak import measure_cpu_peak
 from gputop.reporter.flops import FlopCounter, shape_key
 from gputop.reporter.model_probes import ModelProbes, marking_closure
-from gputop.reporter.reporter_thread import EXIT_FLUSH_S, ReporterThread
+from gputop.reporter.reporter_thread import EXIT_FLUSH_S, EXIT_LINGER_MIN_S, ReporterThread
+from gputop.reporter.sigterm import SigtermBye
 from gputop.reporter.training_side import TrainingSide
 
 DEFAULT_WINDOW_S = settings.WINDOW_S.default
+# Of SIGTERM's bound for the bye, the reporter thread's share (its last window and bye); the rest is for the bye
+# on a connection of its own, where that thread is stuck (the DDP probe waits on DDP's lock during a hang).
+BYE_OWN_SHARE = 0.6
 
 
 def _forget_in_forked_children(reporter: Reporter) -> None:
@@ -71,6 +75,7 @@ class Reporter:
         self._sync_forwards_only = False
         self._cpu_peak_wanted = False  # a CPU rank measures its matmul peak once, in a step the counter slows anyway
         self.thread = ReporterThread(address, side)  # its sender, windows, stacks, node sampler
+        self.sigterm = SigtermBye(side.ending, self._bye_on_sigterm)  # a bye, then death by SIGTERM
         self._model_probes = ModelProbes(side, self.thread.announcer, self._hook_handles, cuda)
         _forget_in_forked_children(self)
 
@@ -83,6 +88,7 @@ class Reporter:
         self.thread.announcer.refresh_hello()
         self._install_step_hook()
         side.ending.install()
+        self.sigterm.install()
         atexit.register(self.shutdown)
         try:  # multiprocessing children (mp.spawn) skip atexit but run these finalizers
             import multiprocessing.util
@@ -312,10 +318,22 @@ class Reporter:
         """Send the last window and a bye, waiting at most EXIT_FLUSH_S.  Idempotent."""
         if os.getpid() != self.pid or self.thread.stopping:
             return
+        self.sigterm.uninstall()  # from here SIGTERM ends the process at once, even in the interpreter's teardown
         self.thread.stop(EXIT_FLUSH_S + 0.5)
         for handle in self._hook_handles:
             with contextlib.suppress(Exception):
                 handle.remove()
+
+    def _bye_on_sigterm(self, bound_s: float) -> None:
+        """SIGTERM's bye (``sigterm.SigtermBye``), from whichever thread heard it first: the last window and the
+        bye, and the wait for them, all within ``bound_s``; the process dies of the signal next.  Where the
+        reporter thread cannot say it in its share of the bound, the bye alone goes on a connection of its own."""
+        if os.getpid() != self.pid or self.thread.stopping:  # stopping: the exit's bye is on its way
+            return
+        own_s = bound_s * BYE_OWN_SHARE
+        self.thread.stop(own_s, flush_s=max(own_s - EXIT_LINGER_MIN_S, 0.0))
+        if self.thread.alive:  # stuck short of its bye (in a probe): the bye on a connection of its own
+            self.thread.bye_apart(bound_s - own_s)
 
     # -- the trainer's logger ------------------------------------------------------------
 

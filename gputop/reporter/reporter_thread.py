@@ -69,6 +69,7 @@ class ReporterThread:
         self._clock_errors_reported = 0
         self._refusal_said = False
         self._stop = threading.Event()
+        self._flush_s = EXIT_FLUSH_S  # what the last window and the bye may take: less on SIGTERM
         # The reporter thread sleeps on this lock (held from the start, released by stop): one C call
         # per sleep, where Event.wait runs a Condition's Python code: it wakes up to 20 times a second for stacks.
         self._wake = threading.Lock()
@@ -100,8 +101,10 @@ class ReporterThread:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def stop(self, timeout_s: float) -> None:
-        """Wake the thread to send the last window and a bye; wait at most ``timeout_s`` for it (not from itself)."""
+    def stop(self, timeout_s: float, flush_s: float = EXIT_FLUSH_S) -> None:
+        """Wake the thread to send the last window and a bye, within ``flush_s`` and a linger; wait at most
+        ``timeout_s`` for it (not from itself)."""
+        self._flush_s = flush_s
         self._stop.set()
         self._wake.release()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -316,18 +319,8 @@ class ReporterThread:
         try:
             self._close_window(window_t0)
             self._release_cuda()
-            hello = self.announcer.hello()
-            bye = Bye(
-                run_id=hello.run_id,
-                rank=hello.rank,
-                t=time.time(),
-                step_total=self.step_total,
-                dropped=self.sender.dropped,
-                how=self._side.ending.how,
-                detail=self._side.ending.detail,
-            )
-            self.sender.enqueue(encode(bye))
-            deadline = time.monotonic() + EXIT_FLUSH_S
+            self.sender.enqueue(encode(self._bye()))
+            deadline = time.monotonic() + self._flush_s
             while time.monotonic() < deadline:
                 self.sender.pump()
                 if self.sender.idle or not self.sender.connected:
@@ -339,9 +332,43 @@ class ReporterThread:
         except Exception:
             pass
 
+    def _bye(self) -> Bye:
+        hello, ending = self.announcer.hello(), self._side.ending
+        return Bye(run_id=hello.run_id, rank=hello.rank, t=time.time(), step_total=self.step_total,
+                   dropped=self.sender.dropped, how=ending.how, detail=ending.detail)  # fmt: skip
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def bye_apart(self, bound_s: float) -> None:
+        """The bye on a connection of its own, from another thread, when this one is stuck short of sending it
+        (in a probe: DDP's logger waits on DDP's lock while an all-reduce waits for a peer).  Its own sender
+        and socket: nothing of this thread's is touched.  Waits at most ``bound_s`` for it; never raises."""
+        with contextlib.suppress(Exception):
+            sender = Sender(self.sender.address, backlog_frames=4, security=self.sender.security)
+            sender.set_hello(encode(self.announcer.hello()))
+            sender.enqueue(encode(self._bye()))
+            apart = threading.Thread(target=_flush_alone, args=(sender, bound_s), name="gputop-bye", daemon=True)
+            apart.start()
+            apart.join(bound_s)
+
     def _release_cuda(self) -> None:
         """Drop the step events here, each with its device current, not wherever the interpreter's exit would."""
         self._side.clock.gpu_steps = None
         for device in self._side.cuda_devices.values():
             with contextlib.suppress(Exception):
                 device.release()
+
+
+def _flush_alone(sender: Sender, bound_s: float) -> None:
+    """Connect, send what ``sender`` holds and hang up, within ``bound_s`` (a TCP handshake may take longer: the
+    caller stops waiting then)."""
+    deadline = time.monotonic() + bound_s
+    with contextlib.suppress(Exception):
+        while time.monotonic() < deadline:
+            sender.pump()
+            if sender.connected and sender.idle:
+                break
+            time.sleep(0.01)
+        sender.close(linger_s=max(deadline - time.monotonic(), 0.0))

@@ -285,9 +285,9 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
     print(f"straggler scores over two node exporters: {said}; gputop fleet: {seen}")
 
     # The lost node: its series stale within a few scrapes and the straggler on it no longer alerted; its peers,
-    # blocked in the exchange with it, named by their own exporter (lost: gloo holds the GIL there, so their
-    # reporters fall silent) or by the rules (hung: where the reporters go on, as under NCCL); no hang clock
-    # or alert left once the job is gone.
+    # blocked in the exchange with it, named by their own exporter (lost: their reporters wait on DDP's lock,
+    # held by the waiting all-reduce, in the DDP probe's read) or by the rules (hung: where the reporters go on);
+    # no hang clock or alert left once the job is gone.
     assert lost is not None
     print(f"node-b lost: {lost}")
     assert lost.stale_after_s is not None, f"node-b's series or its alert were still there 20 s after it left: {lost}"

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,6 +124,8 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
                                text=True, timeout=60)  # fmt: skip
         assert fleet.returncode == 1 and fleet.stderr.count("\n") == 1, fleet.stderr
         assert "has gputop's series but not the job rules: load gputop-job-rules.yml" in fleet.stderr
+        stopped, job = job, None
+        _sigterm_reads_finished(stopped, prometheus)
     finally:
         if job is not None:
             stop_job(job)
@@ -130,6 +133,27 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
         recorder.terminate()
         out, _ = recorder.communicate(timeout=30)
     assert "Prometheus metrics on :32091/metrics" in out, out
+
+
+def _sigterm_reads_finished(job: subprocess.Popen[str], prometheus: Prometheus) -> None:
+    """The job ended by SIGTERM: each rank said so (gputop_rank_ended, how "signal"), none is lost, and `gputop
+    fleet` lists the run with its 2 ranks finished, though no rank reports any more (and no job rule is loaded)."""
+    stop_job(job)
+    ended: list[dict[str, Any]] = []
+    up: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(ended) < 2:
+        time.sleep(1)
+        ended = prometheus.query("gputop_rank_ended")
+        up = prometheus.query("gputop_rank_up")
+    seen = f"gputop_rank_ended {[(r['metric']['rank'], r['metric']['how']) for r in ended]}, gputop_rank_up {up}"
+    assert sorted((r["metric"]["rank"], r["metric"]["how"]) for r in ended) == [("0", "signal"), ("1", "signal")], seen
+    assert [r["value"][1] for r in up] == ["1", "1"], f"a rank ended by SIGTERM read lost: {seen}"
+    fleet = subprocess.run([sys.executable, "-m", "gputop", "fleet", prometheus.url, "--format", "json"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert fleet.returncode == 0, fleet.stderr
+    (run,) = json.loads(fleet.stdout)["runs"]
+    assert (run["ranks"], run["finished"], run["failed"], run["lost"]) == (2, 2, 0, 0), f"{run}; {seen}"
 
 
 def _steps_by_rank(port: int) -> dict[str, float]:

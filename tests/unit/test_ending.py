@@ -53,10 +53,3 @@ def test_an_exception_that_ends_the_script_is_named_and_still_printed(tmp_path: 
 def test_ctrl_c_reads_as_the_signal_it_is(tmp_path: Path) -> None:
     status, byes, _ = run_child(tmp_path, "time.sleep(30)", sig=signal.SIGINT)
     assert status == -signal.SIGINT and byes == "bye signal SIGINT\n"  # Python dies of SIGINT, as it should
-
-
-def test_sigterm_keeps_its_default_so_a_rank_stuck_in_c_still_dies_of_it(tmp_path: Path) -> None:
-    """No handler of gputop's: the kernel ends the process at once, wherever its main thread is (a Python
-    handler would wait for a collective that may never return)."""
-    status, byes, _ = run_child(tmp_path, "time.sleep(30)", sig=signal.SIGTERM)
-    assert (status, byes) == (-signal.SIGTERM, "")

@@ -4,6 +4,7 @@ slow ranks run, and how often to read again; from real sockets and real HTTP ser
 from __future__ import annotations
 
 import http.server
+import json
 import subprocess
 import sys
 import threading
@@ -184,6 +185,33 @@ def test_a_runs_lost_ranks_are_counted_and_printed(api: PrometheusAPI) -> None:
     (run,) = read_fleet(Prometheus(api.url))
     assert (run.ranks, run.lost) == (2, 1)
     assert run_lines(run)[0].startswith("run run-a: 2 ranks (1 lost), step 50.0 ms"), run_lines(run)
+
+
+def test_a_runs_finished_failed_and_lost_ranks_are_told_apart_in_the_run_the_line_and_the_json(
+    api: PrometheusAPI,
+) -> None:
+    """Each rank's bye (gputop_rank_ended's how): a normal exit and a SIGTERM read finished, an exception failed;
+    a rank gone without a bye is lost (gputop_rank_up 0).  A run whose ranks all ended is listed by them."""
+    record_two_rank_run(api, "10.0.0.7:9465")
+    api.answers["count by (run) (gputop_rank_up)"].append(sample(8, run="run-e"))
+    api.answers["count by (run) (gputop_rank_up == 0)"] = [sample(1, run="run-e")]
+    api.answers["count by (run, how) (gputop_rank_ended)"] = [
+        sample(2, run="run-e", how="exit"),
+        sample(3, run="run-e", how="signal"),  # cancelled: scancel's SIGTERM
+        sample(2, run="run-e", how="exception"),
+    ]
+    runs = {run.run: run for run in read_fleet(Prometheus(api.url))}
+    ended, live = runs["run-e"], runs["run-a"]
+    assert (ended.ranks, ended.finished, ended.failed, ended.lost) == (8, 5, 2, 1), ended
+    assert (live.finished, live.failed, live.lost, live.ended_text()) == (0, 0, 0, "")
+    assert run_lines(ended)[0] == "run run-e: 8 ranks (5 finished, 2 failed, 1 lost)", run_lines(ended)
+    assert missing_reasons(ended)["step_s"].startswith("median step: every rank of the run has ended"), ended
+    done = subprocess.run([sys.executable, "-m", "gputop", "fleet", api.url, "--format", "json"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    as_json = {r["run"]: r for r in json.loads(done.stdout)["runs"]}
+    assert {k: as_json["run-e"][k] for k in ("ranks", "finished", "failed", "lost")} == {
+        "ranks": 8, "finished": 5, "failed": 2, "lost": 1
+    }, done.stdout  # fmt: skip
 
 
 def test_the_collective_each_slow_rank_reaches_last_is_read_and_printed(api: PrometheusAPI) -> None:

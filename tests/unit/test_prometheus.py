@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -87,3 +88,32 @@ def test_the_shipped_job_rules_are_what_gputop_generates_from_its_thresholds() -
     alerts = {rule["alert"]: rule for group in rule_groups()["groups"] for rule in group["rules"] if "alert" in rule}
     assert alerts["GputopJobStraggler"]["expr"].endswith(f"> {STRAGGLER_WAIT_WARN_FRAC:g}")
     assert alerts["GputopJobLoaderBoundCritical"]["expr"].endswith(f"> {LOADER_WAIT_CRITICAL_FRAC:g}")
+
+
+def test_each_rank_that_said_bye_is_exported_with_how_it_ended_and_a_lost_one_is_down() -> None:
+    """What `gputop fleet` tells finished, failed and lost apart by: gputop_rank_ended's how, gputop_rank_up 0."""
+    from gputop.collect.store import Store
+    from gputop.protocol import Bye, Hello
+
+    store = Store()
+    endings: tuple[tuple[int, Literal["exit", "signal", "exception"] | None], ...] = (
+        (0, "exit"), (1, "signal"), (2, "exception"), (3, None), (4, None)
+    )  # fmt: skip
+    for rank, how in endings:
+        store.ingest(Hello(run_id="r", rank=rank, pid=100 + rank), now=10.0)
+        if how is not None:
+            store.ingest(Bye(run_id="r", rank=rank, t=11.0, how=how, detail="SIGTERM" if how == "signal" else ""), 11.0)
+    store.disconnected("r", 3, "connection closed")  # SIGKILL: gone without a bye
+    figures = summarize(store.snapshot(12.0))
+    by_name = {f.spec.name: f for f in families(figures, [], gpu_hostname="node0")}
+
+    def per_rank(name: str) -> dict[str, tuple[str, ...]]:
+        spec = by_name[name].spec
+        return {dict(zip(spec.labels, labels, strict=True))["rank"]: (*labels[len(spec.labels) - 1 :], str(v))
+                for labels, v in by_name[name].samples}  # fmt: skip
+
+    assert per_rank("gputop_rank_ended") == {
+        "0": ("exit", "1.0"), "1": ("signal", "1.0"), "2": ("exception", "1.0")
+    }  # fmt: skip
+    up = {rank: value for rank, (*_, value) in per_rank("gputop_rank_up").items()}
+    assert up == {"0": "1.0", "1": "1.0", "2": "1.0", "3": "0.0", "4": "1.0"}  # rank 4 still reports

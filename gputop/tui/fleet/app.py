@@ -25,8 +25,9 @@ FLEET_HELP = """\
 | `esc` | back from the node screen |
 
 **Runs** are Prometheus's, through gputop's job rules (docs/prometheus.md): *ranks*
-its exporters export (reporting, finished or lost; *N lost* in red: silent, or gone
-without a bye), *step p50* the median of the ranks' mean step, *loader* the
+its exporters export, with those no longer live beside them: *finished* (a normal exit, or a signal such as a
+cancellation's SIGTERM), *failed* (an exception; in the warning colour) and *lost* (silent, or gone without a
+bye; in red), *step p50* the median of the ranks' mean step, *loader* the
 ranks' mean share of the step waiting for data, *comm* the exposed communication of
 the rank that waits least, *idle GPU-h/h* the GPU-hours the run's GPUs sit idle every
 hour, *worst alert* the first of its gputop alerts (firing before pending, critical first).

@@ -56,12 +56,13 @@ def alert_style(alert: FiringAlert, palette: Palette) -> str:
 
 
 def run_cells(run: FleetRun, palette: Palette) -> list[Text]:
-    """One run's row: its name, its ranks (those lost in red), figures and its worst alert."""
+    """One run's row: its name, its ranks (with those ended: lost in red, failed in the warning colour), figures
+    and its worst alert."""
     worst = run.alerts[0] if run.alerts else None  # read_fleet sorts them: firing, then critical, first
     idle = NA if run.idle_gpu_hours_per_hour is None else f"{run.idle_gpu_hours_per_hour:.1f}"
     return [
         _cell(run.run, "bold"),
-        _cell(f"{run.ranks} ({run.lost} lost)", palette.bad) if run.lost else _cell(str(run.ranks)),
+        _ranks(run, palette),
         _cell(fmt_s(run.step_s)),
         _cell(fmt_rate(run.steps_per_s)),
         _loader(run.loader_wait, palette),
@@ -72,6 +73,15 @@ def run_cells(run: FleetRun, palette: Palette) -> list[Text]:
         if worst is not None
         else _cell("none", palette.muted),
     ]
+
+
+def _ranks(run: FleetRun, palette: Palette) -> Text:
+    """ "8 (2 finished, 1 failed, 1 lost)": the ranks no longer live beside the count, coloured by the worst."""
+    no_longer_live = run.ended_text()
+    if not no_longer_live:
+        return _cell(str(run.ranks))
+    style = palette.bad if run.lost else palette.warn if run.failed else ""
+    return _cell(f"{run.ranks} ({no_longer_live})", style)
 
 
 def slow_cells(slow: SlowRank, palette: Palette, last_in: CollectiveWait | None = None) -> list[Text]:
