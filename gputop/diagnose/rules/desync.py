@@ -19,8 +19,9 @@ from gputop.model.figures import RunFigures
 from gputop.model.frames import span_frames
 from gputop.model.snapshot import LIVE, LOST
 
-# Kinds whose size must be the same on every rank; all_to_all, gather, scatter and point-to-point may differ.
-SAME_SIZE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier"})
+# Kinds whose size must be the same on every rank; all_to_all, gather, scatter and point-to-point may differ, and
+# a barrier has none.
+SAME_SIZE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
 
 
 def desync_findings(run: RunFigures) -> list[Finding]:
