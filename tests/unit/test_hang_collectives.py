@@ -69,6 +69,16 @@ def test_ddps_own_all_reduce_is_numbered_by_its_group() -> None:
     assert "which rank 1 never issued (its last: #20)" in hang.title, hang.title
 
 
+def test_with_no_rank_blocked_in_a_collective_a_count_behind_the_others_names_the_rank() -> None:
+    """NCCL returns once a collective is queued and a rank waits at a later sync: the counts alone say who never
+    issued the newest collective of a group."""
+    hang = hang_of({0: (BACKWARD, (counted(16),)), 1: (LOCK, (counted(15),))})
+    assert "rank 0 issued DDP's" not in hang.title  # rank 0 in DDP's backward is in its all-reduce: blocked in it
+    hang = hang_of({0: (LOCK, (counted(16),)), 1: (LOCK, (counted(15),))})
+    assert "rank 0 issued collective #16 on world, which rank 1 never issued (its last: #15)" in hang.title, hang.title
+    assert hang.ranks == (1,)
+
+
 def test_at_thousands_of_ranks_the_words_stay_short() -> None:
     """4,096 ranks, three of them behind: the waiting ones counted, the three named."""
     behind = {17, 345, 800}

@@ -278,7 +278,8 @@ def reading_text(reading: HangCollective, frames: dict[int, RankFrames]) -> str:
     nows = [frames[r].now for r in waiting if r in frames]
     places = {now.place for now in nows if now is not None}
     site = f" (from {places.pop()})" if len(places) == 1 and "" not in places else ""
-    text = f"{ranks_short(waiting, 2)} {'waits' if len(waiting) == 1 else 'wait'} in {reading.waited.text()}{site}"
+    verb = ("waits in" if len(waiting) == 1 else "wait in") if reading.blocked_in else "issued"
+    text = f"{ranks_short(waiting, 2)} {verb} {reading.waited.text()}{site if reading.blocked_in else ''}"
     if reading.reading == "never_issued":
         culprits = reading.culprits
         text += f", which {ranks_short(culprits)} never issued"
