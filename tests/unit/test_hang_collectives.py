@@ -10,6 +10,7 @@ from gputop.diagnose import diagnose
 from gputop.diagnose.details import DesyncDetails, HangDetails
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.rules.collective_positions import InCollective, Position, read_positions
+from gputop.diagnose.rules.desync import desync_findings
 from gputop.diagnose.rules.hang import reading_text
 from gputop.model.figures import SPAN_S, summarize
 from gputop.protocol import GroupCalls, StackFrame
@@ -126,6 +127,12 @@ def test_a_rank_in_ddps_all_reduce_where_another_is_in_the_scripts_is_a_desync()
     (desync,) = [f for f in found if f.cause == "desync"]
     assert "rank 0 all_reduce of 4 B from `main` (train.py:190); rank 1 DDP's gradient all_reduce from `main` " \
         "(train.py:88)" in desync.title, desync.title  # fmt: skip
+    # Not hung (a job of long steps sends its numbers while it steps): a rank in its backward may not have issued
+    # DDP's all-reduce yet, and is not taken to be in it.
+    messages = {0: [msgspec.structs.replace(stacks(0, T0 + 27, now=METRIC_SITE), groups=(in_collective(21),))],
+                1: [msgspec.structs.replace(stacks(1, T0 + 27, now=BACKWARD), groups=(counted(21),))]}  # fmt: skip
+    (run,) = summarize(with_stacks(hung_run(), messages), span_s=SPAN_S).runs
+    assert desync_findings(run, hung=False) == [] and len(desync_findings(run, hung=True)) == 1
 
 
 def test_the_same_call_everywhere_is_no_desync_and_all_to_all_may_differ_in_size() -> None:
