@@ -47,6 +47,9 @@ def test_a_rank_that_never_issued_the_collective_the_others_wait_in_is_named_wit
     assert isinstance(hang.details, HangDetails) and hang.details.collective is not None
     assert hang.details.collective.reading == "never_issued"
     assert "never issued the collective" in hang.suggestion
+    by_rank = {f.rank: f for f in hang.frames}  # the detail screen's and the report's line for each rank
+    assert by_rank[0].text().endswith("; collectives: in all_reduce #21 on world (4 B)"), by_rank[0].text()
+    assert by_rank[1].text().endswith("; collectives: #20 on world"), by_rank[1].text()
 
 
 def test_every_rank_in_one_collective_none_completed_is_the_exchange_itself() -> None:
