@@ -57,6 +57,7 @@ def rule_findings(run: RunFigures, machine: Figures, ranks_on_host: dict[str, in
     # A setting that makes the exchange itself costly (forty buckets of a few KiB) explains it before the step's
     # size does: more work per step would hide it, but the setting's fix removes it.
     exchange_explained = any("communication" in f.explains for f in config)
+    hangs = hang_findings(run, machine.t)
     # Listed in the order findings of one severity and worth keep in the report (worst_first is stable).
     return [
         *stragglers,
@@ -65,8 +66,8 @@ def rule_findings(run: RunFigures, machine: Figures, ranks_on_host: dict[str, in
         *parallelism_findings(run, exchange_explained=exchange_explained),
         *recompile_findings(run),
         *stall_findings(run),
-        *hang_findings(run, machine.t),
-        *desync_findings(run),
+        *hangs,
+        *desync_findings(run, hung=bool(hangs)),
         *config,
         *memory_findings(run),
     ]

@@ -104,6 +104,8 @@ class RankFrames:
             parts.append("most: " + ", ".join(f.text() for f in self.top[:places]))
         if self.collective is not None:
             parts.append(f"last collective entered: {collective_text(self.collective)} (Flight Recorder)")
+        if self.groups:
+            parts.append("collectives: " + ", ".join(group_text(g) for g in self.groups))
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +155,16 @@ def group_dict(group: GroupCalls) -> dict[str, Any]:
         "group": group.group, "seq": group.seq, "issued": group.issued, "completed": group.completed,
         "kind": group.kind, "bytes": group.bytes, "inside": group.inside,
     }  # fmt: skip
+
+
+def group_text(group: GroupCalls) -> str:
+    """ "in all_reduce #105 on world (4 B)" while the rank is in it; else "#104 on world", its group's count."""
+    if group.seq is None:
+        return f"{group.issued} issued on {group.group}"
+    if group.inside:
+        size = "" if group.bytes is None else f" ({group.bytes:,} B)"
+        return f"in {group.kind} #{group.seq} on {group.group}{size}"
+    return f"#{group.seq} on {group.group}"
 
 
 def collective_text(collective: Collective) -> str:

@@ -31,6 +31,7 @@ from gputop.reporter.collective_calls import (
     shared_group,
     tensor_bytes,
 )
+from gputop.reporter.collective_numbers import GroupCounts
 from gputop.reporter.cuda_timeline import CudaTimeline
 
 
@@ -48,6 +49,9 @@ class CollectiveTap(Protocol):
     cuda_pending: dict[int, tuple[str, Any, int]]
     cuda_functional: deque[tuple[str, Any, int]]
     wait_scope: tuple[str, Any] | None
+    numbers: dict[Any, GroupCounts]  # per process group, its collectives issued and completed (collective_numbers)
+
+    def _count(self, group: Any) -> GroupCounts: ...
 
     def replace(self, owner: Any, name: str, wrapper: Any, remaps: dict[Any, Any] | None) -> None: ...
 
@@ -106,9 +110,12 @@ def wrap_collective(
         tensor, timeline = sent(where, args, kwargs), tap.timeline
         if timeline is None or on_cpu(tensor):
             return host(*args, **kwargs)
+        counts = _count_issued(tap, kind, where.group(args, kwargs), tensor)
         # An event on the current stream first: the compute stream, or the side stream it runs on.
         key, result = _issue(tap, timeline, original, args, kwargs)
         try:
+            if counts is not None:
+                counts.completed += 1  # queued on its stream: the host is done with it (NCCL's own wait is the GPU's)
             group = where.group(args, kwargs)
             records.append((kind, group, tensor_bytes(tensor), None, None, perf()))  # counted; timed by events
             if result is None:  # it ran to completion on that stream, as far as the streams can tell
@@ -121,6 +128,18 @@ def wrap_collective(
 
     collective.__gputop_original__ = original  # type: ignore[attr-defined]
     return collective
+
+
+def _count_issued(tap: CollectiveTap, kind: str, group: Any, tensor: Any) -> GroupCounts | None:
+    """The collective counted as issued on its group (collective_numbers.py); None where the bookkeeping failed."""
+    try:
+        counts = tap.numbers.get(group) or tap._count(group)
+        counts.issued += 1
+        counts.kind, counts.nbytes = kind, tensor_bytes(tensor)
+        return counts
+    except Exception:
+        tap.errors += 1
+        return None
 
 
 def _issue(

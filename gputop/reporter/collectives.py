@@ -51,7 +51,7 @@ from gputop.reporter.collective_calls import (
     on_cpu,
     tensor_bytes,
 )
-from gputop.reporter.collective_numbers import GroupCounts, Inside, default_group
+from gputop.reporter.collective_numbers import GroupCounts, default_group
 from gputop.reporter.cuda_timeline import CudaTimeline
 
 # A record per collective: (kind, group, bytes, in flight s, exposed s, perf_counter when it returned); times None
@@ -85,9 +85,9 @@ class CollectiveTap:
         self.cuda_pending: dict[int, tuple[str, Any, int]] = {}
         self.cuda_functional: deque[tuple[str, Any, int]] = deque()  # the same, for functional collectives
         # Per process group (as the call named it; None: the default), its collectives issued and completed through
-        # the tap, and the one the training thread is inside now (collective_numbers.py).
+        # the tap, and the group whose newest (a blocking call) the training thread is in now (collective_numbers.py).
         self.numbers: dict[Any, GroupCounts] = {}
-        self.inside: Inside | None = None
+        self.inside: GroupCounts | None = None
         # How the reporter thread names a group (the collectives probe's names, DeviceMesh dimensions); set by it.
         self.name_group: Callable[[Any], str] | None = None
         # Inside an FSDP2 method that makes the compute stream wait (``FSDP_WAITS``): (kind, group).
@@ -202,7 +202,7 @@ class CollectiveTap:
                     counts = numbers.get(group) or tap._count(group)
                     counts.issued += 1
                     counts.kind, counts.nbytes = kind, nbytes
-                    tap.inside = (kind, counts.group, nbytes, True)
+                    tap.inside = counts
                 except Exception:
                     tap.errors += 1
                 start = perf()
@@ -256,13 +256,7 @@ class CollectiveTap:
             if not tap.on or not tap.pending:
                 return original(work, *args, **kwargs)
             start = perf()
-            try:
-                issued = tap.pending.get(id(work))
-                if issued is not None:
-                    tap.inside = (issued[0], tap._count(issued[1]).group, issued[2], False)
-                result = original(work, *args, **kwargs)
-            finally:
-                tap.inside = None
+            result = original(work, *args, **kwargs)
             try:
                 tap._waited(id(work), start, perf())
             except Exception:

@@ -129,7 +129,7 @@ class StackReporting:
             return None
         try:
             tap = self._tap
-            return collective_numbers.group_calls(tap.numbers, tap.inside, tap.name_group or describe_group) or None
+            return collective_numbers.group_calls(tap, tap.name_group or describe_group) or None
         except Exception as exc:  # read no more
             self._tap = None
             self._report_error("collective_numbers", exc)

@@ -82,11 +82,12 @@ def test_each_group_counts_its_collectives_issued_and_completed_beside_torchs_ow
         dist.all_reduce(x, group=group)
     dist.all_gather_into_tensor(torch.empty(64), x, async_op=True).wait()
     dist.barrier()
-    (world,) = group_calls(tap.numbers, tap.inside, probe.group_name)
+    (world,) = group_calls(tap, probe.group_name)
     assert (world.group, world.seq, world.issued, world.completed, world.kind) == ("world", 5, 5, 5, "barrier")
     assert not world.inside and tap.inside is None and tap.errors == 0
     dist.all_reduce(x)
-    (world,) = group_calls(tap.numbers, ("all_reduce", tap.numbers[None].group, 256, True), probe.group_name)
+    tap.inside = tap.numbers[None]  # as while blocked in it
+    (world,) = group_calls(tap, probe.group_name)
     assert (world.seq, world.kind, world.bytes, world.inside) == (6, "all_reduce", 256, True)
 
 

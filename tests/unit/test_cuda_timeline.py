@@ -265,6 +265,8 @@ def test_an_asynchronous_collectives_wait_is_exposed_and_it_is_in_flight_from_is
     (step,) = harvest.steps
     assert step.exposed_s == pytest.approx(8 * MS) and step.forward_s == pytest.approx(9 * MS)
     assert [r[:3] for r in tap.records] == [("all_reduce", "dp", 4096)]  # the tap still counts it, with its bytes
+    counts = tap.numbers["dp"]  # its group's count: issued, and done with on the host once queued
+    assert (counts.issued, counts.completed, counts.kind, counts.nbytes) == (1, 1, "all_reduce", 4096)
 
 
 def test_a_blocking_collective_on_the_compute_stream_is_in_flight_and_exposed_all_along() -> None:

@@ -10,6 +10,7 @@ from gputop.diagnose import diagnose
 from gputop.diagnose.details import DesyncDetails, HangDetails
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.rules.collective_positions import InCollective, Position, read_positions
+from gputop.diagnose.rules.desync import desync_findings
 from gputop.diagnose.rules.hang import reading_text
 from gputop.model.figures import SPAN_S, summarize
 from gputop.protocol import GroupCalls, StackFrame
@@ -46,6 +47,9 @@ def test_a_rank_that_never_issued_the_collective_the_others_wait_in_is_named_wit
     assert isinstance(hang.details, HangDetails) and hang.details.collective is not None
     assert hang.details.collective.reading == "never_issued"
     assert "never issued the collective" in hang.suggestion
+    by_rank = {f.rank: f for f in hang.frames}  # the detail screen's and the report's line for each rank
+    assert by_rank[0].text().endswith("; collectives: in all_reduce #21 on world (4 B)"), by_rank[0].text()
+    assert by_rank[1].text().endswith("; collectives: #20 on world"), by_rank[1].text()
 
 
 def test_every_rank_in_one_collective_none_completed_is_the_exchange_itself() -> None:
@@ -67,6 +71,16 @@ def test_ddps_own_all_reduce_is_numbered_by_its_group() -> None:
     hang = hang_of({0: (BACKWARD, (counted(21),)), 1: (LOCK, (counted(20),))})
     assert "rank 0 waits in DDP's gradient all_reduce #21 on world" in hang.title, hang.title
     assert "which rank 1 never issued (its last: #20)" in hang.title, hang.title
+
+
+def test_with_no_rank_blocked_in_a_collective_a_count_behind_the_others_names_the_rank() -> None:
+    """NCCL returns once a collective is queued and a rank waits at a later sync: the counts alone say who never
+    issued the newest collective of a group."""
+    hang = hang_of({0: (BACKWARD, (counted(16),)), 1: (LOCK, (counted(15),))})
+    assert "rank 0 issued DDP's" not in hang.title  # rank 0 in DDP's backward is in its all-reduce: blocked in it
+    hang = hang_of({0: (LOCK, (counted(16),)), 1: (LOCK, (counted(15),))})
+    assert "rank 0 issued collective #16 on world, which rank 1 never issued (its last: #15)" in hang.title, hang.title
+    assert hang.ranks == (1,)
 
 
 def test_at_thousands_of_ranks_the_words_stay_short() -> None:
@@ -116,6 +130,12 @@ def test_a_rank_in_ddps_all_reduce_where_another_is_in_the_scripts_is_a_desync()
     (desync,) = [f for f in found if f.cause == "desync"]
     assert "rank 0 all_reduce of 4 B from `main` (train.py:190); rank 1 DDP's gradient all_reduce from `main` " \
         "(train.py:88)" in desync.title, desync.title  # fmt: skip
+    # Not hung (a job of long steps sends its numbers while it steps): a rank in its backward may not have issued
+    # DDP's all-reduce yet, and is not taken to be in it.
+    messages = {0: [msgspec.structs.replace(stacks(0, T0 + 27, now=METRIC_SITE), groups=(in_collective(21),))],
+                1: [msgspec.structs.replace(stacks(1, T0 + 27, now=BACKWARD), groups=(counted(21),))]}  # fmt: skip
+    (run,) = summarize(with_stacks(hung_run(), messages), span_s=SPAN_S).runs
+    assert desync_findings(run, hung=False) == [] and len(desync_findings(run, hung=True)) == 1
 
 
 def test_the_same_call_everywhere_is_no_desync_and_all_to_all_may_differ_in_size() -> None:

@@ -88,6 +88,9 @@ class HangCollective:
     never_issued: tuple[tuple[int, int], ...]  # (rank, its count on the group): below the waited number
     elsewhere: tuple[tuple[int, InCollective], ...]  # ranks in another collective
     unknown: tuple[int, ...]  # stuck or silent ranks that gave no numbers
+    # The waiting ranks are blocked in the collective (gloo; a blocking call); False: only their counts say they
+    # issued it (NCCL returns once it is queued, and the rank waits at a later sync).
+    blocked_in: bool = True
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -95,13 +98,14 @@ class HangCollective:
 
 
 def read_positions(found: dict[int, Position], all_ranks: Iterable[int]) -> HangCollective | None:
-    """The hang's reading from the positions; None when no rank is in a numbered collective."""
+    """The hang's reading from the positions; None when no rank is in a numbered collective and no group's counts
+    differ across the ranks that said them."""
     by_key: dict[tuple[str, int], list[Position]] = {}
     for position in found.values():
         if position.inside is not None:
             by_key.setdefault(position.inside.key, []).append(position)
     if not by_key:
-        return None
+        return behind_on_counts(found, all_ranks)
     # The collective most ranks wait in; of equals, the newest (the others are behind it).
     key = max(by_key, key=lambda k: (len(by_key[k]), k[1]))
     waiting = by_key[key]
@@ -128,3 +132,24 @@ def read_positions(found: dict[int, Position], all_ranks: Iterable[int]) -> Hang
         elsewhere=tuple(sorted(elsewhere, key=lambda item: item[0])),
         unknown=unknown,
     )
+
+
+def behind_on_counts(found: dict[int, Position], all_ranks: Iterable[int]) -> HangCollective | None:
+    """No rank blocked in a collective (NCCL's return once queued; the wait is at a later sync): the group on
+    which some ranks' counts are behind the others', the newest number the others issued and they never did."""
+    groups = sorted({group for position in found.values() for group, _ in position.counts})
+    for group in groups:
+        counts = {p.rank: n for p in found.values() if (n := p.count(group)) is not None}
+        newest = max(counts.values(), default=0)
+        behind = sorted((rank, n) for rank, n in counts.items() if n < newest)
+        if behind and len(counts) > 1:
+            return HangCollective(
+                reading="never_issued",
+                waited=InCollective("collective", group, newest, None),
+                waiting=tuple(sorted(rank for rank, n in counts.items() if n == newest)),
+                never_issued=tuple(behind),
+                elsewhere=(),
+                unknown=tuple(sorted(set(all_ranks) - set(found))),
+                blocked_in=False,
+            )
+    return None

@@ -14,22 +14,28 @@ from collections import Counter
 
 from gputop.diagnose.details import DesyncDetails, DesyncSide
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.rules.collective_positions import InCollective, Position, positions
+from gputop.diagnose.rules.collective_positions import DDP_ALL_REDUCE, InCollective, Position, positions
 from gputop.model.figures import RunFigures
 from gputop.model.frames import span_frames
 from gputop.model.snapshot import LIVE, LOST
 
-# Kinds whose size must be the same on every rank; all_to_all, gather, scatter and point-to-point may differ.
-SAME_SIZE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier"})
+# Kinds whose size must be the same on every rank; all_to_all, gather, scatter and point-to-point may differ, and
+# a barrier has none.
+SAME_SIZE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
 
 
-def desync_findings(run: RunFigures) -> list[Finding]:
-    """One critical finding for the run's first numbered collective whose ranks issued different calls."""
+def desync_findings(run: RunFigures, *, hung: bool) -> list[Finding]:
+    """One critical finding for the run's first numbered collective whose ranks issued different calls.
+
+    ``hung``: the hang rule holds the run hung.  Only then is a rank in DDP's backward taken to be in DDP's
+    all-reduce: in a job of long steps the numbers come every second while it steps, and a rank still computing
+    its backward, its all-reduce not issued, would read as in the collective its count names.
+    """
     ranks = [r for r in run.ranks if r.status in (LIVE, LOST)]
     frames = {r.rank: f for r in ranks if (f := span_frames(r)) is not None}
     by_key: dict[tuple[str, int], list[Position]] = {}
     for position in positions(ranks, frames).values():  # measure
-        if position.inside is not None:
+        if position.inside is not None and (hung or position.inside.kind != DDP_ALL_REDUCE):
             by_key.setdefault(position.inside.key, []).append(position)
     for (group, number), found in sorted(by_key.items(), key=lambda item: item[0][1]):
         sides = desync_sides(found)  # decide

@@ -63,7 +63,10 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
     # A rank that went silent meanwhile is part of it: dead, or blocked in a call that holds the GIL,
     # so its reporter thread cannot send (seen with gloo: the rank waiting in the all-reduce).
     lost = stops.silent if ended else [v.rank for v in run.lost]
-    reading = read_positions(positions(stuck, frames), ranks + lost)
+    # A silent rank's last numbers say where it was when it fell silent (a peer stopped inside the exchange).
+    silent = [r for r in run.ranks if r.rank in lost and r not in stuck]
+    silent_frames = {r.rank: f for r in silent if (f := span_frames(r)) is not None}
+    reading = read_positions(positions(stuck + silent, frames | silent_frames), ranks + lost)
     named = list(reading.culprits) if reading is not None and reading.culprits else hung_ranks(stuck, frames, lost)
     return [
         Finding(
@@ -178,8 +181,9 @@ def hang_title(
         title += ", busy on the CPU: a long evaluation or save, or a loop that never reaches the step"
     else:
         title += ": hung" + (f"; {ranks_text(busy)} busy on the CPU" if busy else "")
-    if frames:
-        title += "; " + where_stuck_text(stuck, frames, () if reading is None else reading.waiting)
+    places = where_stuck_text(stuck, frames, () if reading is None else reading.waiting) if frames else ""
+    if places:
+        title += "; " + places
     entered = {rank: f.collective for rank, f in frames.items() if f.collective is not None}
     if reading is not None:
         title += "; " + reading_text(reading, frames)
@@ -274,7 +278,8 @@ def reading_text(reading: HangCollective, frames: dict[int, RankFrames]) -> str:
     nows = [frames[r].now for r in waiting if r in frames]
     places = {now.place for now in nows if now is not None}
     site = f" (from {places.pop()})" if len(places) == 1 and "" not in places else ""
-    text = f"{ranks_short(waiting, 2)} {'waits' if len(waiting) == 1 else 'wait'} in {reading.waited.text()}{site}"
+    verb = ("waits in" if len(waiting) == 1 else "wait in") if reading.blocked_in else "issued"
+    text = f"{ranks_short(waiting, 2)} {verb} {reading.waited.text()}{site if reading.blocked_in else ''}"
     if reading.reading == "never_issued":
         culprits = reading.culprits
         text += f", which {ranks_short(culprits)} never issued"

@@ -61,6 +61,16 @@ def loss_statistics(logits: torch.Tensor, seconds: float) -> float:
     return total
 
 
+def metric_all_reduce(steps: int, skip_at: int, mismatch_at: int) -> None:
+    """A metric averaged over the ranks for the log, every step; on rank 1 skipped (a branch on the rank that
+    skips it) or of another size (a tensor whose shape differs on one rank) after the steps asked for."""
+    rank = dist.get_rank()
+    if skip_at and steps == skip_at and rank == 1:
+        return  # rank 1 goes on into the next step: its #N is DDP's all-reduce, rank 0's this one
+    metric = torch.full((2 if mismatch_at and steps == mismatch_at and rank == 1 else 1,), float(steps))
+    dist.all_reduce(metric)  # the metric's all-reduce
+
+
 class ClippingSGD(torch.optim.SGD):
     """SGD whose step also does per-parameter bookkeeping in Python (``extra_s`` of it): an optimizer that is slow."""
 
@@ -85,6 +95,12 @@ def main() -> None:
     parser.add_argument("--stall-ms", type=float, default=400.0, help="how long it stops (a checkpoint save)")
     parser.add_argument("--stall-rank", type=int, default=0)
     parser.add_argument("--hang-at", type=int, default=0, help="rank 1 blocks on a lock after this step")
+    parser.add_argument("--hang-rank", type=int, default=1, help="the rank that blocks (--hang-at)")
+    parser.add_argument(
+        "--metric-all-reduce", action="store_true", help="after each step every rank all-reduces a metric for the log"
+    )
+    parser.add_argument("--skip-at", type=int, default=0, help="after this step rank 1 skips the metric's all-reduce")
+    parser.add_argument("--mismatch-at", type=int, default=0, help="after this step rank 1's metric has 2 elements")
     parser.add_argument("--hang-s", type=float, default=20.0, help="for this long; then the job carries on")
     parser.add_argument("--fail-at", type=int, default=0, help="rank 1 raises RuntimeError after this step")
     parser.add_argument("--hidden", type=int, default=128)
@@ -166,10 +182,12 @@ def main() -> None:
             time.sleep(args.stall_ms / 1000.0)  # a checkpoint save on one rank: the others wait in the next all-reduce
         if args.fail_at and steps == args.fail_at and dist.get_rank() == 1:
             raise RuntimeError(f"rank 1 fails at step {steps}")
-        if args.hang_at and steps == args.hang_at and dist.get_rank() == 1:
+        if args.hang_at and steps == args.hang_at and dist.get_rank() == args.hang_rank:
             stuck = threading.Lock()  # a lock someone else holds
             stuck.acquire()
             stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce
+        if args.metric_all_reduce:
+            metric_all_reduce(steps, args.skip_at, args.mismatch_at)
         if steps == args.steps:
             break
         if args.stop_file and steps % 20 == 0:  # together: a rank that left alone would hang the other

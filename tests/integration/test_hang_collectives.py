@@ -1,0 +1,149 @@
+"""Hangs and desyncs on real 2-rank gloo jobs, read from the ranks' numbered collectives (issue #48).
+
+Each job steps for ~3 s first (50 steps of 50 ms): the tap counts from when a collector listens, and a rank
+connects within a second.  Each job all-reduces a metric after every step (``--metric-all-reduce``): a collective
+the tap sees, in which a waiting rank's reporter goes on speaking (gloo's wait releases the GIL; DDP's own
+all-reduce holds it).  Each test waits, far from any threshold (the ranks stay stuck for 40 s or more; the hang
+line is 5 s), for the finding's words, and says what the dashboard said when they do not come.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from gputop.collect.server import Collector
+from gputop.diagnose import diagnose
+from gputop.diagnose.details import DesyncDetails, HangDetails
+from gputop.diagnose.findings import Finding
+from gputop.model.figures import SPAN_S, summarize
+from tests.support.collectors import snapshot_of, wait_for
+from tests.support.processes import JOBS, finish, launch, needs_torch
+
+pytestmark = [pytest.mark.slow, needs_torch]
+
+JOB = (JOBS / "ddp_job.py").read_text().splitlines()
+METRIC_LINE = JOB.index("    dist.all_reduce(metric)  # the metric's all-reduce") + 1
+METRIC_SITE = rf"`metric_all_reduce` \((?:tests/support/jobs/)?ddp_job\.py:{METRIC_LINE}\)"
+BLOCKED_LINE = JOB.index(
+    "            stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce"
+)
+BARRIER_LINE = JOB.index("    dist.barrier()  # no rank tears gloo down while another is still in a collective") + 1
+BARRIER_SITE = rf"`main` \((?:tests/support/jobs/)?ddp_job\.py:{BARRIER_LINE}\)"
+BLOCKED_SITE = rf"`main` \((?:tests/support/jobs/)?ddp_job\.py:{BLOCKED_LINE + 1}\)"
+
+
+def findings(collector: Collector) -> list[Finding]:
+    return diagnose(summarize(snapshot_of(collector), span_s=SPAN_S))
+
+
+def said(collector: Collector) -> str:
+    return " || ".join(f"{f.cause} ({f.severity}): {f.title}" for f in findings(collector)) or "no findings"
+
+
+def wait_for_finding(collector: Collector, cause: str, matches: Callable[[Finding], bool], timeout_s: float) -> Finding:
+    found: list[Finding] = []
+
+    def seen() -> bool:
+        found[:] = [f for f in findings(collector) if f.cause == cause and matches(f)]
+        return bool(found)
+
+    assert wait_for(seen, timeout_s=timeout_s, interval_s=0.5), f"no such {cause} finding; said: {said(collector)}"
+    return found[0]
+
+
+def end_hung(job: subprocess.Popen[str], collector: Collector) -> None:
+    """A job gloo keeps hung for 30 minutes: its ranks killed (by the pids their hellos gave), the launcher reaped."""
+    for view in snapshot_of(collector).all_ranks():
+        with contextlib.suppress(OSError):
+            os.kill(view.hello.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.communicate(timeout=60)
+    if job.poll() is None:
+        job.kill()
+        job.communicate(timeout=30)
+
+
+def test_a_rank_blocked_before_the_metrics_all_reduce_never_issued_the_one_rank_0_waits_in(
+    collector: Collector,
+) -> None:
+    job = launch("ddp_job.py", "--steps", "80", "--delay-ms", "50", "--metric-all-reduce", "--hang-at", "50",
+                 "--hang-s", "40", port=collector.address.port)  # fmt: skip
+    try:
+        hang = wait_for_finding(collector, "hang", lambda f: "never issued" in f.title, timeout_s=40)
+        print(f"hang title: {hang.title}")
+        waits = re.search(rf"rank 0 waits in all_reduce #(\d+) on world \(from {METRIC_SITE}\), which rank 1 never "
+                          rf"issued \(its last: #(\d+)\)", hang.title)  # fmt: skip
+        assert waits and int(waits[2]) == int(waits[1]) - 1, hang.title
+        assert re.search(rf"rank 1 is in {BLOCKED_SITE}", hang.title), hang.title
+        assert hang.ranks == (1,) and hang.waiting_ranks == (0,), hang
+        assert isinstance(hang.details, HangDetails) and hang.details.collective is not None
+        assert hang.details.collective.reading == "never_issued"
+    finally:
+        finish(job, timeout_s=120)
+
+
+def test_a_metric_all_reduced_on_rank_0_only_meets_rank_1s_barrier_a_desync(collector: Collector) -> None:
+    """After the last step rank 1 skips the metric's all-reduce (a branch on the rank) and goes on to the job's
+    closing barrier: the two meet at one number on the default group, and gloo hangs on them.  (Skipped mid-run,
+    rank 1's next collective is DDP's bucket, and gloo aborts at once on the sizes: nothing is stuck to report.)"""
+    job = launch("ddp_job.py", "--steps", "50", "--delay-ms", "50", "--metric-all-reduce", "--skip-at", "50",
+                 port=collector.address.port)  # fmt: skip
+    try:
+        desync = wait_for_finding(collector, "desync", lambda f: True, timeout_s=40)
+        print(f"desync title: {desync.title}")
+        sides = rf"rank 0 all_reduce of 4 B from {METRIC_SITE}; rank 1 barrier from {BARRIER_SITE}$"
+        assert re.search(r"collective #\d+ on world is not the same call on every rank: " + sides, desync.title), (
+            desync.title
+        )
+        assert desync.ranks == (0, 1), desync
+    finally:
+        end_hung(job, collector)
+
+
+def test_a_metric_of_another_size_on_one_rank_is_a_desync_with_both_call_sites(collector: Collector) -> None:
+    job = launch("ddp_job.py", "--steps", "80", "--delay-ms", "50", "--metric-all-reduce", "--mismatch-at", "50",
+                 port=collector.address.port)  # fmt: skip
+    try:
+        desync = wait_for_finding(collector, "desync", lambda f: True, timeout_s=40)
+        print(f"desync title: {desync.title}")
+        assert desync.severity == "critical" and desync.ranks == (0, 1), desync
+        sides = re.search(rf"collective #(\d+) on world is not the same call on every rank: rank (\d) all_reduce of "
+                          rf"(\d) B from {METRIC_SITE}; rank (\d) all_reduce of (\d) B from {METRIC_SITE}$",
+                          desync.title)  # fmt: skip
+        assert sides and {(sides[2], sides[3]), (sides[4], sides[5])} == {("0", "4"), ("1", "8")}, desync.title
+        assert isinstance(desync.details, DesyncDetails) and desync.details.number == int(sides[1])
+        hang = wait_for_finding(collector, "hang", lambda f: "see desync" in f.title, timeout_s=20)
+        assert hang.severity == "info", hang
+    finally:
+        end_hung(job, collector)
+
+
+def test_a_peer_stopped_inside_the_exchange_leaves_every_rank_in_it_none_completed(collector: Collector) -> None:
+    """Rank 0 blocks on a lock before the metric's all-reduce after step 50; rank 1 waits in it.  Once the finding
+    says so, rank 1's process is stopped (SIGSTOP) inside the exchange; when rank 0's lock lets go it issues the
+    all-reduce too, and neither completes: both issued it, the exchange itself is what is stuck."""
+    job = launch("ddp_job.py", "--steps", "80", "--delay-ms", "50", "--metric-all-reduce", "--hang-at", "50",
+                 "--hang-rank", "0", "--hang-s", "25", port=collector.address.port)  # fmt: skip
+    stopped = 0
+    try:
+        first = wait_for_finding(collector, "hang", lambda f: "which rank 0 never issued" in f.title, timeout_s=40)
+        print(f"before the stop: {first.title}")
+        view = next(v for v in snapshot_of(collector).all_ranks() if v.rank == 1)
+        stopped = view.hello.pid
+        os.kill(stopped, signal.SIGSTOP)
+        hang = wait_for_finding(collector, "hang", lambda f: "none completed" in f.title, timeout_s=40)
+        print(f"after the stop: {hang.title}")
+        assert re.search(r"ranks 0, 1 wait in all_reduce #\d+ on world .*every rank issued it and none completed "
+                         r"it, so the exchange itself is stuck", hang.title), hang.title  # fmt: skip
+        assert "the network" in hang.suggestion
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        finish(job, timeout_s=120)
