@@ -233,14 +233,20 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
         prometheus.wait_ready()
         # Once both nodes' ranks are in (one node's alone make a median of two), the alert is pending: its
         # expression holds on the live series (its 60-s hold, which covers such a start, is promtool's test).
+        # A pending alert is one evaluation's reading: a rank that neighbouring tests starve of CPU for a few
+        # seconds reads slow in it (rank 1 at +40% beside rank 3, once, in a cold CI run).  The shipped rule's
+        # 60-s hold keeps such a blip from firing; here the reading is taken once only rank 3 is named, and any
+        # other rank named on the way is said if that never comes.
         deadline = time.monotonic() + 180
-        while not named and time.monotonic() < deadline and all(p.poll() is None for p in nodes + agents):
+        blips: list[tuple[str, str]] = []
+        while not just_rank_3(named) and time.monotonic() < deadline and all(p.poll() is None for p in nodes + agents):
             time.sleep(1)
             scores = prometheus.query("gputop:straggler_excess:ratio")
             if len(scores) == 4:
                 # At the critical line (30% of a step): rank 3's 0.5 is far over it, the others' ±0.05 far under,
                 # however the other tests beside this one shake the ranks' own times.
                 named = prometheus.query('ALERTS{alertname="GputopJobStragglerCritical"}')
+                blips += [r for r in ranks_named(named) if r != ("3", "node-b")]
         per_node = prometheus.query("count by (instance) (gputop_rank_up)")
         # What a user reads of it: `gputop fleet` over the same Prometheus, from the head.
         command = head.command(sys.executable, "-m", "gputop", "fleet", prometheus.url, "--format", "json")
@@ -261,8 +267,11 @@ def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_ac
             except subprocess.TimeoutExpired:
                 agent.kill()
                 errs.append(agent.communicate()[1])
-    said = f"scores {[(s['metric']['rank'], s['value'][1]) for s in scores]}; agents said {errs}"
-    assert [(a["metric"]["rank"], a["metric"]["Hostname"]) for a in named] == [("3", "node-b")], said
+    said = (
+        f"scores {[(s['metric']['rank'], s['value'][1]) for s in scores]}; also named on the way {blips}; "
+        f"agents said {errs}"
+    )
+    assert ranks_named(named) == [("3", "node-b")], said
     (alert,) = named
     runs = {s["metric"]["run"] for s in scores}
     assert alert["metric"]["run"] in runs and len(runs) == 1, said  # one run, though two exporters
@@ -313,6 +322,14 @@ class NodeLoss:
     clocks: list[str] = field(default_factory=list)  # their seconds since a step, last read
     fleet: dict[str, Any] = field(default_factory=dict)  # the run as `gputop fleet --format json` read it then
     hang_cleared_after_s: float | None = None  # from the job's end: no clock, no hang alert
+
+
+def ranks_named(alerts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(a["metric"]["rank"], a["metric"]["Hostname"]) for a in alerts]
+
+
+def just_rank_3(alerts: list[dict[str, Any]]) -> bool:
+    return ranks_named(alerts) == [("3", "node-b")]
 
 
 def _lose_node_b(
