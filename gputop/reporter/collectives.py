@@ -153,6 +153,12 @@ class CollectiveTap:
             wrapped += collective_cuda.install_fsdp_waits(self)
         return wrapped
 
+    def forget_groups(self) -> None:
+        """Drop the process groups counted, at the reporter's shutdown: gputop holds none into the interpreter's
+        teardown, which destroys them in its own order (a gloo group destroyed late can abort the process)."""
+        self.inside = None
+        self.numbers.clear()
+
     def uninstall(self) -> None:
         """Put every original back (tests; a process keeps its wrappers, which cost nothing while off)."""
         while self._undo:

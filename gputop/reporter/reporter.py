@@ -320,6 +320,7 @@ class Reporter:
             return
         self.sigterm.uninstall()  # from here SIGTERM ends the process at once, even in the interpreter's teardown
         self.thread.stop(EXIT_FLUSH_S + 0.5)
+        self.side.tap.forget_groups()
         for handle in self._hook_handles:
             with contextlib.suppress(Exception):
                 handle.remove()

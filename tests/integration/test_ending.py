@@ -148,6 +148,9 @@ def test_a_rank_whose_script_raises_reads_failed_with_the_exception_not_lost(col
     assert states(collector)[1] == (DONE, "failed: RuntimeError: rank 1 fails at step 20"), out[-2000:]
 
 
+# Alone: the survivor's bye has half a second (gputop/reporter/sigterm.py); beside the plumbing tier's other jobs
+# on two cores a starved rank once did not get it out in time and read lost.
+@pytest.mark.alone
 def test_a_rank_killed_with_sigkill_is_lost_and_the_one_stopped_for_it_is_not(collector: Collector) -> None:
     """SIGKILL leaves no bye: that rank alone is lost, its connection closed without one.  The other, stopped
     by the launcher (SIGTERM) or by gloo's error, says how it ended."""
