@@ -39,10 +39,12 @@ def _live(prometheus: Prometheus, runs: list[FleetRun], args: argparse.Namespace
 
     from gputop import settings
     from gputop.tui.fleet.app import run_fleet
+    from gputop.tui.fleet.screen import FleetScreen
 
     theme = args.theme if args.theme in BUILTIN_THEMES else settings.THEME.default  # the file's may be unknown here
     scraping = read_scraping(prometheus)
-    return run_fleet(prometheus, run=args.job, interval_s=args.interval, runs=runs, scraping=scraping, theme=theme)
+    screen = FleetScreen(prometheus, run=args.job, interval_s=args.interval, runs=runs, scraping=scraping)
+    return run_fleet(screen, theme=theme)
 
 
 def run_lines(run: FleetRun) -> list[str]:

@@ -24,6 +24,7 @@ from textual.widgets import DataTable, Static
 from gputop.fleet.query import Prometheus
 from gputop.tui.fleet.app import FLEET_HELP, FleetApp
 from gputop.tui.fleet.node_screen import FleetNodeScreen
+from gputop.tui.fleet.screen import FleetScreen
 from gputop.tui.shell import Shell
 from tests.support.prometheus_api import PrometheusAPI, exporting_two_ranks, record_two_rank_run
 
@@ -66,7 +67,7 @@ async def until(pilot: Pilot[int], done: Callable[[], bool], what: str, timeout_
 async def test_a_slow_rank_opens_its_node_and_a_lost_prometheus_leaves_the_runs_stale(
     prometheus: PrometheusAPI, exporter: str
 ) -> None:
-    app = FleetApp(Prometheus(prometheus.url))
+    app = FleetApp(FleetScreen(Prometheus(prometheus.url)))
     async with app.run_test(size=(160, 44)) as pilot:
         await until(pilot, lambda: app.main.runs_table.row_count == 1, "the run")
         # Read at Prometheus's scrape interval for gputop's job, and said so.
@@ -109,7 +110,7 @@ async def test_a_slow_rank_opens_its_node_and_a_lost_prometheus_leaves_the_runs_
 
 
 async def test_a_node_whose_exporter_is_gone_says_so_in_one_line(prometheus: PrometheusAPI) -> None:
-    app = FleetApp(Prometheus(prometheus.url), interval_s=60)
+    app = FleetApp(FleetScreen(Prometheus(prometheus.url), interval_s=60))
     async with app.run_test(size=(160, 44)) as pilot:
         await until(pilot, lambda: app.main.runs_table.row_count == 1, "the run")
         assert "read every 60 s: --interval" in text(app.main.header)
@@ -122,7 +123,7 @@ async def test_a_node_whose_exporter_is_gone_says_so_in_one_line(prometheus: Pro
 
 async def test_the_cursor_stays_on_its_run_when_the_runs_change_order(prometheus: PrometheusAPI, exporter: str) -> None:
     record_two_rank_run(prometheus, exporter, run="run-b")
-    app = FleetApp(Prometheus(prometheus.url), interval_s=60)
+    app = FleetApp(FleetScreen(Prometheus(prometheus.url), interval_s=60))
     async with app.run_test(size=(160, 44)) as pilot:
         await until(pilot, lambda: app.main.runs_table.row_count == 2, "the runs")
         await pilot.press("down")

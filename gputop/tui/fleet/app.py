@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 from textual.binding import Binding, BindingType
 
-from gputop.fleet.query import FleetRun, Prometheus, Scraping
 from gputop.tui.fleet.screen import FleetScreen
 from gputop.tui.shell import Shell, run_in_terminal
 
@@ -54,28 +52,11 @@ class FleetApp(Shell):
         Binding("r", "refresh_now", "Refresh"),
     ]
 
-    def __init__(
-        self,
-        prometheus: Prometheus,
-        *,
-        run: str | None = None,
-        interval_s: float | None = None,
-        runs: Sequence[FleetRun] | None = None,
-        scraping: Scraping | None = None,
-        theme: str | None = None,
-    ) -> None:
-        """Build the app.
-
-        Args:
-            prometheus: The server to read.
-            run: Only this run (``--job``).
-            interval_s: Read every this many seconds (``--interval``); None: at Prometheus's scrape interval.
-            runs: What a first read already gave (the CLI reads once before, for its one-line errors).
-            scraping: What a first read of the scrape interval gave; None: the first refresh asks.
-            theme: A Textual theme name; None keeps Textual's default.
-        """
+    def __init__(self, screen: FleetScreen, *, theme: str | None = None) -> None:
+        """The app around ``screen`` (what it reads, and how often, is the screen's); ``theme``: a Textual theme
+        name, None keeps Textual's default."""
         super().__init__(help_text=FLEET_HELP, theme=theme)
-        self.main = FleetScreen(prometheus, run=run, interval_s=interval_s, runs=runs, scraping=scraping)
+        self.main = screen
 
     def get_default_screen(self) -> FleetScreen:
         return self.main
@@ -84,16 +65,6 @@ class FleetApp(Shell):
         self.main.read()
 
 
-def run_fleet(
-    prometheus: Prometheus,
-    *,
-    run: str | None = None,
-    interval_s: float | None = None,
-    runs: Sequence[FleetRun] | None = None,
-    scraping: Scraping | None = None,
-    theme: str | None = None,
-) -> int:
+def run_fleet(screen: FleetScreen, *, theme: str | None = None) -> int:
     """Show the fleet until the user quits; returns the exit code."""
-    return run_in_terminal(
-        FleetApp(prometheus, run=run, interval_s=interval_s, runs=runs, scraping=scraping, theme=theme)
-    )
+    return run_in_terminal(FleetApp(screen, theme=theme))
