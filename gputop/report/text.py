@@ -65,13 +65,18 @@ def _finding_lines(report: dict[str, Any]) -> list[str]:
     for f in report["findings"]:
         where = f" (ranks {', '.join(map(str, f['ranks']))})" if f["ranks"] else ""
         lines.append(f"[{f['severity'].upper()}] {f['cause']}{where}: {f['title']}")
-        for e in f["evidence"]:
-            lines.append(f"    evidence: {e['text']}")
-        lines.append(f"    fix: {f['suggestion']}")
-        if f.get("worth"):
-            lines.append(f"    {f['worth']}")
-        if f.get("capture"):
-            lines.append(f"    {f['capture']['text']}")
+        lines += [f"    {line}" for line in _finding_details(f)]
+    return lines
+
+
+def _finding_details(f: dict[str, Any]) -> list[str]:
+    """A finding's lines under its title, the same in text and markdown: evidence, fix, worth, capture."""
+    lines = [f"evidence: {e['text']}" for e in f["evidence"]]
+    lines.append(f"fix: {f['suggestion']}")
+    if f.get("worth"):
+        lines.append(f["worth"])
+    if f.get("capture"):
+        lines.append(f["capture"]["text"])
     return lines
 
 
@@ -160,13 +165,7 @@ def to_markdown(report: dict[str, Any], gpu_lines: Sequence[str] = ()) -> str:
     for f in report["findings"]:
         ranks = f" — ranks {', '.join(map(str, f['ranks']))}" if f["ranks"] else ""
         out.append(f"- **{f['severity']}** `{f['cause']}`{ranks}: {f['title']}")
-        for e in f["evidence"]:
-            out.append(f"  - evidence: {e['text']}")
-        out.append(f"  - fix: {f['suggestion']}")
-        if f.get("worth"):
-            out.append(f"  - {f['worth']}")
-        if f.get("capture"):
-            out.append(f"  - {f['capture']['text']}")
+        out += [f"  - {line}" for line in _finding_details(f)]
     for note in report["notes"]:
         out.append(f"\n> note: {note}")
     return "\n".join(out) + "\n"
