@@ -364,8 +364,9 @@ class SpanSums:
         return stalls(named, self.sketch, p50, step_sum_s)
 
     def _compile(self, t: WindowParts) -> CompileFigures:
+        graph_breaks = None if (breaks := self.graph_breaks.value) is None else int(breaks)
         if not self.compiled:
-            return CompileFigures(graph_breaks=None if (breaks := self.graph_breaks.value) is None else int(breaks))
+            return CompileFigures(graph_breaks=graph_breaks)
         recompile_s = sum(self.recompile_parts)
         return CompileFigures(
             compiles=self.compiles,
@@ -374,7 +375,7 @@ class SpanSums:
             frac=min(t.compile_s / t.span_s, 1.0) if t.span_s > 0 else None,
             recompile_s=recompile_s,
             recompile_frac=min(recompile_s / t.span_s, 1.0) if t.span_s > 0 else None,
-            graph_breaks=None if (breaks := self.graph_breaks.value) is None else int(breaks),
+            graph_breaks=graph_breaks,
         )
 
 
