@@ -36,6 +36,10 @@ def dist() -> Iterator[Any]:
 
 @pytest.fixture
 def tap(dist: Any) -> Iterator[CollectiveTap]:
+    # The tap wraps the functional collectives only where their module is imported when it installs, as it is by
+    # the time a DTensor or FSDP2 model is watched; imported here, whatever ran before in this worker.
+    import torch.distributed._functional_collectives  # noqa: F401
+
     tap = CollectiveTap(StepClock())
     tap.install()
     try:

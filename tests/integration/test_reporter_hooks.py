@@ -103,6 +103,8 @@ def _watched(model: object) -> Reporter:
 
 
 def _close(reporter: Reporter) -> None:
+    if reporter.side.flops is not None:  # a forward without its optimizer step leaves the counting running
+        reporter.side.flops.end()
     for handle in reporter._hook_handles:
         handle.remove()
     reporter.thread.sender.close()
