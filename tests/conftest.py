@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 from collections.abc import Iterator
 
@@ -19,6 +20,15 @@ from tests.support.collectors import TOKEN
 # not ignores).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Everything imported by now (pytest, Textual, torch where there is torch, every test module) lives as long as
+    the process: frozen, the garbage collector stops walking it.  The walk was most of a worker's last seconds: pytest
+    collects five times over at the end, ~0.5 s each, and a pytest-xdist worker busy for 5 s after the run is told to
+    stop with a SIGINT of its own (execnet), which on a loaded machine landed as a KeyboardInterrupt in whatever the
+    worker was running."""
+    gc.freeze()
 
 
 @pytest.fixture
