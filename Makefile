@@ -9,16 +9,30 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # The unit and dashboard tiers run in this many pytest-xdist workers: their tests are independent, and a third of
-# their time is spent waiting on the dashboard's refreshes.  Of tests/integration, the plumbing runs in as many (three
-# kept two cores 96% busy, two 83%); the handful marked `alone` (a verdict or a share of time on a job run now) one
-# at a time, with nothing beside them: another job would change what they measure (tests/integration/__init__.py).
+# their time is spent waiting on the dashboard's refreshes.
 WORKERS ?= 3
-# FAST_TIER=0: `make test` runs tests/integration alone (CI, which runs the fast tier on Python 3.10 and 3.13 first).
+# Of tests/integration, the plumbing runs in four, handed one test at a time (one group at a time where tests share a
+# build, `xdist_group`) in the order of tests/integration/conftest.py, longest first: much of its time is spent
+# waiting on jobs (a hang held on purpose, a rank's start), which a fourth worker fills (docs/performance.md).
+# The handful marked `alone` (a verdict or a
+# share of time on a job run now) run one at a time, with nothing beside them: another job would change what they
+# measure (tests/integration/__init__.py).
+PLUMBING_WORKERS ?= 4
+# FAST_TIER=0: `make test` leaves out the fast tier (CI runs it on Python 3.10 and 3.13, which have no torch), but
+# still runs the fast tier's few modules that need torch (they call importorskip("torch")), in a process of their
+# own as in the fast tier: the integration tests' workers have compiled models and watched others by then.
 FAST_TIER ?= 1
+# ALONE_TIER=0: `make test` leaves out the tests marked alone (CI runs them first, with `make test-alone`).
+ALONE_TIER ?= 1
+TORCH_FAST_TESTS := $(if $(filter 0,$(FAST_TIER)),$(shell grep -l 'importorskip("torch")' tests/unit/*.py tests/tui/*.py))
+# pip byte-compiles every module it installs, ~13,000 for torch, Transformers and the rest (~35 s of CPU), where a
+# test run imports a fifth of them.  Where Python may write bytecode, the imports compile what they use, once;
+# under PYTHONDONTWRITEBYTECODE they could not keep it, so pip compiles ahead as before.
+PIP_COMPILE := $(if $(PYTHONDONTWRITEBYTECODE),,--no-compile)
 GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
-.PHONY: demo test test-fast check fmt clean gpu-check gpu-bundle system-deps
+.PHONY: demo test test-fast test-alone check fmt clean gpu-check gpu-bundle system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +43,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
 	@# test and dev are PEP 735 dependency groups, not extras: pip installs them from 25.1 on.
 	@$(BIN)/python -m pip install -q 'pip>=25.1'
-	$(BIN)/pip install -q -e '.[mcp]' --group test --group dev
+	$(BIN)/pip install -q $(PIP_COMPILE) -e '.[mcp]' --group test --group dev
 	@$(BIN)/python -c 'import torch' 2>/dev/null || \
-	  $(BIN)/pip install -q '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	  $(BIN)/pip install -q $(PIP_COMPILE) '$(TORCH_SPEC)' numpy $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@# Lightning only after torch: installed first, it would pull the newest (CUDA) torch.
-	@$(BIN)/python -c 'import lightning' 2>/dev/null || $(BIN)/pip install -q -e '.[lightning]'
+	@$(BIN)/python -c 'import lightning' 2>/dev/null || $(BIN)/pip install -q $(PIP_COMPILE) -e '.[lightning]'
 	@# The same for the Hugging Face Trainer and TensorBoard, which the integration tests run for real.
 	@$(BIN)/python -c 'import transformers, accelerate, tensorboard' 2>/dev/null || \
-	  $(BIN)/pip install -q -e '.[transformers,tensorboard]'
+	  $(BIN)/pip install -q $(PIP_COMPILE) -e '.[transformers,tensorboard]'
 	@touch $@
 
 demo: $(VENV)/.installed
@@ -52,7 +66,17 @@ test: system-deps $(VENV)/.installed
 ifneq ($(FAST_TIER),0)
 	$(BIN)/python -m pytest -n $(WORKERS) tests/unit tests/tui $(PYTEST_ARGS)
 endif
-	$(BIN)/python -m pytest -n $(WORKERS) -m 'not alone' tests/integration $(PYTEST_ARGS)
+ifneq ($(TORCH_FAST_TESTS),)
+	$(BIN)/python -m pytest $(TORCH_FAST_TESTS) $(PYTEST_ARGS)
+endif
+	$(BIN)/python -m pytest -n $(PLUMBING_WORKERS) --dist loadgroup --no-loadscope-reorder -m 'not alone' \
+	  tests/integration $(PYTEST_ARGS)
+ifneq ($(ALONE_TIER),0)
+	$(BIN)/python -m pytest -m alone tests/integration $(PYTEST_ARGS)
+endif
+
+# The integration tests marked alone, one at a time: `make test` runs them last.
+test-alone: system-deps $(VENV)/.installed
 	$(BIN)/python -m pytest -m alone tests/integration $(PYTEST_ARGS)
 
 # The unit and dashboard tiers: no training job, no Prometheus, no namespaces; under a minute on
@@ -67,7 +91,7 @@ test-fast: $(VENV)/.installed
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	@$(BIN)/pip uninstall -q -y gputop 2>/dev/null || true
 	@$(BIN)/python -m pip install -q 'pip>=25.1'
-	$(BIN)/pip install -q -e '.[mcp]' --group dev
+	$(BIN)/pip install -q $(PIP_COMPILE) -e '.[mcp]' --group dev
 	@touch $@
 
 check: $(VENV)/.dev-installed

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# `pip wheel .` writes gputop_train.egg-info and build/ into the source tree: one worker at a time (test_install).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("builds-in-the-tree")]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_PYTHON = "3.12"

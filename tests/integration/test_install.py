@@ -25,7 +25,8 @@ import pytest
 
 import gputop
 
-pytestmark = pytest.mark.slow
+# The builds write gputop_train.egg-info and build/ into the source tree: one worker at a time (with test_gpu_bundle).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("builds-in-the-tree")]
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = gputop.__version__
