@@ -14,9 +14,8 @@ WORKERS ?= 3
 # Of tests/integration, the plumbing runs in four, handed one test at a time (one group at a time where tests share a
 # build, `xdist_group`) in the order of tests/integration/conftest.py, longest first: much of its time is spent
 # waiting on jobs (a hang held on purpose, a rank's start), which a fourth worker fills (docs/performance.md).
-# The handful marked `alone` (a verdict or a
-# share of time on a job run now) run one at a time, with nothing beside them: another job would change what they
-# measure (tests/integration/__init__.py).
+# The handful marked `alone` (a verdict or a share of time on a job run now) run one at a time, with nothing beside
+# them: another job would change what they measure (tests/integration/__init__.py).
 PLUMBING_WORKERS ?= 4
 # FAST_TIER=0: `make test` leaves out the fast tier (CI runs it on Python 3.10 and 3.13, which have no torch), but
 # still runs the fast tier's few modules that need torch (they call importorskip("torch")), in a process of their

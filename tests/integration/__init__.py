@@ -8,7 +8,7 @@ is marked ``alone`` and runs one at a time with no other job beside it: another
 job would change what it measures (gputop would rightly name that job as sharing
 the CPUs).  Those are a few jobs far from their lines, each a feature on top of a
 verdict (docs/decisions.md).  CI runs them first, with the fast tier beside them at
-the lowest CPU priority, which takes only the cycles their ranks leave idle (.ci/run).
+a low CPU priority, which takes little but the cycles their ranks leave idle (.ci/run).
 How the rules read other real jobs is checked on recordings of them
 (tests/unit/test_recorded_verdicts.py); how often a fresh run of each is read
 right, under three conditions, by benchmarks/diagnosis_accuracy.py.
