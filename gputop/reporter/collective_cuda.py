@@ -105,7 +105,7 @@ def wrap_collective(
 
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if not tap.on or tap.depth or compiling():
+        if compiling() or not tap.on or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
             return original(*args, **kwargs)
         tensor, timeline = sent(where, args, kwargs), tap.timeline
         if timeline is None or on_cpu(tensor):
@@ -176,7 +176,7 @@ def wrap_wait(tap: CollectiveTap, host: Callable[..., Any], original: Callable[.
 
     @functools.wraps(original)
     def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-        if not tap.on or not tap.cuda_pending:
+        if tap.compiling() or not tap.on or not tap.cuda_pending:
             return host(work, *args, **kwargs)
         issued, timeline = tap.cuda_pending.pop(id(work), None), tap.timeline
         if issued is None or timeline is None:  # a CPU work, a wait inside a blocking call, work issued elsewhere
@@ -202,7 +202,7 @@ def wrap_functional(
 
     @functools.wraps(original)
     def functional(*args: Any, **kwargs: Any) -> Any:
-        if not tap.on or tap.depth or tap.compiling():
+        if tap.compiling() or not tap.on or tap.depth:
             return original(*args, **kwargs)
         tensor, timeline = sent(where, args, kwargs), tap.timeline
         if timeline is None or on_cpu(tensor):
@@ -229,6 +229,8 @@ def wrap_wait_tensor(tap: CollectiveTap, host: Callable[..., Any], original: Cal
 
     @functools.wraps(original)
     def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if tap.compiling():
+            return original(tensor, *args, **kwargs)
         timeline = tap.timeline
         if not tap.on or not tap.cuda_functional or timeline is None or getattr(tensor, "is_cpu", True):
             return host(tensor, *args, **kwargs)
@@ -256,7 +258,7 @@ def wrap_fsdp_scope(
 
     @functools.wraps(original)
     def scoped(param_group: Any, *args: Any, **kwargs: Any) -> Any:
-        if not tap.on or tap.wait_scope is not None or tap.compiling():
+        if tap.compiling() or not tap.on or tap.wait_scope is not None:
             return original(param_group, *args, **kwargs)
         group = shared_group(param_group, group_attribute)
         if group is None:
@@ -274,6 +276,8 @@ def wrap_wait_event(tap: CollectiveTap, original: Callable[..., Any]) -> Callabl
 
     @functools.wraps(original)
     def wait_event(stream: Any, event: Any) -> Any:
+        if tap.compiling():
+            return original(stream, event)
         scope, timeline = tap.wait_scope, tap.timeline
         if scope is None or not tap.on or timeline is None:
             return original(stream, event)

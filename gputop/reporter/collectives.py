@@ -193,7 +193,7 @@ class CollectiveTap:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             # Off, inside another wrapped collective (object collectives call all_gather), or traced by dynamo.
-            if not tap.on or tap.depth or compiling():
+            if compiling() or not tap.on or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
                 return original(*args, **kwargs)
             tap.depth = 1
             counts: GroupCounts | None = None
@@ -259,7 +259,7 @@ class CollectiveTap:
 
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tap.on or not tap.pending:
+            if tap.compiling() or not tap.on or not tap.pending:
                 return original(work, *args, **kwargs)
             start = perf()
             result = original(work, *args, **kwargs)
@@ -285,7 +285,7 @@ class CollectiveTap:
 
         @functools.wraps(original)
         def functional(*args: Any, **kwargs: Any) -> Any:
-            if not tap.on or tap.depth or tap.compiling():
+            if tap.compiling() or not tap.on or tap.depth:
                 return original(*args, **kwargs)
             tap.depth = 1
             try:
@@ -316,7 +316,7 @@ class CollectiveTap:
 
         @functools.wraps(original)
         def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tap.on or not tap._functional:
+            if tap.compiling() or not tap.on or not tap._functional:
                 return original(tensor, *args, **kwargs)
             start = perf()
             result = original(tensor, *args, **kwargs)

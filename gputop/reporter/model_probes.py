@@ -16,6 +16,7 @@ from typing import Any
 
 from gputop import settings
 from gputop.reporter.announcer import Announcer
+from gputop.reporter.compiled import compiling
 from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.collectives import CollectiveProbe
@@ -67,6 +68,9 @@ class ModelProbes:
         # The phases on the GPU clock, for a model on one GPU off DDP (the CPU path's hooks would time launches).
         self.timeline: CudaTimeline | None = None
         self._timeline_optimizer_hooks = False  # its global optimizer hooks, installed once
+        # The timeline's forward hooks (pre, post), for the watched model's compiled forms too (``hook_compiled``).
+        self.timeline_hooks: tuple[Callable[[Any, Any], None], Callable[[Any, Any, Any], None]] | None = None
+        self.timeline_handles: list[Any] = []  # those hooks' handles on the watched model
         self.forked = False  # set in a forked child (a DataLoader worker inherits the hooks): they do nothing
 
     def pick(self, model: Any, device: str, *, steps_so_far: int) -> list[Probe]:
@@ -149,6 +153,7 @@ class ModelProbes:
         if self.timeline is not None:  # a model watched before: its timeline records nothing more
             self.timeline.close()
             self.timeline = side.tap.timeline = None
+            self.timeline_hooks, self.timeline_handles = None, []
         if side.facts.get("ddp") or not device.startswith("cuda"):
             return None
         rank_cuda = side.clock.gpu_steps
@@ -174,17 +179,19 @@ class ModelProbes:
                 grad_enabled = side.grad_enabled = torch.is_grad_enabled
 
         def forward_started(module: Any, args: Any) -> None:
+            if compiling():  # folded away where dynamo traces the model (compiled.py)
+                return
             if grad_enabled is None or grad_enabled():
                 timeline.forward_started()
 
         def forward_done(module: Any, args: Any, output: Any) -> None:
+            if compiling():
+                return
             if grad_enabled is None or grad_enabled():
                 timeline.forward_done()
 
-        with contextlib.suppress(Exception):
-            self._hook_handles.append(model.register_forward_pre_hook(forward_started, prepend=True))
-        with contextlib.suppress(Exception):
-            self._hook_handles.append(model.register_forward_hook(forward_done))
+        self.timeline_hooks = (forward_started, forward_done)
+        self.timeline_handles = self.hook_forwards(model)
         if self._timeline_optimizer_hooks:
             return
         optim: Any = sys.modules.get("torch.optim.optimizer")
@@ -195,9 +202,23 @@ class ModelProbes:
         except Exception:
             self._announcer.failed_probes.add("cuda_optimizer_hooks")
 
+    def hook_forwards(self, module: Any) -> list[Any]:
+        """Put the timeline's forward hooks on ``module``: the watched model, or the wrapper compiling it made;
+        their handles."""
+        if self.timeline_hooks is None:
+            return []
+        forward_started, forward_done = self.timeline_hooks
+        handles = []
+        with contextlib.suppress(Exception):
+            handles.append(module.register_forward_pre_hook(forward_started, prepend=True))
+        with contextlib.suppress(Exception):
+            handles.append(module.register_forward_hook(forward_done))
+        self._hook_handles += handles
+        return handles
+
     def _on_timeline_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         timeline = self.timeline
-        if timeline is None or self.forked:
+        if compiling() or timeline is None or self.forked:
             return None
         timeline.optimizer_started()
         # The closure (Lightning's forward and backward inside optimizer.step(closure)) is not the optimizer's.
@@ -206,6 +227,8 @@ class ModelProbes:
         return marking_closure(args, kwargs, timeline.closure_started, timeline.closure_done)
 
     def _on_timeline_optimizer_done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if compiling():
+            return
         timeline = self.timeline
         if timeline is not None and not self.forked:
             timeline.optimizer_done()

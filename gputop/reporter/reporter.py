@@ -21,12 +21,14 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from gputop import settings
 from gputop.address import Address
 from gputop.reporter import facts, stacks
 from gputop.reporter.clock import input_numel, output_node
+from gputop.reporter.compiled import WRAPPER, CompileWatch, compiled_call, compiling, form_of, learn_compiling
 from gputop.reporter.device_peak import measure_cpu_peak
 from gputop.reporter.flops import FlopCounter, shape_key
 from gputop.reporter.model_probes import ModelProbes, marking_closure
@@ -66,6 +68,7 @@ class Reporter:
         # ``os.getpid() != self.pid`` per call: getpid is a system call, ~0.1-0.4 µs twice a step on a VM.
         self._forked = False
         self._model: Any = None
+        self._forward_handles: list[Any] = []  # the watched model's forward hooks (``model.compile()`` moves them)
         self._hook_handles: list[Any] = []
         self._primary_optimizer: int | None = None
         self.manual_steps = False
@@ -77,6 +80,7 @@ class Reporter:
         self.thread = ReporterThread(address, side)  # its sender, windows, stacks, node sampler
         self.sigterm = SigtermBye(side.ending, self._bye_on_sigterm)  # a bye, then death by SIGTERM
         self._model_probes = ModelProbes(side, self.thread.announcer, self._hook_handles, cuda)
+        self._compile_watch = CompileWatch(self._on_compiled)  # the watched model's compiled forms get its hooks
         _forget_in_forked_children(self)
 
     # -- training thread ------------------------------------------------------------
@@ -109,6 +113,10 @@ class Reporter:
         self.thread.stacks.follow(side.train_ident)  # the first gputop call may have come from another thread
         with contextlib.suppress(Exception):
             self.thread.stacks.forward_codes = stacks.forward_codes(model)
+        torch_module = sys.modules.get("torch")
+        if torch_module is not None:  # before any hook is put in: a model compiled later must find them folded away
+            learn_compiling(torch_module)
+            self._compile_watch.install()
         found.update(facts.model_facts(model))
         found.update(facts.device_facts(found.get("device")))
         if found.get("data_parallel"):
@@ -131,11 +139,45 @@ class Reporter:
             import torch
 
             side.grad_enabled = torch.is_grad_enabled
-        with contextlib.suppress(Exception):
-            self._hook_handles.append(model.register_forward_pre_hook(self._on_forward, with_kwargs=True))
-        with contextlib.suppress(Exception):
-            self._hook_handles.append(model.register_forward_hook(self._on_forward_done))
+        self._forward_handles = self._hook_forwards(model)
         side.facts_changed.set()
+
+    def _hook_forwards(self, module: Any) -> list[Any]:
+        """The forward hooks, on the watched model or on the wrapper ``torch.compile(model)`` made of it; their
+        handles."""
+        handles = []
+        with contextlib.suppress(Exception):
+            handles.append(module.register_forward_pre_hook(self._on_forward, with_kwargs=True))
+        with contextlib.suppress(Exception):
+            handles.append(module.register_forward_hook(self._on_forward_done))
+        self._hook_handles += handles
+        return handles
+
+    def _on_compiled(self, compiled: Any, result: Any) -> Any:
+        """``torch.compile`` returned ``result`` for ``compiled`` (``compiled.CompileWatch``; training thread): where
+        the watched model was compiled, its forward hooks move to where they run eagerly (``compiled.form_of``)."""
+        form = form_of(self._model, compiled, result) if not self._forked else None
+        if form is None:
+            return result
+        self._unhook_model()
+        if form == WRAPPER:
+            self._model_probes.timeline_handles = self._model_probes.hook_forwards(result)  # first, as on the model
+            self._forward_handles = self._hook_forwards(result)
+            return result
+        pre: list[Callable[[Any, Any, Any], None]] = [self._on_forward]
+        post: list[Callable[[Any, Any, Any], None]] = [self._on_forward_done]
+        timeline = self._model_probes.timeline_hooks
+        if timeline is not None:
+            started, done = timeline
+            pre.insert(0, lambda module, args, kwargs: started(module, args))
+            post.append(done)
+        return compiled_call(result, self._model, pre, post)
+
+    def _unhook_model(self) -> None:
+        for handle in (*self._forward_handles, *self._model_probes.timeline_handles):
+            with contextlib.suppress(Exception):
+                handle.remove()
+        self._forward_handles, self._model_probes.timeline_handles = [], []
 
     def attach_loader(self, loader: Any) -> None:
         # Called each epoch (``gputop.track(loader)``): the hello is rebuilt only when the loader's settings changed.
@@ -205,7 +247,7 @@ class Reporter:
                 side.facts_changed.set()
 
     def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if self._forked:
+        if compiling() or self._forked:  # compiling: folded away where dynamo traces the step (compiled.py)
             return None
         clock = self.clock
         if clock._optimizer_depth == 0:
@@ -227,7 +269,7 @@ class Reporter:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each
         # of them: the first optimizer seen stands for the training step.
-        if self._forked:
+        if compiling() or self._forked:
             return
         if self.manual_steps:
             self.clock.optimizer_done()
@@ -246,6 +288,8 @@ class Reporter:
 
     def _on_forward_done(self, module: Any, args: Any, output: Any) -> None:
         # The end of a training forward: the rank is ready for backward, and so for the gradient exchange.
+        if compiling():  # folded away where dynamo traces the model (compiled.py)
+            return
         grad_enabled = self.side.grad_enabled
         if grad_enabled is None or grad_enabled():
             clock = self.clock
@@ -279,6 +323,8 @@ class Reporter:
         """The autograd pre-hook: the gradient reached the watched model's output, its backward begins.  On the CPU
         the engine runs it on the thread that called backward(), the training thread.  Nothing it raises reaches
         the backward: a failure turns the mark off, and backwards are timed from the forward's end, as before."""
+        if compiling():  # compiled autograd traces the backward's hooks: folded away there
+            return
         clock = self.clock
         try:
             clock.backward_started(time.perf_counter())
@@ -286,6 +332,8 @@ class Reporter:
             clock.marks_backward = clock.backward_pending = False
 
     def _on_forward(self, module: Any, args: Any, kwargs: Any = None) -> None:
+        if compiling():  # folded away where dynamo traces the model (compiled.py)
+            return
         # Autocast is thread-local and only visible around forward: look now and then.
         clock, side = self.clock, self.side
         clock.forwards += 1

@@ -4,11 +4,17 @@
 and round again (a text model fed unpadded batches): with ``dynamic=False``
 dynamo compiles the model once per length, so the job recompiles N - 1 times.
 ``--shapes 1`` is the steady job: one compile, then the same graph every step.
+
+``--compile`` says where the compile stands against ``gputop.watch``: ``inner`` compiles the model inside DDP
+(the recordings'), ``after`` compiles the watched DDP model (the README's two lines, then ``torch.compile``),
+``before`` watches the compiled DDP model, ``inplace`` calls ``model.compile()`` on the watched one.  Each rank
+prints what dynamo compiled of gputop's own code (nothing, ever) and how many forwards gputop saw.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,12 +45,25 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5, help="steps of one length before the next")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--compile", choices=("inner", "after", "before", "inplace"), default="inner")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(torch.compile(TinyEncoder(args.hidden), dynamic=False))
-    gputop.watch(model)
+    model: Any = TinyEncoder(args.hidden)
+    if args.compile == "inner":
+        model = nn.parallel.DistributedDataParallel(torch.compile(model, dynamic=False))
+        reporter = gputop.watch(model)
+    elif args.compile == "before":
+        model = torch.compile(nn.parallel.DistributedDataParallel(model), dynamic=False)
+        reporter = gputop.watch(model)
+    else:
+        model = nn.parallel.DistributedDataParallel(model)
+        reporter = gputop.watch(model)
+        if args.compile == "after":
+            model = torch.compile(model, dynamic=False)
+        else:
+            model.compile(dynamic=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     lengths = SEQUENCE_LENGTHS[: max(args.shapes, 1)]
     for step in range(args.steps):
@@ -54,7 +73,12 @@ def main() -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    print(f"rank {dist.get_rank()} steps {args.steps}", flush=True)
+    entries = torch._dynamo.utils._compilation_metrics
+    ours = [e.co_name for e in entries if "gputop" in str(getattr(e, "co_filename", ""))]
+    recompiles = sum(1 for e in entries if getattr(e, "recompile_reason", None))
+    forwards = reporter.side.train_forwards if reporter is not None else None
+    print(f"rank {dist.get_rank()} steps {args.steps} forwards {forwards} recompiles {recompiles} gputop {ours}",
+          flush=True)  # fmt: skip
     dist.barrier()  # no rank tears gloo down while another is still in a collective
     dist.destroy_process_group()
 
