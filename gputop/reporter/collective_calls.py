@@ -12,19 +12,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# torch.distributed's collectives, each with its kind and the argument whose size is what the rank sends.
-# Only the leaves: ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` are aliases in torch 2.13 whose
-# bodies call ``all_gather_single`` / ``reduce_scatter_single``, so wrapping those would count each twice.
-# Each is wrapped on ``torch.distributed`` (FSDP2, user code: ``dist.<name>`` at call time) and on
+# torch.distributed's collectives, each with its kind and the argument whose size is what the rank sends: every
+# name some release from 2.4 on calls them by.  The same collective has had several: FSDP2 calls
+# ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` up to 2.12, which 2.13 made aliases of its new
+# ``all_gather_single`` and ``reduce_scatter_single``; DeepSpeed and Megatron call the older ``_all_gather_base`` and
+# ``_reduce_scatter_base``.  All are wrapped: an alias's wrapper counts the call, and the leaf's, called inside it,
+# passes through (the tap's depth), so a collective is counted once whichever name it came by.  Each is wrapped on
+# ``torch.distributed`` (FSDP2, user code: ``dist.<name>`` at call time) and on
 # ``torch.distributed.distributed_c10d`` (the aliases' and deepspeed.comm's cached calls end there).
+# tests/unit/test_torch_drift.py reads the installed torch's FSDP2 and DTensor for a collective missing here.
 DIST_COLLECTIVES: dict[str, tuple[str, str | None]] = {
     "all_reduce": ("all_reduce", "tensor"),
     "all_reduce_coalesced": ("all_reduce", "tensors"),
     "all_gather": ("all_gather", "tensor"),
     "all_gather_single": ("all_gather", "input_tensor"),
+    "all_gather_into_tensor": ("all_gather", "input_tensor"),
+    "_all_gather_base": ("all_gather", "input_tensor"),
     "all_gather_coalesced": ("all_gather", "input_tensor_list"),
     "reduce_scatter": ("reduce_scatter", "input_list"),
     "reduce_scatter_single": ("reduce_scatter", "input"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "_reduce_scatter_base": ("reduce_scatter", "input"),
     "broadcast": ("broadcast", "tensor"),
     "all_to_all": ("all_to_all", "input_tensor_list"),
     "all_to_all_single": ("all_to_all", "input"),
@@ -36,6 +44,7 @@ DIST_COLLECTIVES: dict[str, tuple[str, str | None]] = {
     "isend": ("send", "tensor"),
     "irecv": ("recv", "tensor"),
     "barrier": ("barrier", None),
+    "monitored_barrier": ("barrier", None),
 }
 # The functional collectives DTensor's redistribution calls (``funcol.<name>``, looked up at call time):
 # they return at once, and are waited for in ``wait_tensor`` when the result is first used.
@@ -47,6 +56,12 @@ FUNCTIONAL_COLLECTIVES: dict[str, tuple[str, str]] = {
     "reduce_scatter_tensor": ("reduce_scatter", "self"),
     "all_to_all_single": ("all_to_all", "self"),
     "broadcast": ("broadcast", "self"),
+}
+# Collectives some stack calls that the tap reaches through another: each calls a wrapped one by its module's name.
+THROUGH_ANOTHER: dict[str, str] = {
+    "batch_isend_irecv": "each of its P2POps calls the isend or irecv it was made with (dist.isend: the wrapper)",
+    "permute_tensor": "calls funcol.all_to_all_single",
+    "all_gather_inplace": "calls funcol.all_gather_tensor",
 }
 # Modules that bound a c10d collective at import (``from … import broadcast``): DTensor's mesh helpers.
 IMPORTED_AT: tuple[tuple[str, str], ...] = (

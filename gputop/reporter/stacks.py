@@ -64,6 +64,7 @@ _COLLECTIVE_FUNCTIONS = frozenset(
     {
         "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
         "all_gather_single", "reduce_scatter_single",  # torch 2.13's names, which FSDP2 calls
+        "_all_gather_base", "_reduce_scatter_base",  # the older ones DeepSpeed and Megatron call
         "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
         "broadcast", "broadcast_object_list", "reduce", "scatter", "scatter_object_list", "gather",
         "gather_object", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
