@@ -38,7 +38,8 @@ from gputop.settings.setting import Setting as Setting
 from gputop.settings.setting import SettingError as SettingError
 from gputop.settings.setting import Source as Source
 
-DDP_SAMPLE_RATE_CUDA = 10  # DDP's own default is 100: too few timed iterations for a 1-s window
+# On CUDA, DDP's own rate (every 100th iteration) stands: each iteration DDP times, it waits for that iteration's
+# CUDA events on the training thread at the next forward, and gputop adds no wait of its own (docs/architecture.md).
 DDP_SAMPLE_RATE_CPU = 1  # timing a CPU iteration costs nothing next to it
 # A window's bounds.  The figures read a 10-s span (gputop.model.figures.SPAN_S) and a live view copies each
 # rank's newest 40 windows (SPAN_COPY_WINDOWS): under 0.25 s those no longer cover the span; a share is called
@@ -152,7 +153,7 @@ DDP_SAMPLE_RATE: Setting[int | None] = Setting(
     key="ddp_sample_rate",
     meaning="DDP times every Nth iteration (PyTorch's default is 100; below 1 reads as 1)",
     default=None,
-    default_text=f"{DDP_SAMPLE_RATE_CUDA} on CUDA, {DDP_SAMPLE_RATE_CPU} on the CPU",
+    default_text=f"DDP's own on CUDA, {DDP_SAMPLE_RATE_CPU} on the CPU",
     kind="whole number",
     env="GPUTOP_DDP_SAMPLE_RATE",
     parse=kinds.at_least_one,

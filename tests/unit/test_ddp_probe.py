@@ -17,7 +17,6 @@ from gputop.model.sums import rank_stats
 from gputop.protocol import Event, Hello
 from gputop.reporter.probes.ddp import (
     CPU_DDP_SAMPLE_RATE,
-    DEFAULT_DDP_SAMPLE_RATE,
     NO_LOGGING_DATA,
     UNREADABLE,
     DdpProbe,
@@ -118,9 +117,16 @@ def test_a_model_watched_after_its_first_iteration_reports_the_latest_sample() -
     assert probe.read([])["ddp_iteration"] == 6
 
 
-def test_cuda_models_are_sampled_every_tenth_iteration_unless_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cuda_models_ddp_keeps_its_own_sample_rate_unless_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each iteration DDP times on CUDA it synchronises that iteration's events on the training thread at the next
+    forward: a rate of gputop's choosing would add waits to the training thread."""
+    monkeypatch.delenv("GPUTOP_DDP_SAMPLE_RATE", raising=False)
     ddp = LoggingData()
-    assert not DdpProbe(ddp, on_cpu=False).averaging and ddp.sample_rate == DEFAULT_DDP_SAMPLE_RATE
+    probe = DdpProbe(ddp, on_cpu=False)
+    assert not probe.averaging and ddp.sample_rate is None and probe.sample_rate is None  # never set
+    monkeypatch.setenv("GPUTOP_DDP_SAMPLE_RATE", "10")
+    DdpProbe(ddp, on_cpu=False)
+    assert ddp.sample_rate == 10  # the user's choice stands
     monkeypatch.setenv("GPUTOP_DDP_SAMPLE_RATE", "100")
     DdpProbe(ddp, on_cpu=True)
     assert ddp.sample_rate == 100

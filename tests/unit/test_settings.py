@@ -107,7 +107,7 @@ class TestBadValues:
 
     def test_the_ddp_rate_is_at_least_one(self) -> None:
         assert settings.DDP_SAMPLE_RATE.value({"GPUTOP_DDP_SAMPLE_RATE": "0"}) == 1
-        assert settings.DDP_SAMPLE_RATE.value({}) is None  # the probe's own: 10 on CUDA, 1 on the CPU
+        assert settings.DDP_SAMPLE_RATE.value({}) is None  # the probe's own: DDP's on CUDA, 1 on the CPU
         with pytest.raises(settings.SettingError, match="GPUTOP_DDP_SAMPLE_RATE='ten' is not a whole number"):
             settings.DDP_SAMPLE_RATE.value({"GPUTOP_DDP_SAMPLE_RATE": "ten"})
 

@@ -32,10 +32,10 @@ from gputop import settings
 from gputop.reporter.clock import StepClock, StepMark
 
 # DDP times forward/backward/comm on every Nth iteration (PyTorch's default is
-# 100).  On CUDA a sampled iteration waits for the previous one's events at the
-# next forward, so N trades freshness for a rare short stall.  On the CPU the
-# timer is two clock reads, so every iteration is timed.
-DEFAULT_DDP_SAMPLE_RATE = settings.DDP_SAMPLE_RATE_CUDA
+# 100).  On CUDA each timed iteration's events are synchronised on the training
+# thread at the next forward (c10d's CudaTimer::measureDifference): gputop leaves
+# DDP's rate as it is there, and adds no such wait.  On the CPU the timer is two
+# clock reads, so every iteration is timed.
 CPU_DDP_SAMPLE_RATE = settings.DDP_SAMPLE_RATE_CPU
 # DDP's running averages over its timed iterations (ns), and the window field each becomes.
 DDP_TIMES = (
@@ -112,8 +112,10 @@ class DdpProbe:
         self.settings: dict[str, Any] | None = None  # Hello facts: how DDP was built, read once it has settled
         try:
             chosen = settings.DDP_SAMPLE_RATE.value()
-            self.sample_rate = chosen or (CPU_DDP_SAMPLE_RATE if on_cpu else DEFAULT_DDP_SAMPLE_RATE)
-            model._set_ddp_runtime_logging_sample_rate(self.sample_rate)
+            # None: DDP's own rate (CUDA), never set
+            self.sample_rate: int | None = chosen or (CPU_DDP_SAMPLE_RATE if on_cpu else None)
+            if self.sample_rate is not None:
+                model._set_ddp_runtime_logging_sample_rate(self.sample_rate)
             if self.sample_rate == 1 and model._get_ddp_logging_data().get("iteration", 0) == 0:
                 self._totals_from = (0, {})
         except Exception as exc:
