@@ -30,6 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gputop.reporter.capture_mode import THREAD_LOCAL, exchanger
+
 T = TypeVar("T")
 
 # A GPU that stops completing events (a hung kernel) must not make us hold events
@@ -56,6 +58,10 @@ class RankCuda:
         self._last: Any = None  # the newest completed event: where the next GPU step starts
         # What else holds events on this device (the phase timeline): dropped with these, in scope, at release.
         self._releases: list[Callable[[], None]] = []
+        # A CUDA graph being captured on the stream takes no step mark: the event would be a node of the graph.
+        self._capturing: Callable[[], bool] = getattr(cuda, "is_current_stream_capturing", bool)
+        # The reporter thread reads in thread-local capture mode, so a query never breaks another thread's capture.
+        self._exchange, self.capture_mode_missing = exchanger(cuda)
 
     @property
     def cuda(self) -> Any:
@@ -69,6 +75,23 @@ class RankCuda:
     def scoped(self, work: Callable[[], T]) -> T:
         """``work()`` with the rank's device current on this thread (see ``_scoped``)."""
         return self._scoped(work)
+
+    def reading(self, work: Callable[[], T]) -> T:
+        """``work()`` that queries, times or drops events (the reporter thread): in scope, and in thread-local capture
+        interaction mode, so that none of its calls invalidates a CUDA graph another thread is capturing
+        (``capture_mode.py``)."""
+        exchange = self._exchange
+        if exchange is None:
+            return self._scoped(work)
+
+        def guarded() -> T:
+            previous = exchange(THREAD_LOCAL)
+            try:
+                return work()
+            finally:
+                exchange(previous)
+
+        return self._scoped(guarded)
 
     def _scoped(self, work: Callable[[], T]) -> T:
         """``work()`` with the rank's device current on this thread.
@@ -93,10 +116,16 @@ class RankCuda:
         which only ``step_times_s`` does, in scope.
         """
         if len(self._recorded) < MAX_PENDING_EVENTS:
-            self._recorded.append(self._scoped(self._new_event))
+            event = self._scoped(self._new_event)
+            if event is not None:
+                self._recorded.append(event)
 
     def _new_event(self) -> Any:
+        """A step event on the device's current stream; None inside a CUDA graph capture there, where an event
+        would be a node of the graph that the reporter could never read (and every later step behind it)."""
         cuda = self._cuda
+        if self._capturing():
+            return None
         event = cuda.Event(enable_timing=True)
         event.record(cuda.current_stream(self.index))  # not record(): that takes the current device's stream
         return event
@@ -109,7 +138,7 @@ class RankCuda:
         ``query()`` never waits: an event the GPU has not reached yet stays for
         the next call, so the training thread is never synchronised.
         """
-        return self._scoped(self._harvest)
+        return self.reading(self._harvest)
 
     def _harvest(self) -> list[float]:
         # Events are dropped only here (the previous ``_last``) and in ``_drop_events``,
@@ -132,7 +161,7 @@ class RankCuda:
 
     def release(self) -> None:
         """Drop every event, with the device current (at exit, on the reporter thread)."""
-        self._scoped(self._drop_events)
+        self.reading(self._drop_events)
 
     def _drop_events(self) -> None:
         self._recorded.clear()

@@ -69,6 +69,11 @@ class TimelineReader:
         self._optimized = False
         self._step_exposed = 0.0
 
+    @property
+    def anchor(self) -> Any:
+        """The one event the reader holds between reads (the pool's accounting counts it)."""
+        return self._anchor
+
     def drop(self) -> None:
         """The timeline's events are being dropped: the anchor too."""
         self._anchor = None

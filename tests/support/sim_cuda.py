@@ -9,6 +9,12 @@ it was queued; a wait finishes when the event it waits for has.  The test moves 
 Like the CUDA runtime, every thread starts on device 0 and ``device(i)`` changes the calling thread's current
 device for the block; every call is recorded with the thread and the device current at the time, so a test
 can check that none happened on another device (which would make a context on GPU 0, torchcomms PR #777).
+
+Graph capture is simulated as the CUDA runtime has it (``capture``): while a thread captures in global mode, a
+"potentially unsafe" call (an event's query, its elapsed time) from any thread whose
+capture interaction mode is global invalidates that capture and fails; a thread that set its mode to thread-local
+(``exchange_capture_mode``, cudaThreadExchangeStreamCaptureMode) may make them.  An event recorded on the
+capturing stream becomes a node of the graph: it never completes, and asking it is an error.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class Op:
         self.queued_ms = queued_ms
         self.length_ms = length_ms  # math.inf: a kernel that never ends (until ``finish``)
         self.waits_for = waits_for
+        self.captured = False  # recorded on a capturing stream: a node of the graph, never run here
 
 
 class SimStream:
@@ -74,6 +81,7 @@ class SimEvent:
         self.device = stream.device
         self.sim.log("record", stream.device)
         self.op = self.sim.enqueue(stream, Op(stream, self.sim.now_ms))
+        self.op.captured = self.sim.capturing(stream)
 
     def wait(self, stream: SimStream | None = None) -> None:
         stream = stream if stream is not None else self.sim.current_stream()
@@ -83,10 +91,14 @@ class SimEvent:
 
     def query(self) -> bool:
         self.sim.log("query", self.device)
+        self.sim.unsafe("query")
+        if self.op is not None and self.op.captured:
+            raise RuntimeError("CUDA error: operation not permitted on an event last recorded in a capturing stream")
         return self.op is None or self.sim.done_at(self.op) <= self.sim.now_ms
 
     def elapsed_time(self, end: SimEvent) -> float:
         self.sim.log("elapsed_time", self.device)
+        self.sim.unsafe("elapsed_time")
         if self.op is None or end.op is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         if not (self.sim.done_at(self.op) <= self.sim.now_ms and self.sim.done_at(end.op) <= self.sim.now_ms):
@@ -131,6 +143,9 @@ class SimCuda:
         self._version = 0  # bumped on every change of the work queued: the cached times are stale
         self._done: dict[int, float] = {}
         self._done_version = -1
+        # The capture in progress: (the capturing thread's ident, its stream, its mode), and captures invalidated.
+        self._capture: tuple[int, SimStream, str] | None = None
+        self.invalidated: list[str] = []  # the unsafe call that invalidated each capture
 
     # -- the clock and the work -----------------------------------------------------------------
 
@@ -171,6 +186,46 @@ class SimCuda:
             if item is op:
                 return end
         raise ValueError("op is not on its stream")
+
+    # -- graph capture ----------------------------------------------------------------------------
+
+    @contextmanager
+    def capture(self, stream: SimStream, mode: str = "global") -> Iterator[None]:
+        """``torch.cuda.graph(g, stream=stream)``: this thread captures ``stream`` (its current stream inside)."""
+        self._capture = (threading.get_ident(), stream, mode)
+        try:
+            with self.stream(stream):
+                yield
+        finally:
+            self._capture = None
+
+    def capturing(self, stream: SimStream) -> bool:
+        capture = self._capture
+        return capture is not None and capture[1] is stream
+
+    def is_current_stream_capturing(self) -> bool:
+        capture = self._capture
+        if capture is None or capture[0] != threading.get_ident():
+            return False
+        return self.current_stream() is capture[1]
+
+    def exchange_capture_mode(self, mode: int) -> int:
+        """cudaThreadExchangeStreamCaptureMode: this thread's interaction mode (0 global, 1 thread-local, 2 relaxed)
+        becomes ``mode``; the previous one is returned."""
+        previous = int(getattr(self._threads, "capture_mode", 0))
+        self._threads.capture_mode = mode
+        return previous
+
+    def unsafe(self, what: str) -> None:
+        """A potentially unsafe call: fails, and invalidates the capture, where the runtime would."""
+        capture = self._capture
+        if capture is None:
+            return
+        mine = capture[0] == threading.get_ident()
+        mode = int(getattr(self._threads, "capture_mode", 0))
+        if mine or (capture[2] == "global" and mode == 0):
+            self.invalidated.append(what)
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({what})")
 
     # -- torch.cuda's names -----------------------------------------------------------------------
 
