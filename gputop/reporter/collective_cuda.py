@@ -120,6 +120,8 @@ def wrap_collective(
             records.append((kind, group, tensor_bytes(tensor), None, None, perf()))  # counted; timed by events
             if result is None:  # it ran to completion on that stream, as far as the streams can tell
                 timeline.end_blocking(key, kind, group)
+            elif discarded(result):  # queued inside _coalescing_manager: the manager's own work is the one waited
+                timeline.abandon(key)
             else:  # a Work: in flight from here to the end of its wait(), or NCCL's own duration of it
                 _pend(tap, id(result), (kind, group, key))
         except Exception:
@@ -162,8 +164,18 @@ def _issue(
         tap.depth = 0
 
 
+def discarded(work: Any) -> bool:
+    """A work torch hands back only to be thrown away: inside ``_coalescing_manager`` every collective returns an
+    ``_IllegalWork`` whose ``wait()`` raises; the manager's own work stands for the batch.  Never waited, and its id
+    is free for the next object as soon as it is dropped."""
+    return type(work).__name__ == "_IllegalWork"
+
+
 def _pend(tap: CollectiveTap, key: int, issued: tuple[str, Any, int]) -> None:
     pending = tap.cuda_pending
+    stale = pending.pop(key, None)  # a work of this id was dropped unwaited and its id reused: it is never waited
+    if stale is not None and tap.timeline is not None:
+        tap.timeline.abandon(stale[2])
     if len(pending) >= MAX_PENDING:  # never waited for in Python: its issue's event goes back to the pool
         _, _, event_key = pending.pop(next(iter(pending)))
         if tap.timeline is not None:

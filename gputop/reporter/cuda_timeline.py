@@ -29,10 +29,10 @@ go of one (an event is only ever held by this object's own containers).
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import Any
 
+from gputop.reporter.cuda_switches import ONE_CONNECTION, one_connection
 from gputop.reporter.rank_cuda import RankCuda
 from gputop.reporter.timeline_reader import (
     BLOCKING,
@@ -59,16 +59,6 @@ RESUME_SHARE = 0.5
 # NCCL works held for their duration (``Work._get_duration``) until they complete: each holds its output
 # tensors, so only a few are kept, and only for a window.
 MAX_TIMED_WORKS = 16
-# Environment variables under which NCCL records a start event for every collective, so ``_get_duration``
-# answers (c10d ``ProcessGroupNCCL``: TORCH_NCCL_ENABLE_TIMING, and desync debugging turns timing on too).
-NCCL_TIMING_ENV = ("TORCH_NCCL_ENABLE_TIMING", "NCCL_ENABLE_TIMING", "TORCH_NCCL_DESYNC_DEBUG")
-
-
-def nccl_timing_on(environ: dict[str, str] | None = None) -> bool:
-    """Whether this process asked NCCL to time its collectives (gputop never turns it on: it is not free,
-    and it has been seen to break NCCL's overlap with compute, pytorch issue #143890)."""
-    env = os.environ if environ is None else environ
-    return any(env.get(name, "").strip().lower() in ("1", "true", "yes", "y") for name in NCCL_TIMING_ENV)
 
 
 class CudaTimeline:
@@ -80,8 +70,16 @@ class CudaTimeline:
     """
 
     def __init__(
-        self, device: RankCuda, *, first_step: int = 1, pool_events: int = POOL_EVENTS, nccl_timing: bool = False
+        self,
+        device: RankCuda,
+        *,
+        first_step: int = 1,
+        pool_events: int = POOL_EVENTS,
+        nccl_timing: bool = False,
+        single_queue: bool | None = None,
     ) -> None:
+        """``single_queue``: CUDA_DEVICE_MAX_CONNECTIONS=1 (None: read from the environment), where no event is
+        recorded on a stream other than the compute stream (``ONE_CONNECTION``)."""
         self._device = device
         self._cuda = device.cuda
         # A CUDA graph being captured on the stream takes no mark: an event recorded there is part of the graph,
@@ -91,6 +89,8 @@ class CudaTimeline:
         self.pool_events = pool_events
         self.resume_free = max(int(pool_events * RESUME_SHARE), 1)
         self.nccl_timing = nccl_timing  # harvest NCCL's own durations of asynchronous works
+        self.single_queue = one_connection() if single_queue is None else single_queue
+        self.untimed_side = 0  # collectives issued on a side stream left untimed (``single_queue``)
         # -- the training thread's (and the autograd engine's, which runs backward hooks) --
         self._free: deque[Any] = deque()  # events read and given back by the reporter thread
         self._made = 0  # events made so far, at most pool_events
@@ -250,6 +250,9 @@ class CudaTimeline:
                     stream = cuda.current_stream(self.index)
                 elif compute_only and stream != self._compute:
                     return 0
+                if self.single_queue and stream != self._compute:
+                    self.untimed_side += 1
+                    return 0
                 event = self._take()
                 if event is None:
                     self._run_dry()
@@ -329,7 +332,7 @@ class CudaTimeline:
         ``query()`` never waits, so the training thread is never synchronised; ``elapsed_time`` is asked only
         of completed events.  Each event read goes back to the pool.  With the model's device current.
         """
-        harvest = self._device.scoped(self._reader.read)
+        harvest = self._device.reading(self._reader.read)
         if self._reader.work_timing_error is not None:
             self.nccl_timing = False  # NCCL does not time this process's collectives: hold no more works
         return harvest
@@ -345,9 +348,29 @@ class CudaTimeline:
             )
         if self._reader.work_timing_error is not None:
             return f"NCCL's own collective durations are not available here ({self._reader.work_timing_error})"
+        if self.untimed_side:
+            return ONE_CONNECTION
         if self.missing:
             return "; ".join(self.missing)
         return None
+
+    def accounting(self) -> dict[str, int]:
+        """Where the pool's events are, adding up to ``pool_events``: ``free``, ``pending`` (recorded, not read),
+        ``open`` (begun, not ended), ``held`` (the reader's anchor, the one being recorded), ``room`` (not made)."""
+        pending = 0
+        for entry in list(self._pending):
+            if len(entry) == 3:  # a mark (LOST has no event)
+                pending += entry[1] is not None
+            else:  # a pair, and the issue's event where it had one
+                pending += 2 + (entry[3] is not None)
+        held = (self._reader.anchor is not None) + (self._taken is not None)
+        return {
+            "free": len(self._free),
+            "pending": pending,
+            "open": len(self._open),
+            "held": held,
+            "room": self.pool_events - self._made,
+        }
 
     # -- exit ---------------------------------------------------------------------------------------
 

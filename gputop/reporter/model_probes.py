@@ -17,7 +17,8 @@ from typing import Any
 from gputop import settings
 from gputop.reporter.announcer import Announcer
 from gputop.reporter.compiled import compiling
-from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
+from gputop.reporter.cuda_switches import nccl_timing_on
+from gputop.reporter.cuda_timeline import CudaTimeline
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.collectives import CollectiveProbe
 from gputop.reporter.probes.cuda_memory import CudaMemoryProbe

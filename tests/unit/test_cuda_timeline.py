@@ -21,7 +21,8 @@ from gputop.reporter import collective_cuda
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collective_calls import Where
 from gputop.reporter.collectives import CollectiveTap
-from gputop.reporter.cuda_timeline import CudaTimeline, nccl_timing_on
+from gputop.reporter.cuda_switches import nccl_timing_on
+from gputop.reporter.cuda_timeline import CudaTimeline
 from gputop.reporter.probes.cuda_phases import CudaPhaseProbe, phase_fields
 from gputop.reporter.rank_cuda import RankCuda
 from gputop.reporter.timeline_reader import Harvest
@@ -493,20 +494,127 @@ def test_a_process_whose_nccl_does_not_time_says_so_and_times_from_issue_to_wait
 def test_nothing_is_recorded_while_a_cuda_graph_is_being_captured() -> None:
     """An event recorded on a capturing stream would be part of the graph, never readable by the reporter."""
     sim = SimCuda()
-    capturing = [False]
-    sim.is_current_stream_capturing = lambda: capturing[0]  # type: ignore[attr-defined]
     timeline = timeline_on(sim)
     train_step(sim, timeline, 1, 1, 1)
-    capturing[0] = True
-    timeline.forward_started()
-    timeline.forward_done()
-    assert timeline.begin() == 0
-    capturing[0] = False
+    with sim.capture(sim.Stream(MODEL_GPU)):
+        timeline.forward_started()
+        timeline.forward_done()
+        assert timeline.begin() == 0
     for _ in range(2):
         train_step(sim, timeline, 2, 3, 1)
     sim.advance(1000)
     steps = timeline.harvest().steps
     assert [s.forward_s for s in steps] == pytest.approx([2 * MS, 2 * MS]) and timeline.errors == 0
+
+
+def test_the_reporters_reads_never_break_a_graph_another_thread_captures_in_global_mode() -> None:
+    """``torch.cuda.graph`` captures in global mode by default, where an event query from another thread in the
+    default interaction mode invalidates the capture: the reporter thread reads in thread-local mode."""
+    sim = SimCuda()
+    timeline = timeline_on(sim)
+    for _ in range(3):
+        train_step(sim, timeline, 2, 3, 1)
+    sim.advance(1000)
+    harvested: list[Any] = []
+
+    def reporter_thread() -> None:
+        harvested.append(timeline.harvest())
+        harvested.append(timeline._device.step_times_s())
+
+    with sim.capture(sim.Stream(MODEL_GPU)):  # the training thread captures a graph meanwhile
+        reader = threading.Thread(target=reporter_thread, name="gputop-reporter")
+        reader.start()
+        reader.join()
+    assert sim.invalidated == [], sim.invalidated
+    assert [s.forward_s for s in harvested[0].steps] == pytest.approx([2 * MS, 2 * MS])
+    assert harvested[1] == pytest.approx([6 * MS, 6 * MS])
+    assert sim.exchange_capture_mode(0) == 0  # the training thread's own mode was never touched
+
+
+def test_a_step_marked_inside_a_capture_is_not_recorded_and_the_steps_after_it_still_read() -> None:
+    """An event recorded on the capturing stream is a node of the graph: it never completes, and at the head of
+    the queue it would keep every later step from being read."""
+    sim = SimCuda()
+    device = RankCuda(MODEL_GPU, sim)
+    compute = sim.default[MODEL_GPU]
+    device.record_step()
+    with sim.capture(sim.Stream(MODEL_GPU)), sim.device(MODEL_GPU):
+        device.record_step()  # a step that ends inside the captured region (torch.cuda.graph around the step)
+    for _ in range(2):
+        sim.run(compute, 4)
+        device.record_step()
+    sim.advance(1000)
+    assert device.step_times_s() == pytest.approx([4 * MS, 4 * MS])
+
+
+def test_under_one_hardware_queue_no_event_goes_on_a_communication_stream_and_the_wait_is_still_exposed() -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron, Transformer Engine): an event recorded between collectives on their
+    stream costs their overlap with compute (pytorch #143890).  None goes there; the wait is timed on the compute
+    stream, and the time in flight says why it is N/A."""
+    sim = SimCuda()
+    timeline = timeline_on(sim, single_queue=True)
+    tap = cuda_tap(sim, timeline)
+    compute, side = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU)
+
+    def all_gather(tensor: Any, group: Any = None, async_op: bool = False) -> Work:
+        sim.run(side, 9)  # FSDP2 issues its all-gathers on a stream of its own: done at 9 ms, compute at 5
+        done = sim.Event()
+        done.record(side)
+        return Work(sim, done)
+
+    collective = collective_cuda.wrap_collective(tap, all_gather, all_gather, "all_gather", Where("tensor", 0, 1))
+    wait = collective_cuda.wrap_wait(tap, Work.wait, Work.wait)
+    train_step(sim, timeline, 1, 1, 1)
+    timeline.forward_started()
+    with sim.stream(side):
+        work = collective(Tensor(), "dp", async_op=True)
+    sim.run(compute, 2)
+    wait(work)
+    timeline.forward_done()
+    timeline.optimizer_started()
+    timeline.record_step()
+    timeline.optimizer_done()
+    sim.advance(1000)
+    assert len(side.ops) == 2  # the collective's own kernel and its completion event: nothing of gputop's
+    ((kind, _, in_flight, exposed),) = timeline.harvest().collectives
+    assert kind == "all_gather" and exposed == pytest.approx(4 * MS) and in_flight is None, (in_flight, exposed)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in (timeline.why_not() or "")
+
+
+class _IllegalWork:
+    """What every collective inside torch's ``_coalescing_manager`` returns: thrown away, never waited."""
+
+
+def test_discarded_and_id_reused_works_give_their_events_back_and_the_pool_adds_up() -> None:
+    """Works kept by ``id()``: a coalesced collective's throwaway work, and a work dropped unwaited whose id the
+    next one reuses, each stranded an issue event for good; after 16,384 the pool was dry for the rest of the run."""
+    sim = SimCuda()
+    timeline = timeline_on(sim, pool_events=64)
+    tap = cuda_tap(sim, timeline)
+    same_id = Work(sim, sim.Event())  # a work dropped unwaited, and the next one made where it was: the same id
+
+    def coalesced(tensor: Any, group: Any = None, async_op: bool = False) -> Any:
+        return _IllegalWork()
+
+    def unwaited(tensor: Any, group: Any = None, async_op: bool = False) -> Any:
+        return same_id
+
+    where = Where("tensor", 0, 1)
+    in_manager = collective_cuda.wrap_collective(tap, coalesced, coalesced, "all_gather", where)
+    dropped = collective_cuda.wrap_collective(tap, unwaited, unwaited, "all_reduce", where)
+    wait = collective_cuda.wrap_wait(tap, Work.wait, Work.wait)
+    for _ in range(200):  # three pools' worth of issue events
+        train_step(sim, timeline, 1, 1, 1)
+        in_manager(Tensor(), "dp", async_op=True)
+        dropped(Tensor(), "dp", async_op=True)
+        sim.advance(10)
+        timeline.harvest()
+    wait(dropped(Tensor(), "dp", async_op=True))
+    sim.advance(1000)
+    timeline.harvest()
+    counts = timeline.accounting()
+    assert sum(counts.values()) == 64, counts
+    assert counts["open"] <= len(tap.cuda_pending) <= 1 and timeline.lost_steps == 0, (counts, timeline.lost_steps)
 
 
 class Group:
@@ -559,3 +667,17 @@ def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back()
         tap.uninstall()
     assert torch.cuda.Stream.wait_event is wait_event
     assert all(getattr(FSDPParamGroup, n) is f for n, f in originals.items())
+
+
+def test_the_cuda_runtime_is_the_one_the_process_mapped_and_never_loaded_anew(tmp_path: Any) -> None:
+    from gputop.reporter.capture_mode import _loaded_cudart
+
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f1c-7f2c r-xp 00000000 fd:01 123 /usr/lib/libc.so.6\n"
+        "7f3c-7f4c r-xp 00000000 fd:01 456 /venv/lib/nvidia/cu13/lib/libcudart.so.13\n"
+    )
+    assert _loaded_cudart(str(maps)) == "/venv/lib/nvidia/cu13/lib/libcudart.so.13"
+    maps.write_text("7f1c-7f2c r-xp 00000000 fd:01 123 /usr/lib/libc.so.6\n")
+    assert _loaded_cudart(str(maps)) is None
+    assert _loaded_cudart(str(tmp_path / "gone")) is None
