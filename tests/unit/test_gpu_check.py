@@ -60,3 +60,58 @@ def test_a_check_that_breaks_is_a_row_and_the_run_goes_on(monkeypatch: pytest.Mo
     monkeypatch.setitem(gpu_check.CHECKS, "nvml", gpu_check.Check(broken, 1))
     (row,) = gpu_check.run_check("nvml")
     assert row.result == "error: RuntimeError: no nvidia-smi in this container" and not row.passed
+
+
+def test_the_cuda_rows_run_first_and_every_one_fits_the_device_calls_budget() -> None:
+    """The CUDA path's rows are the code no other machine runs: a budget that ends the call drops the others."""
+    names = list(gpu_check.CHECKS)
+    assert names[: len(gpu_check.CUDA_ROWS)] == list(gpu_check.CUDA_ROWS)
+    device = (ROOT / "scripts" / "gpu-device").read_text()
+    budget_s = float(device.split("budget_s=${GPU_BUDGET_S:-", 1)[1].split("}", 1)[0])
+    cuda_s = sum(gpu_check.CHECKS[name].estimate_s for name in gpu_check.CUDA_ROWS)
+    assert cuda_s <= budget_s, (cuda_s, budget_s)
+
+
+def test_the_exposed_wait_row_fails_where_no_wait_was_measured() -> None:
+    """A job whose ``watch()`` returned None measures 0 against 0: that is no agreement."""
+    assert gpu_check.exposed_wait_agrees(20.6, 20.1)
+    assert not gpu_check.exposed_wait_agrees(0.0, 0.0)  # nothing timed, no delay either
+    assert not gpu_check.exposed_wait_agrees(0.0, 20.1)  # the wait went unread
+    assert not gpu_check.exposed_wait_agrees(None, 20.1)
+    assert not gpu_check.exposed_wait_agrees(30.0, 20.1)
+
+
+def test_the_mfu_row_fails_on_a_peak_for_another_dtype_than_the_job_ran() -> None:
+    """gputop's MFU and the profiler's share the peak: a float32 peak for a bf16 job would agree with itself."""
+    assert gpu_check.mfu_agrees(41.0, 40.0, "weighted over 100% bfloat16")
+    assert not gpu_check.mfu_agrees(41.0, 40.0, "weighted over 100% float32")
+    assert not gpu_check.mfu_agrees(41.0, 40.0, "weighted over 60% float32, 40% bfloat16")
+    assert not gpu_check.mfu_agrees(60.0, 40.0, "weighted over 100% bfloat16")
+    assert not gpu_check.mfu_agrees(None, 40.0, "weighted over 100% bfloat16")
+
+
+def test_a_timed_out_job_ends_with_everything_it_started(tmp_path) -> None:
+    """A timed-out torchrun's worker went on training into the next row's measurements."""
+    import time
+
+    marker = tmp_path / "grandchild"
+    code = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); open({str(marker)!r}, 'w')"
+        ".write(str(p.pid)); time.sleep(60)"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        gpu_check.run_tree([sys.executable, "-c", code], timeout_s=3)
+    grandchild = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(grandchild):
+        time.sleep(0.05)
+    assert not _alive(grandchild), f"pid {grandchild} outlived its job's timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
