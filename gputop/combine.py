@@ -302,13 +302,15 @@ def merge_collectives(groups: Iterable[Sequence[CollectiveTimes]]) -> tuple[Coll
     sums: dict[tuple[str, str], list[Any]] = {}
     for collectives in groups:
         for c in collectives:
-            total = sums.setdefault((c.kind, c.group), [0, 0, None, None])
+            total = sums.setdefault((c.kind, c.group), [0, 0, None, None, None])
             total[0] += c.calls
             total[1] += c.bytes
             if c.busy_s is not None:
                 total[2] = (total[2] or 0.0) + c.busy_s
             if c.exposed_s is not None:
                 total[3] = (total[3] or 0.0) + c.exposed_s
+            if c.ranks is not None:  # one group, one size: whichever window said it
+                total[4] = c.ranks
     merged = [CollectiveTimes(kind, group, *t) for (kind, group), t in sums.items()]
     merged.sort(key=lambda c: (-(c.exposed_s or 0.0), -(c.busy_s or 0.0), c.kind, c.group))
     return tuple(merged[:COLLECTIVES_KEPT])

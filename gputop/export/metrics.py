@@ -96,6 +96,12 @@ METRICS: tuple[Spec, ...] = (
         extra=("kind", "group"),
     ),
     _rank(
+        "gputop_collective_bus_bandwidth_bytes_per_second",
+        f"Bus bandwidth of one collective of each kind on each group, from its time in flight, by nccl-tests' "
+        f"formulas (comparable with the link's own speed whatever the kind and group size) {SPAN}",
+        extra=("kind", "group"),
+    ),
+    _rank(
         "gputop_collective_number",
         "torch's count of the collectives the rank has issued on each process group, the same on every rank for "
         "the same collective; exported while the rank has gone 3 s without a step (a rank behind the others' "
@@ -207,6 +213,9 @@ def _rank_values(r: RankFigures) -> dict[str, list[tuple[tuple[str, ...], float 
         ],
         "gputop_collective_calls": [((c.kind, c.group), c.calls) for c in s.collectives],
         "gputop_collective_bytes": [((c.kind, c.group), c.bytes) for c in s.collectives],
+        "gputop_collective_bus_bandwidth_bytes_per_second": [
+            ((c.kind, c.group), None if c.bandwidth is None else c.bandwidth[1]) for c in s.collectives
+        ],
         "gputop_flops_per_step": [((), s.work.flops_per_step)],
         "gputop_achieved_flops_per_second": [((), s.work.achieved_flops_per_s)],
         "gputop_mfu_ratio": [((), r.mfu)],

@@ -26,6 +26,7 @@ class CollectiveFigures(msgspec.Struct, frozen=True, gc=False):
     bytes: float  # a step, what the rank sent in
     busy_s: float | None  # a step, issue to completion
     exposed_s: float | None  # a step, the training thread blocked on it
+    ranks: int | None = None  # the group's size (None: not said, a recording from before it was)
 
     @property
     def name(self) -> str:
@@ -36,8 +37,17 @@ class CollectiveFigures(msgspec.Struct, frozen=True, gc=False):
     def bytes_each(self) -> float:
         return self.bytes / self.calls if self.calls else 0.0
 
+    @property
+    def bandwidth(self) -> tuple[float, float] | None:
+        """(algorithm, bus) bandwidth of one call, bytes/s, from its time in flight (``bandwidth``)."""
+        if self.busy_s is None or not self.calls:
+            return None
+        return bandwidth(self.kind, self.bytes_each, self.busy_s / self.calls, self.ranks)
+
     def to_dict(self) -> dict[str, Any]:
-        """The report's and ``gputop mcp``'s entry: a step's calls, bytes and milliseconds (None: N/A)."""
+        """The report's and ``gputop mcp``'s entry: a step's calls, bytes and milliseconds (None: N/A), and each
+        call's bus bandwidth (bytes/s)."""
+        bandwidth = self.bandwidth
         return {
             "kind": self.kind,
             "group": self.group,
@@ -45,7 +55,49 @@ class CollectiveFigures(msgspec.Struct, frozen=True, gc=False):
             "bytes_per_step": round(self.bytes),
             "in_flight_ms": None if self.busy_s is None else round(self.busy_s * 1e3, 3),
             "exposed_ms": None if self.exposed_s is None else round(self.exposed_s * 1e3, 3),
+            "ranks": self.ranks,
+            "bus_bytes_per_s": None if bandwidth is None else round(bandwidth[1]),
         }
+
+
+# nccl-tests' bus bandwidth (its doc/PERFORMANCE.md): a call moving its size S in t has algorithm bandwidth S / t, and
+# bus bandwidth S / t times a factor of the kind and the group's size n, the share of S each link carries, so that
+# one figure compares with the link's own speed whatever the kind and however many ranks.  S is nccl-tests' size:
+# an all-gather's whole output, n times what one rank sends; the tensor the rank sends for every other kind.
+_BUS_FACTOR: dict[str, tuple[int, Any]] = {  # kind: (S in shards the rank sent, factor of n)
+    "all_reduce": (0, lambda n: 2 * (n - 1) / n),
+    "all_gather": (1, lambda n: (n - 1) / n),
+    "reduce_scatter": (0, lambda n: (n - 1) / n),
+    "all_to_all": (0, lambda n: (n - 1) / n),
+    "broadcast": (0, lambda n: 1.0),
+    "reduce": (0, lambda n: 1.0),
+    "send": (0, lambda n: 1.0),
+    "recv": (0, lambda n: 1.0),
+}
+
+
+def bandwidth(kind: str, sent: float, seconds: float, ranks: int | None) -> tuple[float, float] | None:
+    """(algorithm, bus) bandwidth in bytes/s of one ``kind`` call in which the rank sent ``sent`` bytes and which
+    was in flight ``seconds``, in a group of ``ranks``; None where it cannot be said (a barrier, no size, no time,
+    a group of unknown size)."""
+    rule = _BUS_FACTOR.get(kind)
+    if rule is None or not ranks or ranks < 1 or sent <= 0 or seconds <= 0:
+        return None
+    times_n, factor = rule
+    size = sent * ranks if times_n else sent
+    algorithm = size / seconds
+    return algorithm, algorithm * factor(ranks)
+
+
+def bandwidth_text(bytes_per_s: float | None) -> str:
+    """ "41.2 GB/s", "870 MB/s": decimal units, as link speeds and nccl-tests are given."""
+    if bytes_per_s is None:
+        return "N/A"
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            value = bytes_per_s / scale
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{bytes_per_s:.0f} B/s"
 
 
 def ms_text(seconds: float | None) -> str:
@@ -62,7 +114,9 @@ def collectives_text(entries: Sequence[dict[str, Any]]) -> str:
         flight = "times N/A"
         if e["in_flight_ms"] is not None:
             flight = f"{e['in_flight_ms']:.1f} ms ({e['exposed_ms']:.1f} exposed)"
-        parts.append(f"{e['kind']} on {e['group']} {e['calls_per_step']:g}x {size_text(each)}, {flight}")
+        bus = e.get("bus_bytes_per_s")  # absent from reports written before it
+        bus_text = "" if bus is None else f", {bandwidth_text(bus)} bus"
+        parts.append(f"{e['kind']} on {e['group']} {e['calls_per_step']:g}x {size_text(each)}, {flight}{bus_text}")
     return "; ".join(parts)
 
 
@@ -122,6 +176,7 @@ def collective_figures(windows: Sequence[Window]) -> tuple[CollectiveFigures, ..
             c.bytes / steps,
             None if c.busy_s is None else c.busy_s / steps,
             None if c.exposed_s is None else c.exposed_s / steps,
+            c.ranks,
         )
         for c in merge_collectives(w.collectives for w in carrying)
     )

@@ -112,6 +112,8 @@ class CollectiveTimes(msgspec.Struct, frozen=True, array_like=True, gc=False):
     # None where the host's clock cannot time them (collectives on CUDA: docs/communication.md)
     busy_s: Annotated[float, Meta(ge=0.0)] | None
     exposed_s: Annotated[float, Meta(ge=0.0)] | None
+    # The group's size, for bus bandwidth (gputop.model.collectives.bandwidth); None from senders before it.
+    ranks: Annotated[int, Meta(ge=0, lt=2**31)] | None = None
 
 
 Collectives = Annotated[tuple[CollectiveTimes, ...], Meta(max_length=COLLECTIVES_KEPT)]

@@ -261,4 +261,5 @@ class ModelProbes:
         if side.facts.get("ddp"):  # the group DDP's own all-reduce runs on, for its row among the collectives
             with contextlib.suppress(Exception):
                 side.facts["ddp_group"] = probe.group_name(model.process_group)
+                side.facts["ddp_group_ranks"] = probe.group_size(model.process_group)
         return [probe]

@@ -141,7 +141,7 @@ def hook_phase_fields(marks: Sequence[StepMark], collectives: Sequence[Collectiv
 
 
 def ddp_exchange(
-    fields: dict[str, Any], buckets: int | None, gradient_bytes: int | None, group: str
+    fields: dict[str, Any], buckets: int | None, gradient_bytes: int | None, group: str, ranks: int | None = None
 ) -> CollectiveTimes | None:
     """DDP's gradient all-reduce as the window's collective, from its logger's figures: the same table for every stack.
 
@@ -157,7 +157,9 @@ def ddp_exchange(
     if not steps:
         return None
     exposed = max(comm - (fields.get("overlap_s") or 0.0), 0.0)
-    return CollectiveTimes("all_reduce", group, buckets * steps, gradient_bytes * steps, comm * steps, exposed * steps)
+    return CollectiveTimes(
+        "all_reduce", group, buckets * steps, gradient_bytes * steps, comm * steps, exposed * steps, ranks
+    )
 
 
 def flops_fields(marks: Sequence[StepMark], work: Sequence[tuple[int | None, bool]]) -> dict[str, Any]:

@@ -232,5 +232,6 @@ def test_the_gradient_exchange_is_counted_once_beside_the_scripts_own_all_reduce
         assert len(rows) == 1, seen
         # Every step's gradients, once (the first windows, before DDP has said how it is built, may add a little).
         assert GRADIENT_BYTES <= rows[0].bytes < 1.5 * GRADIENT_BYTES, (GRADIENT_BYTES, seen)
+        assert rows[0].ranks == 2 and rows[0].bandwidth is not None, seen  # DDP's row has its bus bandwidth too
         if flag == "--loss-all-reduce":
             assert rows[0].calls >= 1.5, seen  # a bucket's each step, and the loss's once the tap is on

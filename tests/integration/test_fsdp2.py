@@ -73,6 +73,8 @@ def test_fsdp2_reports_forward_backward_and_exposed_communication_per_collective
             c = by_kind[kind]
             assert c.group == "dp" and c.calls >= 2 and c.bytes > 0, summary
             assert c.exposed_s is not None and c.exposed_s > 0 and c.busy_s is not None, summary
+            # Its bus bandwidth, by nccl-tests' formulas over the group's two ranks.
+            assert c.ranks == 2 and c.bandwidth is not None and c.bandwidth[1] > 0, summary
         # Each phase is the rank's own: the blocked time is in the comm phase, not in forward or backward.
         phases = p.forward_s + p.backward_s + (p.optimizer_s or 0) + p.exposed_comm_s
         assert phases <= 1.05 * (s.step.mean_s or 0), summary
@@ -86,7 +88,7 @@ def test_fsdp2_collectives_reach_the_report_and_the_exporter(healthy: tuple[Figu
     assert {e["kind"] for e in entries} >= {"all_gather", "reduce_scatter"}, summary
     assert all(e["group"] == "dp" and e["exposed_ms"] > 0 for e in entries if e["kind"] == "all_gather"), entries
     text = report.to_text(built)
-    assert "rank 0 collectives a step: " in text and "all_gather on dp" in text, text
+    assert "rank 0 collectives a step: " in text and "all_gather on dp" in text and "/s bus" in text, text
     assert "| 0 | all_gather | dp |" in report.to_markdown(built)
     series = {f.spec.name: f.samples for f in families(figures, findings, gpu_hostname="h")}
     exposed = [v for labels, v in series["gputop_collective_seconds"] if labels[-3:-1] == ("all_gather", "dp")]

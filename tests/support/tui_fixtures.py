@@ -206,8 +206,9 @@ def fsdp2_ranks(
                     7 * n * 95_000,
                     0.024 * n,
                     (gather_exposed_s if rank == 0 else last_gather_exposed_s) * n,
+                    2,
                 ),
-                CollectiveTimes("reduce_scatter", "dp", 4 * n, 4 * n * 183_000, 0.01 * n, 0.009 * n),
+                CollectiveTimes("reduce_scatter", "dp", 4 * n, 4 * n * 183_000, 0.01 * n, 0.009 * n, 2),
             )
             store.ingest(msgspec.structs.replace(w, collectives=collectives, phases_from="hooks"), now)
     return store.snapshot(T0 + n_windows * WINDOW_S)

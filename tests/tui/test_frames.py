@@ -53,11 +53,12 @@ async def test_the_detail_screen_lists_the_ranks_collectives_a_step() -> None:
         lines = text.splitlines()
         gather = next(line for line in lines if line.strip().startswith("all_gather"))
         assert gather.split()[:4] == ["all_gather", "dp", "7", "92.8"], gather  # 95,000 B = 92.8 KiB each
-        assert gather.split()[5:] == ["24ms", "21ms", "17ms,", "for", "rank", "1"], gather  # in flight, exposed, for 1
+        # In flight, exposed, bus bandwidth (nccl-tests': 2 x 95,000 B in 24/7 ms, x (2-1)/2), waiting for rank 1.
+        assert gather.split()[5:] == ["24ms", "21ms", "27.7", "MB/s", "17ms,", "for", "rank", "1"], gather
         await pilot.press("escape", "down", "enter")
         await pilot.pause()
         text = str(app.screen.query_one("#detail-collectives", Static).render())
         gather = next(line for line in text.splitlines() if line.strip().startswith("all_gather"))
-        assert gather.endswith("4ms  last to arrive"), gather  # rank 1's own line
+        assert gather.endswith("4ms  27.7 MB/s  last to arrive"), gather  # rank 1's own line
         scatter = next(line for line in lines if line.strip().startswith("reduce_scatter"))
         assert scatter.endswith("(they arrive together)"), scatter  # both wait 9 ms: no rank is named

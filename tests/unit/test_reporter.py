@@ -158,9 +158,11 @@ def test_ddps_exchange_is_a_collective_from_its_loggers_figures() -> None:
     from gputop.reporter.window import ddp_exchange
 
     fields = {"comm_s": 0.004, "overlap_s": 0.001, "ddp_steps": 5, "timed_steps": 6}
-    row = ddp_exchange(fields, buckets=3, gradient_bytes=1000, group="world")
+    row = ddp_exchange(fields, buckets=3, gradient_bytes=1000, group="world", ranks=8)
     assert isinstance(row, CollectiveTimes)
-    assert msgspec.structs.astuple(row) == ("all_reduce", "world", 15, 5000, pytest.approx(0.02), pytest.approx(0.015))
+    assert msgspec.structs.astuple(row) == (
+        "all_reduce", "world", 15, 5000, pytest.approx(0.02), pytest.approx(0.015), 8
+    )  # fmt: skip
     assert ddp_exchange(fields, buckets=None, gradient_bytes=1000, group="world") is None  # not built yet: no row
     assert ddp_exchange({"steps": 4}, buckets=3, gradient_bytes=1000, group="world") is None  # not timed
 

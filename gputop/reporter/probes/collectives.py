@@ -26,6 +26,7 @@ class CollectiveProbe:
         self.tap = tap
         self.not_measured: str | None = None
         self._names: dict[int, tuple[Any, str]] = {}  # id(group): (the group, kept alive; its name)
+        self._sizes: dict[int, tuple[Any, int | None]] = {}  # id(group): (the group, kept alive; its ranks)
         self._until_s = 0.0  # the end of the last step whose collectives were drained
         tap.name_group = self.group_name  # the numbers sent while stuck name each group as the windows do
 
@@ -37,7 +38,7 @@ class CollectiveProbe:
         until_s = self._until_s if self.tap.clock.stepped else math.inf
         found = [
             CollectiveTimes(kind, self.group_name(group), 1, nbytes, busy_s,
-                            busy_s if exposed_s is None and busy_s is not None else exposed_s)
+                            busy_s if exposed_s is None and busy_s is not None else exposed_s, self.group_size(group))
             for kind, group, nbytes, busy_s, exposed_s, _ in self.tap.drain(until_s)
         ]  # fmt: skip
         if self.tap.cuda_calls:
@@ -81,6 +82,26 @@ class CollectiveProbe:
             name = describe_group(group)
         self._names[id(group)] = (group, name)
         return name
+
+    def group_size(self, group: Any) -> int | None:
+        """How many ranks a process group has (None: the default group's, as for its name), asked once a group."""
+        known = self._sizes.get(id(group))
+        if known is not None and known[0] is group:
+            return known[1]
+        size = group_size(resolve_group(group))
+        self._sizes[id(group)] = (group, size)
+        return size
+
+
+def group_size(group: Any) -> int | None:
+    """A process group's size; the world's for None; None where it cannot be read (a destroyed group)."""
+    try:
+        if group is None:
+            dist = sys.modules.get("torch.distributed")
+            return int(dist.get_world_size()) if dist is not None else None
+        return int(group.size())
+    except Exception:
+        return None
 
 
 CUDA_NOT_TIMED = (

@@ -15,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from gputop.combine import phase_seconds
-from gputop.model.collectives import last_to_arrive, size_text
+from gputop.model.collectives import CollectiveFigures, bandwidth_text, last_to_arrive, size_text
 from gputop.model.figures import SPAN_S, RankFigures
 from gputop.model.frames import rank_frames
 from gputop.model.rank_stats import RankStats
@@ -186,7 +186,7 @@ def _collectives_section(s: RankStats, rank: int, peers: Sequence[tuple[int, Ran
         Content.assemble(("collectives, a step", "bold $accent"), (f"   {source}" if source else "", "$text-muted")),
     ]
     header = (
-        f"  {'collective':<16}{'group':<10}{'calls':>7}{'each':>11}{'in flight':>11}{'exposed':>10}"
+        f"  {'collective':<16}{'group':<10}{'calls':>7}{'each':>11}{'in flight':>11}{'exposed':>10}{'bus bw':>11}"
         "  waiting for the last"
     )
     out.append(Content.styled(header, "$text-muted"))
@@ -204,10 +204,15 @@ def _collectives_section(s: RankStats, rank: int, peers: Sequence[tuple[int, Ran
         out.append(
             Content(
                 f"  {c.kind:<16}{c.group[:9]:<10}{c.calls:>7.3g}{size_text(c.bytes_each):>11}"
-                f"{fmt_s(c.busy_s):>11}{fmt_s(c.exposed_s):>10}  {waited}"
+                f"{fmt_s(c.busy_s):>11}{fmt_s(c.exposed_s):>10}{bus_text(c):>11}  {waited}"
             )
         )
     return Content("\n").join(out)
+
+
+def bus_text(c: CollectiveFigures) -> str:
+    bandwidth = c.bandwidth
+    return NA if bandwidth is None else bandwidth_text(bandwidth[1])
 
 
 def _section(title: str, lines: list[Line]) -> Content:
