@@ -13,6 +13,7 @@ result that says why; training goes on as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -64,7 +65,8 @@ class ProfilerCapture:
                 self._steps_seen += 1
                 if self._steps_seen >= self.request.steps:
                     self._stopped_s = time.perf_counter()
-                    self._profiler.stop()
+                    with self._on_model_device():  # stop() synchronises the current device: the model's, no other
+                        self._profiler.stop()
                     self.state = DONE
         except Exception as exc:
             self.error = f"torch.profiler failed: {type(exc).__name__}: {exc}"
@@ -79,10 +81,21 @@ class ProfilerCapture:
         if self.device.startswith("cuda"):
             activities.append(tp.ProfilerActivity.CUDA)
         profiler = tp.profile(activities=activities, record_shapes=False, with_stack=False)
-        profiler.start()
+        with self._on_model_device():
+            profiler.start()
         self._profiler = profiler
         self._started_s = time.perf_counter()
         self.state = RUNNING
+
+    def _on_model_device(self) -> contextlib.AbstractContextManager[Any]:
+        """The model's GPU current: torch.profiler synchronises (and on first use initialises) the current device,
+        which for a script that placed its model without ``set_device`` is GPU 0, another rank's (a context there)."""
+        kind, _, index = self.device.partition(":")
+        if kind != "cuda" or not index.isdigit():
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.device(int(index))
 
     # -- reporter thread ------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from gputop.protocol import Bye, Window, encode
 from gputop.reporter import flight_recorder, node_sampler
 from gputop.reporter.announcer import Announcer
 from gputop.reporter.commands import Commands
+from gputop.reporter.device_peak import tf32_modes
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.self_cost import SelfCost
@@ -190,7 +191,7 @@ class ReporterThread:
                 announcer.send_event(kind, note)
         self._learn_ddp_settings()  # its buckets and gradient bytes size DDP's row among the collectives
         exchange = ddp_exchange(fields, facts.get("ddp_buckets"), facts.get("ddp_gradient_bytes"),
-                                facts.get("ddp_group") or "world")  # fmt: skip
+                                facts.get("ddp_group") or "world", facts.get("ddp_group_ranks"))  # fmt: skip
         if exchange is not None and not self._exchange_tapped(exchange.group, collectives):
             collectives.append((exchange,))
         if any(collectives):
@@ -234,8 +235,12 @@ class ReporterThread:
         if counter is not None:
             note = counter.count()[1] or ""
             mix = counter.mix() or None
-            if facts.get("flops_note") != note or facts.get("flops_mix") != mix:
+            # TF32 as the script has it now: one that allows it after watch() gets the TF32 peak, not float32's.
+            tf32 = dict(zip(("tf32_matmul", "tf32_cudnn"), tf32_modes(), strict=True))
+            tf32 = {key: allowed for key, allowed in tf32.items() if allowed is not None}
+            if facts.get("flops_note") != note or facts.get("flops_mix") != mix or _changed(facts, tf32):
                 facts["flops_note"], facts["flops_mix"] = note, mix
+                facts.update(tf32)
                 self._side.facts_changed.set()
             self.trainer_log.peak_flops = rank_peak(
                 str(facts.get("device", "")).startswith("cuda"),
@@ -372,3 +377,7 @@ def _flush_alone(sender: Sender, bound_s: float) -> None:
                 break
             time.sleep(0.01)
         sender.close(linger_s=max(deadline - time.monotonic(), 0.0))
+
+
+def _changed(facts: dict[str, Any], found: dict[str, Any]) -> bool:
+    return any(facts.get(key) != value for key, value in found.items())

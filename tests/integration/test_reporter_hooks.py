@@ -280,3 +280,23 @@ def test_gradient_accumulation_leaves_each_micro_batchs_gap_out() -> None:
     assert gaps == 3 and gap_s >= 0.045
     assert mark.backward_s is not None and mark.forward_s is not None and mark.duration_s is not None, mark
     assert mark.forward_s + gap_s + mark.backward_s <= mark.duration_s + 1e-9, (mark, gap_s)
+
+
+def test_tf32_allowed_after_watch_is_the_peak_the_next_window_reads() -> None:
+    """TF32 was read once at ``watch()``: a script that allowed it later (most set it after building the model)
+    had its MFU set against float32's peak, 7.4x too low on an H100."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    reporter = _watched(torch.nn.Linear(4, 4))
+    try:
+        torch.set_float32_matmul_precision("highest")
+        reporter.thread._step_work(0)
+        assert reporter.side.facts.get("tf32_matmul") is False
+        reporter.side.facts_changed.clear()
+        torch.set_float32_matmul_precision("high")  # the script allows TF32 now
+        reporter.thread._step_work(0)
+        assert reporter.side.facts.get("tf32_matmul") is True and reporter.side.facts_changed.is_set()
+    finally:
+        torch.set_float32_matmul_precision(before)
+        _close(reporter)

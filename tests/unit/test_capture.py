@@ -32,3 +32,41 @@ def test_side_by_side_is_per_step_and_missing_operators_read_na() -> None:
     header, rows = compare([r1, failed, r0])
     assert header == ["operator", "r0 CPU ms/step", "r1 CPU ms/step"]
     assert rows == [["c10d::allreduce_", "100.00", "N/A"], ["aten::mm", "10.00", "10.00"]]
+
+
+def test_the_profiler_starts_and_stops_with_the_models_gpu_current(monkeypatch) -> None:
+    """torch.profiler synchronises the current device at its stop: in a script that placed its model without
+    ``set_device`` that is GPU 0, where it would make a CUDA context on another rank's GPU."""
+    torch = pytest.importorskip("torch")
+    from gputop.protocol.commands import CaptureRequest
+    from gputop.reporter.capture import ProfilerCapture
+
+    current: list[int] = [0]
+    seen: list[tuple[str, int]] = []
+
+    class Device:
+        def __init__(self, index: int) -> None:
+            self.index, self.before = index, 0
+
+        def __enter__(self) -> None:
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.before
+
+    class Profile:
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        def start(self) -> None:
+            seen.append(("start", current[0]))
+
+        def stop(self) -> None:
+            seen.append(("stop", current[0]))
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    capture = ProfilerCapture(CaptureRequest(rank=0, id="c1", steps=1), run_id="r", rank=0, device="cuda:3")
+    capture.on_step()
+    capture.on_step()
+    assert seen == [("start", 3), ("stop", 3)] and current[0] == 0, (seen, capture.error)
