@@ -31,7 +31,7 @@ PIP_COMPILE := $(if $(PYTHONDONTWRITEBYTECODE),,--no-compile)
 GPU_CHECK_ARGS ?=
 SCENARIO ?= healthy
 
-.PHONY: demo test test-fast test-alone check fmt clean gpu-check gpu-bundle system-deps
+.PHONY: demo test test-fast test-alone test-torch check fmt clean gpu-check gpu-bundle system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,12 @@ test-alone: system-deps $(VENV)/.installed
 test-fast: $(VENV)/.installed
 	@bash scripts/system-deps cc
 	$(BIN)/python -m pytest -n $(WORKERS) tests/unit tests/tui $(PYTEST_ARGS)
+
+# The stacks' real-job tests against another torch release, in .venv-torch-RELEASE, and docs/torch.md's table
+# of what gputop reads under it (scripts/test-torch): make test-torch TORCH=2.11.0
+test-torch: system-deps
+	@test -n "$(TORCH)" || { echo "make test-torch TORCH=2.11.0: name a torch release" >&2; exit 2; }
+	TORCH_INDEX='$(TORCH_INDEX)' PYTEST_ARGS='$(PYTEST_ARGS)' bash scripts/test-torch $(TORCH)
 
 # ruff (lint + format), mypy, and the import contracts in pyproject.toml ([tool.importlinter]).
 # They read the source: no torch, Lightning or Transformers needed, so this is seconds on a fresh clone

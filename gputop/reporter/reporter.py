@@ -90,6 +90,8 @@ class Reporter:
         side.facts.update(facts.identity())
         side.facts.update(facts.torch_facts())
         self.thread.announcer.refresh_hello()
+        if "torch" in sys.modules:  # before the optimizer's hooks go in (a compiled step must find them folded away)
+            learn_compiling(sys.modules["torch"])
         self._install_step_hook()
         side.ending.install()
         self.sigterm.install()

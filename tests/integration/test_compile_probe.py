@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -43,8 +44,19 @@ def test_a_function_fed_three_shapes_under_dynamic_false_recompiles_twice() -> N
     notes = probe.take_notes()
     assert [kind for kind, _ in notes] == ["compile", "recompile", "recompile"], notes
     assert notes[1][1].startswith("recompiled 'scaled_sum' (test_compile_probe.py:"), notes
-    assert "size mismatch at index 0. expected 3, actual 5" in notes[1][1], notes
+    if recorded_reasons(torch):
+        assert "size mismatch at index 0. expected 3, actual 5" in notes[1][1], notes
+    else:  # torch before 2.7 keeps no recompile reason in its metrics: the note says so
+        assert notes[1][1].endswith("no reason recorded"), notes
     assert probe.take_notes() == []  # each note is taken once
+
+
+def recorded_reasons(torch: Any) -> bool:
+    """Whether this torch's dynamo keeps each recompile's reason in its compilation metrics."""
+    import dataclasses
+
+    metrics = torch._dynamo.utils.CompilationMetrics
+    return "recompile_reason" in {f.name for f in dataclasses.fields(metrics)}
 
 
 def test_the_probe_never_imports_dynamo() -> None:

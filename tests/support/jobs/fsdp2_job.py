@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, Dataset
 
 import gputop
@@ -86,12 +87,21 @@ def main() -> None:
     parser.add_argument("--no-prefetch", action="store_true", help="no forward/backward prefetch between blocks")
     parser.add_argument("--mixed-precision", action="store_true", help="MixedPrecisionPolicy(param_dtype=bfloat16)")
     parser.add_argument("--no-watch", action="store_true")
+    parser.add_argument("--tp", action="store_true", help="a (dp, tp) mesh, every rank on tp: the MLPs tensor-parallel")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp",))
+    world = dist.get_world_size()
     model = Transformer(vocab=256, dim=args.dim, heads=4, layers=args.layers)
+    if args.tp:  # pytorch/examples' 2-D pattern: tensor parallel inside each block, FSDP2 across the dp dimension
+        mesh_2d = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+        mesh = mesh_2d["dp"]
+        for layer in model.layers:
+            assert isinstance(layer, Block)
+            parallelize_module(layer.mlp, mesh_2d["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     shard = {"mesh": mesh, **({"mp_policy": policy} if args.mixed_precision else {})}
     for layer in model.layers:
