@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gputop.reporter import collective_cuda
+from gputop.reporter import collective_cuda, compiled
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collective_calls import (
     DIST_COLLECTIVES,
@@ -101,8 +101,10 @@ class CollectiveTap:
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
         if dist is None or c10d is None or not dist.is_available() or self._undo:
             return []
-        compiler = getattr(sys.modules.get("torch"), "compiler", None)
-        self.compiling = getattr(compiler, "is_compiling", lambda: False)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            compiled.learn_compiling(torch)
+        self.compiling = compiled.compiling
         remaps = self._dynamo_remaps()
         wrapped = []
         timed = self.timeline is not None  # the CUDA wrappers: chosen here, so the host-timed ones ask nothing more

@@ -4,9 +4,10 @@ Dynamo traces a compiled module's ``__call__`` whole, its forward hooks with it,
 compiled autograd.  Traced, a hook of gputop's would be compiled into the user's graph: its reads of gputop's
 state become guards (``side.train_forwards == 0``, the value a clock returned), each step fails one, and the job
 recompiles until dynamo gives up (docs/decisions.md, "A compiled model is never traced into").  So every hook and
-callback gputop registers begins with ``if compiling(): return``.  Dynamo folds that call to True and the hook
-to nothing: no operation, no guard, no graph break, also under ``fullgraph=True``.  Eagerly it is one call of
-~0.1 µs.
+callback gputop registers begins with ``if compiled.compiling(): return``: torch's own question, bound here once
+torch is imported.  Dynamo folds that call to True and the hook to nothing: no operation, no guard (but on which
+function the name holds), no graph break, also under ``fullgraph=True``.  Eagerly it is one call of ~50 ns
+(``torch.compiler.is_dynamo_compiling`` returns False).
 
 A hook folded away does not run, so a model compiled after it was watched would lose its forward marks.
 ``CompileWatch`` wraps ``torch.compile`` and, when the model compiled is the watched one, puts the same hooks
@@ -29,24 +30,27 @@ def _never() -> bool:
     return False
 
 
-_is_compiling: Callable[[], bool] = _never
-
-
-def compiling() -> bool:
-    """Whether dynamo is tracing this code (always False eagerly); every hook of gputop's asks first."""
-    return _is_compiling()
+# Whether dynamo is tracing the code that asks (always False eagerly): every hook of gputop's asks first, as
+# ``compiled.compiling()`` (a module attribute: ``learn_compiling`` rebinds it to torch's own function).
+compiling: Callable[[], bool] = _never
 
 
 def learn_compiling(torch: Any) -> None:
     """Bind ``compiling`` to this torch's own question, once torch is imported (before anything is compiled).
 
-    ``torch.compiler.is_compiling`` from 2.3, ``torch._utils.is_compiling`` before: both are folded by dynamo.
+    ``torch.compiler.is_dynamo_compiling`` (a bare ``return False``, 2.4 on), else ``torch.compiler.is_compiling``
+    (2.3), else ``torch._utils.is_compiling``: dynamo folds each to True.
     """
-    global _is_compiling
+    global compiling
     compiler = getattr(torch, "compiler", None)
-    found = getattr(compiler, "is_compiling", None) or getattr(getattr(torch, "_utils", None), "is_compiling", None)
-    if callable(found):
-        _is_compiling = found
+    for found in (
+        getattr(compiler, "is_dynamo_compiling", None),
+        getattr(compiler, "is_compiling", None),
+        getattr(getattr(torch, "_utils", None), "is_compiling", None),
+    ):
+        if callable(found):
+            compiling = found
+            return
 
 
 # Called with (the module compiled, what torch.compile returned); returns what the caller is to get.

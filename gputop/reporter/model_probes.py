@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gputop import settings
+from gputop.reporter import compiled
 from gputop.reporter.announcer import Announcer
-from gputop.reporter.compiled import compiling
 from gputop.reporter.cuda_switches import nccl_timing_on
 from gputop.reporter.cuda_timeline import CudaTimeline
 from gputop.reporter.probes import Probe
@@ -180,13 +180,13 @@ class ModelProbes:
                 grad_enabled = side.grad_enabled = torch.is_grad_enabled
 
         def forward_started(module: Any, args: Any) -> None:
-            if compiling():  # folded away where dynamo traces the model (compiled.py)
+            if compiled.compiling():  # folded away where dynamo traces the model (compiled.py)
                 return
             if grad_enabled is None or grad_enabled():
                 timeline.forward_started()
 
         def forward_done(module: Any, args: Any, output: Any) -> None:
-            if compiling():
+            if compiled.compiling():
                 return
             if grad_enabled is None or grad_enabled():
                 timeline.forward_done()
@@ -219,7 +219,7 @@ class ModelProbes:
 
     def _on_timeline_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         timeline = self.timeline
-        if compiling() or timeline is None or self.forked:
+        if compiled.compiling() or timeline is None or self.forked:
             return None
         timeline.optimizer_started()
         # The closure (Lightning's forward and backward inside optimizer.step(closure)) is not the optimizer's.
@@ -228,7 +228,7 @@ class ModelProbes:
         return marking_closure(args, kwargs, timeline.closure_started, timeline.closure_done)
 
     def _on_timeline_optimizer_done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if compiling():
+        if compiled.compiling():
             return
         timeline = self.timeline
         if timeline is not None and not self.forked:

@@ -26,9 +26,9 @@ from typing import Any
 
 from gputop import settings
 from gputop.address import Address
-from gputop.reporter import facts, stacks
+from gputop.reporter import compiled, facts, stacks
 from gputop.reporter.clock import input_numel, output_node
-from gputop.reporter.compiled import WRAPPER, CompileWatch, compiled_call, compiling, form_of, learn_compiling
+from gputop.reporter.compiled import WRAPPER, CompileWatch, compiled_call, form_of, learn_compiling
 from gputop.reporter.device_peak import measure_cpu_peak
 from gputop.reporter.flops import FlopCounter, shape_key
 from gputop.reporter.model_probes import ModelProbes, marking_closure
@@ -155,10 +155,10 @@ class Reporter:
         self._hook_handles += handles
         return handles
 
-    def _on_compiled(self, compiled: Any, result: Any) -> Any:
-        """``torch.compile`` returned ``result`` for ``compiled`` (``compiled.CompileWatch``; training thread): where
-        the watched model was compiled, its forward hooks move to where they run eagerly (``compiled.form_of``)."""
-        form = form_of(self._model, compiled, result) if not self._forked else None
+    def _on_compiled(self, what: Any, result: Any) -> Any:
+        """``torch.compile`` returned ``result`` for ``what`` (``compiled.CompileWatch``; training thread): where the
+        watched model was compiled, its forward hooks move to where they run eagerly (``compiled.form_of``)."""
+        form = form_of(self._model, what, result) if not self._forked else None
         if form is None:
             return result
         self._unhook_model()
@@ -249,7 +249,7 @@ class Reporter:
                 side.facts_changed.set()
 
     def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if compiling() or self._forked:  # compiling: folded away where dynamo traces the step (compiled.py)
+        if compiled.compiling() or self._forked:  # compiling: folded away where dynamo traces the step (compiled.py)
             return None
         clock = self.clock
         if clock._optimizer_depth == 0:
@@ -271,7 +271,7 @@ class Reporter:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # With several optimizers (GANs, per-module ones) one iteration steps each
         # of them: the first optimizer seen stands for the training step.
-        if compiling() or self._forked:
+        if compiled.compiling() or self._forked:
             return
         if self.manual_steps:
             self.clock.optimizer_done()
@@ -290,7 +290,7 @@ class Reporter:
 
     def _on_forward_done(self, module: Any, args: Any, output: Any) -> None:
         # The end of a training forward: the rank is ready for backward, and so for the gradient exchange.
-        if compiling():  # folded away where dynamo traces the model (compiled.py)
+        if compiled.compiling():  # folded away where dynamo traces the model (compiled.py)
             return
         grad_enabled = self.side.grad_enabled
         if grad_enabled is None or grad_enabled():
@@ -325,7 +325,7 @@ class Reporter:
         """The autograd pre-hook: the gradient reached the watched model's output, its backward begins.  On the CPU
         the engine runs it on the thread that called backward(), the training thread.  Nothing it raises reaches
         the backward: a failure turns the mark off, and backwards are timed from the forward's end, as before."""
-        if compiling():  # compiled autograd traces the backward's hooks: folded away there
+        if compiled.compiling():  # compiled autograd traces the backward's hooks: folded away there
             return
         clock = self.clock
         try:
@@ -334,7 +334,7 @@ class Reporter:
             clock.marks_backward = clock.backward_pending = False
 
     def _on_forward(self, module: Any, args: Any, kwargs: Any = None) -> None:
-        if compiling():  # folded away where dynamo traces the model (compiled.py)
+        if compiled.compiling():  # folded away where dynamo traces the model (compiled.py)
             return
         # Autocast is thread-local and only visible around forward: look now and then.
         clock, side = self.clock, self.side
