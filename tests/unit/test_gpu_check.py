@@ -115,3 +115,18 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_phase_rows_fail_where_either_side_measured_nothing() -> None:
+    assert gpu_check.phase_agrees(10.4, 10.0)
+    assert not gpu_check.phase_agrees(0.0, 0.0)  # no kernel seen, no phase read: no agreement
+    assert not gpu_check.phase_agrees(None, 10.0)  # no window on the GPU clock
+    assert not gpu_check.phase_agrees(12.0, 10.0)
+
+
+def test_the_in_flight_row_fails_on_a_synchronize_added_or_nccls_durations_refused() -> None:
+    assert gpu_check.in_flight_agrees(0.31, 0.30, syncs=0, refused=False)
+    assert not gpu_check.in_flight_agrees(0.31, 0.30, syncs=1, refused=False)  # a sync by another thread
+    assert not gpu_check.in_flight_agrees(0.31, 0.30, syncs=0, refused=True)
+    assert not gpu_check.in_flight_agrees(None, 0.30, syncs=0, refused=False)
+    assert not gpu_check.in_flight_agrees(0.0, 0.0, syncs=0, refused=False)
