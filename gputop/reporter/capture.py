@@ -95,7 +95,8 @@ class ProfilerCapture:
             return contextlib.nullcontext()
         import torch
 
-        return torch.cuda.device(int(index))
+        scope: contextlib.AbstractContextManager[Any] = torch.cuda.device(int(index))
+        return scope
 
     # -- reporter thread ------------------------------------------------------------
 
