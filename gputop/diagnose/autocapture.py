@@ -156,7 +156,10 @@ class AutoCapture:
         holding = {f.key for f, _ in held}
         self._asked &= holding  # a finding that cleared may be asked about again when it holds again
         requests = []
-        for finding, _ in held:
+        # A run's one capture goes to the worst of its findings that hold now, as the findings are shown (severity,
+        # then the share of the step at stake), not to the one that began holding first: a few irregular stops at
+        # the start of a run must not take the straggler's turn.
+        for finding, _ in sorted(held, key=lambda fh: (-fh[0].severity_rank, -fh[0].stake)):
             run_id = finding.run_id
             if finding.cause not in AUTO_CAUSES or run_id is None or finding.key in self._asked:
                 continue

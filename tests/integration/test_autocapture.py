@@ -140,6 +140,15 @@ class TestWhenAndHowOften:
         assert policy.due([(straggler, 632.0), (stall, 631.0)], figures, 700.0)[0].rank == 0  # the interval passed
         assert policy.due([(other_run, 31.0)], figures, 701.0) == []  # no rank 1 of "other" reports: not asked yet
 
+    def test_the_runs_one_capture_goes_to_its_worst_finding_not_the_first_to_hold(self) -> None:
+        """Seen in CI: a stall of 6 ms a step, holding since the job's start, took the run's turn from the straggler
+        that costs it ~70% of each step, which began holding a refresh later."""
+        policy = AutoCapture(min_interval_s=600.0)
+        figures = summarize(make_snapshot(SLOW_LOADER))
+        stall = dataclasses.replace(finding("stall", ranks=(0,)), cost_s=0.006, step_s=0.1)
+        straggler = dataclasses.replace(finding("straggler", ranks=(1,)), cost_s=0.07, step_s=0.1)
+        assert [r.rank for r in policy.due([(stall, 9.0), (straggler, 2.0)], figures, 100.0)] == [1]
+
     def test_off_asks_nothing_and_attaches_nothing(self) -> None:
         live = pipeline(auto=False)
         updates = run(live, SLOW_LOADER, [10.0 + k for k in range(8)])
