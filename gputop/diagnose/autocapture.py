@@ -44,6 +44,8 @@ STALL_CAPTURE_MAX_STEPS = 25
 # One capture per run at most every 10 minutes: the captured steps run about twice as slow under the
 # profiler and each leaves a trace file on the rank's host, so a finding that flaps, or a straggler that
 # rotates and so names new ranks each time, costs one profile per 10 minutes, not one per episode.
+# One exception: a finding worse than the one the run's last capture was for (a critical straggler after a warn
+# stall) is captured within the interval, once: the run's profile is of its worst problem, not its first.
 CAPTURE_MIN_INTERVAL_S = 600.0
 # How long the asker waits for the result: the reporter itself gives up after 2 minutes without a step.
 CAPTURE_TIMEOUT_S = 120.0
@@ -148,6 +150,7 @@ class AutoCapture:
         self.min_interval_s = min_interval_s
         self._asked: set[FindingKey] = set()  # findings asked about while they hold
         self._last_t: dict[str, float] = {}  # run id -> when its last capture was asked for
+        self._last_severity: dict[str, int] = {}  # run id -> the severity rank of the finding it was for
         self._made: dict[str, tuple[str, FindingCapture]] = {}  # capture id -> its run and the capture, once made
         self._announced: set[str] = set()  # capture ids already handed out as news
 
@@ -163,7 +166,8 @@ class AutoCapture:
             run_id = finding.run_id
             if finding.cause not in AUTO_CAUSES or run_id is None or finding.key in self._asked:
                 continue
-            if t - self._last_t.get(run_id, float("-inf")) < self.min_interval_s:
+            worse = finding.severity_rank > self._last_severity.get(run_id, finding.severity_rank)
+            if t - self._last_t.get(run_id, float("-inf")) < self.min_interval_s and not worse:
                 continue
             rank = culprit(finding)
             view = None if rank is None else figures.rank(f"{run_id}:{rank}")
@@ -171,6 +175,7 @@ class AutoCapture:
                 continue  # not on the line now: asked when it is, rather than spend the run's turn on a refusal
             self._asked.add(finding.key)
             self._last_t[run_id] = t
+            self._last_severity[run_id] = finding.severity_rank
             request_id = capture_id(finding.cause, rank, t, run_id)
             steps = capture_steps(finding)
             requests.append(

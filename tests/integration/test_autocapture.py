@@ -149,6 +149,18 @@ class TestWhenAndHowOften:
         straggler = dataclasses.replace(finding("straggler", ranks=(1,)), cost_s=0.07, step_s=0.1)
         assert [r.rank for r in policy.due([(stall, 9.0), (straggler, 2.0)], figures, 100.0)] == [1]
 
+    def test_a_worse_finding_than_the_last_captured_one_is_captured_within_the_interval_once(self) -> None:
+        """Seen in CI under load: a warn stall held a refresh before the critical straggler and took the run's
+        10-minute turn; the straggler, the run's worst problem, went unprofiled."""
+        policy = AutoCapture(min_interval_s=600.0)
+        figures = summarize(make_snapshot(SLOW_LOADER))
+        stall = finding("stall", ranks=(0,))
+        straggler = dataclasses.replace(finding("straggler", ranks=(1,)), severity="critical")
+        assert [r.rank for r in policy.due([(stall, 2.0)], figures, 100.0)] == [0]
+        assert [r.rank for r in policy.due([(stall, 3.0), (straggler, 2.0)], figures, 101.0)] == [1]
+        other = dataclasses.replace(finding("straggler", ranks=(0,)), severity="critical")
+        assert policy.due([(other, 2.0)], figures, 102.0) == []  # no worse than the last: the interval holds
+
     def test_off_asks_nothing_and_attaches_nothing(self) -> None:
         live = pipeline(auto=False)
         updates = run(live, SLOW_LOADER, [10.0 + k for k in range(8)])
@@ -364,8 +376,12 @@ def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_
             assert wait_for(lambda: b"gputop: recording" in record_err.read_bytes(), timeout_s=60), _tail(record_err)
             job = subprocess.Popen(job_cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-            def captured() -> bool:
-                return alerts.exists() and b'"captured"' in alerts.read_bytes()
+            def captured() -> bool:  # the straggler's capture (a stall's may come first under load)
+                if not alerts.exists():
+                    return False
+                lines = alerts.read_text().splitlines()
+                said = [json.loads(line) for line in lines if line.endswith("}")]  # a line being written waits
+                return any(e["event"] == "captured" and e["finding"]["cause"] == "straggler" for e in said)
 
             # Seconds to start torch, the finding's show time and its 2-s hold, then 5 steps: minutes are far off.
             ok = wait_for(lambda: captured() or job.poll() is not None, timeout_s=300, interval_s=0.5)
@@ -396,8 +412,10 @@ def test_an_auto_capture_of_the_slow_rank_is_on_the_straggler_finding_of_a_real_
     raised = straggling[0]
     assert raised["held_s"] >= 2 and raised["finding"]["severity"] in ("warn", "critical"), raised
     assert raised["finding"]["evidence"] and raised["finding"]["suggestion"], raised
-    (news,) = [e for e in events if e["event"] == "captured"]
-    assert news["finding"]["cause"] == "straggler" and news["finding"]["ranks"] == [1], news
+    # The straggler's capture: under load a stall can hold a refresh before it and be captured first (a stall on
+    # two shared cores is a real reading); the straggler, worse, is captured all the same.
+    (news,) = [e for e in events if e["event"] == "captured" and e["finding"]["cause"] == "straggler"]
+    assert news["finding"]["ranks"] == [1], news
     profile = news["finding"]["capture"]
     assert profile["rank"] == 1 and profile["ok"] and profile["steps"] == CAPTURE_STEPS, profile
     assert profile["top_ops"] and Path(profile["trace_path"]).exists(), profile
