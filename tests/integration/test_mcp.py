@@ -118,7 +118,8 @@ class TestAnswers:
         assert [f["cause"] for f in figures["findings"]] == ["straggler"]
 
     async def test_get_rank_carries_each_collective_a_step(self) -> None:
-        """An FSDP2 rank: its all-gathers and reduce-scatters on 'dp', with calls, bytes, in flight and exposed."""
+        """An FSDP2 rank: its all-gathers and reduce-scatters on 'dp', with calls, bytes, in flight and exposed, and
+        each call's bus bandwidth over the group's two ranks."""
         async with in_process(FixedSource(tui_fixtures.fsdp2_ranks())) as client:
             rank = await client.call_tool("get_rank", {"rank": 0, "run_id": "run-f"})
         assert not rank.is_error, text_of(rank)
@@ -126,7 +127,8 @@ class TestAnswers:
         assert figures is not None and figures["figures"]["phases_from"] == "hooks"
         by_kind = {c["kind"]: c for c in figures["figures"]["collectives"]}
         gather = {"kind": "all_gather", "group": "dp", "calls_per_step": 7.0, "bytes_per_step": 665000}
-        assert by_kind["all_gather"] == {**gather, "in_flight_ms": 24.0, "exposed_ms": 21.0}
+        timed = {"in_flight_ms": 24.0, "exposed_ms": 21.0, "ranks": 2, "bus_bytes_per_s": 27_708_333}
+        assert by_kind["all_gather"] == {**gather, **timed}  # bus: 2 x 95,000 B in 24/7 ms, x (2-1)/2
         assert by_kind["reduce_scatter"]["exposed_ms"] == pytest.approx(9.0)
 
     async def test_get_rank_carries_the_work_each_step_does(self) -> None:
