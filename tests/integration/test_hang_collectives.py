@@ -125,6 +125,7 @@ def test_a_metric_of_another_size_on_one_rank_is_a_desync_with_both_call_sites(c
         end_hung(job, collector)
 
 
+@pytest.mark.alone  # a verdict (or a time) read on a job run now: nothing beside it (__init__.py)
 def test_a_peer_stopped_inside_the_exchange_leaves_every_rank_in_it_none_completed(collector: Collector) -> None:
     """Rank 0 blocks on a lock before the metric's all-reduce after step 50; rank 1 waits in it.  Once the finding
     says so, rank 1's process is stopped (SIGSTOP) inside the exchange; when rank 0's lock lets go it issues the

@@ -199,6 +199,7 @@ NODE_EXPORTER_PORT = 32121
 JOB_RULES = REPO / "docs" / "prometheus" / "gputop-job-rules.yml"
 
 
+@pytest.mark.alone  # a verdict (or a time) read on a job run now: nothing beside it (__init__.py)
 def test_each_node_exports_its_own_ranks_and_the_job_rules_name_the_straggler_across_them(
     cluster: Cluster, tmp_path: Path
 ) -> None:

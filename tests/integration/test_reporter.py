@@ -38,6 +38,7 @@ def test_a_single_process_without_ddp_reports_steps_and_samples(collector) -> No
 
 
 @needs_torch
+@pytest.mark.alone  # a verdict (or a time) read on a job run now: nothing beside it (__init__.py)
 def test_each_step_says_when_its_last_training_forward_ended_how_long_it_took_and_how_large_its_input_was(
     collector,
 ) -> None:
