@@ -90,14 +90,13 @@ def bandwidth(kind: str, sent: float, seconds: float, ranks: int | None) -> tupl
 
 
 def bandwidth_text(bytes_per_s: float | None) -> str:
-    """ "41.2 GB/s", "870 MB/s": decimal units, as link speeds and nccl-tests are given."""
+    """ "41.2 GB/s", "870 MB/s": three figures and an SI prefix, as link speeds and nccl-tests are given."""
+    from gputop.model.work import si_parts  # here: work.py imports the figures, which import this module
+
     if bytes_per_s is None:
         return "N/A"
-    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bytes_per_s >= scale:
-            value = bytes_per_s / scale
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{bytes_per_s:.0f} B/s"
+    value, prefix = si_parts(bytes_per_s)
+    return f"{value} {prefix}B/s"
 
 
 def ms_text(seconds: float | None) -> str:

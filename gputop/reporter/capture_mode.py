@@ -9,8 +9,8 @@ never recorded inside a capture (``RankCuda.record_step``, ``CudaTimeline``), so
 
 Python has no binding for the call: it is made through ctypes on the CUDA runtime library torch already loaded
 (found in ``/proc/self/maps``, never loaded anew), with the model's device current (a runtime call on a thread
-with no context would make one on GPU 0).  Where it cannot be found the reads go on as before, and ``missing``
-says why.  A stand-in ``torch.cuda`` offers ``exchange_capture_mode`` itself.
+with no context would make one on GPU 0).  Where it cannot be found the reads go on as before.  A stand-in
+``torch.cuda`` offers ``exchange_capture_mode`` itself.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal (0: global, 2: relaxed)
 Exchange = Callable[[int], int]
 
 
-def exchanger(cuda: Any) -> tuple[Exchange | None, str | None]:
+def exchanger(cuda: Any) -> Exchange | None:
     """How this process sets a thread's capture interaction mode: the stand-in's own, else the runtime's through
-    ctypes; or None and why not."""
+    ctypes; None where the runtime torch loaded is not found, or has no such call."""
     own = getattr(cuda, "exchange_capture_mode", None)
     if callable(own):
-        return own, None
+        return own  # type: ignore[no-any-return]
     path = _loaded_cudart()
     if path is None:
-        return None, "the CUDA runtime library is not loaded in this process"
+        return None
     try:
         function = ctypes.CDLL(path).cudaThreadExchangeStreamCaptureMode
-    except (OSError, AttributeError) as exc:
-        return None, f"cudaThreadExchangeStreamCaptureMode not found in {path} ({exc})"
+    except (OSError, AttributeError):
+        return None
     function.argtypes = [ctypes.POINTER(ctypes.c_int)]
     function.restype = ctypes.c_int
 
@@ -46,7 +46,7 @@ def exchanger(cuda: Any) -> tuple[Exchange | None, str | None]:
             raise RuntimeError(f"cudaThreadExchangeStreamCaptureMode returned CUDA error {error}")
         return value.value
 
-    return exchange, None
+    return exchange
 
 
 def _loaded_cudart(maps: str = "/proc/self/maps") -> str | None:

@@ -101,9 +101,7 @@ class CollectiveTap:
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
         if dist is None or c10d is None or not dist.is_available() or self._undo:
             return []
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            compiled.learn_compiling(torch)
+        compiled.learn_compiling()
         self.compiling = compiled.compiling
         remaps = self._dynamo_remaps()
         wrapped = []

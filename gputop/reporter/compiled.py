@@ -35,13 +35,17 @@ def _never() -> bool:
 compiling: Callable[[], bool] = _never
 
 
-def learn_compiling(torch: Any) -> None:
-    """Bind ``compiling`` to this torch's own question, once torch is imported (before anything is compiled).
+def learn_compiling() -> None:
+    """Bind ``compiling`` to this torch's own question where torch is imported (before anything is compiled); else
+    leave it as it is.
 
     ``torch.compiler.is_dynamo_compiling`` (a bare ``return False``, 2.4 on), else ``torch.compiler.is_compiling``
     (2.3), else ``torch._utils.is_compiling``: dynamo folds each to True.
     """
     global compiling
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
     compiler = getattr(torch, "compiler", None)
     for found in (
         getattr(compiler, "is_dynamo_compiling", None),

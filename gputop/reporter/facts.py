@@ -245,11 +245,16 @@ def torch_facts() -> dict[str, Any]:
     ):
         with contextlib.suppress(Exception):
             facts[key] = read()
-    # Through torch 2.9+'s fp32_precision where a script set it: its old flags raise then.
-    for key, allowed in zip(("tf32_matmul", "tf32_cudnn"), tf32_modes(), strict=True):
-        if allowed is not None:
-            facts[key] = allowed
+    facts.update(tf32_facts())
     return facts
+
+
+def tf32_facts() -> dict[str, bool]:
+    """Whether TF32 may run float32 matmuls and convolutions now, as hello facts (those torch can say), through torch
+    2.9+'s fp32_precision where a script set it: its old flags raise then.  Read at start and every window after
+    (a script that allows TF32 after ``watch()``)."""
+    modes = zip(("tf32_matmul", "tf32_cudnn"), tf32_modes(), strict=True)
+    return {key: allowed for key, allowed in modes if allowed is not None}
 
 
 def loader_facts(loader: Any) -> dict[str, Any]:

@@ -54,6 +54,20 @@ def marking_closure(
     return (args[0], marked_closure, *args[2:]), kwargs
 
 
+def hook_forward(
+    module: Any, pre: Callable[..., Any], post: Callable[..., Any], handles: list[Any], **pre_options: bool
+) -> list[Any]:
+    """``pre`` and ``post`` as ``module``'s forward pre- and post-hook, either left out where torch refuses it: their
+    handles, which ``handles`` (the reporter's, removed at shutdown) holds too."""
+    mine = []
+    with contextlib.suppress(Exception):
+        mine.append(module.register_forward_pre_hook(pre, **pre_options))
+    with contextlib.suppress(Exception):
+        mine.append(module.register_forward_hook(post))
+    handles += mine
+    return mine
+
+
 class ModelProbes:
     """Picks a watched model's probes and installs the hooks they need; keeps its CUDA timeline, if any.
 
@@ -69,7 +83,7 @@ class ModelProbes:
         # The phases on the GPU clock, for a model on one GPU off DDP (the CPU path's hooks would time launches).
         self.timeline: CudaTimeline | None = None
         self._timeline_optimizer_hooks = False  # its global optimizer hooks, installed once
-        # The timeline's forward hooks (pre, post), for the watched model's compiled forms too (``hook_compiled``).
+        # The timeline's forward hooks (pre, post), for the watched model's compiled forms too (``hook_forwards``).
         self.timeline_hooks: tuple[Callable[[Any, Any], None], Callable[[Any, Any, Any], None]] | None = None
         self.timeline_handles: list[Any] = []  # those hooks' handles on the watched model
         self.forked = False  # set in a forked child (a DataLoader worker inherits the hooks): they do nothing
@@ -209,13 +223,7 @@ class ModelProbes:
         if self.timeline_hooks is None:
             return []
         forward_started, forward_done = self.timeline_hooks
-        handles = []
-        with contextlib.suppress(Exception):
-            handles.append(module.register_forward_pre_hook(forward_started, prepend=True))
-        with contextlib.suppress(Exception):
-            handles.append(module.register_forward_hook(forward_done))
-        self._hook_handles += handles
-        return handles
+        return hook_forward(module, forward_started, forward_done, self._hook_handles, prepend=True)
 
     def _on_timeline_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         timeline = self.timeline

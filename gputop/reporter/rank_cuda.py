@@ -61,7 +61,7 @@ class RankCuda:
         # A CUDA graph being captured on the stream takes no step mark: the event would be a node of the graph.
         self._capturing: Callable[[], bool] = getattr(cuda, "is_current_stream_capturing", bool)
         # The reporter thread reads in thread-local capture mode, so a query never breaks another thread's capture.
-        self._exchange, self.capture_mode_missing = exchanger(cuda)
+        self._exchange = exchanger(cuda)
 
     @property
     def cuda(self) -> Any:

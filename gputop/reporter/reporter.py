@@ -31,7 +31,7 @@ from gputop.reporter.clock import input_numel, output_node
 from gputop.reporter.compiled import WRAPPER, CompileWatch, compiled_call, form_of, learn_compiling
 from gputop.reporter.device_peak import measure_cpu_peak
 from gputop.reporter.flops import FlopCounter, shape_key
-from gputop.reporter.model_probes import ModelProbes, marking_closure
+from gputop.reporter.model_probes import ModelProbes, hook_forward, marking_closure
 from gputop.reporter.reporter_thread import EXIT_FLUSH_S, EXIT_LINGER_MIN_S, ReporterThread
 from gputop.reporter.sigterm import SigtermBye
 from gputop.reporter.training_side import TrainingSide
@@ -90,8 +90,7 @@ class Reporter:
         side.facts.update(facts.identity())
         side.facts.update(facts.torch_facts())
         self.thread.announcer.refresh_hello()
-        if "torch" in sys.modules:  # before the optimizer's hooks go in (a compiled step must find them folded away)
-            learn_compiling(sys.modules["torch"])
+        learn_compiling()  # before the optimizer's hooks go in (a compiled step must find them folded away)
         self._install_step_hook()
         side.ending.install()
         self.sigterm.install()
@@ -115,10 +114,8 @@ class Reporter:
         self.thread.stacks.follow(side.train_ident)  # the first gputop call may have come from another thread
         with contextlib.suppress(Exception):
             self.thread.stacks.forward_codes = stacks.forward_codes(model)
-        torch_module = sys.modules.get("torch")
-        if torch_module is not None:  # before any hook is put in: a model compiled later must find them folded away
-            learn_compiling(torch_module)
-            self._compile_watch.install()
+        learn_compiling()  # before any hook is put in: a model compiled later must find them folded away
+        self._compile_watch.install()
         found.update(facts.model_facts(model))
         found.update(facts.device_facts(found.get("device")))
         if found.get("data_parallel"):
@@ -147,13 +144,7 @@ class Reporter:
     def _hook_forwards(self, module: Any) -> list[Any]:
         """The forward hooks, on the watched model or on the wrapper ``torch.compile(model)`` made of it; their
         handles."""
-        handles = []
-        with contextlib.suppress(Exception):
-            handles.append(module.register_forward_pre_hook(self._on_forward, with_kwargs=True))
-        with contextlib.suppress(Exception):
-            handles.append(module.register_forward_hook(self._on_forward_done))
-        self._hook_handles += handles
-        return handles
+        return hook_forward(module, self._on_forward, self._on_forward_done, self._hook_handles, with_kwargs=True)
 
     def _on_compiled(self, what: Any, result: Any) -> Any:
         """``torch.compile`` returned ``result`` for ``what`` (``compiled.CompileWatch``; training thread): where the

@@ -32,7 +32,7 @@ from gputop.protocol import Bye, Window, encode
 from gputop.reporter import flight_recorder, node_sampler
 from gputop.reporter.announcer import Announcer
 from gputop.reporter.commands import Commands
-from gputop.reporter.device_peak import tf32_modes
+from gputop.reporter.facts import tf32_facts
 from gputop.reporter.probes import Probe
 from gputop.reporter.probes.process import ProcessProbe
 from gputop.reporter.self_cost import SelfCost
@@ -236,8 +236,7 @@ class ReporterThread:
             note = counter.count()[1] or ""
             mix = counter.mix() or None
             # TF32 as the script has it now: one that allows it after watch() gets the TF32 peak, not float32's.
-            tf32 = dict(zip(("tf32_matmul", "tf32_cudnn"), tf32_modes(), strict=True))
-            tf32 = {key: allowed for key, allowed in tf32.items() if allowed is not None}
+            tf32 = tf32_facts()
             if facts.get("flops_note") != note or facts.get("flops_mix") != mix or _changed(facts, tf32):
                 facts["flops_note"], facts["flops_mix"] = note, mix
                 facts.update(tf32)
