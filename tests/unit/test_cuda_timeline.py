@@ -45,8 +45,14 @@ def train_step(
     sim.run(compute, forward_ms)
     timeline.forward_done()
     sim.run(compute, backward_ms)  # loss and backward: from the forward's end to the optimizer
+    optimizer_step(sim, timeline, optimizer_ms)
+
+
+def optimizer_step(sim: SimCuda, timeline: CudaTimeline, ms: float = 0.0) -> None:
+    """The optimizer's step, its kernels on the compute stream, and the step mark its hooks make."""
     timeline.optimizer_started()
-    sim.run(compute, optimizer_ms)
+    if ms:
+        sim.run(sim.default[MODEL_GPU], ms)
     timeline.record_step()  # the primary optimizer's post-hook marks the step before the timeline's hook runs
     timeline.optimizer_done()
 
@@ -86,10 +92,7 @@ def test_host_time_between_launches_is_not_gpu_time() -> None:
     timeline.forward_done()
     sim.advance(30)  # the host stalls (a loader, a print) before backward: the GPU idles
     sim.run(compute, 5)
-    timeline.optimizer_started()
-    sim.run(compute, 2)
-    timeline.record_step()
-    timeline.optimizer_done()
+    optimizer_step(sim, timeline, 2)
     sim.advance(100)
 
     (step,) = timeline.harvest().steps
@@ -197,9 +200,7 @@ def test_the_compute_streams_wait_for_a_side_stream_collective_is_the_delay_it_s
             wait_event(side, gathered)  # a side stream waiting: no one's exposed time
             wait_event(compute, gathered)
         sim.run(compute, 6)
-        timeline.optimizer_started()
-        timeline.record_step()
-        timeline.optimizer_done()
+        optimizer_step(sim, timeline)
 
     step(1, 1)
     step(busy_ms=0, delay_ms=7)  # the compute stream idles the whole delay
@@ -254,9 +255,7 @@ def test_an_asynchronous_collectives_wait_is_exposed_and_it_is_in_flight_from_is
     sim.run(compute, 4)  # 4 ms of compute overlap the 12-ms all-reduce
     wait(work)
     timeline.forward_done()
-    timeline.optimizer_started()
-    timeline.record_step()
-    timeline.optimizer_done()
+    optimizer_step(sim, timeline)
     sim.advance(1000)
 
     harvest = timeline.harvest()
@@ -286,9 +285,7 @@ def test_a_blocking_collective_on_the_compute_stream_is_in_flight_and_exposed_al
     timeline.forward_done()
     sim.run(compute, 5)
     collective(Tensor())  # the loss averaged for the log, inside the step
-    timeline.optimizer_started()
-    timeline.record_step()
-    timeline.optimizer_done()
+    optimizer_step(sim, timeline)
     sim.advance(1000)
 
     harvest = timeline.harvest()
@@ -571,9 +568,7 @@ def test_under_one_hardware_queue_no_event_goes_on_a_communication_stream_and_th
     sim.run(compute, 2)
     wait(work)
     timeline.forward_done()
-    timeline.optimizer_started()
-    timeline.record_step()
-    timeline.optimizer_done()
+    optimizer_step(sim, timeline)
     sim.advance(1000)
     assert len(side.ops) == 2  # the collective's own kernel and its completion event: nothing of gputop's
     ((kind, _, in_flight, exposed),) = timeline.harvest().collectives
