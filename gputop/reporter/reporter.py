@@ -359,8 +359,8 @@ class Reporter:
         """Send the last window and a bye, waiting at most EXIT_FLUSH_S.  Idempotent."""
         if os.getpid() != self.pid or self.thread.stopping:
             return
+        self.thread.stop(EXIT_FLUSH_S + 0.5)  # a SIGTERM meanwhile waits for this bye (_bye_on_sigterm)
         self.sigterm.uninstall()  # from here SIGTERM ends the process at once, even in the interpreter's teardown
-        self.thread.stop(EXIT_FLUSH_S + 0.5)
         self.side.tap.forget_groups()
         for handle in self._hook_handles:
             with contextlib.suppress(Exception):
@@ -370,7 +370,10 @@ class Reporter:
         """SIGTERM's bye (``sigterm.SigtermBye``), from whichever thread heard it first: the last window and the
         bye, and the wait for them, all within ``bound_s``; the process dies of the signal next.  Where the
         reporter thread cannot say it in its share of the bound, the bye alone goes on a connection of its own."""
-        if os.getpid() != self.pid or self.thread.stopping:  # stopping: the exit's bye is on its way
+        if os.getpid() != self.pid:
+            return
+        if self.thread.stopping:  # the exit's bye is on its way (a launcher's SIGTERM after a peer died): let it leave
+            self.thread.join(bound_s)
             return
         own_s = bound_s * BYE_OWN_SHARE
         self.thread.stop(own_s, flush_s=max(own_s - EXIT_LINGER_MIN_S, 0.0))

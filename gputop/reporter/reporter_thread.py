@@ -108,6 +108,10 @@ class ReporterThread:
         self._flush_s = flush_s
         self._stop.set()
         self._wake.release()
+        self.join(timeout_s)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for the thread to end (its bye sent); not from itself."""
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 

@@ -28,8 +28,9 @@ What could leave the rank alive after SIGTERM, and what keeps it from happening:
   outlive SIGTERM for SLURM's requeue), does nothing, as the default it stands for would not be called;
 - a child forked from the rank (a DataLoader worker) inherits the handler and the wakeup fd: both are reset in
   it (``os.register_at_fork``), and only the process that installed them acts;
-- the interpreter's exit: the reporter's shutdown calls ``uninstall`` first, so a rank stuck in its teardown
-  (a process group's destructor) dies of SIGTERM at once, as before;
+- the interpreter's exit: the reporter's shutdown calls ``uninstall`` once its exit bye has left (a SIGTERM
+  meanwhile, a launcher's after a peer died, waits for that bye within ``BYE_S``), so a rank stuck in its
+  teardown (a process group's destructor) dies of SIGTERM at once, as before;
 - a main thread that holds the GIL while it blocks, in a C extension that never lets go of it: the thread
   cannot run until it does.  torch's collectives let go of it while they wait: measured, a thread of a gloo
   rank kept running every 50 ms while its main thread waited 3 s in an all-reduce and in DDP's backward, and

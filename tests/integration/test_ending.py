@@ -139,6 +139,40 @@ def test_a_rank_whose_reporter_thread_is_stuck_says_bye_on_a_connection_of_its_o
     print(f"reporter thread stuck: {measured}, {states(collector)}")
 
 
+SIGTERM_IN_THE_EXIT = """
+import os, signal, time
+import gputop
+
+reporter = gputop.watch()
+time.sleep(1.0)  # windows sent
+stop = reporter.thread.stop
+
+
+def stopped_by_the_launcher_too(timeout_s, flush_s=1.0):  # the exit's bye under way, and then the launcher's SIGTERM
+    stop(0.0, flush_s)
+    os.kill(os.getpid(), signal.SIGTERM)
+    stop(timeout_s, flush_s)
+
+
+reporter.thread.stop = stopped_by_the_launcher_too
+raise SystemExit(1)  # a peer died: gloo raised, the script exits and torchrun sends the rest SIGTERM
+"""
+
+
+def test_a_sigterm_that_arrives_while_the_exits_bye_is_under_way_waits_for_it(collector: Collector) -> None:
+    """What torchrun does to a survivor whose peer died: the survivor's script ends (gloo raised), and the
+    launcher's SIGTERM arrives during its exit's bye.  The bye still leaves: the rank is not lost."""
+    env = {**os.environ, "GPUTOP_PORT": str(collector.address.port), **SHORT}
+    env.pop("GPUTOP_SOCKET", None)
+    rank = subprocess.run([sys.executable, "-c", SIGTERM_IN_THE_EXIT], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    measured = f"it exited {rank.returncode} and printed {rank.stdout[-1000:]}{rank.stderr[-1000:]}"
+    assert rank.returncode == -signal.SIGTERM, measured
+    assert wait_for(lambda: [s for s, _ in states(collector).values()] == [DONE], timeout_s=10), (
+        f"{measured}; the collector read {states(collector)}"
+    )
+
+
 def test_a_rank_whose_script_raises_reads_failed_with_the_exception_not_lost(collector: Collector) -> None:
     job = launch("ddp_job.py", "--steps", "200", "--fail-at", "20", port=collector.address.port, env=SHORT)
     out, _ = job.communicate(timeout=120)
