@@ -85,9 +85,22 @@ FSDP_WAITS = (
     ("post_backward", "reduce_scatter", "_reduce_scatter_process_group"),
     ("finalize_backward", "reduce_scatter", "_reduce_scatter_process_group"),
 )
+# Events an FSDPParamGroup waits for inside one of those methods that belong to another collective than the
+# method's: (where the event is, its kind, the group attribute).  HSDP's all-reduce across replicas, waited in
+# ``_wait_for_post_backward`` beside the reduce-scatter; and an unshard prefetched and never used, waited in
+# ``finalize_backward``.  Told by identity, so a wait is booked where its event came from.
+FSDP_EVENTS = (
+    (("_all_reduce_state", "event"), "all_reduce", "_all_reduce_process_group"),
+    (("_all_gather_result", "all_gather_event"), "all_gather", "_all_gather_process_group"),
+)
 # Asynchronous collectives issued and not yet waited for: a job that never waits in Python (or waits in
 # C++) must not grow this without bound.  FSDP2 keeps a few in flight; a thousand is far past any.
 MAX_PENDING = 1024
+
+
+# Inside an FSDP2 method that makes the compute stream wait (or the GPU check's known delay): the kind and group
+# of its waits, and the FSDPParamGroup whose events may name another (``fsdp_wait``); None outside.
+WaitScope = tuple[str, Any, Any]
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,20 @@ def shared_group(param_group: Any, attribute: str) -> Any:
         return group if group.size() > 1 else None
     except Exception:
         return None
+
+
+def fsdp_wait(scope: WaitScope, event: Any) -> tuple[str, Any]:
+    """The collective a wait inside FSDP2's scope is for, (kind, group): the one its event belongs to
+    (``FSDP_EVENTS``), else the method's own.  A group of one rank is None: its wait is no communication."""
+    kind, group, owner = scope
+    if owner is not None:
+        for path, other_kind, attribute in FSDP_EVENTS:
+            held: Any = owner
+            for name in path:
+                held = getattr(held, name, None)
+            if held is not None and held is event:
+                return other_kind, shared_group(owner, attribute)
+    return kind, group
 
 
 def on_cpu(value: Any) -> bool:

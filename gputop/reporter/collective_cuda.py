@@ -25,7 +25,9 @@ from gputop.reporter.collective_calls import (
     FSDP_PARAM_GROUP_MODULES,
     FSDP_WAITS,
     MAX_PENDING,
+    WaitScope,
     Where,
+    fsdp_wait,
     on_cpu,
     sent,
     shared_group,
@@ -48,14 +50,14 @@ class CollectiveTap(Protocol):
     # recorded before the issue; 0: none), and the same for functional collectives, oldest first.
     cuda_pending: dict[int, tuple[str, Any, int]]
     cuda_functional: deque[tuple[str, Any, int]]
-    wait_scope: tuple[str, Any] | None
+    wait_scope: WaitScope | None
     numbers: dict[Any, GroupCounts]  # per process group, its collectives issued and completed (collective_numbers)
 
     def _count(self, group: Any) -> GroupCounts: ...
 
     def replace(self, owner: Any, name: str, wrapper: Any, remaps: dict[Any, Any] | None) -> None: ...
 
-    def waits_for(self, kind: str, group: Any) -> AbstractContextManager[None]: ...
+    def waits_for(self, kind: str, group: Any, owner: Any = None) -> AbstractContextManager[None]: ...
 
 
 def install_fsdp_waits(tap: CollectiveTap) -> list[str]:
@@ -87,6 +89,12 @@ def install_fsdp_waits(tap: CollectiveTap) -> list[str]:
     if wrapped and not hasattr(wait_event, "__gputop_original__"):
         tap.replace(stream, "wait_event", wrap_wait_event(tap, wait_event), None)
         wrapped.append("Stream.wait_event")
+    accelerator = sys.modules.get("torch.accelerator")
+    current = getattr(accelerator, "current_stream", None)
+    if wrapped and callable(current) and not hasattr(current, "__gputop_original__"):
+        cuda_stream = sys.modules["torch.cuda"].current_stream
+        tap.replace(accelerator, "current_stream", wrap_accelerator_stream(tap, current, cuda_stream), None)
+        wrapped.append("accelerator.current_stream")
     return wrapped
 
 
@@ -262,7 +270,8 @@ def wrap_wait_tensor(tap: CollectiveTap, host: Callable[..., Any], original: Cal
 def wrap_fsdp_scope(
     tap: CollectiveTap, original: Callable[..., Any], kind: str, group_attribute: str
 ) -> Callable[..., Any]:
-    """An FSDPParamGroup method that makes the compute stream wait: its waits are ``kind`` on its group.
+    """An FSDPParamGroup method that makes the compute stream wait: its waits are ``kind`` on its group, or the
+    collective their event belongs to (``fsdp_wait``: HSDP's all-reduce, a prefetched all-gather).
 
     A group of one rank issues no collective (FSDP2 copies instead): its waits are left untimed, not
     passed off as communication.
@@ -272,10 +281,7 @@ def wrap_fsdp_scope(
     def scoped(param_group: Any, *args: Any, **kwargs: Any) -> Any:
         if tap.compiling() or not tap.on or tap.wait_scope is not None:
             return original(param_group, *args, **kwargs)
-        group = shared_group(param_group, group_attribute)
-        if group is None:
-            return original(param_group, *args, **kwargs)
-        with tap.waits_for(kind, group):
+        with tap.waits_for(kind, shared_group(param_group, group_attribute), param_group):
             return original(param_group, *args, **kwargs)
 
     scoped.__gputop_original__ = original  # type: ignore[attr-defined]
@@ -293,13 +299,31 @@ def wrap_wait_event(tap: CollectiveTap, original: Callable[..., Any]) -> Callabl
         scope, timeline = tap.wait_scope, tap.timeline
         if scope is None or not tap.on or timeline is None:
             return original(stream, event)
-        key = timeline.begin(stream, compute_only=True)
+        kind, group = fsdp_wait(scope, event)
+        key = timeline.begin(stream, compute_only=True) if group is not None else 0
         if not key:
             return original(stream, event)
         try:
             return original(stream, event)
         finally:
-            timeline.end_wait(key, scope[0], scope[1])
+            timeline.end_wait(key, kind, group)
 
     wait_event.__gputop_original__ = original  # type: ignore[attr-defined]
     return wait_event
+
+
+def wrap_accelerator_stream(
+    tap: CollectiveTap, original: Callable[..., Any], cuda_stream: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``torch.accelerator.current_stream``: inside FSDP2's waits, the same stream as a ``torch.cuda.Stream``, whose
+    ``wait_event`` is timed (``finalize_backward`` waits through it in 2.11 and later; ``torch.Stream`` is a C type,
+    which cannot be wrapped); elsewhere straight through."""
+
+    @functools.wraps(original)
+    def current_stream(*args: Any, **kwargs: Any) -> Any:
+        if tap.compiling() or tap.wait_scope is None or not tap.on:
+            return original(*args, **kwargs)
+        return cuda_stream(*args, **kwargs)
+
+    current_stream.__gputop_original__ = original  # type: ignore[attr-defined]
+    return current_stream

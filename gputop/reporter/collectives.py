@@ -47,6 +47,7 @@ from gputop.reporter.collective_calls import (
     FUNCTIONAL_COLLECTIVES,
     IMPORTED_AT,
     MAX_PENDING,
+    WaitScope,
     Where,
     on_cpu,
     tensor_bytes,
@@ -91,7 +92,7 @@ class CollectiveTap:
         # How the reporter thread names a group (the collectives probe's names, DeviceMesh dimensions); set by it.
         self.name_group: Callable[[Any], str] | None = None
         # Inside an FSDP2 method that makes the compute stream wait (``FSDP_WAITS``): (kind, group).
-        self.wait_scope: tuple[str, Any] | None = None
+        self.wait_scope: WaitScope | None = None
 
     # -- installing -------------------------------------------------------------------
 
@@ -334,10 +335,10 @@ class CollectiveTap:
     # -- the CUDA wrappers' scope (``collective_cuda.py``) ----------------------------------------------
 
     @contextlib.contextmanager
-    def waits_for(self, kind: str, group: Any) -> Iterator[None]:
+    def waits_for(self, kind: str, group: Any, owner: Any = None) -> Iterator[None]:
         """Inside: the compute stream's ``wait_event`` calls are waits for ``kind`` on ``group`` (FSDP2's methods
-        that make it wait run in here; the GPU check's known delay does too)."""
-        self.wait_scope = (kind, group)
+        that make it wait run in here, ``owner`` their FSDPParamGroup; the GPU check's known delay does too)."""
+        self.wait_scope = (kind, group, owner)
         try:
             yield
         finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -639,8 +640,79 @@ def test_fsdp2s_waits_are_scoped_to_their_kind_and_group_and_a_one_rank_group_is
     wait_for_unshard(alone)  # FSDP2 copies instead of all-gathering: its waits are no communication
     tap.on = False
     wait_for_unshard(sharded)  # no collector: straight through
-    assert seen == [("all_gather", sharded._all_gather_process_group), None, None]
+    assert seen == [("all_gather", sharded._all_gather_process_group, sharded), ("all_gather", None, alone), None]
     assert tap.wait_scope is None
+    wait_event = collective_cuda.wrap_wait_event(tap, SimStream.wait_event)
+    tap.on = True
+    with tap.waits_for("all_gather", None, alone):
+        wait_event(sim.default[MODEL_GPU], sim.Event())
+    assert not tap.timeline._pending  # the one-rank group's wait: untimed
+
+
+class HsdpParamGroup:
+    """What the scope reads of an HSDP FSDPParamGroup: its three groups and the events of its collectives."""
+
+    def __init__(self, sim: SimCuda) -> None:
+        self._all_gather_process_group = self._reduce_scatter_process_group = Group(4)
+        self._all_reduce_process_group = Group(2)  # across the replicas
+        self._post_reduce_event, self._all_reduce_state = sim.Event(), SimpleNamespace(event=sim.Event())
+        self._all_gather_result: Any = SimpleNamespace(all_gather_event=sim.Event())  # prefetched, never used
+
+
+def test_hsdps_all_reduce_and_a_leftover_all_gather_are_booked_as_the_collectives_their_events_are_of(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.11's ``finalize_backward``: the leftover all-gather waited through ``torch.accelerator``'s stream (a
+    C type, unwrappable), then the reduce-scatter and HSDP's all-reduce, all in the method's reduce-scatter scope."""
+    sim = SimCuda()
+    timeline = timeline_on(sim)
+    tap = cuda_tap(sim, timeline)
+    plain_wait = SimStream.wait_event
+    monkeypatch.setattr(SimStream, "wait_event", collective_cuda.wrap_wait_event(tap, plain_wait))  # torch.cuda's
+
+    class CStream:  # torch.Stream, what torch.accelerator.current_stream() returns
+        def __init__(self, stream: SimStream) -> None:
+            self.stream = stream
+
+        def wait_event(self, event: SimEvent) -> None:
+            plain_wait(self.stream, event)
+
+    accelerator_stream = collective_cuda.wrap_accelerator_stream(
+        tap, lambda device=None: CStream(sim.current_stream(device)), sim.current_stream
+    )
+
+    def finalize_backward(param_group: HsdpParamGroup) -> None:
+        accelerator_stream().wait_event(param_group._all_gather_result.all_gather_event)
+        sim.current_stream().wait_event(param_group._post_reduce_event)  # device_handle.current_stream()
+        sim.current_stream().wait_event(param_group._all_reduce_state.event)
+
+    finalize = collective_cuda.wrap_fsdp_scope(
+        tap, finalize_backward, "reduce_scatter", "_reduce_scatter_process_group"
+    )
+    compute, side, param_group = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU), HsdpParamGroup(sim)
+    with sim.device(MODEL_GPU):  # FSDP2's current device is the model's
+        timeline.forward_started()
+        sim.run(compute, 4)
+        timeline.forward_done()
+        issued = sim.Event()
+        issued.record(compute)
+        side.wait_event(issued)
+        for ms, event in ((3, param_group._all_gather_result.all_gather_event), (5, param_group._post_reduce_event),
+                          (2, param_group._all_reduce_state.event)):  # fmt: skip
+            sim.run(side, ms)
+            event.record(side)
+        sim.run(compute, 1)  # 1 ms of the compute stream's own: the all-gather's first ms hidden
+        finalize(param_group)
+        assert isinstance(accelerator_stream(), CStream)  # outside FSDP2's methods: torch's own
+        optimizer_step(sim, timeline)
+    sim.advance(1000)
+    exposed = {(kind, group): wait for kind, group, _, wait in timeline.harvest().collectives}
+
+    assert exposed == pytest.approx({
+        ("all_gather", param_group._all_gather_process_group): 2 * MS,
+        ("reduce_scatter", param_group._reduce_scatter_process_group): 5 * MS,
+        ("all_reduce", param_group._all_reduce_process_group): 2 * MS,
+    })  # fmt: skip
 
 
 def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back() -> None:
@@ -650,17 +722,18 @@ def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back()
 
     originals = {name: getattr(FSDPParamGroup, name) for name in ("wait_for_unshard", "post_backward",
                                                                    "finalize_backward")}  # fmt: skip
-    wait_event = torch.cuda.Stream.wait_event
+    wait_event, accelerator_stream = torch.cuda.Stream.wait_event, torch.accelerator.current_stream
     tap = cuda_tap(SimCuda(), timeline_on(SimCuda()))
     wrapped = tap.install()
     try:
-        assert {"FSDPParamGroup.wait_for_unshard", "FSDPParamGroup.post_backward",
-                "FSDPParamGroup.finalize_backward", "Stream.wait_event", "Work.wait"} <= set(wrapped)  # fmt: skip
+        assert {"FSDPParamGroup.wait_for_unshard", "FSDPParamGroup.post_backward", "FSDPParamGroup.finalize_backward",
+                "Stream.wait_event", "accelerator.current_stream", "Work.wait"} <= set(wrapped)  # fmt: skip
         assert torch.cuda.Stream.wait_event.__gputop_original__ is wait_event
+        assert torch.accelerator.current_stream.__gputop_original__ is accelerator_stream
         assert all(getattr(FSDPParamGroup, n).__gputop_original__ is f for n, f in originals.items())
     finally:
         tap.uninstall()
-    assert torch.cuda.Stream.wait_event is wait_event
+    assert torch.cuda.Stream.wait_event is wait_event and torch.accelerator.current_stream is accelerator_stream
     assert all(getattr(FSDPParamGroup, n) is f for n, f in originals.items())
 
 
