@@ -68,30 +68,35 @@ IMPORTED_AT: tuple[tuple[str, str], ...] = (
     ("torch.distributed.tensor._collective_utils", "broadcast"),
     ("torch.distributed.tensor._collective_utils", "scatter"),
 )
-# FSDP2's parameter group, where each torch has it: torch.distributed.fsdp._fully_shard from 2.6,
+# FSDP2's package, where each torch has it: torch.distributed.fsdp._fully_shard from 2.6,
 # torch.distributed._composable.fsdp in 2.4 and 2.5 (before 2.4 there is no FSDP2).
-FSDP_PARAM_GROUP_MODULES = (
-    "torch.distributed.fsdp._fully_shard._fsdp_param_group",
-    "torch.distributed._composable.fsdp._fsdp_param_group",
-)
-# The FSDPParamGroup methods inside which FSDP2 makes the compute stream wait for its collectives, with
+FSDP_PACKAGES = ("torch.distributed.fsdp._fully_shard", "torch.distributed._composable.fsdp")
+# The methods inside which FSDP2 makes the compute stream wait for its collectives, with
 # ``current_stream().wait_event(event)`` (``Work.wait()`` for an asynchronous all-gather, which the tap times
-# anyway): the all-gather's before a block's forward and backward (``wait_for_unshard``, which calls
-# ``foreach_all_gather_copy_out``), the previous reduce-scatter's in ``post_backward`` (a bounded number in
-# flight) and every last one's in ``finalize_backward``, at the end of backward, before the optimizer.  Each
-# with the kind and the group attribute the wait is for.  The same three names from 2.4 to 2.13.
+# anyway): (module, class, method, the kind its waits are for).  The all-gather's before a block's forward and
+# backward (``wait_for_unshard``, which calls ``foreach_all_gather_copy_out``), the previous reduce-scatter's in
+# ``post_backward`` (a bounded number in flight) and every last one's at the end of backward, before the
+# optimizer: in ``finalize_backward`` and the root's final callback.  tests/unit/test_torch_drift.py fails on a
+# wait in the installed torch's FSDP2 outside these.
 FSDP_WAITS = (
-    ("wait_for_unshard", "all_gather", "_all_gather_process_group"),
-    ("post_backward", "reduce_scatter", "_reduce_scatter_process_group"),
-    ("finalize_backward", "reduce_scatter", "_reduce_scatter_process_group"),
+    ("_fsdp_param_group", "FSDPParamGroup", "wait_for_unshard", "all_gather"),
+    ("_fsdp_param_group", "FSDPParamGroup", "post_backward", "reduce_scatter"),
+    ("_fsdp_param_group", "FSDPParamGroup", "finalize_backward", "reduce_scatter"),
+    ("_fsdp_state", "FSDPState", "_root_post_backward_final_callback", "reduce_scatter"),
 )
+# An FSDPParamGroup's process group for each kind of collective.
+FSDP_GROUPS = {
+    "all_gather": "_all_gather_process_group",
+    "reduce_scatter": "_reduce_scatter_process_group",
+    "all_reduce": "_all_reduce_process_group",
+}
 # Events an FSDPParamGroup waits for inside one of those methods that belong to another collective than the
-# method's: (where the event is, its kind, the group attribute).  HSDP's all-reduce across replicas, waited in
+# method's: (where the event is, its kind).  HSDP's all-reduce across replicas, waited in
 # ``_wait_for_post_backward`` beside the reduce-scatter; and an unshard prefetched and never used, waited in
 # ``finalize_backward``.  Told by identity, so a wait is booked where its event came from.
 FSDP_EVENTS = (
-    (("_all_reduce_state", "event"), "all_reduce", "_all_reduce_process_group"),
-    (("_all_gather_result", "all_gather_event"), "all_gather", "_all_gather_process_group"),
+    (("_all_reduce_state", "event"), "all_reduce"),
+    (("_all_gather_result", "all_gather_event"), "all_gather"),
 )
 # Asynchronous collectives issued and not yet waited for: a job that never waits in Python (or waits in
 # C++) must not grow this without bound.  FSDP2 keeps a few in flight; a thousand is far past any.
@@ -146,10 +151,22 @@ def sent(where: Where, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return None
 
 
-def shared_group(param_group: Any, attribute: str) -> Any:
-    """An FSDP2 parameter group's process group for a kind of wait, where it has more than one rank; else None."""
+def param_group_of(owner: Any) -> Any:
+    """The FSDPParamGroup whose groups and events a wait scope reads: the owner itself, or for an FSDPState (the
+    root's final callback) the first parameter group of any state in its tree; None where there is none."""
+    if hasattr(owner, "_fsdp_param_groups"):
+        for state in getattr(getattr(owner, "_state_ctx", None), "all_states", None) or [owner]:
+            for param_group in getattr(state, "_fsdp_param_groups", None) or ():
+                return param_group
+        return None
+    return owner
+
+
+def shared_group(param_group: Any, kind: str) -> Any:
+    """An FSDP2 parameter group's process group for a kind of collective, where it has more than one rank; else
+    None (a one-rank group issues no collective: FSDP2 copies instead)."""
     try:
-        group = getattr(param_group, attribute)
+        group = getattr(param_group, FSDP_GROUPS[kind])
         return group if group.size() > 1 else None
     except Exception:
         return None
@@ -160,12 +177,12 @@ def fsdp_wait(scope: WaitScope, event: Any) -> tuple[str, Any]:
     (``FSDP_EVENTS``), else the method's own.  A group of one rank is None: its wait is no communication."""
     kind, group, owner = scope
     if owner is not None:
-        for path, other_kind, attribute in FSDP_EVENTS:
+        for path, other_kind in FSDP_EVENTS:
             held: Any = owner
             for name in path:
                 held = getattr(held, name, None)
             if held is not None and held is event:
-                return other_kind, shared_group(owner, attribute)
+                return other_kind, shared_group(owner, other_kind)
     return kind, group
 
 

@@ -22,13 +22,14 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from gputop.reporter.collective_calls import (
-    FSDP_PARAM_GROUP_MODULES,
+    FSDP_PACKAGES,
     FSDP_WAITS,
     MAX_PENDING,
     WaitScope,
     Where,
     fsdp_wait,
     on_cpu,
+    param_group_of,
     sent,
     shared_group,
     tensor_bytes,
@@ -61,14 +62,15 @@ class CollectiveTap(Protocol):
 
 
 def install_fsdp_waits(tap: CollectiveTap) -> list[str]:
-    """Time the waits FSDP2 makes the compute stream do: its loaded ``FSDPParamGroup`` (``FSDP_WAITS``), and
+    """Time the waits FSDP2 makes the compute stream do: the methods of its loaded classes in ``FSDP_WAITS``, and
     ``torch.cuda.Stream.wait_event``, which times a wait only inside one of those methods."""
-    classes: list[Any] = []
-    for module_name in FSDP_PARAM_GROUP_MODULES:
-        found = getattr(sys.modules.get(module_name), "FSDPParamGroup", None)
-        if found is not None and found not in classes:
-            classes.append(found)
-    if not classes:
+    methods: list[tuple[Any, str, str]] = []  # (class, method, kind)
+    for package in FSDP_PACKAGES:
+        for module, name, method, kind in FSDP_WAITS:
+            found = getattr(sys.modules.get(f"{package}.{module}"), name, None)
+            if found is not None:
+                methods.append((found, method, kind))
+    if not methods:
         return []  # no FSDP2 in this process (watch() after fully_shard: it is loaded by then)
     timeline = tap.timeline
     assert timeline is not None
@@ -78,14 +80,13 @@ def install_fsdp_waits(tap: CollectiveTap) -> list[str]:
         timeline.missing.append("torch.cuda.Stream.wait_event is not there: FSDP2's waits are not timed")
         return []
     wrapped = []
-    for found in classes:
-        for method, kind, group_attribute in FSDP_WAITS:
-            original = getattr(found, method, None)
-            if not callable(original):
-                timeline.missing.append(f"FSDP2's {method} is not in this torch: the waits in it are not timed")
-            elif not hasattr(original, "__gputop_original__"):
-                tap.replace(found, method, wrap_fsdp_scope(tap, original, kind, group_attribute), None)
-                wrapped.append(f"FSDPParamGroup.{method}")
+    for found, method, kind in methods:
+        original = getattr(found, method, None)
+        if not callable(original):
+            timeline.missing.append(f"FSDP2's {method} is not in this torch: the waits in it are not timed")
+        elif not hasattr(original, "__gputop_original__"):
+            tap.replace(found, method, wrap_fsdp_scope(tap, original, kind), None)
+            wrapped.append(f"{found.__name__}.{method}")
     if wrapped and not hasattr(wait_event, "__gputop_original__"):
         tap.replace(stream, "wait_event", wrap_wait_event(tap, wait_event), None)
         wrapped.append("Stream.wait_event")
@@ -267,22 +268,21 @@ def wrap_wait_tensor(tap: CollectiveTap, host: Callable[..., Any], original: Cal
     return wait_tensor
 
 
-def wrap_fsdp_scope(
-    tap: CollectiveTap, original: Callable[..., Any], kind: str, group_attribute: str
-) -> Callable[..., Any]:
-    """An FSDPParamGroup method that makes the compute stream wait: its waits are ``kind`` on its group, or the
-    collective their event belongs to (``fsdp_wait``: HSDP's all-reduce, a prefetched all-gather).
+def wrap_fsdp_scope(tap: CollectiveTap, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """An FSDP2 method that makes the compute stream wait: its waits are ``kind`` on its parameter group's group
+    for it, or the collective their event belongs to (``fsdp_wait``: HSDP's all-reduce, a prefetched all-gather).
 
     A group of one rank issues no collective (FSDP2 copies instead): its waits are left untimed, not
     passed off as communication.
     """
 
     @functools.wraps(original)
-    def scoped(param_group: Any, *args: Any, **kwargs: Any) -> Any:
-        if tap.compiling() or not tap.on or tap.wait_scope is not None:
-            return original(param_group, *args, **kwargs)
-        with tap.waits_for(kind, shared_group(param_group, group_attribute), param_group):
-            return original(param_group, *args, **kwargs)
+    def scoped(owner: Any, *args: Any, **kwargs: Any) -> Any:
+        if tap.compiling() or not tap.on:
+            return original(owner, *args, **kwargs)
+        param_group = param_group_of(owner)
+        with tap.waits_for(kind, shared_group(param_group, kind), param_group):  # the innermost method's, nested
+            return original(owner, *args, **kwargs)
 
     scoped.__gputop_original__ = original  # type: ignore[attr-defined]
     return scoped

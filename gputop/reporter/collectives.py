@@ -91,7 +91,8 @@ class CollectiveTap:
         self.inside: GroupCounts | None = None
         # How the reporter thread names a group (the collectives probe's names, DeviceMesh dimensions); set by it.
         self.name_group: Callable[[Any], str] | None = None
-        # Inside an FSDP2 method that makes the compute stream wait (``FSDP_WAITS``): (kind, group).
+        # Inside an FSDP2 method that makes the compute stream wait (``FSDP_WAITS``): (kind, group, its
+        # FSDPParamGroup), the innermost method's; None outside.
         self.wait_scope: WaitScope | None = None
 
     # -- installing -------------------------------------------------------------------
@@ -338,11 +339,11 @@ class CollectiveTap:
     def waits_for(self, kind: str, group: Any, owner: Any = None) -> Iterator[None]:
         """Inside: the compute stream's ``wait_event`` calls are waits for ``kind`` on ``group`` (FSDP2's methods
         that make it wait run in here, ``owner`` their FSDPParamGroup; the GPU check's known delay does too)."""
-        self.wait_scope = (kind, group, owner)
+        outer, self.wait_scope = self.wait_scope, (kind, group, owner)
         try:
             yield
         finally:
-            self.wait_scope = None
+            self.wait_scope = outer
 
     # -- the reporter thread ----------------------------------------------------------
 

@@ -108,3 +108,52 @@ def collectives_called(torch: ModuleType, c10d: ModuleType, funcol: ModuleType) 
                         called[module].add(name)
         result[stack] = called
     return result
+
+
+def compute_stream_waits(torch: ModuleType) -> set[tuple[str, str]]:
+    """Where FSDP2's source makes the current (compute) stream wait for an event: (module file's stem, the function
+    around the call), for each ``….current_stream().wait_event(…)``, or ``wait_event`` on a name bound to one."""
+    root = Path(str(torch.__file__)).parent
+    sites: set[tuple[str, str]] = set()
+    for folder in STACKS["FSDP2"]:
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for function in ast.walk(tree):
+                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    sites |= {(path.stem, function.name) for _ in _stream_waits(function)}
+    return sites
+
+
+def _stream_waits(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+    """The calls in ``function``'s own body (not its nested functions') that make the current stream wait."""
+
+    def current_stream(node: ast.expr) -> bool:
+        return (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "current_stream"
+        )
+
+    nodes = list(_own_nodes(function))
+    bound = {
+        target.id
+        for node in nodes
+        if isinstance(node, ast.Assign) and current_stream(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return [
+        node
+        for node in nodes
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "wait_event"
+        and (current_stream(node.func.value) or (isinstance(node.func.value, ast.Name) and node.func.value.id in bound))
+    ]
+
+
+def _own_nodes(function: ast.AST) -> list[ast.AST]:
+    found: list[ast.AST] = []
+    for child in ast.iter_child_nodes(function):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            found.append(child)
+            found.extend(_own_nodes(child))
+    return found

@@ -633,7 +633,7 @@ def test_fsdp2s_waits_are_scoped_to_their_kind_and_group_and_a_one_rank_group_is
     tap = cuda_tap(sim, timeline_on(sim))
     seen: list[Any] = []
     wait_for_unshard = collective_cuda.wrap_fsdp_scope(
-        tap, lambda param_group: seen.append(tap.wait_scope), "all_gather", "_all_gather_process_group"
+        tap, lambda param_group: seen.append(tap.wait_scope), "all_gather"
     )
     sharded, alone = ParamGroup(8), ParamGroup(1)
     wait_for_unshard(sharded)
@@ -659,11 +659,12 @@ class HsdpParamGroup:
         self._all_gather_result: Any = SimpleNamespace(all_gather_event=sim.Event())  # prefetched, never used
 
 
-def test_hsdps_all_reduce_and_a_leftover_all_gather_are_booked_as_the_collectives_their_events_are_of(
+def test_each_wait_at_fsdp2s_backward_end_is_booked_as_the_collective_its_event_is_of(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """torch 2.11's ``finalize_backward``: the leftover all-gather waited through ``torch.accelerator``'s stream (a
-    C type, unwrappable), then the reduce-scatter and HSDP's all-reduce, all in the method's reduce-scatter scope."""
+    """torch 2.13's end of backward: the root's final callback runs each group's ``finalize_backward`` (the leftover
+    all-gather waited through ``torch.accelerator``'s stream, a C type that cannot be wrapped; the reduce-scatter;
+    HSDP's all-reduce), then waits for the last reduce-scatter still in flight itself."""
     sim = SimCuda()
     timeline = timeline_on(sim)
     tap = cuda_tap(sim, timeline)
@@ -680,16 +681,23 @@ def test_hsdps_all_reduce_and_a_leftover_all_gather_are_booked_as_the_collective
     accelerator_stream = collective_cuda.wrap_accelerator_stream(
         tap, lambda device=None: CStream(sim.current_stream(device)), sim.current_stream
     )
+    param_group = HsdpParamGroup(sim)
+    root = SimpleNamespace(_fsdp_param_groups=[], _state_ctx=SimpleNamespace(all_states=[]), last=sim.Event())
+    root._state_ctx.all_states = [root, SimpleNamespace(_fsdp_param_groups=[param_group])]
 
     def finalize_backward(param_group: HsdpParamGroup) -> None:
         accelerator_stream().wait_event(param_group._all_gather_result.all_gather_event)
         sim.current_stream().wait_event(param_group._post_reduce_event)  # device_handle.current_stream()
         sim.current_stream().wait_event(param_group._all_reduce_state.event)
 
-    finalize = collective_cuda.wrap_fsdp_scope(
-        tap, finalize_backward, "reduce_scatter", "_reduce_scatter_process_group"
-    )
-    compute, side, param_group = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU), HsdpParamGroup(sim)
+    finalize = collective_cuda.wrap_fsdp_scope(tap, finalize_backward, "reduce_scatter")
+
+    def final_callback(root: Any) -> None:
+        finalize(param_group)
+        sim.current_stream().wait_event(root.last)
+
+    callback = collective_cuda.wrap_fsdp_scope(tap, final_callback, "reduce_scatter")
+    compute, side = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU)
     with sim.device(MODEL_GPU):  # FSDP2's current device is the model's
         timeline.forward_started()
         sim.run(compute, 4)
@@ -698,11 +706,11 @@ def test_hsdps_all_reduce_and_a_leftover_all_gather_are_booked_as_the_collective
         issued.record(compute)
         side.wait_event(issued)
         for ms, event in ((3, param_group._all_gather_result.all_gather_event), (5, param_group._post_reduce_event),
-                          (2, param_group._all_reduce_state.event)):  # fmt: skip
+                          (2, param_group._all_reduce_state.event), (4, root.last)):  # fmt: skip
             sim.run(side, ms)
             event.record(side)
         sim.run(compute, 1)  # 1 ms of the compute stream's own: the all-gather's first ms hidden
-        finalize(param_group)
+        callback(root)
         assert isinstance(accelerator_stream(), CStream)  # outside FSDP2's methods: torch's own
         optimizer_step(sim, timeline)
     sim.advance(1000)
@@ -710,24 +718,29 @@ def test_hsdps_all_reduce_and_a_leftover_all_gather_are_booked_as_the_collective
 
     assert exposed == pytest.approx({
         ("all_gather", param_group._all_gather_process_group): 2 * MS,
-        ("reduce_scatter", param_group._reduce_scatter_process_group): 5 * MS,
+        ("reduce_scatter", param_group._reduce_scatter_process_group): 9 * MS,
         ("all_reduce", param_group._all_reduce_process_group): 2 * MS,
     })  # fmt: skip
+    assert tap.wait_scope is None
 
 
 def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch.distributed.fsdp")
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     originals = {name: getattr(FSDPParamGroup, name) for name in ("wait_for_unshard", "post_backward",
                                                                    "finalize_backward")}  # fmt: skip
+    callback = FSDPState._root_post_backward_final_callback
     wait_event, accelerator_stream = torch.cuda.Stream.wait_event, torch.accelerator.current_stream
     tap = cuda_tap(SimCuda(), timeline_on(SimCuda()))
     wrapped = tap.install()
     try:
         assert {"FSDPParamGroup.wait_for_unshard", "FSDPParamGroup.post_backward", "FSDPParamGroup.finalize_backward",
-                "Stream.wait_event", "accelerator.current_stream", "Work.wait"} <= set(wrapped)  # fmt: skip
+                "FSDPState._root_post_backward_final_callback", "Stream.wait_event", "accelerator.current_stream",
+                "Work.wait"} <= set(wrapped)  # fmt: skip
+        assert FSDPState._root_post_backward_final_callback.__gputop_original__ is callback
         assert torch.cuda.Stream.wait_event.__gputop_original__ is wait_event
         assert torch.accelerator.current_stream.__gputop_original__ is accelerator_stream
         assert all(getattr(FSDPParamGroup, n).__gputop_original__ is f for n, f in originals.items())
@@ -735,6 +748,7 @@ def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back()
         tap.uninstall()
     assert torch.cuda.Stream.wait_event is wait_event and torch.accelerator.current_stream is accelerator_stream
     assert all(getattr(FSDPParamGroup, n) is f for n, f in originals.items())
+    assert FSDPState._root_post_backward_final_callback is callback
 
 
 def test_the_cuda_runtime_is_the_one_the_process_mapped_and_never_loaded_anew(tmp_path: Any) -> None:
