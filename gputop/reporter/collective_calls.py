@@ -186,6 +186,23 @@ def fsdp_wait(scope: WaitScope, event: Any) -> tuple[str, Any]:
     return kind, group
 
 
+def waited_tensor(result: Any) -> Any:
+    """The tensor a functional collective's result will be waited on with ``wait_tensor``: an
+    ``AsyncCollectiveTensor``'s own; None where the result is a plain tensor (waited inside the call already:
+    an all-gather on another dimension than 0, or traced)."""
+    return getattr(result, "elem", None)
+
+
+def tensor_key(tensor: Any) -> int:
+    """What a functional collective's wait is matched to its issue by: where the tensor's memory is, so that a
+    view of the result is the same (a view of an ``AsyncCollectiveTensor`` waits on a view of its tensor, made
+    below autograd: no ``_base`` to follow).  0.16 µs; the object's identity where it has no memory."""
+    try:
+        return tensor.untyped_storage().data_ptr() or id(tensor)
+    except Exception:
+        return id(tensor)
+
+
 def on_cpu(value: Any) -> bool:
     """Whether the host's clock times this collective: its tensor is in host memory (gloo, or MPI)."""
     if isinstance(value, (list, tuple)):

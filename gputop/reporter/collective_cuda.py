@@ -33,6 +33,8 @@ from gputop.reporter.collective_calls import (
     sent,
     shared_group,
     tensor_bytes,
+    tensor_key,
+    waited_tensor,
 )
 from gputop.reporter.collective_numbers import GroupCounts
 from gputop.reporter.cuda_timeline import CudaTimeline
@@ -50,7 +52,7 @@ class CollectiveTap(Protocol):
     # Asynchronous CUDA collectives until their wait: id(work): (kind, group, the timeline's key of the event
     # recorded before the issue; 0: none), and the same for functional collectives, oldest first.
     cuda_pending: dict[int, tuple[str, Any, int]]
-    cuda_functional: deque[tuple[str, Any, int]]
+    cuda_functional: dict[int, tuple[str, Any, int]]
     wait_scope: WaitScope | None
     numbers: dict[Any, GroupCounts]  # per process group, its collectives issued and completed (collective_numbers)
 
@@ -180,8 +182,12 @@ def discarded(work: Any) -> bool:
     return type(work).__name__ == "_IllegalWork"
 
 
-def _pend(tap: CollectiveTap, key: int, issued: tuple[str, Any, int]) -> None:
-    pending = tap.cuda_pending
+def _pend(
+    tap: CollectiveTap, key: int, issued: tuple[str, Any, int], pending: dict[int, tuple[str, Any, int]] | None = None
+) -> None:
+    """Keep an asynchronous collective's issue event until its wait, in ``pending`` (the works', by default; or the
+    functional collectives', by tensor)."""
+    pending = tap.cuda_pending if pending is None else pending
     stale = pending.pop(key, None)  # a work of this id was dropped unwaited and its id reused: it is never waited
     if stale is not None and tap.timeline is not None:
         tap.timeline.abandon(stale[2])
@@ -230,12 +236,12 @@ def wrap_functional(
             return host(*args, **kwargs)
         key, result = _issue(tap, timeline, original, args, kwargs)
         try:
-            group = where.group(args, kwargs)
+            group, waited = where.group(args, kwargs), waited_tensor(result)
             tap.records.append((kind, group, tensor_bytes(tensor), None, None, perf()))
-            waiting = tap.cuda_functional
-            if len(waiting) >= MAX_PENDING:  # never waited for: its event back to the pool
-                timeline.abandon(waiting.popleft()[2])
-            waiting.append((kind, group, key))
+            if waited is None:  # waited for inside the call: on the stream, from the issue to here
+                timeline.end_blocking(key, kind, group)
+            else:
+                _pend(tap, tensor_key(waited), (kind, group, key), tap.cuda_functional)
         except Exception:
             tap.errors += 1
         return result
@@ -246,7 +252,7 @@ def wrap_functional(
 
 def wrap_wait_tensor(tap: CollectiveTap, host: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     """``wait_tensor`` on a CUDA tensor: the current stream waits, between two events there; matched to the
-    functional collectives in the order they were issued, as on the host."""
+    functional collective that made the tensor, as on the host (``tensor_key``)."""
 
     @functools.wraps(original)
     def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
@@ -255,10 +261,10 @@ def wrap_wait_tensor(tap: CollectiveTap, host: Callable[..., Any], original: Cal
         timeline = tap.timeline
         if not tap.on or not tap.cuda_functional or timeline is None or getattr(tensor, "is_cpu", True):
             return host(tensor, *args, **kwargs)
-        try:
-            kind, group, issue_key = tap.cuda_functional.popleft()
-        except IndexError:
+        issued = tap.cuda_functional.pop(tensor_key(tensor), None)
+        if issued is None:  # issued where the tap cannot see (an autograd variant's backward), or waited already
             return original(tensor, *args, **kwargs)
+        kind, group, issue_key = issued
         key = timeline.begin()
         try:
             return original(tensor, *args, **kwargs)

@@ -51,6 +51,8 @@ from gputop.reporter.collective_calls import (
     Where,
     on_cpu,
     tensor_bytes,
+    tensor_key,
+    waited_tensor,
 )
 from gputop.reporter.collective_numbers import GroupCounts, default_group
 from gputop.reporter.cuda_timeline import CudaTimeline
@@ -71,8 +73,10 @@ class CollectiveTap:
         self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
         # id(work): (kind, group, bytes, issued at, the issue call's own time), until its wait()
         self.pending: dict[int, tuple[str, Any, int, float, float]] = {}
-        # The functional collectives issued and not yet waited for, oldest first, the same fields
-        self._functional: deque[tuple[str, Any, int, float, float]] = deque(maxlen=MAX_PENDING)
+        # The functional collectives issued and not yet waited for, by the tensor their wait_tensor is called on
+        # (``tensor_key``), the same fields: matched by identity, so a wait for one issued where the tap cannot see
+        # (an autograd variant's backward, in C++) takes nothing of another's.
+        self._functional: dict[int, tuple[str, Any, int, float, float]] = {}
         self.depth = 0  # inside a wrapped collective: the collectives it calls are its own
         self.compiling: Callable[[], bool] = lambda: False  # torch.compiler.is_compiling, once installed
         self.errors = 0  # bookkeeping failures swallowed on the training thread
@@ -84,7 +88,7 @@ class CollectiveTap:
         # Asynchronous CUDA collectives until their wait: id(work): (kind, group, the timeline's key of the event
         # recorded before the issue; 0: none).  The timeline holds the events: the tap holds keys, never one.
         self.cuda_pending: dict[int, tuple[str, Any, int]] = {}
-        self.cuda_functional: deque[tuple[str, Any, int]] = deque()  # the same, for functional collectives
+        self.cuda_functional: dict[int, tuple[str, Any, int]] = {}  # the same, for functional collectives (by tensor)
         # Per process group (as the call named it; None: the default), its collectives issued and completed through
         # the tap, and the group whose newest (a blocking call) the training thread is in now (collective_numbers.py).
         self.numbers: dict[Any, GroupCounts] = {}
@@ -249,8 +253,12 @@ class CollectiveTap:
                 self.numbers[None] = counts
         return counts
 
-    def _pend(self, key: int, issued: tuple[str, Any, int, float, float]) -> None:
-        pending = self.pending
+    def _pend(
+        self, key: int, issued: tuple[str, Any, int, float, float], pending: dict[int, Any] | None = None
+    ) -> None:
+        """Keep an asynchronous collective until its wait, in ``pending`` (``self.pending``, the works'; or the
+        functional collectives')."""
+        pending = self.pending if pending is None else pending
         if len(pending) >= MAX_PENDING:  # never waited for in Python: counted, its time unknown
             kind, group, nbytes, _, _ = pending.pop(next(iter(pending)))
             self.records.append((kind, group, nbytes, None, None, 0.0))
@@ -302,10 +310,14 @@ class CollectiveTap:
                     tap.cuda_calls += 1
                     tap.records.append((kind, group, tensor_bytes(tensor), None, None, end))
                 else:
-                    # Waited for when first used, through wait_tensor on the result or a view of it: the waits
-                    # are matched to the functional collectives in the order they were issued.
+                    # Waited for when first used, through wait_tensor on the result or a view of it, matched by
+                    # that tensor; a result that is no AsyncCollectiveTensor was waited for inside the call.
                     tap.clock.comm_exposed_s += end - start
-                    tap._functional.append((kind, group, tensor_bytes(tensor), start, end - start))
+                    nbytes, waited = tensor_bytes(tensor), waited_tensor(result)
+                    if waited is None:
+                        tap.records.append((kind, group, nbytes, end - start, end - start, end))
+                    else:
+                        tap._pend(tensor_key(waited), (kind, group, nbytes, start, end - start), tap._functional)
             except Exception:
                 tap.errors += 1
             return result
@@ -324,11 +336,13 @@ class CollectiveTap:
             result = original(tensor, *args, **kwargs)
             end = perf()
             try:
-                kind, group, nbytes, issued_s, issue_s = tap._functional.popleft()
-                tap.clock.comm_exposed_s += end - start
-                tap.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
-            except IndexError:
-                pass
+                issued = tap._functional.pop(tensor_key(tensor), None)
+                if issued is not None:  # else: issued where the tap cannot see, or waited already
+                    kind, group, nbytes, issued_s, issue_s = issued
+                    tap.clock.comm_exposed_s += end - start
+                    tap.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
+            except Exception:
+                tap.errors += 1
             return result
 
         return wait_tensor

@@ -197,6 +197,24 @@ def test_the_default_group_has_one_name_however_a_collective_reaches_it(dist: An
     assert (collective.kind, collective.group, collective.calls) == ("all_reduce", "world", 4)
 
 
+def test_a_functional_collectives_wait_is_matched_to_the_collective_that_made_its_tensor(
+    dist: Any, tap: CollectiveTap
+) -> None:
+    """DTensor waits where a result is first used: in any order, and through a view of it.  A wait for a tensor no
+    collective the tap saw made (an autograd variant's backward issues in C++) takes nothing of another's."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    tap.on = True
+    small = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)  # 16 B
+    large = funcol.all_gather_tensor(torch.ones(256), 0, dist.group.WORLD)  # 1 KiB
+    funcol.wait_tensor(torch.ones(4))  # no collective's
+    torch.add(large.view(16, 16), 1)  # the later one first, through a view
+    torch.add(small, 1)
+    assert [(kind, nbytes) for kind, _, nbytes, *_ in tap.records] == [("all_gather", 1024), ("all_reduce", 16)]
+    assert all(r[4] is not None for r in tap.records) and tap._functional == {} and tap.errors == 0
+
+
 def test_an_fsdp2_mixed_precision_policy_is_read_as_the_precision_the_model_computes_in(dist: Any) -> None:
     """FSDP2 keeps fp32 shards and casts them for compute: MixedPrecisionPolicy is mixed precision on."""
     import torch

@@ -270,6 +270,54 @@ def test_an_asynchronous_collectives_wait_is_exposed_and_it_is_in_flight_from_is
     assert (counts.issued, counts.completed, counts.kind, counts.nbytes) == (1, 1, "all_reduce", 4096)
 
 
+class AsyncCollectiveTensor:
+    """What a functional collective returns: its tensor, waited for with ``wait_tensor(result.elem)``."""
+
+    def __init__(self) -> None:
+        self.elem = Tensor()
+
+
+def test_a_functional_collectives_wait_is_matched_to_the_collective_that_made_its_tensor() -> None:
+    """Waited in another order than issued, and one wait for a tensor the tap saw no collective make: each wait's
+    time goes to its own collective, and the stranger's takes nothing."""
+    sim = SimCuda()
+    timeline = timeline_on(sim)
+    tap = cuda_tap(sim, timeline)
+    compute, nccl = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU)
+    done: dict[int, SimEvent] = {}
+
+    def issue(tensor: Tensor, group: Any, ms: float) -> AsyncCollectiveTensor:
+        issued = sim.Event()
+        issued.record(sim.current_stream(MODEL_GPU))
+        issued.wait(nccl)
+        sim.run(nccl, ms)
+        result = AsyncCollectiveTensor()
+        done[id(result.elem)] = sim.Event()
+        done[id(result.elem)].record(nccl)
+        return result
+
+    def wait_tensor(tensor: Tensor) -> Tensor:
+        if id(tensor) in done:
+            sim.current_stream(MODEL_GPU).wait_event(done[id(tensor)])
+        return tensor
+
+    functional = collective_cuda.wrap_functional(tap, issue, issue, "all_gather", Where("tensor", 0, 1))
+    wait = collective_cuda.wrap_wait_tensor(tap, wait_tensor, wait_tensor)
+    timeline.forward_started()
+    first, second = functional(Tensor(), "tp", 3), functional(Tensor(), "dp", 10)  # dp's done 13 ms from now
+    wait(Tensor())  # no collective's: nothing timed
+    wait(second.elem)  # 13 ms exposed
+    sim.run(compute, 2)
+    wait(first.elem)  # long done: 0 ms
+    timeline.forward_done()
+    optimizer_step(sim, timeline)
+    sim.advance(1000)
+
+    exposed = {group: wait_s for _, group, _, wait_s in timeline.harvest().collectives}
+    assert exposed == pytest.approx({"dp": 13 * MS, "tp": 0.0})
+    assert tap.cuda_functional == {}
+
+
 def test_a_blocking_collective_on_the_compute_stream_is_in_flight_and_exposed_all_along() -> None:
     sim = SimCuda()
     timeline = timeline_on(sim)
