@@ -55,6 +55,10 @@ _NO_WORK_NAMESPACES = frozenset(
 _PASS, _COUNT, _WORK = 0, 1, 2
 
 
+# The name varlen attention's operators go uncounted under (``_lengths_on_a_device``).
+VARLEN = "varlen attention (its sequence lengths are on the GPU: reading them would wait for it)"
+
+
 def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
@@ -232,6 +236,10 @@ def _count(mode: Any, func: Any, args: Any, kwargs: Any, out: Any, graph_task_id
             formula, by_shape = found[1]
             if by_shape:
                 flops = int(formula(*shapes(args), out_shape=shape_of(out), **shape_kwargs(kwargs)))
+            elif _lengths_on_a_device(args, kwargs):  # varlen attention: its formula would read them (a sync)
+                mode.uncounted[VARLEN] = mode.uncounted.get(VARLEN, 0) + 1
+                mode.ops += 1
+                return
             else:  # a formula torch registered raw (get_raw): tensors in, as FlopCounterMode calls it
                 flops = int(formula(*args, **kwargs, out_val=out))
             segment.flops += flops
@@ -246,6 +254,17 @@ def _count(mode: Any, func: Any, args: Any, kwargs: Any, out: Any, graph_task_id
     except Exception as exc:
         mode.inert = True
         mode.failure = reason(exc)
+
+
+def _lengths_on_a_device(args: Any, kwargs: Any) -> bool:
+    """Whether an operator takes an integer tensor off the host: varlen attention's sequence offsets
+    (``cu_seqlens_q``, ``cum_seq_k``), whose formula turns them into lengths with ``.tolist()``, which on a GPU
+    waits for the device: never on the training thread.  Its FLOPs go uncounted, and the note says why."""
+    for value in (*args, *kwargs.values()):
+        device = getattr(value, "device", None)
+        if device is not None and device.type not in ("cpu", "meta") and not value.is_floating_point():
+            return True
+    return False
 
 
 def _plan(mode: Any, func: Any) -> tuple[int, Any, str]:

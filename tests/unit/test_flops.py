@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import types
 from typing import Any, ClassVar
 
 import pytest
@@ -407,6 +408,32 @@ def test_a_formula_that_raises_fails_the_counting_not_the_step(monkeypatch: pyte
     assert driven.counter.count() == (None, "counting failed: ValueError: no shapes for you")
     assert _get_current_dispatch_mode() is None
     assert driven.step(torch.randn(2, 8)) == (None, False)  # that shape is not tried again
+
+
+class OffsetsOnTheGpu:
+    """Varlen attention's ``cu_seqlens`` on a GPU: turning them into lengths (``.tolist()``) waits for the device."""
+
+    device = torch.device("cuda", 0)
+
+    def is_floating_point(self) -> bool:
+        return False
+
+    def tolist(self) -> list[int]:
+        raise AssertionError("the training thread waited for the GPU")
+
+
+def test_varlen_attentions_lengths_on_a_gpu_are_never_read_and_its_flops_say_why_they_are_not_counted() -> None:
+    def flash_attention_forward_flop(*args: Any, out_val: Any = None, **kwargs: Any) -> int:  # torch's, get_raw
+        return sum(kwargs["cum_seq_q"].tolist())
+
+    func = torch.ops.aten._flash_attention_forward.default
+    plans = {func: (flop_mode._COUNT, (flash_attention_forward_flop, False), "flash")}
+    mode = types.SimpleNamespace(plans=plans, segment=flop_mode.Segment(None), uncounted={}, ops=0, inert=False,
+                                 failure="")  # fmt: skip
+    query = torch.empty(8, 2, 4, device="meta")
+    flop_mode._count(mode, func, (query, query, query), {"cum_seq_q": OffsetsOnTheGpu()}, query, lambda: -1)
+    assert (mode.inert, mode.failure, mode.segment.flops) == (False, "", 0)
+    assert mode.uncounted == {flop_mode.VARLEN: 1}
 
 
 def test_another_dispatch_mode_already_active_is_left_alone() -> None:
