@@ -59,7 +59,8 @@ FUNCTIONAL_COLLECTIVES: dict[str, tuple[str, str]] = {
 }
 # Collectives some stack calls that the tap reaches through another: each calls a wrapped one by its module's name.
 THROUGH_ANOTHER: dict[str, str] = {
-    "batch_isend_irecv": "each of its P2POps calls the isend or irecv it was made with (dist.isend: the wrapper)",
+    "batch_isend_irecv": "each of its P2POps calls the isend or irecv it was made with (dist.isend: the wrapper); "
+    "on CUDA it is wrapped too, for the one work NCCL coalesces the batch into (collective_cuda.wrap_batch_p2p)",
     "permute_tensor": "calls funcol.all_to_all_single",
     "all_gather_inplace": "calls funcol.all_gather_tensor",
 }

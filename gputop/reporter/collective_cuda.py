@@ -198,6 +198,46 @@ def _pend(
     pending[key] = issued
 
 
+def wrap_batch_p2p(tap: CollectiveTap, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``batch_isend_irecv`` on CUDA tensors: NCCL coalesces the batch into one work (each ``isend`` and ``irecv``
+    inside hands back a throwaway, its event given back, though its bytes are counted), in flight from the
+    batch's issue to that work's wait, and exposed for the wait: pipeline parallelism's stage-to-stage exchange.
+    Booked under the first operation's kind (a batch's sends and receives complete together)."""
+
+    @functools.wraps(original)
+    def batch_isend_irecv(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
+        timeline = tap.timeline
+        if tap.compiling() or not tap.on or tap.depth or timeline is None:
+            return original(p2p_op_list, *args, **kwargs)
+        try:
+            first = p2p_op_list[0]
+            tensor, group = first.tensor, first.group
+            kind = "recv" if getattr(first.op, "__name__", "").endswith("recv") else "send"
+        except Exception:
+            return original(p2p_op_list, *args, **kwargs)
+        if on_cpu(tensor):  # each of its works is its own, timed by the host's wrappers
+            return original(p2p_op_list, *args, **kwargs)
+        key = timeline.begin()
+        try:
+            works = original(p2p_op_list, *args, **kwargs)
+        except BaseException:
+            timeline.abandon(key)
+            raise
+        try:
+            if not works:  # synchronized in C++: done on the stream
+                timeline.end_blocking(key, kind, group)
+            elif id(works[0]) in tap.cuda_pending:  # not coalesced: each work pended by its own isend or irecv
+                timeline.abandon(key)
+            else:
+                _pend(tap, id(works[0]), (kind, group, key))
+        except Exception:
+            tap.errors += 1
+        return works
+
+    batch_isend_irecv.__gputop_original__ = original  # type: ignore[attr-defined]
+    return batch_isend_irecv
+
+
 def wrap_wait(tap: CollectiveTap, host: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     """``Work.wait()`` of a CUDA collective: the current stream waits for it, between two events there."""
 

@@ -127,6 +127,12 @@ class CollectiveTap:
                 if getattr(owner, name, None) is original:
                     self.replace(owner, name, wrapper, remaps)
             wrapped.append(name)
+        batch = getattr(c10d, "batch_isend_irecv", None)
+        if timed and callable(batch) and not hasattr(batch, "__gputop_original__"):
+            for owner in (c10d, dist):
+                if getattr(owner, "batch_isend_irecv", None) is batch:
+                    self.replace(owner, "batch_isend_irecv", collective_cuda.wrap_batch_p2p(self, batch), None)
+            wrapped.append("batch_isend_irecv")
         for module_name, name in IMPORTED_AT:
             module, wrapped_there = sys.modules.get(module_name), getattr(c10d, name, None)
             bound = getattr(wrapped_there, "__gputop_original__", None)

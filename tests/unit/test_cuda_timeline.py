@@ -661,6 +661,49 @@ def test_discarded_and_id_reused_works_give_their_events_back_and_the_pool_adds_
     assert counts["open"] <= len(tap.cuda_pending) <= 1 and timeline.lost_steps == 0, (counts, timeline.lost_steps)
 
 
+def test_a_batch_of_sends_coalesced_into_one_work_is_in_flight_until_its_wait_and_exposed_for_it() -> None:
+    """Pipeline parallelism's ``batch_isend_irecv`` on NCCL: each isend inside hands back a throwaway; the batch is
+    one work, waited by the script.  It read about 0 exposed, its events stranded."""
+    sim = SimCuda()
+    timeline = timeline_on(sim)
+    tap = cuda_tap(sim, timeline)
+    compute, nccl = sim.default[MODEL_GPU], sim.Stream(MODEL_GPU)
+
+    def isend(tensor: Any, group: Any = None) -> Any:
+        return _IllegalWork()
+
+    def batch_isend_irecv(ops: list[Any]) -> list[Work]:  # torch's, under _coalescing_manager
+        for op in ops:
+            op.op(op.tensor, group=op.group)
+        issued = sim.Event()
+        issued.record(compute)
+        issued.wait(nccl)
+        sim.run(nccl, 10)
+        done = sim.Event()
+        done.record(nccl)
+        return [Work(sim, done)]
+
+    send = collective_cuda.wrap_collective(tap, isend, isend, "send", Where("tensor", 0, 1))
+    batched = collective_cuda.wrap_batch_p2p(tap, batch_isend_irecv)
+    wait = collective_cuda.wrap_wait(tap, Work.wait, Work.wait)
+    timeline.forward_started()
+    sim.run(compute, 2)
+    works = batched([SimpleNamespace(op=send, tensor=Tensor(), group="pp") for _ in range(2)])
+    sim.run(compute, 3)  # 3 ms of the stage's own work beside the 10-ms exchange
+    for work in works:
+        wait(work)
+    timeline.forward_done()
+    optimizer_step(sim, timeline)
+    sim.advance(1000)
+
+    ((kind, group, in_flight, exposed),) = timeline.harvest().collectives
+    assert (kind, group) == ("send", "pp")
+    assert in_flight == pytest.approx(10 * MS) and exposed == pytest.approx(7 * MS)
+    assert [r[:3] for r in tap.records] == [("send", "pp", 4096)] * 2  # each send still counted, with its bytes
+    counts = timeline.accounting()
+    assert counts["open"] == counts["pending"] == 0 and not tap.cuda_pending, counts
+
+
 class Group:
     def __init__(self, ranks: int) -> None:
         self.ranks = ranks
@@ -781,13 +824,15 @@ def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back()
     originals = {name: getattr(FSDPParamGroup, name) for name in ("wait_for_unshard", "post_backward",
                                                                    "finalize_backward")}  # fmt: skip
     callback = FSDPState._root_post_backward_final_callback
+    batch = torch.distributed.batch_isend_irecv
     wait_event, accelerator_stream = torch.cuda.Stream.wait_event, torch.accelerator.current_stream
     tap = cuda_tap(SimCuda(), timeline_on(SimCuda()))
     wrapped = tap.install()
     try:
         assert {"FSDPParamGroup.wait_for_unshard", "FSDPParamGroup.post_backward", "FSDPParamGroup.finalize_backward",
                 "FSDPState._root_post_backward_final_callback", "Stream.wait_event", "accelerator.current_stream",
-                "Work.wait"} <= set(wrapped)  # fmt: skip
+                "Work.wait", "batch_isend_irecv"} <= set(wrapped)  # fmt: skip
+        assert torch.distributed.batch_isend_irecv.__gputop_original__ is batch
         assert FSDPState._root_post_backward_final_callback.__gputop_original__ is callback
         assert torch.cuda.Stream.wait_event.__gputop_original__ is wait_event
         assert torch.accelerator.current_stream.__gputop_original__ is accelerator_stream
@@ -796,7 +841,7 @@ def test_the_tap_finds_fsdp2s_methods_and_stream_wait_event_and_puts_them_back()
         tap.uninstall()
     assert torch.cuda.Stream.wait_event is wait_event and torch.accelerator.current_stream is accelerator_stream
     assert all(getattr(FSDPParamGroup, n) is f for n, f in originals.items())
-    assert FSDPState._root_post_backward_final_callback is callback
+    assert FSDPState._root_post_backward_final_callback is callback and torch.distributed.batch_isend_irecv is batch
 
 
 def test_the_cuda_runtime_is_the_one_the_process_mapped_and_never_loaded_anew(tmp_path: Any) -> None:
