@@ -447,6 +447,30 @@ def gpu_load(seconds: float) -> contextlib.AbstractContextManager[int]:
     )
 
 
+# gputop's NVML reading against nvidia-smi's, field by field: (name, the tolerance, whether a pair agrees, the pair
+# as shown).
+NVML_TOLERANCES: list[tuple[str, str, Callable[[Any, SmiReading], bool], Callable[[Any, SmiReading], str]]] = [
+    ("memory used", "within 2% + 64 MiB",
+     lambda g, s: within(g.mem_used_bytes, s.mem_used_bytes, rel=0.02, abs_=64 * MIB),
+     lambda g, s: f"{(g.mem_used_bytes or 0) / MIB:.0f} vs {(s.mem_used_bytes or 0) / MIB:.0f} MiB"),
+    ("utilization", "within 20 points (NVML averages over its own window)",
+     lambda g, s: within(g.util_pct, s.util_pct, abs_=20.0),
+     lambda g, s: f"{g.util_pct} vs {s.util_pct} %"),
+    ("power", "within 15% + 10 W",
+     lambda g, s: within(g.power_w, s.power_w, rel=0.15, abs_=10.0),
+     lambda g, s: f"{g.power_w} vs {s.power_w} W"),
+    ("temperature", "within 3 °C",
+     lambda g, s: within(g.temp_c, s.temp_c, abs_=3.0),
+     lambda g, s: f"{g.temp_c} vs {s.temp_c} °C"),
+]  # fmt: skip
+
+
+def mostly_agree(agreeing: int, pairs: int) -> bool:
+    """A field of the sampler agrees with nvidia-smi: in at least 80% of the paired readings (each reads its own
+    moment), and there were readings to pair."""
+    return pairs > 0 and agreeing >= 0.8 * pairs
+
+
 def check_nvml_vs_smi() -> list[Row]:
     """gputop's NVML sampler against nvidia-smi, read back to back, under a matmul load."""
     from gputop.collect.gpu.sampler import GpuSampler
@@ -463,22 +487,8 @@ def check_nvml_vs_smi() -> list[Row]:
     sampler.close()
     if not pairs:
         return [Row("NVML sampler vs nvidia-smi", "same GPUs by UUID", "no UUID in common", "fail")]
-    tolerances: list[tuple[str, str, Callable[[Any, SmiReading], bool], Callable[[Any, SmiReading], str]]] = [
-        ("memory used", "within 2% + 64 MiB",
-         lambda g, s: within(g.mem_used_bytes, s.mem_used_bytes, rel=0.02, abs_=64 * MIB),
-         lambda g, s: f"{(g.mem_used_bytes or 0) / MIB:.0f} vs {(s.mem_used_bytes or 0) / MIB:.0f} MiB"),
-        ("utilization", "within 20 points (NVML averages over its own window)",
-         lambda g, s: within(g.util_pct, s.util_pct, abs_=20.0),
-         lambda g, s: f"{g.util_pct} vs {s.util_pct} %"),
-        ("power", "within 15% + 10 W",
-         lambda g, s: within(g.power_w, s.power_w, rel=0.15, abs_=10.0),
-         lambda g, s: f"{g.power_w} vs {s.power_w} W"),
-        ("temperature", "within 3 °C",
-         lambda g, s: within(g.temp_c, s.temp_c, abs_=3.0),
-         lambda g, s: f"{g.temp_c} vs {s.temp_c} °C"),
-    ]  # fmt: skip
     rows = []
-    for name, expected, agrees, show in tolerances:
+    for name, expected, agrees, show in NVML_TOLERANCES:
         agreeing = sum(agrees(g, s) for g, s in pairs)
         worst = next(((g, s) for g, s in pairs if not agrees(g, s)), pairs[-1])
         rows.append(
@@ -486,7 +496,7 @@ def check_nvml_vs_smi() -> list[Row]:
                 f"NVML sampler vs nvidia-smi: {name}",
                 f"{expected}, in ≥ 80% of {len(pairs)} paired readings",
                 f"{agreeing}/{len(pairs)} agree; e.g. {show(*worst)}",
-                "pass" if agreeing >= 0.8 * len(pairs) else "fail",
+                "pass" if mostly_agree(agreeing, len(pairs)) else "fail",
             )
         )
     return rows
@@ -523,7 +533,7 @@ def check_nvml_processes_and_links() -> list[Row]:
             "the copying process listed with nvidia-smi's memory (±64 MiB)",
             f"gputop: {[(g.index, (p.used_bytes or 0) // MIB) for g, p in listed]} MiB; "
             f"nvidia-smi: {[(a.gpu_uuid[:12], (a.used_bytes or 0) // MIB) for a in smi]} MiB",
-            "pass" if listed and smi and within(listed[0][1].used_bytes, smi[0].used_bytes, abs_=64 * MIB) else "fail",
+            "pass" if process_agrees([p.used_bytes for _, p in listed], [a.used_bytes for a in smi]) else "fail",
         )
     )
     gpu = listed[0][0] if listed else (sample.gpus[0] if sample.gpus else None)
@@ -534,14 +544,11 @@ def check_nvml_processes_and_links() -> list[Row]:
             "rx between 1 and 128 GB/s (field 198, differenced)",
             f"rx {'N/A' if rx is None else f'{rx / 1e9:.1f}'} GB/s"
             + ("" if gpu is None or rx is not None else f" ({gpu.na.get('pcie_rx_bytes_s')})"),
-            "pass" if rx is not None and 1e9 <= rx <= 128e9 else "fail",
+            "pass" if pcie_plausible(rx) else "fail",
         )
     )
     nvlink = [(g.index, g.nvlink_rx_bytes_s, g.nvlink_tx_bytes_s, g.na.get("nvlink_rx_bytes_s")) for g in sample.gpus]
-    plausible = all(
-        (rx_ is None and why) or (rx_ is not None and tx_ is not None and 0 <= rx_ <= 1e12 and 0 <= tx_ <= 1e12)
-        for _, rx_, tx_, why in nvlink
-    )
+    plausible = all(nvlink_plausible(rx_, tx_, why) for _, rx_, tx_, why in nvlink)
     rows.append(
         Row(
             "NVLink counters (all links, scope UINT_MAX)",
@@ -555,10 +562,32 @@ def check_nvml_processes_and_links() -> list[Row]:
             "one GPU sample's wall time",
             "≤ 50 ms (no blocking PCIe call)",
             f"{took_s * 1e3:.1f} ms for {len(sample.gpus)} GPU rows",
-            "pass" if took_s <= 0.05 else "fail",
+            "pass" if sample_fast(took_s) else "fail",
         )
     )
     return rows
+
+
+def process_agrees(gputop_bytes: Sequence[int | None], smi_bytes: Sequence[int | None]) -> bool:
+    """The copying process is in gputop's list and nvidia-smi's, once each, with the same memory (±64 MiB)."""
+    return len(gputop_bytes) == len(smi_bytes) == 1 and within(gputop_bytes[0], smi_bytes[0], abs_=64 * MIB)
+
+
+def pcie_plausible(rx_bytes_s: float | None) -> bool:
+    """Host-to-device copies read as 1 to 128 GB/s received (PCIe 3 x16 to 6 x16)."""
+    return rx_bytes_s is not None and 1e9 <= rx_bytes_s <= 128e9
+
+
+def nvlink_plausible(rx: float | None, tx: float | None, why: str | None) -> bool:
+    """An NVLink rate each way between 0 and 1 TB/s, or N/A with its reason (no NVLink): never a bare N/A."""
+    if rx is None or tx is None:
+        return rx is None and tx is None and bool(why)
+    return 0 <= rx <= 1e12 and 0 <= tx <= 1e12
+
+
+def sample_fast(took_s: float) -> bool:
+    """One NVML sample of every GPU within 50 ms: no call that blocks on the bus."""
+    return took_s <= 0.05
 
 
 def check_join() -> list[Row]:
@@ -573,12 +602,17 @@ def check_join() -> list[Row]:
         report = recorded_job("bf16", steps=100, env=env, unset=() if env else ("CUDA_VISIBLE_DEVICES",))
         on = [g["uuid"] for g in report["gpus"].get("gpus", []) if g["ranks"]]
         rank_uuid = only_rank(report)["device_uuid"]
-        ok = on == [expected_uuid] and _same_uuid(rank_uuid, expected_uuid)
+        ok = join_agrees(on, rank_uuid, expected_uuid)
         rows.append(
             Row(f"rank-GPU join by UUID ({label})", f"rank 0 on {expected_uuid}",
                 f"rank reports {rank_uuid}; report puts it on {on or 'no GPU'}", "pass" if ok else "fail")
         )  # fmt: skip
     return rows
+
+
+def join_agrees(gpus_with_ranks: Sequence[str], rank_uuid: str | None, expected_uuid: str) -> bool:
+    """The rank says it is on the expected GPU, and the report joins it to that GPU and no other."""
+    return list(gpus_with_ranks) == [expected_uuid] and _same_uuid(rank_uuid, expected_uuid)
 
 
 def _same_uuid(a: str | None, b: str) -> bool:
@@ -596,7 +630,7 @@ def check_gpu_step_time() -> list[Row]:
         gpu, wall = rank["gpu_step_time_p50_ms"], rank["step_time_p50_ms"]
         ratio = gpu / wall if gpu is not None and wall else None
         fired = "parallelism" in causes(report)
-        ok = ratio is not None and low <= ratio <= high and fired == wants_parallelism
+        ok = step_time_agrees(ratio, (low, high), fired, wants_parallelism)
         rows.append(
             Row(f"GPU step / wall step ({mode})",
                 f"ratio in [{low}, {high}]; parallelism finding {'fires' if wants_parallelism else 'silent'}",
@@ -604,6 +638,12 @@ def check_gpu_step_time() -> list[Row]:
                 f"{'fired' if fired else 'silent'}", "pass" if ok else "fail")
         )  # fmt: skip
     return rows
+
+
+def step_time_agrees(ratio: float | None, band: tuple[float, float], fired: bool, wants_parallelism: bool) -> bool:
+    """The GPU's step over the wall's in the job's band (a GPU-bound job ~1, a launch-bound one far under), and
+    the parallelism finding there exactly where the job was made to trip it."""
+    return ratio is not None and band[0] <= ratio <= band[1] and fired == wants_parallelism
 
 
 def check_rules() -> list[Row]:
@@ -630,11 +670,18 @@ def check_rules() -> list[Row]:
     report = recorded_job("slow_loader", steps=100)
     util = [g["util_mean_pct"] for g in report["gpus"].get("gpus", []) if g["ranks"]]
     slow = causes(report)
-    ok = "data_loading" in slow and bool(util) and util[0] is not None and util[0] < 50
+    ok = loader_row_agrees(slow, util)
     measured = f"{', '.join(sorted(slow)) or 'none'}; GPU util mean {util}"
     rows.append(Row("slow loader → data_loading, GPU idle", "data_loading warning; the rank's GPU under 50% busy",
                     measured, "pass" if ok else "fail"))  # fmt: skip
     return rows
+
+
+def loader_row_agrees(found: set[str], util_mean_pct: Sequence[float | None]) -> bool:
+    """A slow loader reads data_loading, and the rank's GPU (the only one with a rank) idles most of the time."""
+    return (
+        "data_loading" in found and len(util_mean_pct) == 1 and util_mean_pct[0] is not None and util_mean_pct[0] < 50
+    )
 
 
 def one_context_on(
@@ -687,7 +734,7 @@ def check_ddp_timings() -> list[Row]:
             windows.append(message)
         elif isinstance(message, Event) and message.kind == "not_measured" and message.message.startswith("ddp_"):
             reasons.append(message.message)
-    zero = [w for w in windows if not (w.forward_s and w.backward_s and w.comm_s)]
+    zero = [w for w in windows if not ddp_window_measured(w.forward_s, w.backward_s, w.comm_s)]
     last = windows[-1] if windows else None
     example = (
         "none"
@@ -695,10 +742,25 @@ def check_ddp_timings() -> list[Row]:
         else f"forward {(last.forward_s or 0) * 1e3:.2f}, backward {(last.backward_s or 0) * 1e3:.2f}, "
         f"comm {(last.comm_s or 0) * 1e3:.2f} ms"
     )
-    ok = len(windows) >= 2 and not zero and not reasons
+    ok = ddp_timings_agree(len(windows), len(zero), reasons)
     return [Row("DDP timings on NCCL are measured", "≥ 2 windows with DDP figures, forward/backward/comm > 0 in each; "
                 "no not_measured reason", f"{len(windows)} windows, {len(zero)} with a zero; last: {example}; "
                 f"reasons: {'; '.join(reasons) or 'none'}", "pass" if ok else "fail")]  # fmt: skip
+
+
+def ddp_window_measured(forward_s: float | None, backward_s: float | None, comm_s: float | None) -> bool:
+    """DDP's own timers measured this window: forward, backward and the exchange each more than 0."""
+    return bool(forward_s and backward_s and comm_s)
+
+
+def ddp_timings_agree(windows: int, zero: int, reasons: Sequence[str]) -> bool:
+    """At least two windows with DDP's figures, none with a zero, and no reason given for one not measured."""
+    return windows >= 2 and zero == 0 and not reasons
+
+
+def overhead_agrees(on_rates: Sequence[float], off_rates: Sequence[float]) -> bool:
+    """gputop on keeps at least 97% of the steps/s with it off, median against median."""
+    return bool(on_rates and off_rates) and statistics.median(on_rates) >= 0.97 * statistics.median(off_rates)
 
 
 def check_overhead(rounds: int = 3) -> list[Row]:
@@ -719,10 +781,10 @@ def check_overhead(rounds: int = 3) -> list[Row]:
     rows = []
     base = statistics.median(rates["off"])
     for name in list(modes)[1:]:
-        ratio = statistics.median(rates[name]) / base
+        ratio, result = statistics.median(rates[name]) / base, overhead_agrees(rates[name], rates["off"])
         rows.append(Row(f"overhead: {name}", "≥ 0.97 × steps/s with gputop off (median of rounds)",
                         f"{ratio:.3f} × ({statistics.median(rates[name]):.1f} vs {base:.1f} steps/s, "
-                        f"{rounds} rounds)", "pass" if ratio >= 0.97 else "fail"))  # fmt: skip
+                        f"{rounds} rounds)", "pass" if result else "fail"))  # fmt: skip
     from gputop.collect.gpu.sampler import GpuSampler
 
     sampler = GpuSampler()
@@ -774,9 +836,7 @@ def check_fsdp2() -> list[Row]:
     from gputop.protocol import Event
 
     reasons = [e.value.message for e in read(path) if isinstance(e.value, Event) and e.value.kind == "not_measured"]
-    counted = loss is not None and loss["calls_per_step"] >= 1 and loss["bytes_per_step"] > 0
-    timed = loss is not None and bool(loss["in_flight_ms"]) and loss["exposed_ms"] is not None
-    phases = rank["phases_from"] == "cuda events" and bool(rank["forward_ms"]) and bool(rank["backward_ms"])
+    phases = cuda_phases_read(rank)
     return [
         Row("FSDP2 on NCCL: contexts", f"the rank's process on GPU {gpu.index} only", on, result),
         Row("FSDP2 on NCCL: steps and phases", "200 steps; forward/backward from CUDA events (phases_from)",
@@ -784,8 +844,21 @@ def check_fsdp2() -> list[Row]:
             f"{rank['phases_from']}", "pass" if rank["steps"] == 200 and phases else "fail"),
         Row("a collective on CUDA tensors (the loss all-reduced)", "counted with its bytes; in flight and exposed "
             "timed by events", f"{loss}; reasons: {'; '.join(reasons) or 'none'}",
-            "pass" if counted and timed else "fail"),
+            "pass" if collective_timed(loss) else "fail"),
     ]  # fmt: skip
+
+
+def cuda_phases_read(rank: dict[str, Any]) -> bool:
+    """A rank's report has its forward and backward, each more than 0, from CUDA events."""
+    return rank["phases_from"] == "cuda events" and bool(rank["forward_ms"]) and bool(rank["backward_ms"])
+
+
+def collective_timed(row: dict[str, Any] | None) -> bool:
+    """A report's collective row: counted (calls and bytes a step) and timed by events (in flight, exposed)."""
+    if row is None:
+        return False
+    counted = row["calls_per_step"] >= 1 and row["bytes_per_step"] > 0
+    return counted and bool(row["in_flight_ms"]) and row["exposed_ms"] is not None
 
 
 def recorded_windows(path: Path) -> tuple[list[Any], list[str]]:

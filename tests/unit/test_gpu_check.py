@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import pytest
 
 from tests.support.gpu_check import ROOT, SCRIPT, gpu_check
+
+MIB = 2**20
 
 
 def test_make_gpu_check_runs_the_script() -> None:
@@ -130,3 +133,79 @@ def test_the_in_flight_row_fails_on_a_synchronize_added_or_nccls_durations_refus
     assert not gpu_check.in_flight_agrees(0.31, 0.30, syncs=0, refused=True)
     assert not gpu_check.in_flight_agrees(None, 0.30, syncs=0, refused=False)
     assert not gpu_check.in_flight_agrees(0.0, 0.0, syncs=0, refused=False)
+
+
+# Each row of the GPU check fails on the defect it exists to catch: a planted one each, against its predicate.
+
+
+def test_the_nvml_rows_fail_on_a_reading_off_by_more_than_its_tolerance_in_most_pairs() -> None:
+    reading = "GPU-1, 0, 90, 1000, 300.0, 60\n"
+    (smi,) = gpu_check.parse_smi_csv(reading)
+    gputop = types.SimpleNamespace(mem_used_bytes=smi.mem_used_bytes, util_pct=88.0, power_w=305.0, temp_c=61.0)
+    off = types.SimpleNamespace(mem_used_bytes=smi.mem_used_bytes + 200 * MIB, util_pct=40.0, power_w=200.0,
+                                temp_c=70.0)  # fmt: skip
+    for name, _, agrees, _ in gpu_check.NVML_TOLERANCES:
+        assert agrees(gputop, smi), name
+        assert not agrees(off, smi), name  # memory in the wrong unit, utilization of another GPU, ...
+    assert gpu_check.mostly_agree(8, 10) and not gpu_check.mostly_agree(7, 10)
+    assert not gpu_check.mostly_agree(0, 0)  # no GPU in common: nothing agreed
+
+
+def test_the_nvml_process_and_link_rows_fail_on_a_missing_process_or_an_unexplained_na() -> None:
+    assert gpu_check.process_agrees([300 * MIB], [310 * MIB])
+    assert not gpu_check.process_agrees([], [310 * MIB])  # the versioned call listed nothing
+    assert not gpu_check.process_agrees([300 * MIB, 300 * MIB], [310 * MIB])  # listed on two GPUs
+    assert not gpu_check.process_agrees([None], [310 * MIB])
+    assert gpu_check.pcie_plausible(12e9)
+    assert not gpu_check.pcie_plausible(12e6)  # KB/s read as B/s: a unit slip
+    assert not gpu_check.pcie_plausible(None)
+    assert gpu_check.nvlink_plausible(None, None, "no NVLink on this GPU")
+    assert not gpu_check.nvlink_plausible(None, None, None)  # N/A without its reason
+    assert not gpu_check.nvlink_plausible(5e12, 1e9, None)  # a counter not differenced
+    assert gpu_check.sample_fast(0.004) and not gpu_check.sample_fast(0.2)  # a blocking bus call
+
+
+def test_the_join_row_fails_on_the_rank_put_on_another_gpu_or_on_two() -> None:
+    assert gpu_check.join_agrees(["GPU-aa"], "GPU-aa", "GPU-aa")
+    assert not gpu_check.join_agrees(["GPU-bb"], "GPU-bb", "GPU-aa")  # CUDA_VISIBLE_DEVICES' index taken as NVML's
+    assert not gpu_check.join_agrees(["GPU-aa", "GPU-bb"], "GPU-aa", "GPU-aa")  # joined to two
+    assert not gpu_check.join_agrees(["GPU-aa"], None, "GPU-aa")  # the rank never said
+
+
+def test_the_step_time_and_rules_rows_fail_on_a_ratio_out_of_band_or_a_finding_on_the_wrong_job() -> None:
+    assert gpu_check.step_time_agrees(0.97, (0.8, 1.2), fired=False, wants_parallelism=False)
+    assert not gpu_check.step_time_agrees(0.4, (0.8, 1.2), fired=False, wants_parallelism=False)  # host time read
+    assert not gpu_check.step_time_agrees(0.97, (0.8, 1.2), fired=True, wants_parallelism=False)
+    assert not gpu_check.step_time_agrees(None, (0.0, 0.5), fired=True, wants_parallelism=True)
+    report = {"findings": [{"cause": "memory", "severity": "info"}, {"cause": "data_loading", "severity": "warn"}]}
+    assert gpu_check.causes(report) == {"data_loading"}  # "the batch could grow" (info) is no memory finding
+    assert gpu_check.loader_row_agrees({"data_loading"}, [22.0])
+    assert not gpu_check.loader_row_agrees({"data_loading"}, [93.0])  # the GPU was busy after all
+    assert not gpu_check.loader_row_agrees({"data_loading"}, [])  # no GPU joined to the rank
+    assert not gpu_check.loader_row_agrees(set(), [22.0])
+
+
+def test_the_context_row_fails_on_a_second_context_or_one_on_another_gpu() -> None:
+    smi = gpu_check.parse_smi_csv("GPU-aa, 0, 0, 0, 0, 30\nGPU-bb, 1, 0, 0, 0, 30\n")
+    assert gpu_check.one_context_on({7: {"GPU-aa": 500 * MIB}}, smi[0], smi)[0] == "pass"
+    assert gpu_check.one_context_on({7: {"GPU-aa": 500 * MIB, "GPU-bb": 300 * MIB}}, smi[0], smi)[0] == "fail"
+    assert gpu_check.one_context_on({7: {"GPU-bb": 500 * MIB}}, smi[0], smi)[0] == "fail"
+    assert gpu_check.one_context_on({}, smi[0], smi)[0].startswith("error")
+
+
+def test_the_ddp_overhead_and_fsdp2_rows_fail_on_a_zero_a_slowdown_or_an_untimed_collective() -> None:
+    assert gpu_check.ddp_window_measured(0.01, 0.02, 0.005)
+    assert not gpu_check.ddp_window_measured(0.01, 0.0, 0.005)  # a timer never read
+    assert gpu_check.ddp_timings_agree(12, 0, [])
+    assert not gpu_check.ddp_timings_agree(12, 1, [])
+    assert not gpu_check.ddp_timings_agree(12, 0, ["ddp_stats: no timings"])
+    assert not gpu_check.ddp_timings_agree(1, 0, [])
+    assert gpu_check.overhead_agrees([98.0, 99.0, 97.5], [100.0, 99.0, 100.5])
+    assert not gpu_check.overhead_agrees([90.0, 91.0, 92.0], [100.0, 99.0, 100.5])  # a sync every tenth forward
+    assert gpu_check.cuda_phases_read({"phases_from": "cuda events", "forward_ms": 3.1, "backward_ms": 6.0})
+    assert not gpu_check.cuda_phases_read({"phases_from": "host clock", "forward_ms": 3.1, "backward_ms": 6.0})
+    timed = {"calls_per_step": 1, "bytes_per_step": 4, "in_flight_ms": 0.2, "exposed_ms": 0.1}
+    assert gpu_check.collective_timed(timed)
+    assert not gpu_check.collective_timed({**timed, "in_flight_ms": None})  # counted, never timed
+    assert not gpu_check.collective_timed({**timed, "bytes_per_step": 0})
+    assert not gpu_check.collective_timed(None)
