@@ -127,11 +127,12 @@ class CollectiveTap:
                 if getattr(owner, name, None) is original:
                     self.replace(owner, name, wrapper, remaps)
             wrapped.append(name)
-        batch = getattr(c10d, "batch_isend_irecv", None)
-        if timed and callable(batch) and not hasattr(batch, "__gputop_original__"):
+        batch_p2p = getattr(c10d, "batch_isend_irecv", None)
+        if timed and callable(batch_p2p) and not hasattr(batch_p2p, "__gputop_original__"):
+            batched = collective_cuda.wrap_batch_p2p(self, batch_p2p)
             for owner in (c10d, dist):
-                if getattr(owner, "batch_isend_irecv", None) is batch:
-                    self.replace(owner, "batch_isend_irecv", collective_cuda.wrap_batch_p2p(self, batch), None)
+                if getattr(owner, "batch_isend_irecv", None) is batch_p2p:
+                    self.replace(owner, "batch_isend_irecv", batched, None)
             wrapped.append("batch_isend_irecv")
         for module_name, name in IMPORTED_AT:
             module, wrapped_there = sys.modules.get(module_name), getattr(c10d, name, None)
