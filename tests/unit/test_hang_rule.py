@@ -9,7 +9,7 @@ from gputop.diagnose import diagnose
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.snapshot import SPAN_COPY_WINDOWS
-from gputop.protocol import Hello, Window
+from gputop.protocol import Bye, Hello, Window
 
 T0 = 1_000_000.0
 
@@ -85,6 +85,39 @@ def test_ranks_busy_on_the_cpu_meanwhile_are_a_warning_not_hung() -> None:
 
 def test_stepping_again_clears_it() -> None:
     assert hangs(20.0, 0.5) == []
+
+
+def ended_hung(byes: dict[int, Bye], now_s: float = 60) -> list[Finding]:
+    """20 s of steps, 8 s of empty windows (hung), then each rank's bye; the hang findings ``now_s`` after T0."""
+    store = Store()
+    for rank in (0, 1):
+        store.ingest(Hello(run_id="job", rank=rank, world_size=2, pid=100 + rank), T0)
+    for seq in range(1, 57):
+        t = T0 + (seq - 1) * 0.5
+        steps = 10 if t < T0 + 20 else 0
+        for rank in (0, 1):
+            store.ingest(Window(run_id="job", rank=rank, seq=seq, t0=t, t1=t + 0.5, steps=steps,
+                                step_total=10 * min(seq, 40), step_time_sum_s=steps * 0.05,
+                                step_time_p50_s=0.05 if steps else None, step_time_max_s=0.05 if steps else None,
+                                cpu_pct=1.0), t + 0.5)  # fmt: skip
+    for bye in byes.values():
+        store.ingest(bye, T0 + 28.1)
+    return [f for f in diagnose(summarize(store.snapshot(T0 + now_s), span_s=None)) if f.cause == "hang"]
+
+
+def test_a_hung_job_ended_by_sigterm_is_reported_hung_and_how_it_ended() -> None:
+    """The scheduler's SIGTERM to a hung job: each rank's bye says so, and the report still names the hang."""
+    byes = {r: Bye(run_id="job", rank=r, t=T0 + 28.1, step_total=400, how="signal", detail="SIGTERM") for r in (0, 1)}
+    for now_s in (28.5, 60.0, 3600.0):  # at once, and the next morning
+        (hang,) = ended_hung(byes, now_s)
+        assert hang.severity == "critical" and hang.ranks == (0, 1), hang.title
+        assert "not finished a step for 8 s" in hang.title and "then ended by SIGTERM" in hang.title, hang.title
+
+
+def test_a_job_that_stopped_stepping_and_then_exited_by_itself_is_not_called_hung() -> None:
+    """A long final save or evaluation after the last step, then a clean exit: the job finished, no hang."""
+    byes = {r: Bye(run_id="job", rank=r, t=T0 + 28.1, step_total=400, how="exit") for r in (0, 1)}
+    assert ended_hung(byes) == []
 
 
 def test_a_job_killed_while_hung_is_reported_hung() -> None:

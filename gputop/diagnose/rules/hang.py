@@ -30,7 +30,7 @@ from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, H
 from gputop.diagnose.wording import PLACES_NAMED, ranks_short, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
-from gputop.model.snapshot import LIVE, LOST
+from gputop.model.snapshot import DONE, LIVE, LOST
 from gputop.protocol import Collective
 
 # How far back from a rank's last step its usual and its longest step are read: long
@@ -48,9 +48,9 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
     """
     live = [r for r in run.ranks if r.status == LIVE and r.snapshot.windows]
     # With no rank reporting any more (a hung job killed, a recording's end), judge each by the time it
-    # went silent: a job that was hung when it was stopped is reported hung.
+    # went silent: a job that was hung when it was stopped is reported hung, after the run as during it.
     ended = not live
-    judged = live or [r for r in run.ranks if r.status == LOST and r.snapshot.windows]
+    judged = live or [r for r in run.ranks if r.snapshot.windows and stopped_from_outside(r)]
     stops = stopped_ranks(judged, now_t, ended)  # measure
     if stops is None or not stops.stuck:
         return []
@@ -85,6 +85,26 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             ),
         )
     ]
+
+
+def stopped_from_outside(rank: RankFigures) -> bool:
+    """Whether a rank that no longer reports was ended, not finished: lost (no bye: killed, or its connection cut),
+    or its bye names a signal or an exception.  A hung job always ends so (the scheduler's SIGTERM, a person's
+    Ctrl-C, the NCCL watchdog's abort, a timeout); a rank that exits by itself after a long last stop (a final
+    save) finished."""
+    return rank.status == LOST or (rank.status == DONE and rank.snapshot.ended_how in ("signal", "exception"))
+
+
+def ending_text(ranks: Sequence[RankFigures]) -> str:
+    """ "then ended by SIGTERM", "then rank 0 ended by SIGTERM, rank 1 failed: …, rank 2 stopped reporting": how
+    the stuck ranks ended, from their byes; "" where none said bye (the title says they stopped reporting)."""
+    reasons = {r.rank: r.snapshot.status_reason if r.status == DONE else "" for r in ranks}
+    if not any(reasons.values()):
+        return ""
+    if len(set(reasons.values())) == 1:
+        return f"then {next(iter(reasons.values()))}"
+    said = [f"rank {rank} {reason or 'stopped reporting'}" for rank, reason in sorted(reasons.items())]
+    return "then " + ", ".join(said[:PLACES_NAMED]) + (", …" if len(said) > PLACES_NAMED else "")
 
 
 @dataclass(frozen=True)
@@ -175,7 +195,8 @@ def hang_title(
     where = f"after step {since[0]}" if len(since) == 1 else f"after steps {since[0]}-{since[-1]}"
     verb = "had" if ended else "has" if len(ranks) == 1 else "have"
     title = f"{ranks_text(ranks)} {verb} not finished a step for {stops.idle_s:.0f} s ({where})"
-    if ended:
+    ending = ending_text(stuck) if ended else ""
+    if ended and not ending:
         title += " when they stopped reporting" if len(ranks) > 1 else " when it stopped reporting"
     if busy and len(busy) == len(ranks):
         title += ", busy on the CPU: a long evaluation or save, or a loop that never reaches the step"
@@ -191,7 +212,7 @@ def hang_title(
         title += "; " + flight_recorder_text(entered)
     if lost:
         title += f"; {ranks_text(lost)} stopped reporting (dead, or blocked holding the GIL)"
-    return title
+    return title + (f"; {ending}" if ending else "")
 
 
 HANG_SUGGESTION = (
