@@ -198,6 +198,18 @@ def _pend(
     pending[key] = issued
 
 
+def install_batch_p2p(tap: CollectiveTap, c10d: Any, dist: Any) -> list[str]:
+    """Time ``batch_isend_irecv``'s coalesced work (``wrap_batch_p2p``) where torch.distributed has it."""
+    original = getattr(c10d, "batch_isend_irecv", None)
+    if not callable(original) or hasattr(original, "__gputop_original__"):
+        return []
+    batched = wrap_batch_p2p(tap, original)
+    for owner in (c10d, dist):
+        if getattr(owner, "batch_isend_irecv", None) is original:
+            tap.replace(owner, "batch_isend_irecv", batched, None)
+    return ["batch_isend_irecv"]
+
+
 def wrap_batch_p2p(tap: CollectiveTap, original: Callable[..., Any]) -> Callable[..., Any]:
     """``batch_isend_irecv`` on CUDA tensors: NCCL coalesces the batch into one work (each ``isend`` and ``irecv``
     inside hands back a throwaway, its event given back, though its bytes are counted), in flight from the

@@ -127,13 +127,6 @@ class CollectiveTap:
                 if getattr(owner, name, None) is original:
                     self.replace(owner, name, wrapper, remaps)
             wrapped.append(name)
-        batch_p2p = getattr(c10d, "batch_isend_irecv", None)
-        if timed and callable(batch_p2p) and not hasattr(batch_p2p, "__gputop_original__"):
-            batched = collective_cuda.wrap_batch_p2p(self, batch_p2p)
-            for owner in (c10d, dist):
-                if getattr(owner, "batch_isend_irecv", None) is batch_p2p:
-                    self.replace(owner, "batch_isend_irecv", batched, None)
-            wrapped.append("batch_isend_irecv")
         for module_name, name in IMPORTED_AT:
             module, wrapped_there = sys.modules.get(module_name), getattr(c10d, name, None)
             bound = getattr(wrapped_there, "__gputop_original__", None)
@@ -163,6 +156,7 @@ class CollectiveTap:
                 self.replace(funcol, "wait_tensor", waiter, None)
                 wrapped.append("funcol.wait_tensor")
         if timed:
+            wrapped += collective_cuda.install_batch_p2p(self, c10d, dist)
             wrapped += collective_cuda.install_fsdp_waits(self)
         return wrapped
 
