@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 
 import pytest
@@ -23,6 +24,7 @@ from gputop.diagnose import diagnose
 from gputop.diagnose.details import DesyncDetails, HangDetails
 from gputop.diagnose.findings import Finding
 from gputop.model.figures import SPAN_S, summarize
+from gputop.model.snapshot import DONE
 from tests.support.collectors import snapshot_of, wait_for
 from tests.support.processes import JOBS, finish, launch, needs_torch
 
@@ -87,6 +89,61 @@ def test_a_rank_blocked_before_the_metrics_all_reduce_never_issued_the_one_rank_
         assert hang.details.collective.reading == "never_issued"
     finally:
         end_hung(job, collector)  # read, it need not sit out rank 1's 40 s (the stopped-peer test sees a job through)
+
+
+def test_a_hung_job_ended_by_sigterm_is_reported_after_the_run_with_the_collective_and_how_it_ended(
+    collector: Collector,
+) -> None:
+    """What a scheduler does to a hung job: SIGTERM once it has been stuck a while (here well past the 5-s line).
+    The byes make every rank done; the run's story is still the hang: the all-reduce rank 0 waits in, the rank that
+    never issued it, and the SIGTERM, read from the snapshot after every rank has ended."""
+    job = launch("ddp_job.py", "--steps", "80", "--delay-ms", "50", "--metric-all-reduce", "--hang-at", "50",
+                 "--hang-s", "600", port=collector.address.port)  # fmt: skip
+    try:
+        live = wait_for_finding(collector, "hang", lambda f: "never issued" in f.title, timeout_s=40)
+        print(f"live: {live.title}")
+        time.sleep(3.0)  # hung a while longer, as it would be when the scheduler gives up on it
+        job.send_signal(signal.SIGTERM)  # the launcher passes it to both ranks
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.communicate(timeout=30)
+        ended = wait_for(lambda: {v.status for v in snapshot_of(collector).all_ranks()} == {DONE}, timeout_s=15)
+        reasons = {v.rank: v.status_reason for v in snapshot_of(collector).all_ranks()}
+        assert ended and set(reasons.values()) == {"ended by SIGTERM"}, reasons
+        hangs = [f for f in findings(collector) if f.cause == "hang"]
+        assert hangs, f"after the byes: {said(collector)}"
+        (hang,) = hangs
+        print(f"after the run: {hang.title}")
+        assert hang.severity == "critical" and hang.ranks == (1,), hang
+        assert re.search(rf"rank 0 waits in all_reduce #\d+ on world \(from {METRIC_SITE}\), which rank 1 never "
+                         rf"issued", hang.title), hang.title  # fmt: skip
+        assert hang.title.endswith("; then ended by SIGTERM"), hang.title
+    finally:
+        end_hung(job, collector)
+
+
+def test_a_rank_waiting_in_ddps_own_all_reduce_keeps_reporting(collector: Collector) -> None:
+    """Rank 1 blocks on a lock after step 50; rank 0 waits in DDP's gradient all-reduce, whose reducer lock DDP's
+    logger takes.  Its reporter thread read that logger and went silent there; it goes on sending windows and
+    stack samples, and the hang names rank 1, with rank 0 waiting for it."""
+    job = launch("ddp_job.py", "--steps", "80", "--delay-ms", "50", "--hang-at", "50", "--hang-s", "40",
+                 port=collector.address.port)  # fmt: skip
+    try:
+        hang = wait_for_finding(collector, "hang", lambda f: 1 in f.ranks, timeout_s=40)
+        print(f"hang: {hang.title}")
+
+        def rank_0() -> tuple[float, int, str]:
+            view = next(v for v in snapshot_of(collector).all_ranks() if v.rank == 0)
+            return (view.windows[-1].t1 if view.windows else 0.0), len(view.stacks), view.status
+
+        before = rank_0()
+        time.sleep(4.0)  # four windows and samples of a reporter that speaks
+        after = rank_0()
+        assert after[2] == "live" and after[0] >= before[0] + 2.0 and after[1] > before[1], (before, after)
+        assert hang.ranks == (1,) and hang.waiting_ranks == (0,), hang.title
+        assert re.search(r"rank 0 waits in DDP's gradient all_reduce #(\d+) on world .*, which rank 1 never issued",
+                         hang.title), hang.title  # fmt: skip
+    finally:
+        end_hung(job, collector)
 
 
 def test_a_metric_all_reduced_on_rank_0_only_meets_rank_1s_barrier_a_desync(collector: Collector) -> None:

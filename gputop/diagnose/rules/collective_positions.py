@@ -14,6 +14,7 @@ from typing import Literal
 
 from gputop.model.figures import RankFigures
 from gputop.model.frames import Frame, RankFrames
+from gputop.model.snapshot import DONE, LOST
 
 # The collective DDP's reducer issues from C++ in the backward pass: the tap never sees it, its group's count does.
 DDP_ALL_REDUCE = "DDP's gradient all_reduce"
@@ -153,3 +154,11 @@ def behind_on_counts(found: dict[int, Position], all_ranks: Iterable[int]) -> Ha
                 blocked_in=False,
             )
     return None
+
+
+def stopped_from_outside(rank: RankFigures) -> bool:
+    """Whether a rank that no longer reports was ended, not finished: lost (no bye: killed, or its connection cut),
+    or its bye names a signal or an exception.  A hung job always ends so (the scheduler's SIGTERM, a person's
+    Ctrl-C, the NCCL watchdog's abort, a timeout); a rank that exits by itself after a long last stop (a final
+    save) finished."""
+    return rank.status == LOST or (rank.status == DONE and rank.snapshot.ended_how in ("signal", "exception"))

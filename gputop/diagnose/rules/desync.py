@@ -14,10 +14,16 @@ from collections import Counter
 
 from gputop.diagnose.details import DesyncDetails, DesyncSide
 from gputop.diagnose.findings import Evidence, Finding
-from gputop.diagnose.rules.collective_positions import DDP_ALL_REDUCE, InCollective, Position, positions
+from gputop.diagnose.rules.collective_positions import (
+    DDP_ALL_REDUCE,
+    InCollective,
+    Position,
+    positions,
+    stopped_from_outside,
+)
 from gputop.model.figures import RunFigures
 from gputop.model.frames import span_frames
-from gputop.model.snapshot import LIVE, LOST
+from gputop.model.snapshot import LIVE
 
 # Kinds whose size must be the same on every rank; all_to_all, gather, scatter and point-to-point may differ, and
 # a barrier has none.
@@ -31,7 +37,7 @@ def desync_findings(run: RunFigures, *, hung: bool) -> list[Finding]:
     all-reduce: in a job of long steps the numbers come every second while it steps, and a rank still computing
     its backward, its all-reduce not issued, would read as in the collective its count names.
     """
-    ranks = [r for r in run.ranks if r.status in (LIVE, LOST)]
+    ranks = [r for r in run.ranks if r.status == LIVE or stopped_from_outside(r)]  # a run ended desynced is one
     frames = {r.rank: f for r in ranks if (f := span_frames(r)) is not None}
     by_key: dict[tuple[str, int], list[Position]] = {}
     for position in positions(ranks, frames).values():  # measure

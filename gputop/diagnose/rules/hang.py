@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 from gputop.diagnose.details import HangDetails
 from gputop.diagnose.findings import Evidence, Finding, Severity
-from gputop.diagnose.rules.collective_positions import HangCollective, positions, read_positions
+from gputop.diagnose.rules.collective_positions import HangCollective, positions, read_positions, stopped_from_outside
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
 from gputop.diagnose.wording import PLACES_NAMED, ranks_short, ranks_text
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
-from gputop.model.snapshot import DONE, LIVE, LOST
+from gputop.model.snapshot import DONE, LIVE
 from gputop.protocol import Collective
 
 # How far back from a rank's last step its usual and its longest step are read: long
@@ -85,14 +85,6 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
             ),
         )
     ]
-
-
-def stopped_from_outside(rank: RankFigures) -> bool:
-    """Whether a rank that no longer reports was ended, not finished: lost (no bye: killed, or its connection cut),
-    or its bye names a signal or an exception.  A hung job always ends so (the scheduler's SIGTERM, a person's
-    Ctrl-C, the NCCL watchdog's abort, a timeout); a rank that exits by itself after a long last stop (a final
-    save) finished."""
-    return rank.status == LOST or (rank.status == DONE and rank.snapshot.ended_how in ("signal", "exception"))
 
 
 def ending_text(ranks: Sequence[RankFigures]) -> str:
