@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputop import settings
+from gputop.reporter.bounded import BoundedCall, Busy
 from gputop.reporter.clock import StepClock, StepMark
 
 # DDP times forward/backward/comm on every Nth iteration (PyTorch's default is
@@ -51,6 +52,10 @@ SETTLED_ITERATIONS = 2
 # Why the DDP figures are N/A although DDP runs, as the not_measured event says it.
 MULTI_DEVICE = "DDP does not time a module spread over several devices (it logs zeros)"
 ALL_ZERO = "DDP logged all-zero times: it had no usable timing events for its sampled iterations"
+BUSY = "DDP's logger waits for its reducer, in an exchange that has not ended (a peer that never joined?)"
+# The most the reporter thread waits for DDP's logging data (gputop/reporter/bounded.py); a read that takes
+# longer is skipped, its window without DDP's figures, and the next read waits for it to have returned.
+READ_BOUND_S = 0.2
 NO_LOGGING_DATA = "this torch's DDP has no _get_ddp_logging_data(), the private API its timings are read from"
 UNREADABLE = "DDP's _get_ddp_logging_data() is not the dict of counters this gputop reads (a private API that changed)"
 
@@ -108,6 +113,7 @@ class DdpProbe:
         # the difference between two reads is the window's own total.
         self._totals_from: tuple[int, dict[str, float]] | None = None
         self.rate_error: Exception | None = None
+        self._reads = BoundedCall("gputop-ddp-read", READ_BOUND_S)
         self.not_measured: str | None = None  # why the latest read had no figures although DDP ran
         self.settings: dict[str, Any] | None = None  # Hello facts: how DDP was built, read once it has settled
         try:
@@ -131,7 +137,11 @@ class DdpProbe:
         if logging_data is None:
             self.not_measured = NO_LOGGING_DATA
             return {}
-        data = logging_data()
+        try:  # it takes the reducer's lock, held while DDP's backward waits for its all-reduce: never wait on it
+            data = self._reads.call(logging_data)
+        except Busy:
+            self.not_measured = BUSY
+            return {}
         if not isinstance(data, dict) or not isinstance(data.get("iteration"), int):
             self.not_measured = UNREADABLE
             return {}
