@@ -35,8 +35,9 @@ def test_a_call_that_blocks_is_left_after_the_bound_and_no_second_one_piles_up_b
 
 
 def test_an_exception_in_the_call_reaches_the_caller() -> None:
+    counters: dict[str, int] = {}
     with pytest.raises(KeyError):
-        BoundedCall("test-raise", bound_s=1.0).call(lambda: {}["missing"])
+        BoundedCall("test-raise", bound_s=1.0).call(lambda: counters["missing"])
 
 
 class DdpInAnExchange:
