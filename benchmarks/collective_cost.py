@@ -8,9 +8,11 @@ One process, a one-rank gloo group.  Two measurements:
 - **a real all_reduce** of a 4-byte tensor with no tap, the tap installed but off (no collector
   listening), and on: the end-to-end view, for the record.
 
-Each figure is the median of ``--rounds`` rounds of ``--calls`` calls, the three modes interleaved.
+Each figure is the median of ``--rounds`` rounds of ``--calls`` calls, the three modes interleaved; ``--best``
+takes each mode's fastest round instead, the figure a shared machine's noise cannot inflate (to compare two
+versions of the tap: run it on each, alternately).
 
-    .venv/bin/python benchmarks/collective_cost.py [--calls 20000] [--rounds 15]
+    .venv/bin/python benchmarks/collective_cost.py [--calls 20000] [--rounds 15] [--best]
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter_ns() - start) / calls
 
 
-def wrapper_alone(calls: int, rounds: int) -> dict[str, float]:
+def wrapper_alone(calls: int, rounds: int, pick: Callable[[list[float]], float]) -> dict[str, float]:
     """The wrapper's own cost around a collective that returns at once (a blocking one: the common case)."""
     tensor = torch.ones(1)
 
@@ -53,10 +55,10 @@ def wrapper_alone(calls: int, rounds: int) -> dict[str, float]:
             tap.on = name == "on"
             times[name].append(per_call_ns(fn, calls))
             tap.records.clear()
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: pick(values) for name, values in times.items()}
 
 
-def real_all_reduce(calls: int, rounds: int) -> dict[str, float]:
+def real_all_reduce(calls: int, rounds: int, pick: Callable[[list[float]], float]) -> dict[str, float]:
     tensor = torch.ones(1)
     tap = CollectiveTap(StepClock())
     times: dict[str, list[float]] = {"no tap": [], "off": [], "on": []}
@@ -70,22 +72,24 @@ def real_all_reduce(calls: int, rounds: int) -> dict[str, float]:
             times[name].append(per_call_ns(lambda: dist.all_reduce(tensor), calls))
             tap.records.clear()
     tap.uninstall()
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: pick(values) for name, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--best", action="store_true", help="each mode's fastest round, not the median")
     args = parser.parse_args()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    alone = wrapper_alone(args.calls, args.rounds)
-    print(f"wrapper alone, ns per call (median of {args.rounds} x {args.calls}):")
+    pick, how = (min, "best") if args.best else (statistics.median, "median")
+    alone = wrapper_alone(args.calls, args.rounds, pick)
+    print(f"wrapper alone, ns per call ({how} of {args.rounds} x {args.calls}):")
     for name, ns in alone.items():
         print(f"  {name:<8} {ns:8.0f}")
     print(f"  gputop's own: off {alone['off'] - alone['direct']:.0f} ns, on {alone['on'] - alone['direct']:.0f} ns")
-    real = real_all_reduce(args.calls // 4, args.rounds)
-    print(f"dist.all_reduce of 4 bytes, one rank, gloo, ns per call (median of {args.rounds} x {args.calls // 4}):")
+    real = real_all_reduce(args.calls // 4, args.rounds, pick)
+    print(f"dist.all_reduce of 4 bytes, one rank, gloo, ns per call ({how} of {args.rounds} x {args.calls // 4}):")
     for name, ns in real.items():
         print(f"  {name:<8} {ns:8.0f}")
     dist.destroy_process_group()

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputop.protocol import COLLECTIVES_KEPT, READY_STEPS_KEPT, SLOW_STEPS_KEPT, CollectiveTimes, Window
+from gputop.protocol import COLLECTIVES_KEPT, READY_STEPS_KEPT, SLOW_STEPS_KEPT, CollectiveTimes, Window, joined_digests
 
 
 class How(enum.Enum):
@@ -116,6 +116,8 @@ OWN_RULE = frozenset(
         "work_step_numbers",
         "work_s",
         "collectives",
+        "digests",
+        "digest_sites",
         "ddp_steps",
     }
 )
@@ -387,6 +389,7 @@ def merge_windows(ws: Sequence[Window]) -> Window:
         work_s=tuple(step[1] for step in work),
         step_hist=dict(hist),
         collectives=merge_collectives(w.collectives for w in ws),
+        **joined_digests(ws),  # type: ignore[arg-type]
         ddp_steps=sum(w.ddp_steps or 1 for w in ddp) if ddp else None,
         **figures,
     )

@@ -15,8 +15,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from gputop.collect.digests import DigestBook
 from gputop.collect.run_seconds import RUN_SECOND_SETTLE_S, RunSeconds
 from gputop.collect.window_history import WindowHistory
+from gputop.model.digests import DigestMismatch
 from gputop.model.samples import GpuSample, HostSample
 from gputop.model.snapshot import (
     DONE,
@@ -93,6 +95,7 @@ class Store:
         self._history_windows = history_windows
         self._ranks: dict[tuple[str, int], _Rank] = {}
         self._run_seconds: dict[str, RunSeconds] = {}
+        self._digests: dict[str, DigestBook] = {}  # each run's collective digests, compared across its ranks
         self._gpu: deque[GpuSample] = deque(maxlen=history_samples)
         self._history_samples = history_samples
         self._node_gpu: dict[str, deque[GpuSample]] = {}  # other hosts' GPUs, by host name
@@ -151,6 +154,11 @@ class Store:
             if run is None:
                 run = self._run_seconds[message.run_id] = RunSeconds()
             run.add(message)
+            if message.digests or message.digest_sites:
+                book = self._digests.get(message.run_id)
+                if book is None:
+                    book = self._digests[message.run_id] = DigestBook()
+                book.add(message.rank, message)
         elif isinstance(message, Event):
             rank.events.append(message)
         elif isinstance(message, CaptureResult):
@@ -205,6 +213,7 @@ class Store:
             for key in [k for k in self._ranks if k[0] == run_id]:
                 del self._ranks[key]
             self._run_seconds.pop(run_id, None)
+            self._digests.pop(run_id, None)
 
     def rejected(self, reason: str) -> None:
         """Remember why a connection was closed for a bad frame (shown in the UI)."""
@@ -292,10 +301,11 @@ class Store:
             rejected = tuple(self._rejected)
             settled = now - RUN_SECOND_SETTLE_S
             histories = {run_id: seconds.chart(settled) for run_id, seconds in self._run_seconds.items()}
+            desyncs = {run_id: book.mismatches() for run_id, book in self._digests.items()}
             token_refusals = self.token_refusals
         return Snapshot(
             t=now,
-            runs=_run_snapshots(by_run, histories),
+            runs=_run_snapshots(by_run, histories, desyncs),
             gpu=gpu_history[-1] if gpu_history else None,
             host=host_history[-1] if host_history else None,
             gpu_history=gpu_history,
@@ -338,7 +348,9 @@ class Store:
 
 
 def _run_snapshots(
-    by_run: dict[str, list[tuple[float, RankSnapshot]]], histories: dict[str, RunHistory]
+    by_run: dict[str, list[tuple[float, RankSnapshot]]],
+    histories: dict[str, RunHistory],
+    desyncs: dict[str, tuple[DigestMismatch, ...]],
 ) -> tuple[RunSnapshot, ...]:
     """Each run's snapshot, its ranks by number and the runs by when each was first seen."""
     runs = []
@@ -352,6 +364,7 @@ def _run_snapshots(
                 first_seen_t=min(t for t, _ in entries),
                 ranks=ranks,
                 history=histories.get(run_id, RunHistory()),
+                desyncs=desyncs.get(run_id, ()),
             )
         )
     return tuple(sorted(runs, key=lambda r: r.first_seen_t))

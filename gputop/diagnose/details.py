@@ -84,11 +84,16 @@ class DesyncSide:
     kind: str
     bytes: int | None  # None: not measured (DDP's all-reduce), or a kind whose size may differ
     site: str  # "`main` (train.py:190)"; "" without a frame of the user's code
+    dtype: str = ""  # "float32", where the call's digest said (""; not known)
+
+    def call_text(self) -> str:
+        """ "all_reduce of 8 B int32"."""
+        size = "" if self.bytes is None else f" of {size_text(self.bytes)}"
+        return f"{self.kind}{size}" + (f" {self.dtype}" if self.dtype else "")
 
     def text(self) -> str:
-        """ "rank 1 all_reduce of 8 B from `main` (train.py:192)"."""
-        size = "" if self.bytes is None else f" of {size_text(self.bytes)}"
-        return f"{ranks_short(self.ranks, 2)} {self.kind}{size}" + (f" from {self.site}" if self.site else "")
+        """ "rank 1 all_reduce of 8 B int32 from `main` (train.py:192)"."""
+        return f"{ranks_short(self.ranks, 2)} {self.call_text()}" + (f" from {self.site}" if self.site else "")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from gputop.model.digests import DigestMismatch
 from gputop.model.samples import GpuSample, HostSample
 from gputop.protocol import CaptureResult, Event, Hello, Stacks, Window
 
@@ -99,6 +100,9 @@ class RunSnapshot:
     first_seen_t: float
     ranks: tuple[RankSnapshot, ...]
     history: RunHistory = RunHistory()
+    # Each group's first collective number at which the ranks' digests differ (a desync, even one the backend
+    # went on through), lowest number first; () while they agree or where the reporters send no digests.
+    desyncs: tuple[DigestMismatch, ...] = ()
 
     @property
     def live_ranks(self) -> int:

@@ -79,16 +79,21 @@ from gputop.protocol.node import (
     Gpus,
 )
 from gputop.protocol.run import (
+    MAX_DIGESTS_SENT,
     Bye,
     CollectiveTimes,
+    DigestSite,
     Event,
+    GroupDigests,
     Hello,
     Window,
+    joined_digests,
 )
 
 __all__ = [
     "COLLECTIVES_KEPT",
     "MAX_CAPTURE_STEPS",
+    "MAX_DIGESTS_SENT",
     "MAX_FINDINGS_NOTICED",
     "MAX_FRAME_BYTES",
     "MAX_GROUPS_SENT",
@@ -112,12 +117,14 @@ __all__ = [
     "CollectiveTimes",
     "Command",
     "Count",
+    "DigestSite",
     "Event",
     "FindingBrief",
     "FindingsNotice",
     "FrameText",
     "Gpus",
     "GroupCalls",
+    "GroupDigests",
     "Hello",
     "LegacyBucket",
     "Message",
@@ -139,5 +146,6 @@ __all__ = [
     "decode_upstream",
     "encode",
     "from_dict",
+    "joined_digests",
     "to_dict",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
 import msgspec
@@ -122,6 +123,60 @@ Collectives = Annotated[tuple[CollectiveTimes, ...], Meta(max_length=COLLECTIVES
 # gc=False: a window holds numbers, strings and flat dicts of numbers, never a cycle, so
 # the garbage collector need not walk it.  A dashboard keeps 150,000 of them, and
 # walking them stalled every thread for 0.3-0.8 s (a keypress waited that long).
+MAX_DIGESTS_SENT = 4096  # a group's collective digests in one window: a second of 4,096 collectives
+MAX_DIGEST_SITES = 64  # new (digest, call) pairs in one window: a job's calls repeat, so few are ever new
+
+
+class GroupDigests(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A process group's collectives issued through the tap since the last window, one 16-bit digest each.
+
+    On the wire an array, ``["world", 41, "AAEC..."]``: collectives #41, #42, ... on world (the tap's own count,
+    alike on every rank that issues the same calls), ``values`` two bytes each, big-endian.  A digest covers the
+    call's kind, dtype, size and call site (gputop/reporter/collective_digests.py): ranks whose digests at one
+    number differ issued different calls there, a desync, even where the backend went on through it.
+    """
+
+    group: Annotated[str, Meta(max_length=64)]
+    first: Annotated[int, Meta(ge=1)]
+    values: Annotated[bytes, Meta(max_length=2 * MAX_DIGESTS_SENT)]
+
+    def digests(self) -> list[int]:
+        """The digests, the first one collective ``first``'s (an odd trailing byte is dropped)."""
+        data = self.values
+        return [data[i] << 8 | data[i + 1] for i in range(0, len(data) - 1, 2)]
+
+
+def joined_digests(windows: Sequence[Window]) -> dict[str, tuple[GroupDigests, ...] | tuple[DigestSite, ...]]:
+    """The digests of consecutive windows as one window would carry them: each group's runs of numbers joined
+    where they meet (the newest ``MAX_DIGESTS_SENT``), the calls described, the first ``MAX_DIGEST_SITES``."""
+    runs: dict[str, list[tuple[int, bytes]]] = {}
+    for window in windows:
+        for sent in window.digests:
+            held = runs.setdefault(sent.group, [])
+            if held and held[-1][0] + len(held[-1][1]) // 2 == sent.first:
+                held[-1] = (held[-1][0], held[-1][1] + sent.values)
+            else:
+                held.append((sent.first, sent.values))
+    joined = []
+    for group, held in runs.items():
+        first, values = held[-1]  # the newest run: an older one cut off from it is left out
+        cut = max(len(values) // 2 - MAX_DIGESTS_SENT, 0)
+        joined.append(GroupDigests(group, first + cut, values[2 * cut :]))
+    sites = tuple(site for window in windows for site in window.digest_sites)[:MAX_DIGEST_SITES]
+    return {"digests": tuple(joined[:16]), "digest_sites": sites}
+
+
+class DigestSite(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What one digest stands for, sent once, the first time the rank issues that call: the call, for the
+    desync finding's words (``["all_reduce", "float32", 16, "`log_metric` (train.py:71)", 41302]``)."""
+
+    kind: Annotated[str, Meta(max_length=32)]
+    dtype: Annotated[str, Meta(max_length=32)]  # "" where the call sends no one tensor (a list, a barrier)
+    bytes: Count
+    site: Annotated[str, Meta(max_length=200)]  # "`function` (file.py:line)"
+    digest: Annotated[int, Meta(ge=0, le=0xFFFF)]
+
+
 class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     """What one rank did during one reporting window (default 1 s).
 
@@ -196,6 +251,10 @@ class Window(_Message, frozen=True, kw_only=True, tag="window", gc=False):
     # DTensor, DeepSpeed, the user's own calls): docs/communication.md.  () when none was timed.  Where DDP's
     # logger does not time the step (any other stack), forward_s … overlap_s come from the same source.
     collectives: Collectives = ()
+    # Each group's collectives issued through the tap since the last window, digested (issue #55), and what the
+    # digests seen for the first time stand for.  () from older reporters, or with no collector listening.
+    digests: Annotated[tuple[GroupDigests, ...], Meta(max_length=16)] = ()
+    digest_sites: Annotated[tuple[DigestSite, ...], Meta(max_length=MAX_DIGEST_SITES)] = ()
     # How those phase figures were measured: "ddp" (DDP's logger), "hooks" (module hooks and the timed
     # collectives, on the host's clock), "cuda events" (events at the same marks and around the collectives'
     # waits on the compute stream: the GPU's clock); None from older reporters, which only had DDP's.

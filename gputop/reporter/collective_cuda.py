@@ -36,6 +36,7 @@ from gputop.reporter.collective_calls import (
     tensor_key,
     waited_tensor,
 )
+from gputop.reporter.collective_digests import SiteDigests, record
 from gputop.reporter.collective_numbers import GroupCounts
 from gputop.reporter.cuda_timeline import CudaTimeline
 
@@ -54,6 +55,8 @@ class CollectiveTap(Protocol):
     cuda_pending: dict[int, tuple[str, Any, int]]
     cuda_functional: dict[int, tuple[str, Any, int]]
     wait_scope: WaitScope | None
+    sites: SiteDigests  # each collective's digest (collective_digests.py)
+    cuda_shapes: dict[int, tuple[Any, int]]  # the CUDA collectives' shapes seen: size -> (dtype, digest)
     numbers: dict[Any, GroupCounts]  # per process group, its collectives issued and completed (collective_numbers)
 
     def _count(self, group: Any) -> GroupCounts: ...
@@ -116,10 +119,10 @@ def wrap_collective(
 
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if compiling() or not tap.on or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
+        if compiling() or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
             return original(*args, **kwargs)
         tensor, timeline = sent(where, args, kwargs), tap.timeline
-        if timeline is None or on_cpu(tensor):
+        if not tap.on or timeline is None or on_cpu(tensor):  # the host's wrapper digests it, collector or not
             return host(*args, **kwargs)
         counts = _count_issued(tap, kind, where.group(args, kwargs), tensor)
         # An event on the current stream first: the compute stream, or the side stream it runs on.
@@ -144,11 +147,14 @@ def wrap_collective(
 
 
 def _count_issued(tap: CollectiveTap, kind: str, group: Any, tensor: Any) -> GroupCounts | None:
-    """The collective counted as issued on its group (collective_numbers.py); None where the bookkeeping failed."""
+    """The collective counted as issued on its group (collective_numbers.py), its digest at its number first
+    (collective_digests.py); None where the bookkeeping failed."""
     try:
         counts = tap.numbers.get(group) or tap._count(group)
+        nbytes = tensor_bytes(tensor)
+        record(counts, tap.sites, tap.cuda_shapes, kind, getattr(tensor, "dtype", None), nbytes, 3)
         counts.issued += 1
-        counts.kind, counts.nbytes = kind, tensor_bytes(tensor)
+        counts.kind, counts.nbytes = kind, nbytes
         return counts
     except Exception:
         tap.errors += 1

@@ -54,6 +54,7 @@ from gputop.reporter.collective_calls import (
     tensor_key,
     waited_tensor,
 )
+from gputop.reporter.collective_digests import SiteDigests, record
 from gputop.reporter.collective_numbers import GroupCounts, default_group
 from gputop.reporter.cuda_timeline import CudaTimeline
 
@@ -92,6 +93,8 @@ class CollectiveTap:
         # Per process group (as the call named it; None: the default), its collectives issued and completed through
         # the tap, and the group whose newest (a blocking call) the training thread is in now (collective_numbers.py).
         self.numbers: dict[Any, GroupCounts] = {}
+        self.sites = SiteDigests()  # each collective's digest (collective_digests.py)
+        self.cuda_shapes: dict[int, tuple[Any, int]] = {}  # the CUDA wrappers' shapes seen: size -> (dtype, digest)
         self.inside: GroupCounts | None = None
         # How the reporter thread names a group (the collectives probe's names, DeviceMesh dimensions); set by it.
         self.name_group: Callable[[Any], str] | None = None
@@ -190,18 +193,19 @@ class CollectiveTap:
     def _wrap(
         self, original: Callable[..., Any], kind: str, where: Where, *, traced: bool = True
     ) -> Callable[..., Any]:
-        # Everything the call needs is a local of this closure: each attribute or method looked up on the
-        # training thread costs ~50-200 ns here, against a budget of ~1 µs a collective.
+        # All the call needs is a local of this closure: each lookup on the training thread costs ~50-200 ns.
         tap, perf, clock, records, numbers = self, time.perf_counter, self.clock, self.records, self.numbers
         compiling = self.compiling if traced else bool  # bool() is False, and the cheapest call there is
         tensor_at, tensor_name = (where.tensor_at, where.tensor_name) if where.tensor_at >= 0 else (1 << 20, None)
         group_at = where.group_at if where.group_at >= 0 else 1 << 20
+        sites, shapes = self.sites, {}  # type: ignore[var-annotated]  # shapes: size -> (dtype, digest) seen here
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            # Off, inside another wrapped collective (object collectives call all_gather), or traced by dynamo.
-            if compiling() or not tap.on or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
+            # Inside another wrapped collective (object collectives call all_gather), or traced by dynamo.
+            if compiling() or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
                 return original(*args, **kwargs)
+            on = tap.on
             tap.depth = 1
             counts: GroupCounts | None = None
             try:
@@ -209,15 +213,19 @@ class CollectiveTap:
                     tensor: Any = args[tensor_at] if tensor_at < len(args) else kwargs.get(tensor_name or "")
                     group = args[group_at] if group_at < len(args) else kwargs.get("group")
                     try:
-                        nbytes, cpu = tensor.nbytes, tensor.is_cpu
+                        nbytes, cpu, dtype = tensor.nbytes, tensor.is_cpu, tensor.dtype
                     except AttributeError:  # a list of tensors, or none (barrier)
-                        nbytes, cpu = tensor_bytes(tensor), on_cpu(tensor)
+                        nbytes, cpu, dtype = tensor_bytes(tensor), on_cpu(tensor), None
                     counts = numbers.get(group) or tap._count(group)
-                    counts.issued += 1
-                    counts.kind, counts.nbytes = kind, nbytes
-                    tap.inside = counts
+                    record(counts, sites, shapes, kind, dtype, nbytes, 2)  # from watch() on, collector or not
+                    if on:
+                        counts.issued += 1
+                        counts.kind, counts.nbytes = kind, nbytes
+                        tap.inside = counts
                 except Exception:
                     tap.errors += 1
+                if not on:  # no collector: digested, nothing timed
+                    return original(*args, **kwargs)
                 start = perf()
                 result = original(*args, **kwargs)
                 end = perf()

@@ -105,13 +105,13 @@ def test_a_collective_goes_in_the_window_of_the_step_it_ended_not_the_one_before
     clock, probe = tap.clock, CollectiveProbe(tap)
     clock.mark_step()  # step 1 ends
     dist.all_reduce(torch.ones(4))  # at the end of step 1, as a loss logged is: in step 2's time
-    assert probe.read(clock.drain()) == {}  # the window of step 1 closes now: nothing of its own
+    assert "collectives" not in probe.read(clock.drain())  # the window of step 1 closes now: nothing of its own
     dist.all_reduce(torch.ones(4))
     clock.mark_step()  # step 2 ends
     (step_2,) = probe.read(clock.drain())["collectives"]
     assert (step_2.kind, step_2.calls) == ("all_reduce", 2)
     dist.barrier()  # a window with no step mark takes none: they belong to the step still running
-    assert probe.read(clock.drain()) == {}
+    assert "collectives" not in probe.read(clock.drain())
     clock.mark_step()
     assert [c.kind for c in probe.read(clock.drain())["collectives"]] == ["barrier"]
 
@@ -264,3 +264,25 @@ def test_collectives_are_timed_from_the_tick_the_collector_is_reached_not_a_wind
     seen = [(w.steps, [(c.kind, c.group, c.calls) for c in w.collectives]) for w in view.windows]
     said = f"{len(view.windows)} window(s) of (steps, collectives): {seen}"
     assert calls == 20, said
+
+
+def test_collectives_are_digested_from_the_taps_install_whether_a_collector_listens_or_not(
+    dist: Any, tap: CollectiveTap
+) -> None:
+    """Ranks connect to the collector at different moments; numbered from then, their digests would be compared
+    one collective apart.  From ``watch()`` on, every rank numbers alike."""
+    import torch
+
+    def all_reduce(tensor: Any) -> None:
+        dist.all_reduce(tensor)  # one call site
+
+    all_reduce(torch.ones(4))  # no collector yet: not timed, still digested
+    all_reduce(torch.ones(4, dtype=torch.int32))
+    tap.on = True
+    all_reduce(torch.ones(4))
+    read = CollectiveProbe(tap).read([])
+    ((world),) = read["digests"]
+    first, second, third = world.digests()
+    assert (world.group, world.first) == ("world", 1) and first == third != second
+    assert [c.calls for c in read["collectives"]] == [1]  # the one timed
+    assert {(c.dtype, c.digest) for c in read["digest_sites"]} == {("float32", first), ("int32", second)}

@@ -148,6 +148,29 @@ def test_a_rank_waiting_in_ddps_own_all_reduce_keeps_reporting(collector: Collec
         end_hung(job, collector)
 
 
+def test_a_metric_summed_as_float32_on_one_rank_and_int32_on_the_other_is_a_desync_the_job_went_on_through(
+    collector: Collector,
+) -> None:
+    """Rank 1 all-reduces its metric as an int32 at step 30, rank 0 as a float32: 4 bytes each, so gloo sums them
+    and the job finishes with a wrong number.  Nothing was stuck, so the numbers sent in a hang said nothing; the
+    digests each window carries name the collective and both calls, during the run and after it."""
+    job = launch("ddp_job.py", "--steps", "60", "--delay-ms", "50", "--metric-all-reduce", "--int-at", "30",
+                 port=collector.address.port)  # fmt: skip
+    out = finish(job, timeout_s=120)
+    assert job.returncode == 0, out[-2000:]
+    ended = wait_for(lambda: {v.status for v in snapshot_of(collector).all_ranks()} == {DONE}, timeout_s=15)
+    assert ended, said(collector)
+    desyncs = [f for f in findings(collector) if f.cause == "desync"]
+    assert desyncs, f"after the run: {said(collector)}"
+    (desync,) = desyncs
+    print(f"desync: {desync.title}")
+    sides = rf"rank 0 all_reduce of 4 B float32 from {METRIC_SITE}; rank 1 all_reduce of 4 B int32 from {METRIC_SITE}"
+    assert re.search(rf"collective #\d+ on world is not the same call on every rank: {sides}$", desync.title), (
+        desync.title
+    )
+    assert desync.severity == "critical" and desync.ranks == (0, 1), desync
+
+
 def test_a_metric_all_reduced_on_rank_0_only_meets_rank_1s_barrier_a_desync(collector: Collector) -> None:
     """After the last step rank 1 skips the metric's all-reduce (a branch on the rank) and goes on to the job's
     closing barrier: the two meet at one number on the default group, and gloo hangs on them.  (Skipped mid-run,

@@ -11,6 +11,7 @@ at a cost nobody pays in production; here it is read from what the reporters sen
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from gputop.diagnose.details import DesyncDetails, DesyncSide
 from gputop.diagnose.findings import Evidence, Finding
@@ -21,6 +22,8 @@ from gputop.diagnose.rules.collective_positions import (
     positions,
     stopped_from_outside,
 )
+from gputop.diagnose.wording import ranks_short
+from gputop.model.digests import DigestMismatch
 from gputop.model.figures import RunFigures
 from gputop.model.frames import span_frames
 from gputop.model.snapshot import LIVE
@@ -47,7 +50,31 @@ def desync_findings(run: RunFigures, *, hung: bool) -> list[Finding]:
         sides = desync_sides(found)  # decide
         if len(sides) > 1:
             return [desync_finding(run.run_id, group, number, sides)]
+    for mismatch in run.snapshot.desyncs:  # from the digests: also where the backend went on through it
+        return [digest_desync_finding(run.run_id, mismatch)]
     return []
+
+
+def digest_desync_finding(run_id: str, mismatch: DigestMismatch) -> Finding:
+    """The first number whose digests differ: critical where the calls differ (kind, dtype or size), warn where
+    only the call site does (the exchange agrees; the code paths do not, which the next change may break)."""
+    sides = tuple(
+        DesyncSide(side.ranks, side.call.kind, side.call.bytes, side.call.site, side.call.dtype)
+        if side.call is not None
+        else DesyncSide(side.ranks, "a collective not described yet", None, "")
+        for side in mismatch.sides
+    )
+    after = mismatch.numbers_differing - 1
+    more = f" ({after} later {'one differs' if after == 1 else 'ones differ'} too)" if after > 0 else ""
+    finding = desync_finding(run_id, mismatch.group, mismatch.number, sides)
+    if not mismatch.site_only:
+        return replace(finding, title=finding.title + more)
+    call = mismatch.sides[0].call
+    assert call is not None  # site_only: every side described
+    places = "; ".join(f"{ranks_short(side.ranks, 2)} from {side.site}" for side in sides)
+    title = (f"collective #{mismatch.number} on {mismatch.group} is the same {sides[0].call_text()} on every rank, "
+             f"issued from different places: {places}{more}")  # fmt: skip
+    return replace(finding, severity="warn", title=title, suggestion=SITE_ONLY_SUGGESTION)
 
 
 def desync_sides(found: list[Position]) -> tuple[DesyncSide, ...]:
@@ -83,6 +110,10 @@ def desync_finding(run_id: str, group: str, number: int, sides: tuple[DesyncSide
     )
 
 
+SITE_ONLY_SUGGESTION = (
+    "The ranks agree on the exchange but reach it from different lines: a branch on the rank that happens to issue "
+    "the same collective on both paths. It works until one path changes; issue the collective from one place."
+)
 DESYNC_SUGGESTION = (
     "Every rank of a process group must issue the same collectives, of the same size, in the same order. Look at "
     "both call sites: a collective inside a branch on the rank (a metric all-reduced on rank 0 only), a tensor "

@@ -14,6 +14,8 @@ from typing import Any
 
 from gputop.combine import merge_collectives
 from gputop.protocol import COLLECTIVES_KEPT, CollectiveTimes
+from gputop.protocol.run import MAX_DIGEST_SITES
+from gputop.reporter.collective_digests import take_digests
 from gputop.reporter.collectives import CollectiveTap
 
 
@@ -43,9 +45,23 @@ class CollectiveProbe:
         ]  # fmt: skip
         if self.tap.cuda_calls:
             self.not_measured = CUDA_NOT_TIMED
-        if not found:
-            return {}
-        return {"collectives": merge_collectives([found])[:COLLECTIVES_KEPT]}
+        out = self._digests()
+        if found:
+            out["collectives"] = merge_collectives([found])[:COLLECTIVES_KEPT]
+        return out
+
+    def _digests(self) -> dict[str, Any]:
+        """Each group's collective digests since the last window, and the calls first seen (collective_digests)."""
+        taken = []
+        for counts in list({id(c): c for c in list(self.tap.numbers.values())}.values())[:16]:
+            digested = counts.digested
+            digests = take_digests(counts.digests, counts.digests_sent, digested, self.group_name(counts.group))
+            counts.digests_sent = digested
+            if digests is not None:
+                taken.append(digests)
+        new = self.tap.sites.new
+        sites = [new.popleft() for _ in range(min(len(new), MAX_DIGEST_SITES))]
+        return {"digests": tuple(taken)} | ({"digest_sites": tuple(sites)} if sites else {}) if taken or sites else {}
 
     def learn_meshes(self, model: Any, *, looked_at: int = 64) -> None:
         """Name each group of the meshes the model's sharded parameters live on by its dimension (training thread).

@@ -61,13 +61,15 @@ def loss_statistics(logits: torch.Tensor, seconds: float) -> float:
     return total
 
 
-def metric_all_reduce(steps: int, skip_at: int, mismatch_at: int) -> None:
+def metric_all_reduce(steps: int, skip_at: int, mismatch_at: int, int_at: int = 0) -> None:
     """A metric averaged over the ranks for the log, every step; on rank 1 skipped (a branch on the rank that
-    skips it) or of another size (a tensor whose shape differs on one rank) after the steps asked for."""
+    skips it), of another size (a tensor whose shape differs on one rank) or an int32 of the same size (a count
+    where the others send a mean: gloo sums the bytes and goes on) after the steps asked for."""
     rank = dist.get_rank()
     if skip_at and steps == skip_at and rank == 1:
         return  # rank 1 goes on into the next step: its #N is DDP's all-reduce, rank 0's this one
-    metric = torch.full((2 if mismatch_at and steps == mismatch_at and rank == 1 else 1,), float(steps))
+    dtype = torch.int32 if int_at and steps == int_at and rank == 1 else torch.float32
+    metric = torch.full((2 if mismatch_at and steps == mismatch_at and rank == 1 else 1,), steps, dtype=dtype)
     dist.all_reduce(metric)  # the metric's all-reduce
 
 
@@ -101,6 +103,7 @@ def main() -> None:
     )
     parser.add_argument("--skip-at", type=int, default=0, help="after this step rank 1 skips the metric's all-reduce")
     parser.add_argument("--mismatch-at", type=int, default=0, help="after this step rank 1's metric has 2 elements")
+    parser.add_argument("--int-at", type=int, default=0, help="after this step rank 1's metric is an int32: same size")
     parser.add_argument("--hang-s", type=float, default=20.0, help="for this long; then the job carries on")
     parser.add_argument("--fail-at", type=int, default=0, help="rank 1 raises RuntimeError after this step")
     parser.add_argument("--hidden", type=int, default=128)
@@ -187,7 +190,7 @@ def main() -> None:
             stuck.acquire()
             stuck.acquire(timeout=args.hang_s)  # blocked, no CPU; rank 0 waits in its next all-reduce
         if args.metric_all_reduce:
-            metric_all_reduce(steps, args.skip_at, args.mismatch_at)
+            metric_all_reduce(steps, args.skip_at, args.mismatch_at, args.int_at)
         if steps == args.steps:
             break
         if args.stop_file and steps % 20 == 0:  # together: a rank that left alone would hang the other
