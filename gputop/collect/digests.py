@@ -32,8 +32,7 @@ class DigestBook:
                 calls[call.digest] = call
         for sent in window.digests:
             numbers = self._numbers.setdefault(sent.group, {})
-            for i, digest in enumerate(sent.digests()):
-                number = sent.first + i
+            for number, digest in sent.digests():
                 at = numbers.get(number)
                 if at is None:
                     numbers[number] = {rank: digest}

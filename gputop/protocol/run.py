@@ -128,42 +128,40 @@ MAX_DIGEST_SITES = 64  # new (digest, call) pairs in one window: a job's calls r
 
 
 class GroupDigests(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A process group's collectives issued through the tap since the last window, one 16-bit digest each.
+    """A process group's collectives issued through the tap since the last window: each one's number and digest.
 
-    On the wire an array, ``["world", 41, "AAEC..."]``: collectives #41, #42, ... on world (the tap's own count,
-    alike on every rank that issues the same calls), ``values`` two bytes each, big-endian.  A digest covers the
-    call's kind, dtype, size and call site (gputop/reporter/collective_digests.py): ranks whose digests at one
-    number differ issued different calls there, a desync, even where the backend went on through it.
+    On the wire an array, ``["world", [41, 42, 45], "AAEC..."]``: collectives #41, #42 and #45 on world, torch's
+    own numbers (alike on every rank; DDP's all-reduce from C++ takes the numbers between), and ``values``, two
+    bytes each, big-endian.  A digest covers the call's kind, dtype and size, and at some numbers its call site
+    (gputop/reporter/collective_digests.py): ranks whose digests at one number differ issued different calls
+    there, a desync, even where the backend went on through it.
     """
 
     group: Annotated[str, Meta(max_length=64)]
-    first: Annotated[int, Meta(ge=1)]
+    numbers: Annotated[tuple[Annotated[int, Meta(ge=1)], ...], Meta(max_length=MAX_DIGESTS_SENT)]
     values: Annotated[bytes, Meta(max_length=2 * MAX_DIGESTS_SENT)]
 
-    def digests(self) -> list[int]:
-        """The digests, the first one collective ``first``'s (an odd trailing byte is dropped)."""
+    def digests(self) -> list[tuple[int, int]]:
+        """(number, digest) pairs, oldest first."""
         data = self.values
-        return [data[i] << 8 | data[i + 1] for i in range(0, len(data) - 1, 2)]
+        return [(n, data[2 * i] << 8 | data[2 * i + 1]) for i, n in enumerate(self.numbers) if 2 * i + 1 < len(data)]
 
 
 def joined_digests(windows: Sequence[Window]) -> dict[str, tuple[GroupDigests, ...] | tuple[DigestSite, ...]]:
-    """The digests of consecutive windows as one window would carry them: each group's runs of numbers joined
-    where they meet (the newest ``MAX_DIGESTS_SENT``), the calls described, the first ``MAX_DIGEST_SITES``."""
-    runs: dict[str, list[tuple[int, bytes]]] = {}
+    """The digests of consecutive windows as one window would carry them: each group's joined (the newest
+    ``MAX_DIGESTS_SENT``), the calls described, the first ``MAX_DIGEST_SITES``."""
+    held: dict[str, tuple[list[int], bytearray]] = {}
     for window in windows:
         for sent in window.digests:
-            held = runs.setdefault(sent.group, [])
-            if held and held[-1][0] + len(held[-1][1]) // 2 == sent.first:
-                held[-1] = (held[-1][0], held[-1][1] + sent.values)
-            else:
-                held.append((sent.first, sent.values))
-    joined = []
-    for group, held in runs.items():
-        first, values = held[-1]  # the newest run: an older one cut off from it is left out
-        cut = max(len(values) // 2 - MAX_DIGESTS_SENT, 0)
-        joined.append(GroupDigests(group, first + cut, values[2 * cut :]))
+            numbers, values = held.setdefault(sent.group, ([], bytearray()))
+            numbers.extend(sent.numbers)
+            values += sent.values
+    joined = tuple(
+        GroupDigests(group, tuple(numbers[-MAX_DIGESTS_SENT:]), bytes(values[-2 * MAX_DIGESTS_SENT :]))
+        for group, (numbers, values) in held.items()
+    )
     sites = tuple(site for window in windows for site in window.digest_sites)[:MAX_DIGEST_SITES]
-    return {"digests": tuple(joined[:16]), "digest_sites": sites}
+    return {"digests": joined[:16], "digest_sites": sites}
 
 
 class DigestSite(msgspec.Struct, frozen=True, array_like=True, gc=False):

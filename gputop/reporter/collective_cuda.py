@@ -119,10 +119,10 @@ def wrap_collective(
 
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if compiling() or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
+        if compiling() or not tap.on or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
             return original(*args, **kwargs)
         tensor, timeline = sent(where, args, kwargs), tap.timeline
-        if not tap.on or timeline is None or on_cpu(tensor):  # the host's wrapper digests it, collector or not
+        if timeline is None or on_cpu(tensor):
             return host(*args, **kwargs)
         counts = _count_issued(tap, kind, where.group(args, kwargs), tensor)
         # An event on the current stream first: the compute stream, or the side stream it runs on.
@@ -152,9 +152,9 @@ def _count_issued(tap: CollectiveTap, kind: str, group: Any, tensor: Any) -> Gro
     try:
         counts = tap.numbers.get(group) or tap._count(group)
         nbytes = tensor_bytes(tensor)
-        record(counts, tap.sites, tap.cuda_shapes, kind, getattr(tensor, "dtype", None), nbytes, 3)
         counts.issued += 1
         counts.kind, counts.nbytes = kind, nbytes
+        record(counts, tap.sites, tap.cuda_shapes, kind, getattr(tensor, "dtype", None), nbytes, 3)
         return counts
     except Exception:
         tap.errors += 1

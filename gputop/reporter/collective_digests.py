@@ -1,11 +1,12 @@
 """Each collective's digest: what a desync the backend goes on through is read from (issue #55).
 
-torch numbers each group's collectives alike on every rank, and so does the tap, from ``watch()`` on: the tap's
-collective #N on a group is one exchange, which every rank must issue as the same call.  Two ranks that all-reduce
-16 bytes there, float32 on one and int32 on the other, are summed by gloo and NCCL alike: the job finishes with a
-wrong number.  So each collective issued through the tap leaves a 16-bit digest in its group's ring, at its
-number; the reporter thread sends the digests in each window (``GroupDigests``), and the collector compares them
-across ranks number by number (gputop/collect/digests.py).
+torch numbers each group's collectives alike on every rank (``_get_sequence_number_for_group``): collective #N
+on a group is one exchange, which every rank must issue as the same call.  Two ranks that all-reduce 16 bytes
+there, float32 on one and int32 on the other, are summed by gloo and NCCL alike: the job finishes with a wrong
+number.  So, while a collector listens, each collective issued through the tap leaves its number (torch's, read
+before the call: the next) and a 16-bit digest in its group's log; the reporter thread sends them in each window
+(``GroupDigests``), and the collector compares them across ranks number by number (gputop/collect/digests.py).
+The numbers are torch's, the ones a hang names, so a rank that connected later still meets the others at them.
 
 What a digest covers, and why so: every collective's digest is its call's shape, (kind, dtype, size): a dict
 lookup by size and an identity check of the dtype on the training thread.  The call site is folded in at every
@@ -29,16 +30,15 @@ from typing import Any
 
 from gputop.protocol import MAX_DIGESTS_SENT, DigestSite, GroupDigests
 
-RING = 4096  # each group's newest digests kept until the reporter thread sends them (a power of two)
-MASK = RING - 1
+LOG_KEPT = 4096  # each group's newest (number, digest) pairs kept until the reporter thread sends them
 SITED = 17  # every SITED-th collective number on a group has its call site in its digest
 SITES_KEPT = 4096  # call sites remembered; past it the table starts again (digests are worked out anew)
 SHAPES_KEPT = 1024  # a wrapper's call shapes remembered, the same way
 NEW_KEPT = 256  # new (digest, call) pairs not sent yet
 
 
-def new_ring() -> array[int]:
-    return array("H", bytes(2 * RING))
+def new_log() -> deque[tuple[int, int]]:
+    return deque(maxlen=LOG_KEPT)
 
 
 class SiteDigests:
@@ -83,20 +83,22 @@ class SiteDigests:
 
 def record(counts: Any, sites: SiteDigests, shapes: dict[int, tuple[Any, int]], kind: str, dtype: Any, nbytes: int,
            depth: int) -> None:  # fmt: skip
-    """A collective's digest in its group's ring at its number, then counted; training thread, in the tap's
-    wrapper, ``depth`` frames below the caller of the collective (whose frame is read only at a sited number or a
-    shape seen for the first time: reading it is the dearest part)."""
-    number = counts.digested + 1
+    """A collective's number and digest in its group's log; training thread, in the tap's wrapper while a collector
+    listens, ``depth`` frames below the caller of the collective (whose frame is read only at a sited number or a
+    shape seen for the first time).  The number is torch's count before the call, and one: ~0.25 µs to read."""
+    try:
+        number = counts.group._get_sequence_number_for_group() + 1
+    except Exception:  # a group torch does not number (another backend, a stand-in): no digest
+        return
     if number % SITED:
         seen = shapes.get(nbytes)
         if seen is None or seen[0] is not dtype:
             if len(shapes) >= SHAPES_KEPT:
                 shapes.clear()
             seen = shapes[nbytes] = (dtype, sites.shape(sys._getframe(depth), kind, dtype, nbytes))
-        counts.digests[number & MASK] = seen[1]
+        counts.digests.append((number, seen[1]))
     else:
-        counts.digests[number & MASK] = sites.sited(sys._getframe(depth), kind, dtype, nbytes)
-    counts.digested = number
+        counts.digests.append((number, sites.sited(sys._getframe(depth), kind, dtype, nbytes)))
 
 
 def _dtype_text(dtype: Any) -> str:
@@ -108,17 +110,18 @@ def _site(frame: FrameType) -> str:
     return f"`{code.co_name}` ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
 
 
-def take_digests(ring: array[int], sent: int, digested: int, group: str) -> GroupDigests | None:
-    """The digests of collectives ``sent + 1`` … ``digested`` still in the ring, oldest first; reporter thread.
-
-    The training thread writes a collective's digest before it counts it (``GroupCounts.digested``), so every
-    number up to ``digested`` is in place; those older than the ring's reach (more than ``RING`` since the last
-    window) are gone.
-    """
-    first = max(sent + 1, digested - RING + 2, digested - MAX_DIGESTS_SENT + 1, 1)
-    if digested < first:
+def take_digests(log: deque[tuple[int, int]], group: str) -> GroupDigests | None:
+    """The (number, digest) pairs logged since the last window, oldest first; reporter thread (the training thread
+    appends meanwhile: pairs are taken one at a time, each whole)."""
+    taken = []
+    for _ in range(min(len(log), MAX_DIGESTS_SENT)):
+        try:
+            taken.append(log.popleft())
+        except IndexError:
+            break
+    if not taken:
         return None
-    values = array("H", (ring[n & MASK] for n in range(first, digested + 1)))
+    values = array("H", (digest for _, digest in taken))
     if sys.byteorder == "little":
         values.byteswap()
-    return GroupDigests(group, first, values.tobytes())
+    return GroupDigests(group, tuple(number for number, _ in taken), values.tobytes())

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gputop.protocol import MAX_GROUPS_SENT, GroupCalls
-from gputop.reporter.collective_digests import new_ring
+from gputop.reporter.collective_digests import new_log
 
 
 class GroupCounts:
     """One process group's collectives issued through the tap and completed, and the newest one (training thread)."""
 
-    __slots__ = ("completed", "digested", "digests", "digests_sent", "group", "issued", "kind", "nbytes")
+    __slots__ = ("completed", "digests", "group", "issued", "kind", "nbytes")
 
     def __init__(self, group: Any) -> None:
         self.group = group  # the process group object (the default one for None)
@@ -31,11 +31,7 @@ class GroupCounts:
         self.completed = 0  # returned, or waited for where it returned a Work
         self.kind = ""  # the newest issued
         self.nbytes = 0
-        # Every collective issued through the tap since it was installed (at ``watch()``), a collector listening or
-        # not, so that ranks number them alike; collective #n's digest at n & MASK, written before it is counted.
-        self.digested = 0
-        self.digests = new_ring()
-        self.digests_sent = 0  # the reporter thread's: the newest number whose digest a window carried
+        self.digests = new_log()  # (torch's number, digest) of each issued, until a window takes them
 
 
 def default_group() -> Any:

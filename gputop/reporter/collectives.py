@@ -202,10 +202,9 @@ class CollectiveTap:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            # Inside another wrapped collective (object collectives call all_gather), or traced by dynamo.
-            if compiling() or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
+            # Off, inside another wrapped collective (object collectives call all_gather), or traced by dynamo.
+            if compiling() or not tap.on or tap.depth:  # compiling() first: dynamo reads nothing of gputop's
                 return original(*args, **kwargs)
-            on = tap.on
             tap.depth = 1
             counts: GroupCounts | None = None
             try:
@@ -217,15 +216,12 @@ class CollectiveTap:
                     except AttributeError:  # a list of tensors, or none (barrier)
                         nbytes, cpu, dtype = tensor_bytes(tensor), on_cpu(tensor), None
                     counts = numbers.get(group) or tap._count(group)
-                    record(counts, sites, shapes, kind, dtype, nbytes, 2)  # from watch() on, collector or not
-                    if on:
-                        counts.issued += 1
-                        counts.kind, counts.nbytes = kind, nbytes
-                        tap.inside = counts
+                    counts.issued += 1
+                    counts.kind, counts.nbytes = kind, nbytes
+                    tap.inside = counts
+                    record(counts, sites, shapes, kind, dtype, nbytes, 2)  # its number and digest
                 except Exception:
                     tap.errors += 1
-                if not on:  # no collector: digested, nothing timed
-                    return original(*args, **kwargs)
                 start = perf()
                 result = original(*args, **kwargs)
                 end = perf()

@@ -266,23 +266,24 @@ def test_collectives_are_timed_from_the_tick_the_collector_is_reached_not_a_wind
     assert calls == 20, said
 
 
-def test_collectives_are_digested_from_the_taps_install_whether_a_collector_listens_or_not(
+def test_each_collective_is_digested_at_torchs_own_number_so_ranks_that_connected_apart_meet(
     dist: Any, tap: CollectiveTap
 ) -> None:
-    """Ranks connect to the collector at different moments; numbered from then, their digests would be compared
-    one collective apart.  From ``watch()`` on, every rank numbers alike."""
+    """Ranks connect to the collector at different moments: numbered by the tap from then, their digests would be
+    compared one collective apart.  torch's number is the same on every rank for the same exchange."""
     import torch
 
     def all_reduce(tensor: Any) -> None:
         dist.all_reduce(tensor)  # one call site
 
-    all_reduce(torch.ones(4))  # no collector yet: not timed, still digested
-    all_reduce(torch.ones(4, dtype=torch.int32))
+    all_reduce(torch.ones(4))  # no collector yet: nothing read, nothing kept
+    all_reduce(torch.ones(4))
     tap.on = True
     all_reduce(torch.ones(4))
+    all_reduce(torch.ones(4, dtype=torch.int32))
     read = CollectiveProbe(tap).read([])
     ((world),) = read["digests"]
-    first, second, third = world.digests()
-    assert (world.group, world.first) == ("world", 1) and first == third != second
-    assert [c.calls for c in read["collectives"]] == [1]  # the one timed
-    assert {(c.dtype, c.digest) for c in read["digest_sites"]} == {("float32", first), ("int32", second)}
+    (third, float_digest), (fourth, int_digest) = world.digests()
+    assert (world.group, third, fourth) == ("world", 3, 4) and float_digest != int_digest
+    assert {(c.dtype, c.digest) for c in read["digest_sites"]} == {("float32", float_digest), ("int32", int_digest)}
+    assert "digests" not in CollectiveProbe(tap).read([])  # taken once

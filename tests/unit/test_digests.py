@@ -15,7 +15,7 @@ from gputop.collect.store import Store
 from gputop.diagnose import diagnose
 from gputop.model.figures import summarize
 from gputop.protocol import DigestSite, GroupDigests, Hello, Window, decode, encode
-from gputop.reporter.collective_digests import RING, SITED, SiteDigests, new_ring, record, take_digests
+from gputop.reporter.collective_digests import SITED, SiteDigests, new_log, record, take_digests
 from gputop.reporter.collective_numbers import GroupCounts
 
 T0 = 1_000_000.0
@@ -45,24 +45,36 @@ def test_a_calls_digest_follows_its_dtype_and_size_and_at_a_sited_number_its_pla
     assert log_metric(SiteDigests(), "float32", 16, sited=True) == sited
 
 
+class Group:
+    """A process group as the log reads it: torch's count of its collectives."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.count
+
+
 def test_every_sited_number_of_a_group_carries_the_call_site_on_every_rank() -> None:
-    counts, sites, shapes = GroupCounts(None), SiteDigests(), {}  # type: ignore[var-annotated]
+    group = Group()
+    counts, sites, shapes = GroupCounts(group), SiteDigests(), {}  # type: ignore[var-annotated]
     for _ in range(2 * SITED):
         record(counts, sites, shapes, "all_reduce", "float32", 16, 1)
-    ring = counts.digests
-    plain = {ring[n] for n in range(1, 2 * SITED + 1) if n % SITED}
-    assert len(plain) == 1 and ring[SITED] not in plain and ring[SITED] == ring[2 * SITED]
+        group.count += 1  # the collective ran
+    logged = dict(counts.digests)
+    assert sorted(logged) == list(range(1, 2 * SITED + 1))  # torch's numbers: the count before, and one
+    plain = {digest for number, digest in logged.items() if number % SITED}
+    assert len(plain) == 1 and logged[SITED] not in plain and logged[SITED] == logged[2 * SITED]
 
 
 def test_the_digests_taken_are_those_since_the_last_window_and_survive_the_wire() -> None:
-    ring = new_ring()
-    for n in range(1, 11):
-        ring[n % RING] = 1000 + n
-    sent = take_digests(ring, 4, 10, "world")
-    assert sent is not None and (sent.group, sent.first, sent.digests()) == ("world", 5, [1005 + i for i in range(6)])
+    log = new_log()
+    log.extend([(5, 1005), (6, 1006), (9, 1009)])  # 7 and 8: DDP's all-reduces, from C++
+    sent = take_digests(log, "world")
+    assert sent is not None and (sent.group, sent.digests()) == ("world", [(5, 1005), (6, 1006), (9, 1009)])
     window = Window(run_id="job", rank=0, seq=1, t0=T0, t1=T0 + 1, digests=(sent,))
     assert decode(encode(window)) == window
-    assert take_digests(ring, 10, 10, "world") is None
+    assert take_digests(log, "world") is None
 
 
 def two_ranks(digests: dict[int, list[int]], calls: dict[int, list[DigestSite]]) -> list:  # type: ignore[type-arg]
@@ -70,8 +82,9 @@ def two_ranks(digests: dict[int, list[int]], calls: dict[int, list[DigestSite]])
     for rank in (0, 1):
         store.ingest(Hello(run_id="job", rank=rank, world_size=2, pid=100 + rank), T0)
         values = b"".join(d.to_bytes(2, "big") for d in digests[rank])
+        numbers = tuple(range(1, len(digests[rank]) + 1))
         store.ingest(Window(run_id="job", rank=rank, seq=1, t0=T0, t1=T0 + 1, steps=10, step_total=10,
-                            digests=(GroupDigests("world", 1, values),), digest_sites=tuple(calls[rank])),
+                            digests=(GroupDigests("world", numbers, values),), digest_sites=tuple(calls[rank])),
                      T0 + 1)  # fmt: skip
     return [f for f in diagnose(summarize(store.snapshot(T0 + 1))) if f.cause == "desync"]
 
@@ -107,15 +120,15 @@ def test_a_rank_whose_windows_come_later_is_still_compared(late: int) -> None:
     assert len(two_ranks({late: [1, 2], 1 - late: [1, 1]}, {0: [FLOAT, INT], 1: [FLOAT, INT]})) == 1
 
 
-def test_windows_merged_in_a_recording_keep_their_digests_joined_where_the_numbers_meet() -> None:
+def test_windows_merged_in_a_recording_keep_their_digests() -> None:
     from gputop.combine import merge_windows
 
-    def window(seq: int, first: int, digests: list[int]) -> Window:
+    def window(seq: int, numbers: tuple[int, ...], digests: list[int]) -> Window:
         values = b"".join(d.to_bytes(2, "big") for d in digests)
         sites = (FLOAT,) if seq == 1 else ()
         return Window(run_id="job", rank=0, seq=seq, t0=T0 + seq, t1=T0 + seq + 1,
-                      digests=(GroupDigests("world", first, values),), digest_sites=sites)  # fmt: skip
+                      digests=(GroupDigests("world", numbers, values),), digest_sites=sites)  # fmt: skip
 
-    merged = merge_windows([window(1, 1, [1, 1]), window(2, 3, [2]), window(3, 4, [1, 2])])
+    merged = merge_windows([window(1, (1, 2), [1, 1]), window(2, (5,), [2]), window(3, (6, 9), [1, 2])])
     ((world),) = merged.digests
-    assert (world.first, world.digests(), merged.digest_sites) == (1, [1, 1, 2, 1, 2], (FLOAT,))
+    assert (world.digests(), merged.digest_sites) == ([(1, 1), (2, 1), (5, 2), (6, 1), (9, 2)], (FLOAT,))
