@@ -184,6 +184,32 @@ CASES: tuple[Case, ...] = (
         premise_step=10,
         ranks=(1,),
     ),
+    # Issue #55's, added before their first scores were read: a hang's run ended by SIGTERM (every rank says bye)
+    # or by gloo's timeout (rank 0 fails in the all-reduce), and a desync gloo goes on through.
+    Case(
+        "hang_rank1_lock_sigterm",
+        "hang",
+        "hang_rank1_lock, then SIGTERM to every rank",
+        unseen=True,
+        premise_step=10,
+        ranks=(1,),
+    ),
+    Case(
+        "hang_rank1_gloo_timeout",
+        "hang",
+        "rank 1 blocks at step 10; rank 0's all-reduce times out (8 s)",
+        unseen=True,
+        premise_step=10,
+        ranks=(1,),
+    ),
+    Case(
+        "desync_metric_dtype_rank1",
+        "desync",
+        "rank 1 all-reduces an int64 count where rank 0 sums a float64 loss",
+        unseen=True,
+        premise_step=10,
+        ranks=(0, 1),
+    ),
     Case(
         "straggler_metric_after_step_rank1",
         "straggler",

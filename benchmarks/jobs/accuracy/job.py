@@ -47,7 +47,10 @@ from steady_cases import (
 from unseen_cases import (
     allocation_outside_cpu_hog,
     data_loading_tokenize_in_collate,
+    desync_metric_dtype_rank1,
+    hang_rank1_gloo_timeout,
     hang_rank1_lock,
+    hang_rank1_lock_sigterm,
     healthy_mingpt_like,
     healthy_symmetric_accumulation,
     parallelism_mingpt_batch2,
@@ -98,6 +101,10 @@ CASES: dict[str, Callable[[float], None]] = {
         compile_recompiling_padded_batches,
         # Issue #35's tiny batch, added before the rule that names it was written.
         parallelism_mingpt_batch2,
+        # Issue #55's: how a hang's run ends, and a desync the backend goes on through.
+        hang_rank1_lock_sigterm,
+        hang_rank1_gloo_timeout,
+        desync_metric_dtype_rank1,
         # Issue #46's: the work each step does, scored before any rule read it.
         fsdp2_all_gathers_unhidden,
         healthy_compute_bound_mlp,

@@ -22,6 +22,7 @@ import threading
 import time
 
 import torch
+import torch.distributed as dist
 from common import Deadline, finish, start
 from steady_cases import cifar_convnet, images
 from torch import nn
@@ -395,3 +396,92 @@ def straggler_rotating_uneven_lengths(seconds: float) -> None:
         if deadline.reached(steps):
             break
     finish(rank, steps)
+
+
+# Issue #55's cases, added before their scores were read: how a hang's run ends, and a desync the backend goes
+# on through.  Their first scores are in docs/diagnosis.md.
+
+
+class _SigtermAt(_ExitAt):
+    """End this rank as a scheduler ends a hung job: SIGTERM (gputop's bye, then death by the signal)."""
+
+    def _leave(self) -> None:
+        while (left := self.at_s - time.monotonic()) > 0:
+            time.sleep(min(left, 0.5))
+        print(f"rank {os.environ.get('RANK')}: budget spent while hung, SIGTERM", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def hang_rank1_lock_sigterm(seconds: float) -> None:
+    """hang_rank1_lock, ended by SIGTERM: every rank says bye, "ended by SIGTERM", and the report must still say
+    hang, with the rank that blocked."""
+    rank = start()
+    leave = _SigtermAt(seconds)
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(images(), batch_size=32, shuffle=True)
+    steps = 0
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if steps == HANG_STEP:
+                leave.hang_begins()
+                if rank == 1:
+                    threading.Event().wait()  # a queue nobody feeds
+
+
+def desync_metric_dtype_rank1(seconds: float) -> None:
+    """A correct-looking loss average: rank 1 sums a token count (int64) where rank 0 sums a loss (float64), the
+    same 8 bytes, every step from step 10.  gloo adds the bytes and the job finishes; the log is garbage."""
+    rank = start()
+    deadline = Deadline(seconds)
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(images(), batch_size=32, shuffle=True)
+    steps = 0
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            steps += 1
+            logged = torch.tensor([loss.item()], dtype=torch.float64)
+            if rank == 1 and steps >= HANG_STEP:
+                logged = torch.tensor([y.numel()], dtype=torch.int64)  # a different thing, the same size
+            dist.all_reduce(logged)
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
+def hang_rank1_gloo_timeout(seconds: float) -> None:
+    """A process group timeout, as the docs advise: rank 1 blocks for good at step 10, rank 0's next all-reduce
+    fails after 8 s with gloo's timeout and the rank exits with it; rank 1 is ended by the launcher."""
+    import datetime
+
+    os.environ.setdefault("TORCH_GLOO_TIMEOUT", "8")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+    rank = dist.get_rank()
+    leave = _SigtermAt(seconds)
+    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(images(), batch_size=32, shuffle=True)
+    steps = 0
+    while True:
+        for x, y in gputop.track(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            steps += 1
+            if steps == HANG_STEP:
+                leave.hang_begins()
+                if rank == 1:
+                    threading.Event().wait()
