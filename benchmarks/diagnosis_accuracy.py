@@ -89,6 +89,9 @@ class Case:
     premise_step: int = 0
     # Why the case's premise needs a GPU, where it does ("" where it does not): a run on the CPU is then void.
     gpu_premise: str = ""
+    # The job is meant to end by a signal or a failure (a hung job SIGTERMed, a collective's timeout): its exit
+    # status is how it ends, not an error of the run.
+    ends_failed: bool = False
     # The ranks a right verdict names as the cause (the finding's "ranks", see named_ranks): what a user reads
     # and goes to fix.  () for a cause no one rank has (a rotating straggler);
     # None where the job does not decide which ranks (a healthy job, a neighbour the kernel places).
@@ -191,6 +194,7 @@ CASES: tuple[Case, ...] = (
         "hang",
         "hang_rank1_lock, then SIGTERM to every rank",
         unseen=True,
+        ends_failed=True,
         premise_step=10,
         ranks=(1,),
     ),
@@ -199,6 +203,7 @@ CASES: tuple[Case, ...] = (
         "hang",
         "rank 1 blocks at step 10; rank 0's all-reduce times out (8 s)",
         unseen=True,
+        ends_failed=True,
         premise_step=10,
         ranks=(1,),
     ),
@@ -478,7 +483,7 @@ def run_job(case: Case, seconds: float, work: Path, run: int, condition: str = "
         source.stop()
         recorder.close()
     wall_s = time.monotonic() - started
-    if code != 0:
+    if code != 0 and not (case.ends_failed and code is not None):
         tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-3:])
         why = "timed out" if code is None else f"exit {code}"
         return RunResult(case.name, case.expected, run, "error", "", (), (), wall_s, error=f"{why}: {tail}",
