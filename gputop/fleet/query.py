@@ -69,7 +69,8 @@ class FleetRun:
     run: str
     ranks: int = 0  # ranks its exporters export (reporting, finished or lost) in the last scrape
     lost: int = 0  # of those, ranks their exporter lost (silent, or gone without a bye: gputop_rank_up 0)
-    finished: int = 0  # ranks that said bye on a normal exit or a signal (SIGTERM: cancelled; gputop_rank_ended)
+    finished: int = 0  # ranks that said bye on a normal exit (gputop_rank_ended)
+    stopped: int = 0  # ranks ended by a signal (SIGTERM: a cancellation, or a hung job killed): never "finished"
     failed: int = 0  # ranks that said bye on an exception
     step_s: float | None = None  # the run's median step
     steps_per_s: float | None = None
@@ -83,7 +84,7 @@ class FleetRun:
 
     def ended_text(self) -> str:
         """Its ranks that are no longer live, as a count each: "2 finished, 1 failed, 1 lost"; "" when none."""
-        counts = (("finished", self.finished), ("failed", self.failed), ("lost", self.lost))
+        counts = (("finished", self.finished), ("stopped", self.stopped), ("failed", self.failed), ("lost", self.lost))
         return ", ".join(f"{n} {word}" for word, n in counts if n)
 
     def last_in(self, rank: str, hostname: str) -> CollectiveWait | None:
@@ -137,7 +138,7 @@ def read_fleet(prometheus: Prometheus, run: str | None = None) -> list[FleetRun]
     only = f"{{{matcher}}}" if run else ""
     # A run is known by its median step or, when none of its ranks stepped in the exporters' span (a hang),
     # by its ranks that report: the run that most needs a look must not drop out of the view.
-    # And a run whose ranks all ended (finished, failed or lost) by the ranks its exporters still export.
+    # And a run whose ranks all ended (finished, stopped, failed or lost) by the ranks its exporters still export.
     medians = prometheus.query(f"run:gputop_step_seconds:median{only}")
     reporting = prometheus.query(f"run:gputop_ranks_reporting{only}")
     exported = prometheus.query(f"count by (run) (gputop_rank_up{only})")
@@ -193,14 +194,18 @@ def _why_no_run_reads(prometheus: Prometheus, run: str | None, exported: list[di
 
 
 def _read_ended(prometheus: Prometheus, only: str, runs: dict[str, FleetRun]) -> None:
-    """Each run's ranks that are no longer live: lost (gone without a bye), finished (a normal exit or a signal
-    such as a cancellation's SIGTERM) and failed (an exception), from the bye each said."""
+    """Each run's ranks that are no longer live: lost (gone without a bye), finished (a normal exit), stopped (a
+    signal: a cancellation's SIGTERM, or a hung job's, whose hang its alerts still carry) and failed (an
+    exception), from the bye each said."""
     for entry, r in _per_run(prometheus, f"count by (run) (gputop_rank_up{only} == 0)", runs):
         entry.lost = int(_value(r) or 0)
     for entry, r in _per_run(prometheus, f"count by (run, how) (gputop_rank_ended{only})", runs):
         count = int(_value(r) or 0)
-        if r["metric"].get("how") == "exception":
+        how = r["metric"].get("how")
+        if how == "exception":
             entry.failed += count
+        elif how == "signal":
+            entry.stopped += count
         else:
             entry.finished += count
 
@@ -316,12 +321,12 @@ STOPPED = "no rank of the run took a step in its exporters' last 10 s (a hang or
 PER_STEP = ("step_s", "loader_wait", "exposed_comm")
 
 
-ENDED = "every rank of the run has ended (finished, failed or lost): none steps any more"
+ENDED = "every rank of the run has ended (finished, stopped, failed or lost): none steps any more"
 
 
 def ended(run: FleetRun) -> bool:
     """No rank of the run reports any more: each said bye or was lost."""
-    return 0 < run.ranks <= run.finished + run.failed + run.lost
+    return 0 < run.ranks <= run.finished + run.stopped + run.failed + run.lost
 
 
 def stopped(run: FleetRun) -> bool:

@@ -125,7 +125,7 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
         assert fleet.returncode == 1 and fleet.stderr.count("\n") == 1, fleet.stderr
         assert "has gputop's series but not the job rules: load gputop-job-rules.yml" in fleet.stderr
         stopped, job = job, None
-        _sigterm_reads_finished(stopped, prometheus)
+        _sigterm_reads_stopped(stopped, prometheus)
     finally:
         if job is not None:
             stop_job(job)
@@ -135,9 +135,10 @@ def test_a_real_prometheus_scrapes_the_recorders_endpoint(tmp_path: Path) -> Non
     assert "Prometheus metrics on :32091/metrics" in out, out
 
 
-def _sigterm_reads_finished(job: subprocess.Popen[str], prometheus: Prometheus) -> None:
+def _sigterm_reads_stopped(job: subprocess.Popen[str], prometheus: Prometheus) -> None:
     """The job ended by SIGTERM: each rank said so (gputop_rank_ended, how "signal"), none is lost, and `gputop
-    fleet` lists the run with its 2 ranks finished, though no rank reports any more (and no job rule is loaded)."""
+    fleet` lists the run with its 2 ranks stopped, not finished, though no rank reports any more (and no job rule
+    is loaded)."""
     stop_job(job)
     ended: list[dict[str, Any]] = []
     up: list[dict[str, Any]] = []
@@ -153,7 +154,9 @@ def _sigterm_reads_finished(job: subprocess.Popen[str], prometheus: Prometheus) 
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert fleet.returncode == 0, fleet.stderr
     (run,) = json.loads(fleet.stdout)["runs"]
-    assert (run["ranks"], run["finished"], run["failed"], run["lost"]) == (2, 2, 0, 0), f"{run}; {seen}"
+    assert (run["ranks"], run["finished"], run["stopped"], run["failed"], run["lost"]) == (2, 0, 2, 0, 0), (
+        f"{run}; {seen}"
+    )
 
 
 def _steps_by_rank(port: int) -> dict[str, float]:

@@ -190,8 +190,9 @@ def test_a_runs_lost_ranks_are_counted_and_printed(api: PrometheusAPI) -> None:
 def test_a_runs_finished_failed_and_lost_ranks_are_told_apart_in_the_run_the_line_and_the_json(
     api: PrometheusAPI,
 ) -> None:
-    """Each rank's bye (gputop_rank_ended's how): a normal exit and a SIGTERM read finished, an exception failed;
-    a rank gone without a bye is lost (gputop_rank_up 0).  A run whose ranks all ended is listed by them."""
+    """Each rank's bye (gputop_rank_ended's how): a normal exit reads finished, a SIGTERM stopped (a cancellation,
+    or a hung job killed: never "finished"), an exception failed; a rank gone without a bye is lost
+    (gputop_rank_up 0).  A run whose ranks all ended is listed by them."""
     record_two_rank_run(api, "10.0.0.7:9465")
     api.answers["count by (run) (gputop_rank_up)"].append(sample(8, run="run-e"))
     api.answers["count by (run) (gputop_rank_up == 0)"] = [sample(1, run="run-e")]
@@ -202,15 +203,15 @@ def test_a_runs_finished_failed_and_lost_ranks_are_told_apart_in_the_run_the_lin
     ]
     runs = {run.run: run for run in read_fleet(Prometheus(api.url))}
     ended, live = runs["run-e"], runs["run-a"]
-    assert (ended.ranks, ended.finished, ended.failed, ended.lost) == (8, 5, 2, 1), ended
-    assert (live.finished, live.failed, live.lost, live.ended_text()) == (0, 0, 0, "")
-    assert run_lines(ended)[0] == "run run-e: 8 ranks (5 finished, 2 failed, 1 lost)", run_lines(ended)
+    assert (ended.ranks, ended.finished, ended.stopped, ended.failed, ended.lost) == (8, 2, 3, 2, 1), ended
+    assert (live.finished, live.stopped, live.failed, live.lost, live.ended_text()) == (0, 0, 0, 0, "")
+    assert run_lines(ended)[0] == "run run-e: 8 ranks (2 finished, 3 stopped, 2 failed, 1 lost)", run_lines(ended)
     assert missing_reasons(ended)["step_s"].startswith("median step: every rank of the run has ended"), ended
     done = subprocess.run([sys.executable, "-m", "gputop", "fleet", api.url, "--format", "json"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     as_json = {r["run"]: r for r in json.loads(done.stdout)["runs"]}
-    assert {k: as_json["run-e"][k] for k in ("ranks", "finished", "failed", "lost")} == {
-        "ranks": 8, "finished": 5, "failed": 2, "lost": 1
+    assert {k: as_json["run-e"][k] for k in ("ranks", "finished", "stopped", "failed", "lost")} == {
+        "ranks": 8, "finished": 2, "stopped": 3, "failed": 2, "lost": 1
     }, done.stdout  # fmt: skip
 
 
