@@ -31,6 +31,9 @@ from typing import Any
 from gputop.protocol import MAX_DIGESTS_SENT, DigestSite, GroupDigests
 
 LOG_KEPT = 4096  # each group's newest (number, digest) pairs kept until the reporter thread sends them
+# Kinds whose size must be the same on every rank (their digest covers it), and kinds not digested at all.
+SIZED = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
+POINT_TO_POINT = frozenset({"send", "recv"})
 SITED = 17  # every SITED-th collective number on a group has its call site in its digest
 SITES_KEPT = 4096  # call sites remembered; past it the table starts again (digests are worked out anew)
 SHAPES_KEPT = 1024  # a wrapper's call shapes remembered, the same way
@@ -86,6 +89,10 @@ def record(counts: Any, sites: SiteDigests, shapes: dict[int, tuple[Any, int]], 
     """A collective's number and digest in its group's log; training thread, in the tap's wrapper while a collector
     listens, ``depth`` frames below the caller of the collective (whose frame is read only at a sited number or a
     shape seen for the first time).  The number is torch's count before the call, and one: ~0.25 µs to read."""
+    if kind in POINT_TO_POINT:  # a send meets a recv by design
+        return
+    if kind not in SIZED:  # all_to_all, gather, scatter: the sizes may differ across ranks by design
+        nbytes = 0
     try:
         number = counts.group._get_sequence_number_for_group() + 1
     except Exception:  # a group torch does not number (another backend, a stand-in): no digest

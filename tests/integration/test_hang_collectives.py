@@ -180,7 +180,8 @@ def test_a_metric_all_reduced_on_rank_0_only_meets_rank_1s_barrier_a_desync(coll
     try:
         desync = wait_for_finding(collector, "desync", lambda f: True, timeout_s=40)
         print(f"desync title: {desync.title}")
-        sides = rf"rank 0 all_reduce of 4 B from {METRIC_SITE}; rank 1 barrier from {BARRIER_SITE}$"
+        # Read from the numbers sent while stuck, or first from the digests the windows carry, which say the dtype.
+        sides = rf"rank 0 all_reduce of 4 B(?: float32)? from {METRIC_SITE}; rank 1 barrier from {BARRIER_SITE}$"
         assert re.search(r"collective #\d+ on world is not the same call on every rank: " + sides, desync.title), (
             desync.title
         )
@@ -197,7 +198,8 @@ def test_a_metric_of_another_size_on_one_rank_is_a_desync_with_both_call_sites(c
         print(f"desync title: {desync.title}")
         assert desync.severity == "critical" and desync.ranks == (0, 1), desync
         sides = re.search(rf"collective #(\d+) on world is not the same call on every rank: rank (\d) all_reduce of "
-                          rf"(\d) B from {METRIC_SITE}; rank (\d) all_reduce of (\d) B from {METRIC_SITE}$",
+                          rf"(\d) B(?: float32)? from {METRIC_SITE}; rank (\d) all_reduce of (\d) B(?: float32)? from "
+                          rf"{METRIC_SITE}$",
                           desync.title)  # fmt: skip
         assert sides and {(sides[2], sides[3]), (sides[4], sides[5])} == {("0", "4"), ("1", "8")}, desync.title
         assert isinstance(desync.details, DesyncDetails) and desync.details.number == int(sides[1])

@@ -132,3 +132,13 @@ def test_windows_merged_in_a_recording_keep_their_digests() -> None:
     merged = merge_windows([window(1, (1, 2), [1, 1]), window(2, (5,), [2]), window(3, (6, 9), [1, 2])])
     ((world),) = merged.digests
     assert (world.digests(), merged.digest_sites) == ([(1, 1), (2, 1), (5, 2), (6, 1), (9, 2)], (FLOAT,))
+
+
+def test_calls_that_differ_across_ranks_by_design_are_not_told_apart() -> None:
+    """A send meets a recv, and an all_to_all's or a gather's sizes may differ per rank: no desync in them."""
+    digests = []
+    for kind, nbytes in (("send", 16), ("recv", 16), ("all_to_all", 16), ("all_to_all", 64)):
+        counts = GroupCounts(Group())
+        record(counts, SiteDigests(), {}, kind, "float32", nbytes, 1)
+        digests.append(list(counts.digests))
+    assert digests[0] == digests[1] == [] and digests[2] == digests[3] != []
