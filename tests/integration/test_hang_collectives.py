@@ -114,7 +114,7 @@ def test_a_hung_job_ended_by_sigterm_is_reported_after_the_run_with_the_collecti
         (hang,) = hangs
         print(f"after the run: {hang.title}")
         assert hang.severity == "critical" and hang.ranks == (1,), hang
-        assert re.search(rf"rank 0 waits in all_reduce #\d+ on world \(from {METRIC_SITE}\), which rank 1 never "
+        assert re.search(rf"rank 0 waited in all_reduce #\d+ on world \(from {METRIC_SITE}\), which rank 1 never "
                          rf"issued", hang.title), hang.title  # fmt: skip
         assert hang.title.endswith("; then ended by SIGTERM"), hang.title
     finally:

@@ -114,6 +114,27 @@ def test_a_hung_job_ended_by_sigterm_is_reported_hung_and_how_it_ended() -> None
         assert "not finished a step for 8 s" in hang.title and "then ended by SIGTERM" in hang.title, hang.title
 
 
+WATCHDOG = (
+    "DistBackendError: [PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=46, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600041 millis"
+)
+GLOO = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for "
+    "recv operation to complete"
+)
+
+
+def test_a_rank_the_backend_failed_in_a_collective_says_which_and_how_not_the_whole_message() -> None:
+    """NCCL's watchdog names the collective by torch's number; gloo the wait that timed out."""
+    byes = {0: Bye(run_id="job", rank=0, t=T0 + 28.1, step_total=400, how="exception", detail=WATCHDOG[:200]),
+            1: Bye(run_id="job", rank=1, t=T0 + 28.1, step_total=400, how="exception", detail=GLOO[:200])}  # fmt: skip
+    (hang,) = ended_hung(byes)
+    assert hang.title.endswith(
+        "; then rank 0 failed in all_reduce #46 (NCCL's watchdog timed out), rank 1 failed: gloo timed out after 8 s "
+        "waiting to recv"
+    ), hang.title
+
+
 def test_a_job_that_stopped_stepping_and_then_exited_by_itself_is_not_called_hung() -> None:
     """A long final save or evaluation after the last step, then a clean exit: the job finished, no hang."""
     byes = {r: Bye(run_id="job", rank=r, t=T0 + 28.1, step_total=400, how="exit") for r in (0, 1)}

@@ -19,6 +19,7 @@ others; the rest are where the hang is.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,13 +91,33 @@ def hang_findings(run: RunFigures, now_t: float) -> list[Finding]:
 def ending_text(ranks: Sequence[RankFigures]) -> str:
     """ "then ended by SIGTERM", "then rank 0 ended by SIGTERM, rank 1 failed: …, rank 2 stopped reporting": how
     the stuck ranks ended, from their byes; "" where none said bye (the title says they stopped reporting)."""
-    reasons = {r.rank: r.snapshot.status_reason if r.status == DONE else "" for r in ranks}
+    reasons = {r.rank: ended_reason(r.snapshot.status_reason) if r.status == DONE else "" for r in ranks}
     if not any(reasons.values()):
         return ""
     if len(set(reasons.values())) == 1:
         return f"then {next(iter(reasons.values()))}"
     said = [f"rank {rank} {reason or 'stopped reporting'}" for rank, reason in sorted(reasons.items())]
     return "then " + ", ".join(said[:PLACES_NAMED]) + (", …" if len(said) > PLACES_NAMED else "")
+
+
+# What a backend says when a collective fails for a hang: NCCL's watchdog names the collective by torch's number,
+# gloo the wait that timed out.
+NCCL_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
+GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+OP_KINDS = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "_ALLGATHER_BASE": "all_gather",
+            "REDUCE_SCATTER": "reduce_scatter", "_REDUCE_SCATTER_BASE": "reduce_scatter", "BROADCAST": "broadcast",
+            "ALLTOALL_BASE": "all_to_all", "BARRIER": "barrier", "SEND": "send", "RECV": "recv"}  # fmt: skip
+
+
+def ended_reason(reason: str) -> str:
+    """A bye's reason, said short where the backend's words name the failure: "failed in all_reduce #46 (NCCL's
+    watchdog timed out)", "failed: gloo timed out after 8 s waiting to recv"; else as the bye said it."""
+    if found := NCCL_WATCHDOG.search(reason):
+        kind = OP_KINDS.get(found[2], found[2].lower())
+        return f"failed in {kind} #{found[1]} (NCCL's watchdog timed out)"
+    if found := GLOO_TIMEOUT.search(reason):
+        return f"failed: gloo timed out after {int(found[1]) / 1000:g} s waiting to {found[2]}"
+    return reason
 
 
 @dataclass(frozen=True)
@@ -194,12 +215,13 @@ def hang_title(
         title += ", busy on the CPU: a long evaluation or save, or a loop that never reaches the step"
     else:
         title += ": hung" + (f"; {ranks_text(busy)} busy on the CPU" if busy else "")
-    places = where_stuck_text(stuck, frames, () if reading is None else reading.waiting) if frames else ""
+    said = () if reading is None else reading.waiting
+    places = where_stuck_text(stuck, frames, said, past=bool(ending)) if frames else ""
     if places:
         title += "; " + places
     entered = {rank: f.collective for rank, f in frames.items() if f.collective is not None}
     if reading is not None:
-        title += "; " + reading_text(reading, frames)
+        title += "; " + reading_text(reading, frames, past=bool(ending))
     elif entered:
         title += "; " + flight_recorder_text(entered)
     if lost:
@@ -259,7 +281,9 @@ def waits_for_others(rank: RankFigures, now: Frame) -> bool:
     return now.where == "collective" or (now.where == "backward" and bool(rank.hello.ddp))
 
 
-def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames], said: Sequence[int] = ()) -> str:
+def where_stuck_text(
+    stuck: list[RankFigures], frames: dict[int, RankFrames], said: Sequence[int] = (), *, past: bool = False
+) -> str:
     """ "rank 1 is in `wait_for_lock` (train.py:102), after the optimizer step; rank 0 waits in the all-reduce".
 
     ``said``: ranks whose numbered collective the title names apart (``reading_text``): left out here."""
@@ -277,21 +301,22 @@ def where_stuck_text(stuck: list[RankFigures], frames: dict[int, RankFrames], sa
             waiting.setdefault(f"in a collective from {now.place}" if now.file else "in a collective", []).append(
                 rank.rank
             )
-    parts = [f"{ranks_short(r)} {'is' if len(r) == 1 else 'are'} {text}" for text, r in culprits.items()]
-    parts += [f"{ranks_short(r)} {'waits' if len(r) == 1 else 'wait'} {text}" for text, r in waiting.items()]
+    be = ("was", "were", "waited", "waited") if past else ("is", "are", "waits", "wait")
+    parts = [f"{ranks_short(r)} {be[0] if len(r) == 1 else be[1]} {text}" for text, r in culprits.items()]
+    parts += [f"{ranks_short(r)} {be[2] if len(r) == 1 else be[3]} {text}" for text, r in waiting.items()]
     if len(parts) > PLACES_NAMED:
         parts = [*parts[:PLACES_NAMED], "…"]
     return "; ".join(parts)
 
 
-def reading_text(reading: HangCollective, frames: dict[int, RankFrames]) -> str:
+def reading_text(reading: HangCollective, frames: dict[int, RankFrames], *, past: bool = False) -> str:
     """ "rank 0 waits in all_reduce #21 on world (from `main` (job.py:190)), which rank 1 never issued (its last:
     #20)"; at scale "4,093 ranks wait in all_gather #88 on dp ..., which ranks 17, 345, 800 never issued"."""
     waiting = reading.waiting
     nows = [frames[r].now for r in waiting if r in frames]
     places = {now.place for now in nows if now is not None}
     site = f" (from {places.pop()})" if len(places) == 1 and "" not in places else ""
-    verb = ("waits in" if len(waiting) == 1 else "wait in") if reading.blocked_in else "issued"
+    verb = ("waited in" if past else "waits in" if len(waiting) == 1 else "wait in") if reading.blocked_in else "issued"
     text = f"{ranks_short(waiting, 2)} {verb} {reading.waited.text()}{site if reading.blocked_in else ''}"
     if reading.reading == "never_issued":
         culprits = reading.culprits
