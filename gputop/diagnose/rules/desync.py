@@ -59,7 +59,13 @@ def digest_desync_finding(run_id: str, mismatch: DigestMismatch) -> Finding:
     """The first number whose digests differ: critical where the calls differ (kind, dtype or size), warn where
     only the call site does (the exchange agrees; the code paths do not, which the next change may break)."""
     sides = tuple(
-        DesyncSide(side.ranks, side.call.kind, side.call.bytes, side.call.site, side.call.dtype)
+        DesyncSide(
+            side.ranks,
+            side.call.kind,
+            side.call.bytes if side.call.kind in SAME_SIZE_KINDS else None,
+            side.call.site,
+            side.call.dtype,
+        )  # fmt: skip
         if side.call is not None
         else DesyncSide(side.ranks, "a collective not described yet", None, "")
         for side in mismatch.sides
