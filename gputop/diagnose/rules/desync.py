@@ -65,7 +65,7 @@ def digest_desync_finding(run_id: str, mismatch: DigestMismatch) -> Finding:
             side.call.bytes if side.call.kind in SAME_SIZE_KINDS else None,
             side.call.site,
             side.call.dtype,
-        )  # fmt: skip
+        )
         if side.call is not None
         else DesyncSide(side.ranks, "a collective not described yet", None, "")
         for side in mismatch.sides
