@@ -208,7 +208,7 @@ CASES: tuple[Case, ...] = (
         ranks=(1,),
     ),
     Case(
-        "desync_metric_dtype_rank1",
+        "desync_metric_dtype",
         "desync",
         "rank 1 all-reduces an int64 count where rank 0 sums a float64 loss",
         unseen=True,

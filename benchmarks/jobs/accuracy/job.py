@@ -47,7 +47,7 @@ from steady_cases import (
 from unseen_cases import (
     allocation_outside_cpu_hog,
     data_loading_tokenize_in_collate,
-    desync_metric_dtype_rank1,
+    desync_metric_dtype,
     hang_rank1_gloo_timeout,
     hang_rank1_lock,
     hang_rank1_lock_sigterm,
@@ -104,7 +104,7 @@ CASES: dict[str, Callable[[float], None]] = {
         # Issue #55's: how a hang's run ends, and a desync the backend goes on through.
         hang_rank1_lock_sigterm,
         hang_rank1_gloo_timeout,
-        desync_metric_dtype_rank1,
+        desync_metric_dtype,
         # Issue #46's: the work each step does, scored before any rule read it.
         fsdp2_all_gathers_unhidden,
         healthy_compute_bound_mlp,

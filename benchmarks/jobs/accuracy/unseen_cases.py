@@ -434,7 +434,7 @@ def hang_rank1_lock_sigterm(seconds: float) -> None:
                     threading.Event().wait()  # a queue nobody feeds
 
 
-def desync_metric_dtype_rank1(seconds: float) -> None:
+def desync_metric_dtype(seconds: float) -> None:
     """A correct-looking loss average: rank 1 sums a token count (int64) where rank 0 sums a loss (float64), the
     same 8 bytes, every step from step 10.  gloo adds the bytes and the job finishes; the log is garbage."""
     rank = start()
