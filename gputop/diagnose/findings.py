@@ -223,7 +223,7 @@ class Finding:
         speedup = self.speedup
         if speedup is None or self.cost_s is None:
             return None
-        text = f"fixing it: about {self.cost_s * 1e3:.3g} ms a step, {speedup:.2g}x steps/s"
+        text = f"fixing it: about {about_time(self.cost_s)} a step, {speedup:.2g}x steps/s"
         if self.waste is not None:
             text += f"; {self.waste.text(price_per_hour)}"
         return text
@@ -269,3 +269,13 @@ class Finding:
 def doc_anchor(section: str) -> str:
     """The section of docs/diagnosis.md named ``section``: a cause's ("data_loading"), or one rule's."""
     return f"{DOC_PATH}#{section}"
+
+
+def about_time(seconds: float) -> str:
+    """ "58 ms", "1.21 s", "1,250 s": three figures at most, never an exponent (a 2-D job's step read "about
+    1.21e+03 ms a step", issue #56)."""
+    if seconds < 0.9995:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds < 999.5:
+        return f"{seconds:.3g} s"
+    return f"{seconds:,.0f} s"

@@ -44,6 +44,7 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     local_rank: Count = 0
     hostname: Text = ""
     pid: Count = 0
+    parent_pid: Count | None = None  # what started the rank (torchrun's agent, srun's step): the job's, not a neighbour
     name: Text = ""  # the script, for humans
     started_t: float = 0.0  # unix time the reporter started
     window_s: float = 0.5  # what a hello without it meant: reporters sent 0.5-s windows until 2026-11-28

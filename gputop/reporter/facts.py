@@ -293,6 +293,7 @@ def build_hello(base: dict[str, Any], window_s: float, started_t: float, version
     return Hello(
         hostname=socket.gethostname(),
         pid=os.getpid(),
+        parent_pid=os.getppid() or None,
         name=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
         started_t=started_t or time.time(),
         window_s=window_s,

@@ -692,6 +692,20 @@ class TestCpuContention:
         assert "pid 4242 (stress, user alice) at 98% of a core" in finding.title
         assert "pid 4242" in finding.suggestion
 
+    def test_the_jobs_own_launcher_is_never_the_busy_neighbour_to_move_or_stop(self) -> None:
+        """torchrun's agent, every rank's parent, was named: "move or stop pid 14504 (… torch.distributed.run …)"."""
+        launcher = BusyProcess(pid=1000, name="python3", cpu_pct=99.0, user="alice",
+                               command="python -m torch.distributed.run --nproc_per_node=2 train.py")  # fmt: skip
+        hog = BusyProcess(pid=4242, name="stress", cpu_pct=80.0, user="alice")
+        snapshot = make_snapshot(
+            two_ranks(cpu_starved_frac=0.4),
+            hello={"cpu_count": 2, "parent_pid": 1000},
+            host=host_sample([1030, 1031], cpu_count=2, cpu_pct=100.0, busy=[launcher, hog]),
+        )
+        finding = only(findings_of(snapshot), "allocation")
+        assert "pid 1000" not in finding.title + finding.suggestion, finding
+        assert "pid 4242 (stress, user alice)" in finding.title and "pid 4242" in finding.suggestion
+
     def test_a_neighbour_on_one_core_makes_the_rank_beside_it_an_allocation_finding_not_a_straggler(self) -> None:
         # Measured in issue #22: a busy loop on one of 2 cores, rank 0 waits 36% and computes slower, rank 1
         # waits 21% and for rank 0 in the all-reduce; the threads ready to run come to 1.2x the cores.
@@ -867,3 +881,10 @@ class TestDdpSettings:
         default = {"ddp": True, "ddp_buckets": 4, "ddp_gradient_bytes": 80 << 20, "ddp_bucket_cap_bytes": 25 << 20}
         plain = findings_of(make_snapshot(two_ranks(comm_frac=0.3, overlap_frac=0.05), hello=default))
         assert plain[0].cause == "communication"  # without the setting, the exchange is the finding
+
+
+def test_what_fixing_it_is_worth_is_said_without_an_exponent_at_any_length() -> None:
+    from gputop.diagnose.findings import about_time
+
+    assert [about_time(s) for s in (0.0005, 0.058, 0.9994, 0.9996, 1.21, 999.4, 1250.0)] == [
+        "0.5 ms", "58 ms", "999 ms", "1 s", "1.21 s", "999 s", "1,250 s"]  # fmt: skip

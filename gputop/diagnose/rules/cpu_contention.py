@@ -80,6 +80,7 @@ def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> 
     """Count what runs on a host; others from the span's host samples of that very host, averaged."""
     cores = max((r.hello.cpu_count for r in ranks if r.hello.cpu_count), default=None)
     job_pids = {r.hello.pid for r in ranks}
+    launchers = {r.hello.parent_pid for r in ranks if r.hello.parent_pid}  # torchrun's agent is the job's own
     since_t = None if machine.span_s is None else machine.t - machine.span_s
     # The samples that saw these ranks: a report's last sample comes after the ranks exited.
     samples = [
@@ -94,7 +95,7 @@ def host_load(machine: Figures, hostname: str, ranks: Sequence[RankFigures]) -> 
             for reading in h.processes:
                 job_pids.add(reading.pid)
                 job_pids.update(reading.child_pids)
-        others = busy_others(samples, job_pids)
+        others = busy_others(samples, job_pids | launchers)
         known = [h.cpu_pct for h in samples if h.cpu_pct is not None]
         host_cpu = sum(known) / len(known) if known else None
         cores = cores or samples[-1].cpu_count
