@@ -143,18 +143,6 @@ def test_a_job_that_stopped_stepping_and_then_exited_by_itself_is_not_called_hun
 
 def test_a_job_killed_while_hung_is_reported_hung() -> None:
     """The ranks go silent 8 s after their last step (the user killed the hung job): the report still says hang."""
-    store = Store()
-    for rank in (0, 1):
-        store.ingest(Hello(run_id="job", rank=rank, world_size=2, pid=100 + rank), T0)
-    for seq in range(1, 57):  # 20 s of steps, then 8 s of empty windows
-        t = T0 + (seq - 1) * 0.5
-        steps = 10 if t < T0 + 20 else 0
-        for rank in (0, 1):
-            store.ingest(Window(run_id="job", rank=rank, seq=seq, t0=t, t1=t + 0.5, steps=steps,
-                                step_total=10 * min(seq, 40), step_time_sum_s=steps * 0.05,
-                                step_time_p50_s=0.05 if steps else None, step_time_max_s=0.05 if steps else None,
-                                cpu_pct=1.0), t + 0.5)  # fmt: skip
-    snapshot = store.snapshot(T0 + 60)  # 32 s after the last window: both ranks lost
-    (hang,) = [f for f in diagnose(summarize(snapshot, span_s=None)) if f.cause == "hang"]
+    (hang,) = ended_hung({}, now_s=60)  # no bye: 32 s after the last window, both ranks lost
     assert hang.ranks == (0, 1) and "when they stopped reporting" in hang.title, hang.title
     assert "not finished a step for 8 s" in hang.title, hang.title

@@ -412,11 +412,8 @@ class _SigtermAt(_ExitAt):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def hang_rank1_lock_sigterm(seconds: float) -> None:
-    """hang_rank1_lock, ended by SIGTERM: every rank says bye, "ended by SIGTERM", and the report must still say
-    hang, with the rank that blocked."""
-    rank = start()
-    leave = _SigtermAt(seconds)
+def _train_until_rank1_blocks(rank: int, leave: _ExitAt) -> None:
+    """The convnet's DDP steps until HANG_STEP, where rank 1 waits on a queue nobody feeds; until ``leave``."""
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -432,6 +429,14 @@ def hang_rank1_lock_sigterm(seconds: float) -> None:
                 leave.hang_begins()
                 if rank == 1:
                     threading.Event().wait()  # a queue nobody feeds
+
+
+def hang_rank1_lock_sigterm(seconds: float) -> None:
+    """hang_rank1_lock, ended by SIGTERM: every rank says bye, "ended by SIGTERM", and the report must still say
+    hang, with the rank that blocked."""
+    rank = start()
+    leave = _SigtermAt(seconds)
+    _train_until_rank1_blocks(rank, leave)
 
 
 def desync_metric_dtype(seconds: float) -> None:
@@ -470,18 +475,4 @@ def hang_rank1_gloo_timeout(seconds: float) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
     rank = dist.get_rank()
     leave = _SigtermAt(seconds)
-    model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
-    gputop.watch(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(images(), batch_size=32, shuffle=True)
-    steps = 0
-    while True:
-        for x, y in gputop.track(loader):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            steps += 1
-            if steps == HANG_STEP:
-                leave.hang_begins()
-                if rank == 1:
-                    threading.Event().wait()
+    _train_until_rank1_blocks(rank, leave)
