@@ -30,6 +30,8 @@ How each rule reads the series (docs/prometheus.md, "Rules for a job"):
   hang, each whose collective number on a group (``gputop_collective_number``,
   torch's count, exported while it is stuck) is below the run's furthest never
   issued the collective the others wait in, one alert each, across exporters;
+  and a run that was hung within the hour and then ended by a signal or an
+  exception (``gputop_rank_ended``), once no rank reports: hung, then ended;
 - ranks lost: a rank gone without a bye (``gputop_rank_up`` 0) for a minute;
   one that ended (finished, SIGTERM, an exception) said bye and is not lost;
 - per collective: which rank reaches each kind of collective on each group last
@@ -109,6 +111,8 @@ RECORDING: tuple[tuple[str, str], ...] = (
     ),
     # Seconds every reporting rank has gone past its own hang line (> 0: all stopped).
     ("run:gputop_seconds_past_hang_line:min", "min by (run) (gputop_seconds_since_step - gputop_hang_line_seconds)"),
+    # How the run's ranks ended, from their byes: a hung job's end is a signal or a failure, never an exit.
+    ("run:gputop_ranks_ended", "count by (run, how) (gputop_rank_ended)"),
     # GPU-hours an hour the job's GPUs sit idle: each GPU's idle share, joined to its run through the rank on it.
     (
         "run:gputop_idle_gpu_hours_per_hour",
@@ -191,6 +195,19 @@ RANKS_LOST = Alert(
     "vanished (SIGKILL, the OOM killer, a node gone) did not, and the ranks left wait for it in their next "
     "collective. Look at the lost ranks' hosts: the kernel log (dmesg) for the OOM killer, the scheduler's.",
 )
+# A hung job ends from outside (the scheduler's SIGTERM, a person's, the NCCL watchdog's abort): the byes end its
+# hang clocks and GputopJobHang resolves, but how it ended is the rest of the hang's story, and this one says it.
+ENDED_HUNG = Alert(
+    "GputopJobEndedHung",
+    "hang",
+    'run:gputop_ranks_ended{how!="exit"} and on (run) (max_over_time(run:gputop_seconds_past_hang_line:min[1h]) > 0)'
+    " unless on (run) run:gputop_ranks_reporting",
+    "0s",
+    "run {{ $labels.run }} was hung, then ended: {{ $value }} rank(s) by {{ $labels.how }}",
+    "Every rank that reported had stopped past its hang line before the job was ended from outside, so the signal "
+    "or the failure is how the hang ended, not its cause. The report of its recording (`gputop report`) names the "
+    "collective the ranks waited in and the rank that never issued it.",
+)
 LOADER = Alert(
     "GputopJobLoaderBound",
     "data_loading",
@@ -228,6 +245,7 @@ def alerts() -> list[dict[str, Any]]:
         HANG.rule("critical"),
         BEHIND.rule("critical"),
         RANKS_LOST.rule("critical"),
+        ENDED_HUNG.rule("critical"),
         *LOADER.graded(LOADER_WAIT_WARN_FRAC, LOADER_WAIT_CRITICAL_FRAC),
         *COMMUNICATION.graded(EXPOSED_COMM_WARN_FRAC, EXPOSED_COMM_CRITICAL_FRAC),
         STALL.rule("warning"),

@@ -9,22 +9,32 @@ line is 5 s), for the finding's words, and says what the dashboard said when the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+from mcp import Client
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
+from gputop.cli.mcp import report_of
 from gputop.collect.server import Collector
-from gputop.diagnose import diagnose
+from gputop.diagnose import Diagnoser, diagnose
 from gputop.diagnose.details import DesyncDetails, HangDetails
 from gputop.diagnose.findings import Finding
+from gputop.export.prometheus import PrometheusExporter
+from gputop.mcp.server import LiveFindings, build_server
 from gputop.model.figures import SPAN_S, summarize
 from gputop.model.snapshot import DONE
+from gputop.model.source import FixedSource
 from tests.support.collectors import snapshot_of, wait_for
 from tests.support.processes import JOBS, finish, launch, needs_torch
 
@@ -117,8 +127,49 @@ def test_a_hung_job_ended_by_sigterm_is_reported_after_the_run_with_the_collecti
         assert re.search(rf"rank 0 waited in all_reduce #\d+ on world \(from {METRIC_SITE}\), which rank 1 never "
                          rf"issued", hang.title), hang.title  # fmt: skip
         assert hang.title.endswith("; then ended by SIGTERM"), hang.title
+        # The exporter and the agent endpoint run the same rules on the same snapshot: they say it too.
+        scraped = scrape_after_the_run(collector)
+        shown = {(s.labels["cause"], s.labels["severity"], s.labels["rank"]) for s in scraped["gputop_finding"]}
+        assert ("hang", "critical", "1") in shown, scraped["gputop_finding"]
+        byes = sorted((s.labels["rank"], s.labels["how"]) for s in scraped["gputop_rank_ended"])
+        assert byes == [("0", "signal"), ("1", "signal")], scraped["gputop_rank_ended"]
+        (agent,) = [f for f in asyncio.run(agent_findings(collector)) if f["cause"] == "hang"]
+        assert agent["title"] == hang.title and agent["severity"] == "critical", agent
     finally:
         end_hung(job, collector)
+
+
+def scrape_after_the_run(collector: Collector) -> dict[str, list[Sample]]:
+    """What Prometheus reads from an exporter over the collector, by metric (findings show once held 1 s: scraped
+    until the hang shows, or for 15 s)."""
+    exporter = PrometheusExporter(lambda: snapshot_of(collector), "127.0.0.1", 0, refresh_s=0.0)
+    exporter.start()
+    scraped: dict[str, list[Sample]] = {}
+    try:
+
+        def hang_shown() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=10) as answer:
+                families = text_string_to_metric_families(answer.read().decode())
+            scraped.update({family.name: family.samples for family in families})
+            return any(s.labels["cause"] == "hang" for s in scraped.get("gputop_finding", ()))
+
+        wait_for(hang_shown, timeout_s=15, interval_s=0.5)
+    finally:
+        exporter.stop()
+    return scraped
+
+
+async def agent_findings(collector: Collector) -> list[dict[str, Any]]:
+    """`get_findings` from the MCP server over the collector's snapshot after the run, through the SDK's client."""
+    live = LiveFindings(FixedSource(snapshot_of(collector)), refresh_s=0.05, diagnoser=Diagnoser(show_after_s=0.0))
+    live.start()
+    try:
+        async with Client(build_server(live, lambda path: report_of(path, None))) as client:
+            answer = (await client.call_tool("get_findings", {})).structured_content
+    finally:
+        live.stop()
+    assert answer is not None
+    return list(answer["findings"])
 
 
 def test_a_rank_waiting_in_ddps_own_all_reduce_keeps_reporting(collector: Collector) -> None:
