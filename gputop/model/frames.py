@@ -154,16 +154,22 @@ def group_dict(group: GroupCalls) -> dict[str, Any]:
     return {
         "group": group.group, "seq": group.seq, "issued": group.issued, "completed": group.completed,
         "kind": group.kind, "bytes": group.bytes, "inside": group.inside,
+        "waits": group.waits, "waits_kind": group.waits_kind, "waits_bytes": group.waits_bytes,
     }  # fmt: skip
 
 
 def group_text(group: GroupCalls) -> str:
-    """ "in all_reduce #105 on world (4 B)" while the rank is in it; else "#104 on world", its group's count."""
+    """ "in all_reduce #105 on world (4 B)" while the rank is in it; "waits for all_gather #89 on tp (8,192 B), issued
+    before #90" while it waits for one issued earlier; else "#104 on world", its group's count."""
     if group.seq is None:
         return f"{group.issued} issued on {group.group}"
     if group.inside:
         size = "" if group.bytes is None else f" ({group.bytes:,} B)"
         return f"in {group.kind} #{group.seq} on {group.group}{size}"
+    if group.waits is not None:
+        size = "" if group.waits_bytes is None else f" ({group.waits_bytes:,} B)"
+        newer = f", issued before #{group.seq}" if group.seq > group.waits else ""
+        return f"waits for {group.waits_kind} #{group.waits} on {group.group}{size}{newer}"
     return f"#{group.seq} on {group.group}"
 
 

@@ -92,7 +92,8 @@ class GroupCalls(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
     On the wire an array, ``["dp", 88, 40, 39, "all_gather", 1048576, true]``: the group's count is 88, the tap saw
     40 issued and 39 completed, the newest an all_gather of 1 MiB, and the training thread is in it now, so it is
-    collective #88 on dp.
+    collective #88 on dp.  ``["tp", 90, 52, 50, "all_reduce", 4096, false, 89, "all_gather", 8192]``: the thread
+    waits for collective #89 on tp, an all_gather issued before the newest (DTensor's ``wait_tensor``).
     """
 
     group: Annotated[str, Meta(max_length=64)]  # the tap's name: a DeviceMesh dimension ("dp"), "world", "pg N"
@@ -104,6 +105,11 @@ class GroupCalls(msgspec.Struct, frozen=True, array_like=True, gc=False):
     kind: Annotated[str, Meta(max_length=32)] = ""  # the newest issued through the tap ("" none)
     bytes: Count | None = None  # its size, what the rank sends (None: none issued through the tap)
     inside: bool = False  # the training thread is in that newest one now: it is collective number ``seq``
+    # The training thread waits now for an asynchronous collective issued earlier on the group (a functional
+    # collective's wait_tensor, a Work's wait): its number (torch's, as it was issued), kind and size.
+    waits: Count | None = None
+    waits_kind: Annotated[str, Meta(max_length=32)] = ""
+    waits_bytes: Count | None = None
 
 
 class Stacks(_Message, frozen=True, kw_only=True, tag="stacks", gc=False):

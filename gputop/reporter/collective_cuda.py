@@ -21,6 +21,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from gputop.reporter import collective_functional
 from gputop.reporter.collective_calls import (
     FSDP_PACKAGES,
     FSDP_WAITS,
@@ -58,8 +59,10 @@ class CollectiveTap(Protocol):
     sites: SiteDigests  # each collective's digest (collective_digests.py)
     cuda_shapes: dict[int, tuple[Any, int]]  # the CUDA collectives' shapes seen: size -> (dtype, digest)
     numbers: dict[Any, GroupCounts]  # per process group, its collectives issued and completed (collective_numbers)
+    functional_groups: dict[Any, tuple[Any, GroupCounts | None]]  # collective_functional.counts_for's
+    functional_shapes: dict[int, tuple[Any, int]]
 
-    def _count(self, group: Any) -> GroupCounts: ...
+    def count(self, group: Any) -> GroupCounts: ...
 
     def replace(self, owner: Any, name: str, wrapper: Any, remaps: dict[Any, Any] | None) -> None: ...
 
@@ -150,7 +153,7 @@ def _count_issued(tap: CollectiveTap, kind: str, group: Any, tensor: Any) -> Gro
     """The collective counted as issued on its group (collective_numbers.py), its digest at its number first
     (collective_digests.py); None where the bookkeeping failed."""
     try:
-        counts = tap.numbers.get(group) or tap._count(group)
+        counts = tap.numbers.get(group) or tap.count(group)
         nbytes = tensor_bytes(tensor)
         counts.issued += 1
         counts.kind, counts.nbytes = kind, nbytes
@@ -292,6 +295,13 @@ def wrap_functional(
         tensor, timeline = sent(where, args, kwargs), tap.timeline
         if timeline is None or on_cpu(tensor):
             return host(*args, **kwargs)
+        try:  # numbered on its group like the host's (collective_functional.py), completed once queued
+            counts = collective_functional.counts_for(tap, where.group(args, kwargs))
+            collective_functional.issue(tap, counts, kind, tensor, 2)
+            if counts is not None:
+                counts.completed += 1
+        except Exception:
+            tap.errors += 1
         key, result = _issue(tap, timeline, original, args, kwargs)
         try:
             group, waited = where.group(args, kwargs), waited_tensor(result)

@@ -85,18 +85,19 @@ class SiteDigests:
 
 
 def record(counts: Any, sites: SiteDigests, shapes: dict[int, tuple[Any, int]], kind: str, dtype: Any, nbytes: int,
-           depth: int) -> None:  # fmt: skip
-    """A collective's number and digest in its group's log; training thread, in the tap's wrapper while a collector
-    listens, ``depth`` frames below the caller of the collective (whose frame is read only at a sited number or a
-    shape seen for the first time).  The number is torch's count before the call, and one: ~0.25 µs to read."""
+           depth: int) -> int | None:  # fmt: skip
+    """A collective's number and digest in its group's log, and the number; training thread, in the tap's wrapper
+    while a collector listens, ``depth`` frames below the caller of the collective (whose frame is read only at a
+    sited number or a shape seen for the first time).  The number is torch's count before the call, and one:
+    ~0.25 µs to read; None where torch does not number the group, or the collective is a send or a receive."""
     if kind in POINT_TO_POINT:  # a send meets a recv by design
-        return
+        return None
     if kind not in SIZED:  # all_to_all, gather, scatter: the sizes may differ across ranks by design
         nbytes = 0
     try:
-        number = counts.group._get_sequence_number_for_group() + 1
+        number: int = counts.group._get_sequence_number_for_group() + 1
     except Exception:  # a group torch does not number (another backend, a stand-in): no digest
-        return
+        return None
     if number % SITED:
         seen = shapes.get(nbytes)
         if seen is None or seen[0] is not dtype:
@@ -106,6 +107,7 @@ def record(counts: Any, sites: SiteDigests, shapes: dict[int, tuple[Any, int]], 
         counts.digests.append((number, seen[1]))
     else:
         counts.digests.append((number, sites.sited(sys._getframe(depth), kind, dtype, nbytes)))
+    return number
 
 
 def _dtype_text(dtype: Any) -> str:

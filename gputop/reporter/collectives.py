@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gputop.reporter import collective_cuda, compiled
+from gputop.reporter import collective_cuda, collective_functional, compiled
 from gputop.reporter.clock import StepClock
 from gputop.reporter.collective_calls import (
     DIST_COLLECTIVES,
@@ -51,8 +51,6 @@ from gputop.reporter.collective_calls import (
     Where,
     on_cpu,
     tensor_bytes,
-    tensor_key,
-    waited_tensor,
 )
 from gputop.reporter.collective_digests import SiteDigests, record
 from gputop.reporter.collective_numbers import GroupCounts, default_group
@@ -61,6 +59,9 @@ from gputop.reporter.cuda_timeline import CudaTimeline
 # A record per collective: (kind, group, bytes, in flight s, exposed s, perf_counter when it returned); times None
 # where not measured (CUDA).  The return time puts it in the window of the step it belongs to (``drain``).
 Record = tuple[str, Any, int, "float | None", "float | None", float]
+# An asynchronous collective until its wait: (kind, group, bytes, issued at, the issue call's own time, its group's
+# counts, its number on the group); the counts and number None where it was not numbered.
+Issued = tuple[str, Any, int, float, float, "GroupCounts | None", "int | None"]
 # Records between two windows: at 64 collectives a step and 1,000 steps a second, a whole window.
 MAX_RECORDS = 1 << 16
 
@@ -72,12 +73,13 @@ class CollectiveTap:
         self.clock = clock  # exposed time also goes to the step being timed (its phases)
         self.on = False  # set by the reporter thread while a collector listens
         self.records: deque[Record] = deque(maxlen=MAX_RECORDS)
-        # id(work): (kind, group, bytes, issued at, the issue call's own time), until its wait()
-        self.pending: dict[int, tuple[str, Any, int, float, float]] = {}
+        self.pending: dict[int, Issued] = {}  # by id(work), until its wait()
         # The functional collectives issued and not yet waited for, by the tensor their wait_tensor is called on
         # (``tensor_key``), the same fields: matched by identity, so a wait for one issued where the tap cannot see
         # (an autograd variant's backward, in C++) takes nothing of another's.
-        self._functional: dict[int, tuple[str, Any, int, float, float]] = {}
+        self.functional: dict[int, Issued] = {}
+        self.functional_groups: dict[Any, tuple[Any, GroupCounts | None]] = {}  # collective_functional.counts_for
+        self.functional_shapes: dict[int, tuple[Any, int]] = {}  # the functional collectives' shapes seen
         self.depth = 0  # inside a wrapped collective: the collectives it calls are its own
         self.compiling: Callable[[], bool] = lambda: False  # torch.compiler.is_compiling, once installed
         self.errors = 0  # bookkeeping failures swallowed on the training thread
@@ -96,6 +98,7 @@ class CollectiveTap:
         self.sites = SiteDigests()  # each collective's digest (collective_digests.py)
         self.cuda_shapes: dict[int, tuple[Any, int]] = {}  # the CUDA wrappers' shapes seen: size -> (dtype, digest)
         self.inside: GroupCounts | None = None
+        self.waiting: Issued | None = None  # the collective whose wait() or wait_tensor the thread is in now
         # How the reporter thread names a group (the collectives probe's names, DeviceMesh dimensions); set by it.
         self.name_group: Callable[[Any], str] | None = None
         # Inside an FSDP2 method that makes the compute stream wait (``FSDP_WAITS``): (kind, group, its
@@ -146,14 +149,14 @@ class CollectiveTap:
                 original = getattr(funcol, name, None)
                 if callable(original) and not hasattr(original, "__gputop_original__"):
                     where = Where.of(original, tensor_name)
-                    functional = self._wrap_functional(original, kind, where)
+                    functional = collective_functional.wrap_functional(self, original, kind, where)
                     if timed:
                         functional = collective_cuda.wrap_functional(self, functional, original, kind, where)
                     self.replace(funcol, name, functional, remaps)
                     wrapped.append(f"funcol.{name}")
             wait_tensor = getattr(funcol, "wait_tensor", None)
             if callable(wait_tensor):
-                waiter = self._wrap_wait_tensor(wait_tensor)
+                waiter = collective_functional.wrap_wait_tensor(self, wait_tensor)
                 if timed:
                     waiter = collective_cuda.wrap_wait_tensor(self, waiter, wait_tensor)
                 self.replace(funcol, "wait_tensor", waiter, None)
@@ -166,8 +169,9 @@ class CollectiveTap:
     def forget_groups(self) -> None:
         """Drop the process groups counted, at the reporter's shutdown: gputop holds none into the interpreter's
         teardown, which destroys them in its own order (a gloo group destroyed late can abort the process)."""
-        self.inside = None
+        self.inside = self.waiting = None
         self.numbers.clear()
+        self.functional_groups.clear()
 
     def uninstall(self) -> None:
         """Put every original back (tests; a process keeps its wrappers, which cost nothing while off)."""
@@ -207,6 +211,7 @@ class CollectiveTap:
                 return original(*args, **kwargs)
             tap.depth = 1
             counts: GroupCounts | None = None
+            number = None
             try:
                 try:  # counted as issued before the call: a rank blocked in it is in it (collective_numbers)
                     tensor: Any = args[tensor_at] if tensor_at < len(args) else kwargs.get(tensor_name or "")
@@ -215,11 +220,11 @@ class CollectiveTap:
                         nbytes, cpu, dtype = tensor.nbytes, tensor.is_cpu, tensor.dtype
                     except AttributeError:  # a list of tensors, or none (barrier)
                         nbytes, cpu, dtype = tensor_bytes(tensor), on_cpu(tensor), None
-                    counts = numbers.get(group) or tap._count(group)
+                    counts = numbers.get(group) or tap.count(group)
                     counts.issued += 1
                     counts.kind, counts.nbytes = kind, nbytes
                     tap.inside = counts
-                    record(counts, sites, shapes, kind, dtype, nbytes, 2)  # its number and digest
+                    number = record(counts, sites, shapes, kind, dtype, nbytes, 2)  # its number and digest
                 except Exception:
                     tap.errors += 1
                 start = perf()
@@ -239,7 +244,7 @@ class CollectiveTap:
                     records.append((kind, group, nbytes, end - start, end - start, end))
                 else:  # a Work: in flight until its wait() returns
                     clock.comm_exposed_s += end - start
-                    tap._pend(id(result), (kind, group, nbytes, start, end - start))
+                    tap.pend(id(result), (kind, group, nbytes, start, end - start, counts, number))
             except Exception:
                 tap.errors += 1
             return result
@@ -247,7 +252,7 @@ class CollectiveTap:
         collective.__gputop_original__ = original  # type: ignore[attr-defined]
         return collective
 
-    def _count(self, group: Any) -> GroupCounts:
+    def count(self, group: Any) -> GroupCounts:
         """A group's counts, made at its first collective; None (the default group) counted as the default group."""
         counts = self.numbers.get(group)
         if counts is None:
@@ -258,14 +263,12 @@ class CollectiveTap:
                 self.numbers[None] = counts
         return counts
 
-    def _pend(
-        self, key: int, issued: tuple[str, Any, int, float, float], pending: dict[int, Any] | None = None
-    ) -> None:
+    def pend(self, key: int, issued: Issued, pending: dict[int, Issued] | None = None) -> None:
         """Keep an asynchronous collective until its wait, in ``pending`` (``self.pending``, the works'; or the
         functional collectives')."""
         pending = self.pending if pending is None else pending
         if len(pending) >= MAX_PENDING:  # never waited for in Python: counted, its time unknown
-            kind, group, nbytes, _, _ = pending.pop(next(iter(pending)))
+            kind, group, nbytes, *_ = pending.pop(next(iter(pending)))
             self.records.append((kind, group, nbytes, None, None, 0.0))
         pending[key] = issued
 
@@ -276,81 +279,30 @@ class CollectiveTap:
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             if tap.compiling() or not tap.on or not tap.pending:
                 return original(work, *args, **kwargs)
-            start = perf()
-            result = original(work, *args, **kwargs)
+            # None: a wait inside a blocking call, or for work issued elsewhere (DDP's C++ reducer)
+            issued = tap.waiting = tap.pending.pop(id(work), None)
             try:
-                tap._waited(id(work), start, perf())
-            except Exception:
-                tap.errors += 1
+                start = perf()
+                result = original(work, *args, **kwargs)
+                end = perf()
+            finally:
+                tap.waiting = None
+            if issued is not None:
+                try:
+                    tap.waited(issued, start, end)
+                except Exception:
+                    tap.errors += 1
             return result
 
         return wait
 
-    def _waited(self, key: int, start: float, end: float) -> None:
-        issued = self.pending.pop(key, None)
-        if issued is None:  # a wait inside a blocking call, or for work issued elsewhere (DDP's C++ reducer)
-            return
-        kind, group, nbytes, issued_s, issue_s = issued
-        self._count(group).completed += 1
+    def waited(self, issued: Issued, start: float, end: float) -> None:
+        """An asynchronous collective waited for from ``start`` to ``end``: completed, that long exposed."""
+        kind, group, nbytes, issued_s, issue_s, counts, _ = issued
+        if counts is not None:
+            counts.completed += 1
         self.clock.comm_exposed_s += end - start
         self.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
-
-    def _wrap_functional(self, original: Callable[..., Any], kind: str, where: Where) -> Callable[..., Any]:
-        tap, perf = self, time.perf_counter
-
-        @functools.wraps(original)
-        def functional(*args: Any, **kwargs: Any) -> Any:
-            if tap.compiling() or not tap.on or tap.depth:
-                return original(*args, **kwargs)
-            tap.depth = 1
-            try:
-                start = perf()
-                result = original(*args, **kwargs)
-                end = perf()
-            finally:
-                tap.depth = 0
-            try:
-                tensor, group = where.tensor(args, kwargs), where.group(args, kwargs)
-                if not on_cpu(tensor):
-                    tap.cuda_calls += 1
-                    tap.records.append((kind, group, tensor_bytes(tensor), None, None, end))
-                else:
-                    # Waited for when first used, through wait_tensor on the result or a view of it, matched by
-                    # that tensor; a result that is no AsyncCollectiveTensor was waited for inside the call.
-                    tap.clock.comm_exposed_s += end - start
-                    nbytes, waited = tensor_bytes(tensor), waited_tensor(result)
-                    if waited is None:
-                        tap.records.append((kind, group, nbytes, end - start, end - start, end))
-                    else:
-                        tap._pend(tensor_key(waited), (kind, group, nbytes, start, end - start), tap._functional)
-            except Exception:
-                tap.errors += 1
-            return result
-
-        functional.__gputop_original__ = original  # type: ignore[attr-defined]
-        return functional
-
-    def _wrap_wait_tensor(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        tap, perf = self, time.perf_counter
-
-        @functools.wraps(original)
-        def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if tap.compiling() or not tap.on or not tap._functional:
-                return original(tensor, *args, **kwargs)
-            start = perf()
-            result = original(tensor, *args, **kwargs)
-            end = perf()
-            try:
-                issued = tap._functional.pop(tensor_key(tensor), None)
-                if issued is not None:  # else: issued where the tap cannot see, or waited already
-                    kind, group, nbytes, issued_s, issue_s = issued
-                    tap.clock.comm_exposed_s += end - start
-                    tap.records.append((kind, group, nbytes, end - issued_s, issue_s + end - start, end))
-            except Exception:
-                tap.errors += 1
-            return result
-
-        return wait_tensor
 
     # -- the CUDA wrappers' scope (``collective_cuda.py``) ----------------------------------------------
 

@@ -212,7 +212,46 @@ def test_a_functional_collectives_wait_is_matched_to_the_collective_that_made_it
     torch.add(large.view(16, 16), 1)  # the later one first, through a view
     torch.add(small, 1)
     assert [(kind, nbytes) for kind, _, nbytes, *_ in tap.records] == [("all_gather", 1024), ("all_reduce", 16)]
-    assert all(r[4] is not None for r in tap.records) and tap._functional == {} and tap.errors == 0
+    assert all(r[4] is not None for r in tap.records) and tap.functional == {} and tap.errors == 0
+
+
+def test_a_functional_collective_is_numbered_on_its_group_and_its_wait_says_which_one_the_thread_is_in(
+    dist: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DTensor's collectives name their group as ``(mesh, dim)``; they count on that group as every collective
+    does, and while the training thread waits for one in ``wait_tensor`` (where a tensor-parallel rank blocks when a
+    peer never issued it) its group says that one's number, though a newer one was issued since."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gputop.reporter.collective_numbers import group_calls
+
+    seen = []
+    real_wait = funcol.wait_tensor
+
+    def wait_and_look(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(group_calls(tap, probe.group_name))  # what the reporter thread reads while the thread waits
+        return real_wait(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(funcol, "wait_tensor", wait_and_look)
+    tap = CollectiveTap(StepClock())
+    tap.install()
+    try:
+        probe, tap.on = CollectiveProbe(tap), True
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        dist.all_reduce(torch.ones(4))  # #1 on the world's group, which the 1-rank mesh's is
+        gathered = funcol.all_gather_tensor(torch.ones(256), 0, (mesh, 0))  # #2, 1 KiB
+        reduced = funcol.all_reduce(torch.ones(4), "sum", (mesh, 0))  # #3
+        torch.add(gathered, 1)  # waits for #2
+        torch.add(reduced, 1)  # then #3
+        (world,) = group_calls(tap, probe.group_name)
+    finally:
+        tap.uninstall()
+    assert (world.seq, world.issued, world.completed, world.waits) == (3, 3, 3, None), world
+    waits = [(g.seq, g.waits, g.waits_kind, g.waits_bytes, g.inside) for (g,) in seen]
+    assert waits == [(3, 2, "all_gather", 1024, False), (3, 3, "all_reduce", 16, False)], seen
+    assert tap.errors == 0
 
 
 def test_an_fsdp2_mixed_precision_policy_is_read_as_the_precision_the_model_computes_in(dist: Any) -> None:

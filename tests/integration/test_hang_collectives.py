@@ -172,6 +172,24 @@ async def agent_findings(collector: Collector) -> list[dict[str, Any]]:
     return list(answer["findings"])
 
 
+def test_a_tensor_parallel_rank_that_never_issued_the_collective_its_peer_waits_for_is_named_on_tp(
+    collector: Collector,
+) -> None:
+    """A 2-D job (FSDP2 on dp, the MLPs tensor-parallel on tp): rank 1 blocks before its forward at step 12, and
+    rank 0 waits in DTensor's wait_tensor for the all_reduce its RowwiseParallel issued, numbered on tp."""
+    job = launch("fsdp2_job.py", "--tp", "--layers", "1", "--steps", "30", "--hang-at", "12", "--hang-s", "60",
+                 port=collector.address.port)  # fmt: skip
+    try:
+        hang = wait_for_finding(collector, "hang", lambda f: "never issued" in f.title, timeout_s=60)
+        print(f"hang title: {hang.title}")
+        waits = re.search(r"rank 0 waits in all_reduce #(\d+) on tp .*which rank 1 never issued \(its last: #(\d+)\)",
+                          hang.title)  # fmt: skip
+        assert waits and int(waits[2]) < int(waits[1]), hang.title
+        assert hang.ranks == (1,) and hang.waiting_ranks == (0,), hang
+    finally:
+        end_hung(job, collector)
+
+
 def test_a_rank_waiting_in_ddps_own_all_reduce_keeps_reporting(collector: Collector) -> None:
     """Rank 1 blocks on a lock after step 50; rank 0 waits in DDP's gradient all-reduce, whose reducer lock DDP's
     logger takes.  Its reporter thread read that logger and went silent there; it goes on sending windows and

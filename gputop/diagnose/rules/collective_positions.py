@@ -15,6 +15,7 @@ from typing import Literal
 from gputop.model.figures import RankFigures
 from gputop.model.frames import Frame, RankFrames
 from gputop.model.snapshot import DONE, LOST
+from gputop.protocol import GroupCalls
 
 # The collective DDP's reducer issues from C++ in the backward pass: the tap never sees it, its group's count does.
 DDP_ALL_REDUCE = "DDP's gradient all_reduce"
@@ -59,15 +60,22 @@ def positions(stuck: Iterable[RankFigures], frames: dict[int, RankFrames]) -> di
         if found is None or not found.groups:
             continue
         counts = tuple((g.group, g.seq) for g in found.groups if g.seq is not None)
-        inside = next(
-            (InCollective(g.kind, g.group, g.seq, g.bytes) for g in found.groups if g.inside and g.seq is not None),
-            None,
-        )
+        inside = next((in_collective(g) for g in found.groups if in_collective(g) is not None), None)
         if inside is None and found.now is not None and found.now.where == "backward" and rank.hello.ddp and counts:
             # In DDP's backward with no collective of the tap's: in DDP's all-reduce, on the default group (sent first).
             inside = InCollective(DDP_ALL_REDUCE, counts[0][0], counts[0][1], None)
         out[rank.rank] = Position(rank.rank, inside, counts, found.now)
     return out
+
+
+def in_collective(group: GroupCalls) -> InCollective | None:
+    """The collective the rank is in on ``group``: the newest, blocking, or an earlier one it waits for (a
+    functional collective's ``wait_tensor``, a Work's ``wait()``); None where it is in neither."""
+    if group.inside and group.seq is not None:
+        return InCollective(group.kind, group.group, group.seq, group.bytes)
+    if group.waits is not None:
+        return InCollective(group.waits_kind, group.group, group.waits, group.waits_bytes)
+    return None
 
 
 Reading = Literal["never_issued", "none_completed", "different", "silent"]

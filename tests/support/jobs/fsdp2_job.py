@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import torch
@@ -88,6 +89,8 @@ def main() -> None:
     parser.add_argument("--mixed-precision", action="store_true", help="MixedPrecisionPolicy(param_dtype=bfloat16)")
     parser.add_argument("--no-watch", action="store_true")
     parser.add_argument("--tp", action="store_true", help="a (dp, tp) mesh, every rank on tp: the MLPs tensor-parallel")
+    parser.add_argument("--hang-at", type=int, default=0, help="rank 1 blocks before this step's forward")
+    parser.add_argument("--hang-s", type=float, default=60.0, help="for this long (--hang-at)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -119,6 +122,8 @@ def main() -> None:
     rank = dist.get_rank()
     steps = 0
     for tokens, targets in gputop.track(loader):
+        if args.hang_at and steps == args.hang_at and rank == 1:
+            threading.Event().wait(args.hang_s)  # blocked, no CPU; rank 0 waits in the forward's first TP collective
         logits = model(tokens)
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
