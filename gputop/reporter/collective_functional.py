@@ -51,12 +51,11 @@ class FunctionalTap(Numbering, Protocol):
     records: deque[Any]
     compiling: Callable[[], bool]
     inside: GroupCounts | None
-    waiting: Any  # collectives.Issued | None
     functional: dict[int, Any]  # tensor_key -> collectives.Issued
 
     def pend(self, key: int, issued: Any, pending: dict[int, Any] | None = None) -> None: ...
 
-    def waited(self, issued: Any, start: float, end: float) -> None: ...
+    def wait_through(self, issued: Any, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
 
 def counts_for(tap: Numbering, group: Any) -> GroupCounts | None:
@@ -138,29 +137,14 @@ def wrap_functional(tap: FunctionalTap, original: Callable[..., Any], kind: str,
 
 
 def wrap_wait_tensor(tap: FunctionalTap, original: Callable[..., Any]) -> Callable[..., Any]:
-    perf = time.perf_counter
-
     @functools.wraps(original)
     def wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if tap.compiling() or not tap.on or not tap.functional:
             return original(tensor, *args, **kwargs)
-        issued = None
-        try:  # else: issued where the tap cannot see (an autograd variant's backward, in C++), or waited already
+        try:  # None: issued where the tap cannot see (an autograd variant's backward, in C++), or waited already
             issued = tap.functional.pop(tensor_key(tensor), None)
-            tap.waiting = issued
         except Exception:
-            tap.errors += 1
-        try:
-            start = perf()
-            result = original(tensor, *args, **kwargs)
-            end = perf()
-        finally:
-            tap.waiting = None
-        if issued is not None:
-            try:
-                tap.waited(issued, start, end)
-            except Exception:
-                tap.errors += 1
-        return result
+            tap.errors, issued = tap.errors + 1, None
+        return tap.wait_through(issued, original, tensor, *args, **kwargs)
 
     return wait_tensor

@@ -273,28 +273,33 @@ class CollectiveTap:
         pending[key] = issued
 
     def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        tap, perf = self, time.perf_counter
+        tap = self
 
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             if tap.compiling() or not tap.on or not tap.pending:
                 return original(work, *args, **kwargs)
             # None: a wait inside a blocking call, or for work issued elsewhere (DDP's C++ reducer)
-            issued = tap.waiting = tap.pending.pop(id(work), None)
-            try:
-                start = perf()
-                result = original(work, *args, **kwargs)
-                end = perf()
-            finally:
-                tap.waiting = None
-            if issued is not None:
-                try:
-                    tap.waited(issued, start, end)
-                except Exception:
-                    tap.errors += 1
-            return result
+            return tap.wait_through(tap.pending.pop(id(work), None), original, work, *args, **kwargs)
 
         return wait
+
+    def wait_through(self, issued: Issued | None, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a wait (``Work.wait``, ``wait_tensor``) for ``issued`` (None: not the tap's), the thread marked as
+        waiting for it meanwhile (``collective_numbers.read_group``)."""
+        self.waiting = issued
+        try:
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            end = time.perf_counter()
+        finally:
+            self.waiting = None
+        if issued is not None:
+            try:
+                self.waited(issued, start, end)
+            except Exception:
+                self.errors += 1
+        return result
 
     def waited(self, issued: Issued, start: float, end: float) -> None:
         """An asynchronous collective waited for from ``start`` to ``end``: completed, that long exposed."""
