@@ -95,7 +95,7 @@ def record(counts: Any, sites: SiteDigests, shapes: dict[int, tuple[Any, int]], 
     if kind not in SIZED:  # all_to_all, gather, scatter: the sizes may differ across ranks by design
         nbytes = 0
     try:
-        number: int = counts.group._get_sequence_number_for_group() + 1
+        number: int = counts.sequence() + 1
     except Exception:  # a group torch does not number (another backend, a stand-in): no digest
         return None
     if number % SITED:

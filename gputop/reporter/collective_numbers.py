@@ -25,10 +25,12 @@ from gputop.reporter.collective_digests import new_log
 class GroupCounts:
     """One process group's collectives issued through the tap and completed, and the newest one (training thread)."""
 
-    __slots__ = ("completed", "digests", "group", "issued", "kind", "nbytes")
+    __slots__ = ("completed", "digests", "group", "issued", "kind", "nbytes", "sequence")
 
     def __init__(self, group: Any) -> None:
         self.group = group  # the process group object (the default one for None)
+        # torch's count of the group's collectives, bound once (a lookup less on each collective); None: none
+        self.sequence: Callable[[], int] | None = getattr(group, "_get_sequence_number_for_group", None)
         self.issued = 0
         self.completed = 0  # returned, or waited for where it returned a Work
         self.kind = ""  # the newest issued
