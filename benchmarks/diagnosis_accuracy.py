@@ -330,6 +330,25 @@ CASES: tuple[Case, ...] = (
         ranks=ALL_RANKS,
     ),
     Case("healthy_compute_bound_mlp", HEALTHY, "1024-wide 4-layer MLP, batch 1024 a rank", unseen=True),
+    # Issue #56's, scored before any rule changed for them (docs/journal/2026-12-diagnosis.md): pytorch/examples'
+    # 2-D job (sequence and tensor parallel on tp, FSDP2 on dp) as it is, and with rank 1 doing matrix work between
+    # its forward and its backward; and a run too short for three windows with a strong straggler in every step.
+    Case("twod_healthy", HEALTHY, "Llama-like, SequenceParallel + TP on tp=2, FSDP2 on dp=1", unseen=True),
+    Case(
+        "twod_straggler_metric_between_passes_rank1",
+        "straggler",
+        "the 2-D job; rank 1 spends ~0.3 s on matrix work between forward and backward",
+        unseen=True,
+        ranks=(1,),
+    ),
+    Case(
+        "straggler_short_run_rank1",
+        "straggler",
+        "3-s DDP run; rank 1 does 80% more work every step",
+        seconds=3.0,
+        unseen=True,
+        ranks=(1,),
+    ),
     # The bundled demo's scenarios, run by its own training script (DEMO_TRAIN, sized to the machine as `gputop
     # demo` sizes it): what a newcomer sees first.  Not unseen: the rules were tuned with the demos in view.
     Case("demo_healthy", HEALTHY, "demo: CIFAR convnet, batch 64, 0.25-MB buckets", demo="healthy"),

@@ -279,6 +279,31 @@ class TestFindingsNameThePlace:
         )
         assert named.severity == plain.severity and named.to_dict()["frames"]["1"]["top"][0]["share_pct"] == 38.0
 
+    def test_an_excess_in_no_one_phase_that_the_samples_place_outside_the_model_is_that_work_title_and_fix(
+        self,
+    ) -> None:
+        # Rank 1's 30% excess is spread over forward, backward and the rest by the phases' clocks, but its samples
+        # find 25% of its step in a metric after the optimizer step: the title and the fix both say that work.
+        specs = [
+            RankSpec(rank=0, forward_frac=0.2, backward_frac=0.3, comm_frac=0.42, overlap_frac=0.05),
+            RankSpec(rank=1, forward_frac=0.305, backward_frac=0.4, comm_frac=0.1, overlap_frac=0.05),
+        ]
+        snapshot = make_snapshot(specs)
+        spread = only(live(snapshot), "straggler")
+        assert straggler_of(spread).phase == "own" and "spread over its phases" in spread.title, spread.title
+        assert "it takes longer for the same work" in spread.suggestion  # nothing places it: the same work is slower
+        metric = SampledFrame("after_step", "train.py", 57, "expensive_metric", 25)
+        placed = only(live(with_stacks(snapshot, {1: [stacks(1, SPEC_T0 + 9, top=(metric,))]})), "straggler")
+        assert straggler_of(placed).phase == "other", placed.title
+        assert "spread over" not in placed.title and "more of each step than the others, outside" in placed.title
+        spends = "it spends 25% of each step in `expensive_metric` (train.py:57), after the optimizer step"
+        assert spends in placed.title, placed.title
+        assert placed.suggestion.startswith(
+            "rank 1 does extra work each step outside the model that the others do not, in `expensive_metric` "
+            "(train.py:57), after the optimizer step: move it off the step"
+        ), placed.suggestion
+        assert "same work" not in placed.suggestion
+
     def test_work_the_others_do_not_do_is_named_when_their_slower_compute_hides_it(self) -> None:
         # Rank 1 computes a metric after each step (21 points more time outside the model than rank 0),
         # while a neighbour slows rank 0's backward by 15 ms: rank 1's own time stands out only 6%,

@@ -180,6 +180,34 @@ def straggler_extra_compute_rank1(seconds: float) -> None:
                 return
 
 
+def straggler_short_run_rank1(seconds: float) -> None:
+    """A run of about 3 s (the case's own length): rank 1 does 80% more work each step, as much matrix work again
+    as most of its own step (a second model it evaluates); rank 0 waits for it every step."""
+    rank = start()
+    x_all, y_all = torch.randn(4096, 128), torch.randint(0, 10, (4096,))
+    model = nn.parallel.DistributedDataParallel(mlp(width=256, features=128))
+    gputop.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = torch.randn(384, 384)
+    deadline, steps = Deadline(seconds), 0
+    loader = DataLoader(torch.utils.data.TensorDataset(x_all, y_all), batch_size=64, shuffle=True)
+    while True:
+        for x, y in gputop.track(loader):
+            started = time.perf_counter()
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if rank == 1:
+                extra_s = 0.8 * (time.perf_counter() - started)
+                started = time.perf_counter()
+                while time.perf_counter() - started < extra_s:
+                    probe = torch.tanh(probe @ probe * 1e-3)
+            steps += 1
+            if deadline.reached(steps):
+                finish(rank, steps)
+                return
+
+
 class BookkeepingSGD(torch.optim.SGD):
     """SGD whose step also keeps each parameter's norm for a while, as scripts that log inside the optimizer do."""
 

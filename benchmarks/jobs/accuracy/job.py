@@ -26,6 +26,7 @@ from input_cases import (
     data_loading_sleepy_worker,
     data_loading_stream_main_process,
     straggler_extra_compute_rank1,
+    straggler_short_run_rank1,
     straggler_slow_loader_rank1,
     straggler_slow_optimizer_rank1,
 )
@@ -44,6 +45,7 @@ from steady_cases import (
     stall_checkpoint_rank0,
     stall_periodic_evaluation,
 )
+from twod_cases import twod_healthy, twod_straggler_metric_between_passes_rank1
 from unseen_cases import (
     allocation_outside_cpu_hog,
     data_loading_tokenize_in_collate,
@@ -108,6 +110,10 @@ CASES: dict[str, Callable[[float], None]] = {
         # Issue #46's: the work each step does, scored before any rule read it.
         fsdp2_all_gathers_unhidden,
         healthy_compute_bound_mlp,
+        # Issue #56's: a 2-D job built like pytorch/examples', a short run with a strong straggler.
+        twod_healthy,
+        twod_straggler_metric_between_passes_rank1,
+        straggler_short_run_rank1,
     )
 }
 

@@ -121,6 +121,10 @@ class Place:
 
     places: tuple[FrameShare, ...]  # most sampled first
 
+    def where(self) -> str:
+        """The most sampled place: "in `compute_metrics` (train.py:57), after the optimizer step"."""
+        return self.places[0].frame.text()
+
     def text(self) -> str:
         """ "38% of each step in `compute_metrics` (train.py:57), after the optimizer step", or several places.
 
@@ -197,3 +201,21 @@ def slow_phase(slow: RankFigures, others: list[RankFigures]) -> tuple[SlowPhase,
     if best is None or best.excess_s <= 0 or best.excess_s < SLOW_PHASE_MIN_PART * (own - typical_own):
         return SlowPhase("own", own / step, own - typical_own), typical_own / step
     return best, best_typical / step
+
+
+def slow_place(slow: RankFigures, others: list[RankFigures]) -> tuple[SlowPhase, float, Place | None]:
+    """Where a slow rank's excess lies, decided once for its title and its fix: the phase (``slow_phase``), the
+    others' median share in it, and the place in the user's code the samples find the excess in.
+
+    When no one phase holds the excess ("own") but the samples find it in the user's code outside the phases
+    (``straggler_place``), it lies there: work outside the model, said as such, with that place; "the same
+    work takes longer" is left for an excess the samples do not place.
+    """
+    phase, others_share = slow_phase(slow, others)
+    place = straggler_place(phase, slow, others)
+    if phase.name == "own" and place is not None:
+        step = slow.stats.step.mean_s or 1e-9
+        typical = median([r.stats.phases.other_s for r in others if r.stats.phases.other_s is not None]) or 0.0
+        phase = SlowPhase("other", (slow.stats.phases.other_s or 0.0) / step, phase.excess_s)
+        others_share = typical / step
+    return phase, others_share, place

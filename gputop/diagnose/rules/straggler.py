@@ -30,8 +30,7 @@ from gputop.diagnose.rules.slow_work import (
     masked_outside_work,
     masking_text,
     phase_text,
-    slow_phase,
-    straggler_place,
+    slow_place,
 )
 from gputop.diagnose.thresholds import (
     STRAGGLER_WAIT_CRITICAL_FRAC,
@@ -66,8 +65,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
     if severity is None and not close and (not slow.masked or slow.wait_frac <= 0):
         return []
     worst = slow.worst
-    phase, others_share = slow_phase(worst, slow.waiting)
-    place = straggler_place(phase, worst, slow.waiting)
+    phase, others_share, place = slow_place(worst, slow.waiting)
     # Hidden work is named only where the stacks show it: a place in the user's code outside the model.
     # Outside time that is merely longer (a rank descheduled between phases on a crowded CPU) has none.
     if slow.masked and (phase.name != "other" or place is None):
@@ -79,7 +77,7 @@ def straggler_findings(run: RunFigures, ranks_on_host: dict[str, int], run_age_s
         cause="straggler",
         severity=severity or "info",
         title=straggler_title(slow, phase, place, severity, pattern, where),
-        suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1)),
+        suggestion=straggler_suggestion(worst, phase, ranks_on_host.get(worst.hello.hostname, 1), place),
         evidence=straggler_evidence(slow, phase, others_share, severity),
         ranks=tuple(slow.ranks),
         run_id=run.run_id,
@@ -275,7 +273,8 @@ def loader_only_straggler_findings(run: RunFigures, ranks_on_host: dict[str, int
     ]
 
 
-def straggler_suggestion(rank: RankFigures, phase: SlowPhase, ranks_on_host: int) -> str:
+def straggler_suggestion(rank: RankFigures, phase: SlowPhase, ranks_on_host: int, place: Place | None = None) -> str:
+    """The fix for where the excess lies (``slow_work.slow_place``, which the title says too)."""
     who = f"rank {rank.rank}"
     if phase.name == "loader":
         return f"Find why {who}'s input is slower (its data shard, disk, host); then " + loader_suggestion(
@@ -293,6 +292,11 @@ def straggler_suggestion(rank: RankFigures, phase: SlowPhase, ranks_on_host: int
         return (
             f"{who} computes slower than the others: check its GPU (clocks, thermal throttling, other processes "
             "on it) and whether its batches are larger or longer (uneven sequence lengths across ranks)."
+        )
+    if phase.name == "other" and place is not None:
+        return (
+            f"{who} does extra work each step outside the model that the others do not, {place.where()}: move it "
+            "off the step (every N steps, after the loop, or on a thread of its own) or spread it across the ranks."
         )
     if phase.name == "other":
         return (
