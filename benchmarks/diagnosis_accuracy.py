@@ -349,6 +349,13 @@ CASES: tuple[Case, ...] = (
         unseen=True,
         ranks=(1,),
     ),
+    Case(
+        "parallelism_forty_tiny_steps",
+        "parallelism",
+        "16-32-4 MLP, batch 2, 40 steps only (well under a second)",
+        unseen=True,
+        ranks=ALL_RANKS,
+    ),
     # The bundled demo's scenarios, run by its own training script (DEMO_TRAIN, sized to the machine as `gputop
     # demo` sizes it): what a newcomer sees first.  Not unseen: the rules were tuned with the demos in view.
     Case("demo_healthy", HEALTHY, "demo: CIFAR convnet, batch 64, 0.25-MB buckets", demo="healthy"),

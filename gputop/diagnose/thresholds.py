@@ -79,6 +79,10 @@ STALL_WARN_FRAC = LOADER_WAIT_WARN_FRAC
 STALL_CRITICAL_FRAC = LOADER_WAIT_CRITICAL_FRAC
 # gputop: one long step is an event, two make a pattern worth naming.
 STALL_MIN_COUNT = 2
+# gputop: a stop shorter than this is the scheduler's, not the script's: a time slice lost on a shared core is
+# up to ~10-20 ms (a 2-ms step "stopping 7 ms" 6 times in 40 is jitter), while a save, an evaluation or a
+# collection worth naming takes tens of milliseconds or more.
+STALL_MIN_STOP_S = 0.03
 
 # --- recompile -------------------------------------------------------------------
 

@@ -295,11 +295,8 @@ def wrap_functional(
         tensor, timeline = sent(where, args, kwargs), tap.timeline
         if timeline is None or on_cpu(tensor):
             return host(*args, **kwargs)
-        try:  # numbered on its group like the host's (collective_functional.py), completed once queued
-            counts = collective_functional.counts_for(tap, where.group(args, kwargs))
-            collective_functional.issue(tap, counts, kind, tensor, 2)
-            if counts is not None:
-                counts.completed += 1
+        try:  # numbered on its group like the host's, completed once queued
+            collective_functional.queued(tap, where.group(args, kwargs), kind, tensor)
         except Exception:
             tap.errors += 1
         key, result = _issue(tap, timeline, original, args, kwargs)

@@ -91,6 +91,15 @@ def issue(tap: Numbering, counts: GroupCounts | None, kind: str, tensor: Any, de
                   depth + 1)  # fmt: skip
 
 
+def queued(tap: Numbering, group: Any, kind: str, tensor: Any) -> None:
+    """A functional collective on CUDA tensors, numbered on its group as it is queued, and completed then (its
+    wait is on the stream): the CUDA wrappers' (``collective_cuda.wrap_functional``)."""
+    counts = counts_for(tap, group)
+    issue(tap, counts, kind, tensor, 3)
+    if counts is not None:
+        counts.completed += 1
+
+
 def wrap_functional(tap: FunctionalTap, original: Callable[..., Any], kind: str, where: Where) -> Callable[..., Any]:
     perf = time.perf_counter
 

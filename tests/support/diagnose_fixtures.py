@@ -51,7 +51,8 @@ class RankSpec:
     alloc_retries_per_window: int = 0
     ooms_per_window: int = 0
     gpu_step_frac: float | None = None  # GPU step time as a share of wall step time
-    stall_s: float = 0.0  # > 0: each window also holds one step this long (a GC pause, a descheduled rank)
+    stall_s: float = 0.0  # > 0: each window also holds steps this long (a GC pause, a descheduled rank)
+    stalls_per_window: int = 1  # how many
     # When the rank was ready for the exchange, as a share of the step (None: an older reporter, not sent),
     # plus ``ready_extra_frac[n % len]`` in step n: (0.5,) late in every step, (0.5, 0.0) in every other one.
     ready_frac: float | None = None
@@ -97,8 +98,8 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
     sketch = {sketch_bucket(step): steps}
     stalls: tuple[tuple[float, float], ...] = ()
     if spec.stall_s:
-        sketch[sketch_bucket(spec.stall_s)] = 1
-        stalls = ((spec.stall_s, 0.0),)
+        sketch[sketch_bucket(spec.stall_s)] = spec.stalls_per_window
+        stalls = ((spec.stall_s, 0.0),) * spec.stalls_per_window
     out = []
     for i in range(n):
         t1 = t_end - (n - 1 - i) * WINDOW_S
@@ -129,7 +130,7 @@ def rank_windows(spec: RankSpec, run_id: str, *, seconds: float, t_end: float) -
                 t1=t1,
                 steps=steps + len(stalls),
                 step_total=(steps + len(stalls)) * (i + 1),
-                step_time_sum_s=steps * step + spec.stall_s,
+                step_time_sum_s=steps * step + spec.stall_s * len(stalls),
                 step_time_p50_s=step,
                 step_time_p95_s=step,
                 step_time_max_s=max(step, spec.stall_s),

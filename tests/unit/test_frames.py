@@ -9,6 +9,7 @@ rules, the report and the detail screen.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -235,6 +236,18 @@ class TestFindingsNameThePlace:
         assert only(live(with_stacks(snapshot, {0: [stacks(0, SPEC_T0 + 9, top=(scattered,))]})), "stall").title == (
             plain.title
         )
+
+    def test_a_stall_is_said_as_the_stop_and_a_stop_jitter_can_make_is_none(self) -> None:
+        # A 400-ms step among 100-ms ones is a 300-ms stop; a 9-ms step among 2-ms ones is a lost time slice.
+        stall = only(live(make_snapshot([RankSpec(rank=0, step_s=0.1, stall_s=0.4), RankSpec(rank=1, step_s=0.1)])),
+                     "stall")  # fmt: skip
+        assert re.match(r"rank 0 stops (29\d|30\d) ms ", stall.title), stall.title
+        # 2-ms steps, a fifth of them 9 ms (a quarter of the run): a share past the critical line, but no stop a
+        # script makes; 50-ms ones as often are stops.
+        jitter = make_snapshot([RankSpec(rank=r, step_s=0.002, stall_s=0.009, stalls_per_window=100) for r in (0, 1)])
+        assert not [f for f in live(jitter) if f.cause == "stall"]
+        stops = make_snapshot([RankSpec(rank=r, step_s=0.002, stall_s=0.05, stalls_per_window=10) for r in (0, 1)])
+        assert only(live(stops), "stall").severity == "critical"
 
     def test_a_rank_that_waits_in_its_own_collective_is_not_named_as_stopping(self) -> None:
         # Rank 0 saves a checkpoint; rank 1 waits for it in dist.all_reduce(loss), outside DDP's timed

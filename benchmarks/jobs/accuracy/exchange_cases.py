@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import gputop
 
+FORTY = 40  # steps of the short tiny run
+
 
 def _train(model: nn.Module, loader: DataLoader, seconds: float, rank: int, lr: float = 0.01) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -68,6 +70,23 @@ def parallelism_tiny_mlp(seconds: float) -> None:
     gputop.watch(model)
     data = TensorDataset(torch.randn(1024, 16), torch.randint(0, 4, (1024,)))
     _train(model, DataLoader(data, batch_size=2, sampler=DistributedSampler(data)), seconds, rank)
+
+
+def parallelism_forty_tiny_steps(seconds: float) -> None:
+    """The same tiny MLP for 40 steps only, as a script's first try runs: well under a second in all."""
+    rank = start()
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+    gputop.watch(model)
+    data = TensorDataset(torch.randn(1024, 16), torch.randint(0, 4, (1024,)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data))
+    for step, (x, y) in enumerate(gputop.track(loader), start=1):
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step == FORTY:
+            break
+    finish(rank, FORTY)
 
 
 def parallelism_tiny_bag_of_words(seconds: float) -> None:

@@ -16,6 +16,7 @@ from exchange_cases import (
     healthy_compute_bound_mlp,
     model_config_find_unused,
     model_config_tiny_buckets,
+    parallelism_forty_tiny_steps,
     parallelism_tiny_bag_of_words,
     parallelism_tiny_mlp,
 )
@@ -114,6 +115,7 @@ CASES: dict[str, Callable[[float], None]] = {
         twod_healthy,
         twod_straggler_metric_between_passes_rank1,
         straggler_short_run_rank1,
+        parallelism_forty_tiny_steps,
     )
 }
 

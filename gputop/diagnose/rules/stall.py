@@ -32,6 +32,7 @@ from gputop.diagnose.thresholds import (
     STALL_IN_COMM_FRAC,
     STALL_LOADER_FRAC,
     STALL_MIN_COUNT,
+    STALL_MIN_STOP_S,
     STALL_WARN_FRAC,
     STRAGGLER_WAIT_WARN_FRAC,
 )
@@ -59,12 +60,13 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     # usually), not stops now and then: as a stall it would hold that phase's finding as its symptom.
     # A compile (torch.compile's first, or a recompile) is a long step too, and its rule's business: only what
     # compiling leaves of the stalls counts (stall_beyond_compiles; the same figures where nothing compiled).
+    # A stop jitter can make (a lost time slice) is no stall, however often.
     stalled = [
         r
         for r in measured(run)
         if stall_beyond_compiles(r.stats)[0] >= STALL_MIN_COUNT
         and stall_beyond_compiles(r.stats)[1]
-        and r.stats.stalls.mean_s
+        and stop_s(r) >= STALL_MIN_STOP_S
         and not r.stats.stalls.level_shift
     ]
     if not stalled:
@@ -107,6 +109,13 @@ def stall_findings(run: RunFigures) -> list[Finding]:
     ]
 
 
+def stop_s(rank: RankFigures) -> float:
+    """How long a rank stops at each stall: its stall steps' mean less its usual (median) step, not the whole
+    step the stop sits in (0 without stalls)."""
+    stalls = rank.stats.stalls
+    return max((stalls.mean_s or 0.0) - (rank.stats.step.p50_s or 0.0), 0.0) if stalls.mean_s else 0.0
+
+
 def stall_evidence(main: RankFigures, threshold: float) -> tuple[Evidence, ...]:
     """The stopping rank's share of the run lost, its stops' length against the line, and how much was loading."""
     stats = main.stats
@@ -130,12 +139,12 @@ def stall_title(
     in_collective: dict[int, FrameShare | None],
 ) -> str:
     """'rank 0 stops 418 ms every 10 steps (14 of 150): 9% of the run, outside the loader, in `save` (train.py:88);
-    rank 1 waits for it in the all-reduce'."""
+    rank 1 waits for it in the all-reduce'; the stop is the stall steps' time beyond a usual step (``stop_s``)."""
     stats = main.stats
     count, main_frac = stall_beyond_compiles(stats)
     title = (
         f"{ranks_text([r.rank for r in named])} {'stops' if len(named) == 1 else 'stop'} "
-        f"{1e3 * (stats.stalls.mean_s or 0.0):.0f} ms {when_text(stats.stalls.period_steps, stats.stalls.regular)} "
+        f"{1e3 * stop_s(main):.0f} ms {when_text(stats.stalls.period_steps, stats.stalls.regular)} "
         f"({count or 1} of {stats.steps}): {pct(main_frac):.0f}% of the run"
     )
     title += ", waiting for a batch" if loader else ", outside the loader"
