@@ -783,6 +783,12 @@ class TestCpuContention:
         finding = only(findings_of(snapshot), "allocation")
         assert {"torch_threads_per_core", "cpu_wait_pct"} <= {e.metric for e in finding.evidence}
         assert finding.severity == "critical" and "set_num_threads(1)" in finding.suggestion
+        # Said once, and as written: the thread count's fix was the first sentence twice, once as "Torch.set_…".
+        assert finding.suggestion.count("set_num_threads") == 1 and "Torch." not in finding.suggestion, (
+            finding.suggestion
+        )
+        assert finding.suggestion.startswith("Call torch.set_num_threads(1) in each rank (or OMP_NUM_THREADS=1), so "
+                                             "ranks x threads <= 2 CPUs"), finding.suggestion  # fmt: skip
 
 
 class TestUnobserved:

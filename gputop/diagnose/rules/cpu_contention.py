@@ -197,7 +197,10 @@ def contention_suggestion(load: HostLoad) -> str:
                 f"and each rank has {share} of the {load.cores} CPUs"
             )
         if load.threads_per_rank > share:
-            fixes.append(f"torch.set_num_threads({share}) in each rank (or OMP_NUM_THREADS={share})")
+            fixes.append(
+                f"call torch.set_num_threads({share}) in each rank (or OMP_NUM_THREADS={share}), so ranks x threads "
+                f"<= {load.cores} CPUs"
+            )
     if load.others:
         top = load.others[0]
         fixes.append(f"move or stop pid {top.pid} ({top.command or top.name}) and other work off the job's cores")
@@ -219,7 +222,7 @@ def merge_contention(thread_finding: Finding | None, contention: Finding) -> Fin
         severity=severity,
         evidence=thread_finding.evidence + contention.evidence,
         title=contention.title + f" ({thread_finding.title})",
-        suggestion=thread_finding.suggestion + " " + contention.suggestion,
+        suggestion=contention.suggestion,  # which holds the thread count's fix (contention_suggestion): said once
         magnitude=max(thread_finding.magnitude, contention.magnitude),
     )
 
