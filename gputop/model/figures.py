@@ -47,6 +47,9 @@ class RankFigures:
     stats: RankStats
     gpu: GpuReading | None = None  # the GPU NVML sees this rank on, by device UUID
     gpu_util_pct: float | None = None  # that GPU's mean utilization over the span
+    # The best CPU matmul peak its run's ranks measured on its host with as many threads (``host_cpu_peaks``):
+    # ranks of one job on one kind of core have one peak, whichever measured it under less load.
+    host_cpu_peak: float | None = None
 
     @property
     def rank(self) -> int:
@@ -83,15 +86,22 @@ class RankFigures:
         ``gputop.peaks.rank_peak``, a GPU named as NVML (else torch) names it.  docs/mfu.md."""
         hello = self.hello
         name = (self.gpu.name if self.gpu is not None else None) or hello.device_name
-        return rank_peak(
+        peak, what = rank_peak(
             self.on_cuda,
             name,
             hello.flops_mix,
             bool(hello.tf32_matmul),
             bool(hello.tf32_cudnn),
-            hello.cpu_peak_flops,
+            self.host_cpu_peak or hello.cpu_peak_flops,
             hello.cpu_peak_cost_s,
         )
+        own = hello.cpu_peak_flops
+        if not self.on_cuda and peak and own and peak > own:
+            what = (
+                f"the best of its host's ranks' fp32 matmuls on their own threads (its own read {own / 1e9:.3g} "
+                "GFLOP/s)"
+            )
+        return peak, what
 
     @property
     def mfu(self) -> float | None:
@@ -250,6 +260,7 @@ def summarize(
     runs = []
     for run in snapshot.runs:
         ranks = []
+        cpu_peaks = host_cpu_peaks(run.ranks)
         for view in run.ranks:
             if between_ranks is not None:
                 between_ranks()
@@ -266,6 +277,7 @@ def summarize(
                     stats=stats,
                     gpu=gpu,
                     gpu_util_pct=util.get(gpu.uuid) if gpu is not None else None,
+                    host_cpu_peak=cpu_peaks.get((view.hello.hostname, view.hello.torch_threads)),
                 )
             )
         runs.append(RunFigures(snapshot=run, ranks=tuple(ranks)))
@@ -280,6 +292,18 @@ def summarize(
         gpu_util_pct=util,
         dashboard_cpu_pct=own_cpu,
     )
+
+
+def host_cpu_peaks(ranks: Iterable[RankSnapshot]) -> dict[tuple[str, int | None], float]:
+    """The best CPU matmul peak measured by a run's ranks on each host, per torch thread count: each rank measures
+    once, and one that measured while its neighbours loaded the cores reads low (51 against 170 GFLOP/s in one
+    job), so two ranks doing the same work would read MFU 35% and 19% (issue #56)."""
+    best: dict[tuple[str, int | None], float] = {}
+    for view in ranks:
+        peak, key = view.hello.cpu_peak_flops, (view.hello.hostname, view.hello.torch_threads)
+        if peak and peak > best.get(key, 0.0):
+            best[key] = peak
+    return best
 
 
 def _gpu_of_each_rank(assignments: Sequence[GpuAssignment]) -> dict[tuple[str, int], GpuReading]:

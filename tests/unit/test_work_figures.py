@@ -26,12 +26,14 @@ def test_a_windows_flops_leave_out_the_counted_step_the_unknown_ones_and_the_unt
     assert flops_fields(marks(0.01, 0.01), [(None, False), (5, True)]) == {}
 
 
-def ranks_with_work(*, flops_per_step: float, cuda: bool, **facts: object) -> list[RankFigures]:
-    """A 2-rank run whose every window says its steps did ``flops_per_step`` each."""
+def ranks_with_work(
+    *, flops_per_step: float, cuda: bool, per_rank: dict[int, dict[str, object]] | None = None, **facts: object
+) -> list[RankFigures]:
+    """A 2-rank run whose every window says its steps did ``flops_per_step`` each (``per_rank``: a rank's own facts)."""
     store = Store(listen=fx.LISTEN)
     device = {"device": "cuda:0"} if cuda else {"device": "cpu", "device_name": None, "device_uuid": None}
     for rank in range(2):
-        store.ingest(fx.hello("run-w", rank, 2, **{**device, **facts}), fx.T0)
+        store.ingest(fx.hello("run-w", rank, 2, **{**device, **facts, **(per_rank or {}).get(rank, {})}), fx.T0)
     for seq in range(20):
         for rank in range(2):
             w = fx.window("run-w", rank, seq, step_s=0.100, loader_s=0.001, cuda=cuda)
@@ -53,6 +55,21 @@ def test_a_cpu_rank_reads_its_mfu_against_the_peak_it_measured() -> None:
     entry = work_entry(rank)
     assert entry["mfu_pct"] == pytest.approx(100 * 2e9 / step / 200e9, abs=1e-3)
     assert "an fp32 matmul on the rank's own threads, measuring it took 150 ms" in work_text(entry)
+
+
+def test_ranks_on_one_host_read_mfu_against_the_best_peak_any_of_them_measured() -> None:
+    """Rank 0 measured its peak while its neighbour loaded the cores (51 GFLOP/s), rank 1 not (170): the same
+    work reads one MFU on both, against 170, and rank 0 says its own reading."""
+    low, high = ranks_with_work(flops_per_step=2e9, cuda=False, cpu_peak_cost_s=0.15,
+                                per_rank={0: {"cpu_peak_flops": 51e9}, 1: {"cpu_peak_flops": 170e9}})  # fmt: skip
+    assert low.mfu == pytest.approx(high.mfu, rel=1e-6) and high.work_peak[0] == 170e9
+    said = "the best of its host's ranks' fp32 matmuls on their own threads (its own read 51 GFLOP/s)"
+    assert low.work_peak[1] == said
+    assert high.work_peak[1].startswith("an fp32 matmul on the rank's own threads")
+    # On another host, or with other thread counts, a rank keeps its own.
+    apart = ranks_with_work(flops_per_step=2e9, cuda=False, per_rank={0: {"cpu_peak_flops": 51e9, "hostname": "b"},
+                                                                      1: {"cpu_peak_flops": 170e9}})  # fmt: skip
+    assert apart[0].work_peak[0] == 51e9
 
 
 def test_a_gpu_ranks_mfu_is_against_its_datasheet_peak_for_the_dtypes_it_computed_in() -> None:
