@@ -16,6 +16,7 @@ from gputop.combine import merge_collectives
 from gputop.protocol import COLLECTIVES_KEPT, CollectiveTimes
 from gputop.protocol.run import MAX_DIGEST_SITES
 from gputop.reporter.collective_digests import take_digests
+from gputop.reporter.collective_numbers import process_group
 from gputop.reporter.collectives import CollectiveTap
 
 
@@ -133,17 +134,14 @@ def _default_group() -> Any:
 
 
 def resolve_group(group: Any) -> Any:
-    """The process group object behind what a collective was given: ``(DeviceMesh, dim)`` as the functional
-    collectives take it, or a group's registered name; the value itself where it is neither (or cannot be read)."""
-    try:
-        if isinstance(group, tuple) and len(group) == 2 and hasattr(group[0], "get_group"):
-            return group[0].get_group(group[1])
-        c10d = sys.modules.get("torch.distributed.distributed_c10d")
-        if isinstance(group, str) and c10d is not None:
-            return c10d._resolve_process_group(group)
-    except Exception:
-        pass
-    return group
+    """The process group object behind what a collective was given (``collective_numbers.process_group``:
+    ``(DeviceMesh, dim)`` and a 1-D mesh as DTensor passes them, a group's registered name, a list of ranks); the
+    value itself where it cannot be resolved.  One resolution for the names and for the numbers, so a group reached
+    as ``(mesh, 0)`` is named as the same group reached as itself ("world", not "mesh dim 0")."""
+    if group is None:
+        return None
+    resolved = process_group(group)
+    return group if resolved is None else resolved
 
 
 def describe_group(group: Any) -> str:
