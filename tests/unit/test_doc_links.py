@@ -49,3 +49,11 @@ def test_every_relative_link_reaches_its_file_and_section() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such section)")
     assert broken == []
+
+
+def test_the_glossarys_causes_are_the_diagnosis_causes_in_order() -> None:
+    """The glossary lists the causes by hand; it left out desync when that cause came (issue #57)."""
+    from gputop.diagnose.findings import CAUSES
+
+    listed = re.search(r"\(`CAUSES`: ([^)]*)\)", (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8"))
+    assert listed and tuple(listed[1].split(", ")) == CAUSES, listed
