@@ -68,8 +68,17 @@ def when(iso: str) -> str:
     return f"{datetime.datetime.fromisoformat(iso):%Y-%m-%d %H:%M} UTC"
 
 
+# The arguments that name a folder or file of the machine that ran it, said by what they hold instead.
+PATH_ARGUMENTS = {"--keep": "DIR", "--rescore": "DIR", "--out": "OUT.json"}
+
+
 def command(argv: Iterable[str]) -> str:
-    return " ".join([".venv/bin/python", *argv])
+    """The command as a reader reruns it: the run's own paths (``/tmp/s46/quiet``) as ``DIR`` and ``OUT.json``."""
+    words = list(argv)
+    for i, word in enumerate(words[:-1]):
+        if word in PATH_ARGUMENTS:
+            words[i + 1] = PATH_ARGUMENTS[word]
+    return " ".join([".venv/bin/python", *words])
 
 
 def provenance(payload: dict[str, Any]) -> str:
