@@ -201,6 +201,9 @@ def _start(mode: Any) -> None:
     mode.plans = flop_formulas.PLANS.setdefault(id(mode.registry), {})  # decided once per operator and table
     mode.segment = Segment(None)
     mode.inert = False  # passes operators on, counts nothing
+    # Between a training forward's end and the next forward, outside any backward: work beside the model (the
+    # user's metric between the passes, after the backward), which is time, not the model's FLOPs.
+    mode.beside = False
     mode.failure = ""
     mode.ops = 0
     mode.uncounted = {}
@@ -229,6 +232,8 @@ def _count(mode: Any, func: Any, args: Any, kwargs: Any, out: Any, graph_task_id
         kind = found[0]
         segment = mode.segment
         if graph_task_id() == -1:
+            if mode.beside:
+                return
             segment.forward_ops += 1
         else:
             segment.backward_ops += 1

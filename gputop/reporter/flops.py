@@ -14,7 +14,10 @@ what runs.  The mode is ``flop_mode.py``, the formulas ``flop_formulas.py``; thi
 which shapes are counted, each step's sum, and why a figure is N/A.  Why not FlopCounterMode itself, and what
 torch.compile does to the count: docs/mfu.md.
 
-What is counted is what ran: a frozen layer's weight gradient that autograd never computes is not counted, the
+What is counted is the model's: operators between a training forward's pre-hook and its forward hook, and in
+the backward (the autograd engine's graph task); what a step runs beside the model (a metric of matrix work
+between the passes or after the backward) is its time, not the model's FLOPs (``forward_done``).  Within that,
+what is counted is what ran: a frozen layer's weight gradient that autograd never computes is not counted, the
 first layer's input gradient when the input needs none is not counted, and activation checkpointing's
 recomputed forwards are (hardware FLOPs, not model FLOPs, there).  Gradient accumulation is the step's sum:
 the counting splits at every training forward's pre-hook, so each micro-batch's forward and its backward are
@@ -161,6 +164,13 @@ class FlopCounter:
             return f"more than {self.max_shapes} input shapes: this one was not counted"
         return self._why_not or NOT_YET
 
+    def forward_done(self) -> None:
+        """A training forward returned (the watched model's forward hook): until a backward or the next forward
+        runs, the operators are work beside the model, not counted.  An attribute read when no counting runs."""
+        mode = self._mode
+        if mode is not None:
+            mode.beside = True
+
     def end(self) -> None:
         """The step's forwards and backwards are done (the optimizer's pre-hook): leave the counting, if one runs.
         Costs an attribute read when none does."""
@@ -264,6 +274,7 @@ class FlopCounter:
             return
         segment = Segment(key)
         self._segments.append(segment)
+        mode.beside = False
         mode.segment = segment
         keys = self._step_keys
         if len(keys) < self.max_forwards:

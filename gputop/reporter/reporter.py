@@ -292,6 +292,9 @@ class Reporter:
                 clock.forward_done(now)
             if clock.marks_backward and not self._forked:
                 self._hook_backward(module, output)
+            counter = self.side.flops
+            if counter is not None and not self._forked:
+                counter.forward_done()  # what runs next outside a backward is no model FLOPs
 
     def _hook_backward(self, module: Any, output: Any) -> None:
         """Mark when this training forward's backward begins: a pre-hook on the autograd node of the model's output.
