@@ -62,6 +62,7 @@ from gputop.collect import recording
 from gputop.collect.live import LiveSource
 from gputop.diagnose.findings import Finding
 from gputop.diagnose.persistence import Diagnoser
+from gputop.diagnose.rules.cpu_contention import busy_others
 from gputop.model.figures import summarize
 from gputop.model.snapshot import SNAPSHOT_HISTORY_WINDOWS
 
@@ -96,6 +97,9 @@ class Case:
     # and goes to fix.  () for a cause no one rank has (a rotating straggler);
     # None where the job does not decide which ranks (a healthy job, a neighbour the kernel places).
     ranks: tuple[int, ...] | None = None
+    # The job starts a program of its own beside it (another user's, as far as the job can tell): its premise,
+    # not a neighbour that makes a quiet run void (``neighbour_seen``).
+    own_neighbour: bool = False
 
     def expected_under(self, condition: str) -> str:
         """The right top finding under a condition: a healthy job short of CPU is an allocation problem."""
@@ -230,6 +234,7 @@ CASES: tuple[Case, ...] = (
         "healthy convnet, another program burns a core",
         unseen=True,
         ranks=None,
+        own_neighbour=True,
     ),
     Case(
         "stall_checkpoint_every_10_rank0", "stall", "rank 0 saves every 10 steps, 1.5 s flush", unseen=True, ranks=(0,)
@@ -537,7 +542,35 @@ def read_run(case: Case, run: int, rec_path: Path, onset_path: Path, wall_s: flo
     shown = live_alarms(rec_path) if case.expected == HEALTHY else ()
     result = result_of(case, run, gputop_report(rec_path), wall_s, condition)
     void = premise_missing(case, result.steps, onset_path, on_cpu=result.on_cpu)
+    if condition == "quiet" and not void and not case.own_neighbour:
+        void = neighbour_seen(rec_path)  # a quiet run is scored only where it was quiet
     return replace(result, onset_to_finding_s=onset_s, before_onset=before, shown_live=shown, void=void)
+
+
+# A process outside the job that held this much of a core through a quiet run: the run measured the neighbour.
+FOREIGN_CPU_PCT = 50.0
+
+
+def neighbour_seen(rec_path: Path) -> str:
+    """Why a quiet run was not quiet: a process outside the job (and outside gputop and the job's launcher) that
+    the recording's host samples saw hold half a core or more while the ranks ran; "" when none did.
+
+    A pass beside other work scores the allocation rule naming that work's pids, not the case (five of a
+    published pass's misses were that), so such a run is void, with the pid, and the published figure comes
+    from a pass with none."""
+    store, t = recording.load(rec_path)
+    snapshot = store.snapshot(t)
+    ranks = snapshot.all_ranks()
+    job = {r.hello.pid for r in ranks} | {r.hello.parent_pid for r in ranks if r.hello.parent_pid}
+    samples = [h for h in snapshot.host_history if any(p.pid in job for p in h.processes)]
+    for h in samples:
+        for reading in h.processes:
+            job.update(reading.child_pids)
+    busy = [p for p in busy_others(samples, job) if p.cpu_pct >= FOREIGN_CPU_PCT]
+    if not busy:
+        return ""
+    top = busy[0]
+    return f"not quiet: pid {top.pid} ({top.command or top.name}) held {top.cpu_pct:.0f}% of a core beside the job"
 
 
 def rescore(case: Case, folder: Path, run: int, condition: str) -> RunResult | None:

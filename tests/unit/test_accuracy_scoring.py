@@ -103,6 +103,43 @@ def test_a_void_premise_is_neither_right_nor_wrong(tmp_path: Path) -> None:
         assert summary["void"] == [f"hang_rank1_lock run 1: {void}"]
 
 
+def test_a_quiet_run_beside_a_busy_foreign_process_is_void_with_its_pid(tmp_path: Path) -> None:
+    """A pass beside other work scores the allocation rule naming that work's pid, not the case (issue #56)."""
+    from gputop.collect import recording
+    from gputop.model.samples import BusyProcess, HostSample, ProcessReading
+    from gputop.protocol import Hello
+
+    def run_beside(busy: tuple[BusyProcess, ...]) -> Path:
+        path = tmp_path / f"run{len(busy)}.jsonl"
+        rec = recording.Recorder(path, source="test")
+        for rank in (0, 1):
+            rec.message(Hello(run_id="r", rank=rank, world_size=2, pid=100 + rank, parent_pid=99), 100.0)
+        for k in range(5):
+            rec.sample(
+                HostSample(
+                    t=101.0 + k,
+                    cpu_pct=90.0,
+                    cpu_count=2,
+                    gputop_pid=50,
+                    busy=busy,
+                    processes=(ProcessReading(pid=100, child_pids=(110,)), ProcessReading(pid=101)),
+                )
+            )
+        rec.close()
+        return path
+
+    mine = (
+        BusyProcess(pid=110, name="pt_data_worker", cpu_pct=95.0),
+        BusyProcess(pid=99, name="torchrun", cpu_pct=60.0),
+        BusyProcess(pid=50, name="python", cpu_pct=80.0),
+    )  # a loader worker, the launcher, the recorder
+    assert bench.neighbour_seen(run_beside(mine)) == ""
+    hog = BusyProcess(pid=4242, name="python", command="python burn.py", cpu_pct=70.0)
+    assert bench.neighbour_seen(run_beside((*mine, hog))) == (
+        "not quiet: pid 4242 (python burn.py) held 70% of a core beside the job"
+    )
+
+
 def test_a_premise_is_the_case_own_ranks_a_waiting_rank_that_went_silent_early_does_not_void_it(
     tmp_path: Path,
 ) -> None:
