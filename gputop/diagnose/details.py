@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gputop.diagnose.rules.collective_positions import HangCollective
 from gputop.diagnose.wording import ranks_short
-from gputop.model.collectives import CollectiveFigures, size_text
+from gputop.model.collectives import CollectiveFigures, HangCollective, size_text
 from gputop.model.slowest import SlowestRanks
 
 

@@ -9,7 +9,8 @@ exporter and ``gputop mcp`` read these.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
 
@@ -179,3 +180,54 @@ def collective_figures(windows: Sequence[Window]) -> tuple[CollectiveFigures, ..
         )
         for c in merge_collectives(w.collectives for w in carrying)
     )
+
+
+# What a hang's stuck ranks say of their collectives, read by the hang and desync rules
+# (gputop.diagnose.rules.collective_positions); kept beside the rest of a rank's collectives, so that
+# the findings' details carry them without importing a rule.
+
+
+@dataclass(frozen=True)
+class InCollective:
+    """A collective by its number on its group, as one rank issued it."""
+
+    kind: str  # "all_reduce", ...; DDP_ALL_REDUCE for DDP's own
+    group: str  # the group's name: a DeviceMesh dimension, "world", "pg N"
+    number: int  # torch's sequence number on the group
+    bytes: int | None  # what the rank sends in it (None: not measured, DDP's)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.group, self.number
+
+    def text(self) -> str:
+        """ "all_reduce #88 on dp"."""
+        return f"{self.kind} #{self.number} on {self.group}"
+
+
+Reading = Literal["never_issued", "none_completed", "different", "silent"]
+
+
+@dataclass(frozen=True)
+class HangCollective:
+    """What the stuck ranks' collectives say about a hang (``read_positions``).
+
+    ``never_issued``: some ranks' count on the group is below the number the others wait in: theirs is the hang.
+    ``none_completed``: every rank issued it and none completed it: the exchange itself (network, backend).
+    ``different``: ranks wait in different collectives (another group, another number).
+    ``silent``: the reporting ranks wait in one collective; the others said nothing (silent, or no numbers).
+    """
+
+    reading: Reading
+    waited: InCollective  # the collective most waiting ranks are in
+    waiting: tuple[int, ...]  # the ranks in it
+    never_issued: tuple[tuple[int, int], ...]  # (rank, its count on the group): below the waited number
+    elsewhere: tuple[tuple[int, InCollective], ...]  # ranks in another collective
+    unknown: tuple[int, ...]  # stuck or silent ranks that gave no numbers
+    # The waiting ranks are blocked in the collective (gloo; a blocking call); False: only their counts say they
+    # issued it (NCCL returns once it is queued, and the rank waits at a later sync).
+    blocked_in: bool = True
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        return tuple(rank for rank, _ in self.never_issued)

@@ -9,9 +9,10 @@ import msgspec
 from gputop.diagnose import diagnose
 from gputop.diagnose.details import DesyncDetails, HangDetails
 from gputop.diagnose.findings import Finding
-from gputop.diagnose.rules.collective_positions import InCollective, Position, read_positions
+from gputop.diagnose.rules.collective_positions import Position, read_positions
 from gputop.diagnose.rules.desync import desync_findings
 from gputop.diagnose.rules.hang import reading_text
+from gputop.model.collectives import InCollective
 from gputop.model.figures import SPAN_S, summarize
 from gputop.protocol import GroupCalls, StackFrame
 from tests.support.frames import LOCK, T0, hung_run, stacks, with_stacks

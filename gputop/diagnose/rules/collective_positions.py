@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
+from gputop.model.collectives import HangCollective, InCollective, Reading
 from gputop.model.figures import RankFigures
 from gputop.model.frames import Frame, RankFrames
 from gputop.model.snapshot import DONE, LOST
@@ -19,24 +19,6 @@ from gputop.protocol import GroupCalls
 
 # The collective DDP's reducer issues from C++ in the backward pass: the tap never sees it, its group's count does.
 DDP_ALL_REDUCE = "DDP's gradient all_reduce"
-
-
-@dataclass(frozen=True)
-class InCollective:
-    """A collective by its number on its group, as one rank issued it."""
-
-    kind: str  # "all_reduce", ...; DDP_ALL_REDUCE for DDP's own
-    group: str  # the group's name: a DeviceMesh dimension, "world", "pg N"
-    number: int  # torch's sequence number on the group
-    bytes: int | None  # what the rank sends in it (None: not measured, DDP's)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.group, self.number
-
-    def text(self) -> str:
-        """ "all_reduce #88 on dp"."""
-        return f"{self.kind} #{self.number} on {self.group}"
 
 
 @dataclass(frozen=True)
@@ -76,34 +58,6 @@ def in_collective(group: GroupCalls) -> InCollective | None:
     if group.waits is not None:
         return InCollective(group.waits_kind, group.group, group.waits, group.waits_bytes)
     return None
-
-
-Reading = Literal["never_issued", "none_completed", "different", "silent"]
-
-
-@dataclass(frozen=True)
-class HangCollective:
-    """What the stuck ranks' collectives say about a hang (``read_positions``).
-
-    ``never_issued``: some ranks' count on the group is below the number the others wait in: theirs is the hang.
-    ``none_completed``: every rank issued it and none completed it: the exchange itself (network, backend).
-    ``different``: ranks wait in different collectives (another group, another number).
-    ``silent``: the reporting ranks wait in one collective; the others said nothing (silent, or no numbers).
-    """
-
-    reading: Reading
-    waited: InCollective  # the collective most waiting ranks are in
-    waiting: tuple[int, ...]  # the ranks in it
-    never_issued: tuple[tuple[int, int], ...]  # (rank, its count on the group): below the waited number
-    elsewhere: tuple[tuple[int, InCollective], ...]  # ranks in another collective
-    unknown: tuple[int, ...]  # stuck or silent ranks that gave no numbers
-    # The waiting ranks are blocked in the collective (gloo; a blocking call); False: only their counts say they
-    # issued it (NCCL returns once it is queued, and the rank waits at a later sync).
-    blocked_in: bool = True
-
-    @property
-    def culprits(self) -> tuple[int, ...]:
-        return tuple(rank for rank, _ in self.never_issued)
 
 
 def read_positions(found: dict[int, Position], all_ranks: Iterable[int]) -> HangCollective | None:

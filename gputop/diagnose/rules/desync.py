@@ -17,12 +17,12 @@ from gputop.diagnose.details import DesyncDetails, DesyncSide
 from gputop.diagnose.findings import Evidence, Finding
 from gputop.diagnose.rules.collective_positions import (
     DDP_ALL_REDUCE,
-    InCollective,
     Position,
     positions,
     stopped_from_outside,
 )
 from gputop.diagnose.wording import ranks_short
+from gputop.model.collectives import InCollective
 from gputop.model.digests import DigestMismatch
 from gputop.model.figures import RunFigures
 from gputop.model.frames import span_frames

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 from gputop.diagnose.details import HangDetails
 from gputop.diagnose.findings import Evidence, Finding, Severity
-from gputop.diagnose.rules.collective_positions import HangCollective, positions, read_positions, stopped_from_outside
+from gputop.diagnose.rules.collective_positions import positions, read_positions, stopped_from_outside
 from gputop.diagnose.thresholds import HANG_BUSY_CPU_PCT, HANG_LONGEST_FACTOR, HANG_MIN_S, HANG_STEP_FACTOR
 from gputop.diagnose.wording import PLACES_NAMED, ranks_short, ranks_text
+from gputop.model.collectives import HangCollective
 from gputop.model.figures import RankFigures, RunFigures
 from gputop.model.frames import Frame, RankFrames, collective_text, span_frames
 from gputop.model.snapshot import DONE, LIVE
