@@ -361,6 +361,27 @@ CASES: tuple[Case, ...] = (
         unseen=True,
         ranks=ALL_RANKS,
     ),
+    # Issue #55's: at one collective number rank 1's call differs (size; a barrier against the metric's
+    # all-reduce), gloo waits for good, and each rank is SIGTERMed once the budget is spent.  A desync is on
+    # both ranks: a right finding names both.
+    Case(
+        "desync_metric_size",
+        "desync",
+        "from step 10 rank 1 all-reduces 2 floats where rank 0 all-reduces 1; SIGTERM at the end",
+        unseen=True,
+        ends_failed=True,
+        premise_step=10,
+        ranks=ALL_RANKS,
+    ),
+    Case(
+        "desync_barrier_meets_metric",
+        "desync",
+        "from step 10 rank 1 skips the metric's all-reduce for a barrier; SIGTERM at the end",
+        unseen=True,
+        ends_failed=True,
+        premise_step=10,
+        ranks=ALL_RANKS,
+    ),
     # The bundled demo's scenarios, run by its own training script (DEMO_TRAIN, sized to the machine as `gputop
     # demo` sizes it): what a newcomer sees first.  Not unseen: the rules were tuned with the demos in view.
     Case("demo_healthy", HEALTHY, "demo: CIFAR convnet, batch 64, 0.25-MB buckets", demo="healthy"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from collective_cases import desync_barrier_meets_metric, desync_metric_size
 from exchange_cases import (
     communication_embedding_table,
     communication_wide_mlp,
@@ -116,6 +117,9 @@ CASES: dict[str, Callable[[float], None]] = {
         twod_straggler_metric_between_passes_rank1,
         straggler_short_run_rank1,
         parallelism_forty_tiny_steps,
+        # Issue #55's desyncs gloo does not go on through: another size, a barrier against an all-reduce.
+        desync_metric_size,
+        desync_barrier_meets_metric,
     )
 }
 
