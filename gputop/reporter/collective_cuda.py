@@ -295,13 +295,14 @@ def wrap_functional(
         tensor, timeline = sent(where, args, kwargs), tap.timeline
         if timeline is None or on_cpu(tensor):
             return host(*args, **kwargs)
+        group = where.group(args, kwargs)
         try:  # numbered on its group like the host's, completed once queued
-            collective_functional.queued(tap, where.group(args, kwargs), kind, tensor)
+            collective_functional.queued(tap, group, kind, tensor)
         except Exception:
             tap.errors += 1
         key, result = _issue(tap, timeline, original, args, kwargs)
         try:
-            group, waited = where.group(args, kwargs), waited_tensor(result)
+            waited = waited_tensor(result)
             tap.records.append((kind, group, tensor_bytes(tensor), None, None, perf()))
             if waited is None:  # waited for inside the call: on the stream, from the issue to here
                 timeline.end_blocking(key, kind, group)

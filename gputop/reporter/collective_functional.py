@@ -81,21 +81,21 @@ def counts_for(tap: Numbering, group: Any) -> GroupCounts | None:
     return counts
 
 
-def issue(tap: Numbering, counts: GroupCounts | None, kind: str, tensor: Any, depth: int) -> int | None:
-    """Count a functional collective as issued on its group, before the call: its number (None: not numbered)."""
+def issue(tap: Numbering, counts: GroupCounts | None, kind: str, tensor: Any, nbytes: int, depth: int) -> int | None:
+    """Count a functional collective of ``nbytes`` as issued on its group, before the call: its number (None: not
+    numbered)."""
     if counts is None:
         return None
     counts.issued += 1
-    counts.kind, counts.nbytes = kind, tensor_bytes(tensor)
-    return record(counts, tap.sites, tap.functional_shapes, kind, getattr(tensor, "dtype", None), counts.nbytes,
-                  depth + 1)  # fmt: skip
+    counts.kind, counts.nbytes = kind, nbytes
+    return record(counts, tap.sites, tap.functional_shapes, kind, getattr(tensor, "dtype", None), nbytes, depth + 1)
 
 
 def queued(tap: Numbering, group: Any, kind: str, tensor: Any) -> None:
     """A functional collective on CUDA tensors, numbered on its group as it is queued, and completed then (its
     wait is on the stream): the CUDA wrappers' (``collective_cuda.wrap_functional``)."""
     counts = counts_for(tap, group)
-    issue(tap, counts, kind, tensor, 3)
+    issue(tap, counts, kind, tensor, tensor_bytes(tensor), 3)
     if counts is not None:
         counts.completed += 1
 
@@ -111,8 +111,9 @@ def wrap_functional(tap: FunctionalTap, original: Callable[..., Any], kind: str,
         counts = number = None
         try:
             tensor, group = where.tensor(args, kwargs), where.group(args, kwargs)
+            nbytes, cpu = tensor_bytes(tensor), on_cpu(tensor)
             counts = counts_for(tap, group)
-            number = issue(tap, counts, kind, tensor, 2)
+            number = issue(tap, counts, kind, tensor, nbytes, 2)
             tap.inside = counts  # an all-gather on another dimension than 0 is waited for inside the call
         except Exception:
             tap.errors += 1
@@ -124,11 +125,11 @@ def wrap_functional(tap: FunctionalTap, original: Callable[..., Any], kind: str,
             tap.depth = 0
             tap.inside = None
         try:
-            nbytes, waited = tensor_bytes(tensor), waited_tensor(result)
-            if not on_cpu(tensor) or waited is None:
+            waited = waited_tensor(result)
+            if not cpu or waited is None:
                 if counts is not None:
                     counts.completed += 1
-                if not on_cpu(tensor):
+                if not cpu:
                     tap.cuda_calls += 1
                     tap.records.append((kind, group, nbytes, None, None, end))
                 else:

@@ -16,7 +16,7 @@ from gputop.combine import merge_collectives
 from gputop.protocol import COLLECTIVES_KEPT, CollectiveTimes
 from gputop.protocol.run import MAX_DIGEST_SITES
 from gputop.reporter.collective_digests import take_digests
-from gputop.reporter.collective_numbers import process_group
+from gputop.reporter.collective_numbers import default_group, process_group
 from gputop.reporter.collectives import CollectiveTap
 
 
@@ -76,7 +76,7 @@ class CollectiveProbe:
             for dim, dim_name in enumerate(names):
                 group = mesh.get_group(dim)  # type: ignore[union-attr]
                 self._names[id(group)] = (group, str(dim_name)[:64])
-                if group is _default_group():
+                if group is default_group():
                     self._names[id(None)] = (None, str(dim_name)[:64])
 
     def group_name(self, group: Any) -> str:
@@ -91,7 +91,7 @@ class CollectiveProbe:
         if known is not None and known[0] is group:
             return known[1]
         # Asked once a group (the names are kept): ``learn_meshes`` names the default group's object and None alike.
-        if group is None or group is _default_group():
+        if group is None or group is default_group():
             name = self._names.get(id(None), (None, "world"))[1]
         else:
             name = describe_group(group)
@@ -125,14 +125,6 @@ CUDA_NOT_TIMED = (
 )
 
 
-def _default_group() -> Any:
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    try:
-        return None if c10d is None else c10d._get_default_group()
-    except Exception:
-        return None
-
-
 def resolve_group(group: Any) -> Any:
     """The process group object behind what a collective was given (``collective_numbers.process_group``:
     ``(DeviceMesh, dim)`` and a 1-D mesh as DTensor passes them, a group's registered name, a list of ranks); the
@@ -156,7 +148,7 @@ def describe_group(group: Any) -> str:
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
         if isinstance(group, str) and c10d is not None:
             group = c10d._resolve_process_group(group)
-        if group is _default_group() or getattr(group, "group_desc", None) == "default_pg":  # (read after teardown)
+        if group is default_group() or getattr(group, "group_desc", None) == "default_pg":  # (read after teardown)
             return "world"
         desc = str(getattr(group, "group_desc", "") or "")
         if desc.startswith("mesh_"):
