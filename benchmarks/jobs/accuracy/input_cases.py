@@ -7,7 +7,7 @@ expected cause is in the runner's catalogue (benchmarks/diagnosis_accuracy.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -157,32 +157,17 @@ def straggler_slow_loader_rank1(seconds: float) -> None:
 
 def straggler_extra_compute_rank1(seconds: float) -> None:
     """Rank 1 also computes an expensive metric after every step (80 ms of matmuls); rank 0 waits for it."""
-    rank = start()
-    x_all, y_all = torch.randn(4096, 128), torch.randint(0, 10, (4096,))
-    model = nn.parallel.DistributedDataParallel(mlp(width=256, features=128))
-    gputop.watch(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    probe = torch.randn(384, 384)
-    deadline, steps = Deadline(seconds), 0
-    loader = DataLoader(torch.utils.data.TensorDataset(x_all, y_all), batch_size=64, shuffle=True)
-    while True:
-        for x, y in gputop.track(loader):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            if rank == 1:  # a "quality metric" only this rank computes
-                started = time.perf_counter()
-                while time.perf_counter() - started < 0.08:
-                    probe = torch.tanh(probe @ probe * 1e-3)
-            steps += 1
-            if deadline.reached(steps):
-                finish(rank, steps)
-                return
+    _mlp_with_extra_work_on_rank1(seconds, lambda step_s: 0.08)
 
 
 def straggler_short_run_rank1(seconds: float) -> None:
     """A run of about 3 s (the case's own length): rank 1 does 80% more work each step, as much matrix work again
     as most of its own step (a second model it evaluates); rank 0 waits for it every step."""
+    _mlp_with_extra_work_on_rank1(seconds, lambda step_s: 0.8 * step_s)
+
+
+def _mlp_with_extra_work_on_rank1(seconds: float, extra_s: Callable[[float], float]) -> None:
+    """The DDP MLP; after each optimizer step rank 1 alone does matrix work for ``extra_s(its step's time)``."""
     rank = start()
     x_all, y_all = torch.randn(4096, 128), torch.randint(0, 10, (4096,))
     model = nn.parallel.DistributedDataParallel(mlp(width=256, features=128))
@@ -197,10 +182,10 @@ def straggler_short_run_rank1(seconds: float) -> None:
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-            if rank == 1:
-                extra_s = 0.8 * (time.perf_counter() - started)
+            if rank == 1:  # a "quality metric" only this rank computes
+                work_s = extra_s(time.perf_counter() - started)
                 started = time.perf_counter()
-                while time.perf_counter() - started < extra_s:
+                while time.perf_counter() - started < work_s:
                     probe = torch.tanh(probe @ probe * 1e-3)
             steps += 1
             if deadline.reached(steps):

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -444,6 +445,22 @@ def desync_metric_dtype(seconds: float) -> None:
     same 8 bytes, every step from step 10.  gloo adds the bytes and the job finishes; the log is garbage."""
     rank = start()
     deadline = Deadline(seconds)
+
+    def logged(step: int, loss: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if rank == 1 and step >= HANG_STEP:
+            return torch.tensor([labels.numel()], dtype=torch.int64)  # a different thing, the same size
+        return torch.tensor([loss.item()], dtype=torch.float64)
+
+    finish(rank, train_logging_a_metric(logged, deadline.reached))
+
+
+def train_logging_a_metric(
+    logged: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor | None], until: Callable[[int], bool]
+) -> int:
+    """The convnet's DDP steps, each followed by its metric's all-reduce, until ``until(step)``; the steps taken.
+
+    ``logged(step, loss, labels)`` is the tensor this rank all-reduces after the step, or None where it goes to
+    the barrier a script ends its logging with instead."""
     model = nn.parallel.DistributedDataParallel(cifar_convnet(), bucket_cap_mb=0.25)
     gputop.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -456,13 +473,13 @@ def desync_metric_dtype(seconds: float) -> None:
             loss.backward()
             opt.step()
             steps += 1
-            logged = torch.tensor([loss.item()], dtype=torch.float64)
-            if rank == 1 and steps >= HANG_STEP:
-                logged = torch.tensor([y.numel()], dtype=torch.int64)  # a different thing, the same size
-            dist.all_reduce(logged)
-            if deadline.reached(steps):
-                finish(rank, steps)
-                return
+            metric = logged(steps, loss, y)
+            if metric is None:
+                dist.barrier()
+            else:
+                dist.all_reduce(metric)
+            if until(steps):
+                return steps
 
 
 def hang_rank1_gloo_timeout(seconds: float) -> None:
