@@ -292,10 +292,9 @@ def wrap_functional(
     def functional(*args: Any, **kwargs: Any) -> Any:
         if tap.compiling() or not tap.on or tap.depth:
             return original(*args, **kwargs)
-        tensor, timeline = sent(where, args, kwargs), tap.timeline
+        tensor, timeline, group = sent(where, args, kwargs), tap.timeline, where.group(args, kwargs)
         if timeline is None or on_cpu(tensor):
             return host(*args, **kwargs)
-        group = where.group(args, kwargs)
         try:  # numbered on its group like the host's, completed once queued
             collective_functional.queued(tap, group, kind, tensor)
         except Exception:
